@@ -1,0 +1,72 @@
+"""Typed errors. Each carries the context a user needs to act: argument, module path, stage, recipe."""
+
+from __future__ import annotations
+
+
+class HyperExportError(Exception):
+    """Base class of every error hyperexport raises on purpose."""
+
+
+class InputError(HyperExportError):
+    """An example input (or a module input met during capture) cannot cross the ONNX boundary."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"input {where}: {reason}")
+
+
+class HieraError(HyperExportError):
+    """A hiera class is unusable: not a module class, or never called in forward."""
+
+
+class OpsetError(HyperExportError):
+    """The requested opset is outside what the chosen export path supports."""
+
+
+class ModelForwardError(HyperExportError):
+    """The model's forward raised during capture."""
+
+    def __init__(self, module_path: str, cause: BaseException) -> None:
+        self.module_path = module_path
+        where = f"module {module_path!r}" if module_path else "the model"
+        super().__init__(f"forward of {where} raised {type(cause).__name__}: {cause}")
+
+
+class ModuleExportError(HyperExportError):
+    """torch.onnx.export failed for one hierarchy unit (a hiera module call, or the root)."""
+
+    def __init__(self, module_path: str, dynamo: bool, cause: BaseException) -> None:
+        self.module_path = module_path
+        self.dynamo = dynamo
+        where = f"module {module_path!r}" if module_path else "the root model"
+        path = "dynamo=True" if dynamo else "dynamo=False"
+        super().__init__(f"export of {where} ({path}) failed: {type(cause).__name__}: {cause}")
+
+
+class RewriteError(HyperExportError):
+    """A graph pass could not do its job; names the pass and what it met."""
+
+
+class CheckError(HyperExportError):
+    """The exported model is structurally wrong or numerically diverges from torch."""
+
+
+class RecipeError(HyperExportError):
+    """A recipe is invalid. Names the recipe file and the field."""
+
+    def __init__(self, recipe: str, field: str, reason: str) -> None:
+        self.recipe = recipe
+        self.field = field
+        self.reason = reason
+        super().__init__(f"recipe {recipe}: field {field!r}: {reason}")
+
+
+class StageError(HyperExportError):
+    """A build stage failed. Names the stage and, where known, the module path."""
+
+    def __init__(self, stage: str, cause: BaseException, module_path: str | None = None) -> None:
+        self.stage = stage
+        self.module_path = module_path
+        at = f" at module {module_path!r}" if module_path else ""
+        super().__init__(f"stage {stage!r} failed{at}: {cause}")
