@@ -1,0 +1,149 @@
+"""Small real architectures with seeded random weights, for recipes, tests and benchmarks.
+
+Nothing here downloads: every model is built from a small config. Each factory returns a model
+in eval mode; the same arguments give bitwise-identical weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _seeded(seed: int) -> torch.Generator:
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def tiny_llama(
+    num_layers: int = 4,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    vocab_size: int = 128,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+    causal_lm: bool = False,
+) -> torch.nn.Module:
+    """A Llama decoder stack (``LlamaModel``, or ``LlamaForCausalLM``) with GQA."""
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=256,
+        use_cache=False,
+        attn_implementation=attn_implementation,
+    )
+    _seeded(seed)
+    model = LlamaForCausalLM(config) if causal_lm else LlamaModel(config)
+    return model.eval()
+
+
+def tiny_qwen2(num_layers: int = 2, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """A Qwen2 decoder stack (biased q/k/v projections) with GQA."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    config = Qwen2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        use_cache=False,
+        attn_implementation=attn_implementation,
+    )
+    _seeded(seed)
+    return Qwen2Model(config).eval()
+
+
+def tiny_gpt2(num_layers: int = 2, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """A GPT-2 stack (fused qkv Conv1D, learned positions)."""
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(
+        vocab_size=128,
+        n_embd=64,
+        n_layer=num_layers,
+        n_head=4,
+        n_positions=128,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+        attn_implementation=attn_implementation,
+    )
+    _seeded(seed)
+    return GPT2Model(config).eval()
+
+
+def tiny_bert(num_layers: int = 2, seed: int = 0) -> torch.nn.Module:
+    """A BERT encoder stack."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    )
+    _seeded(seed)
+    return BertModel(config, add_pooling_layer=False).eval()
+
+
+def tiny_vit(num_layers: int = 2, image_size: int = 32, seed: int = 0) -> torch.nn.Module:
+    """A ViT encoder (transformers' own) on small images."""
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        hidden_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=image_size,
+        patch_size=8,
+        num_channels=3,
+    )
+    _seeded(seed)
+    return ViTModel(config, add_pooling_layer=False).eval()
+
+
+def tiny_resnet(depths: tuple[int, ...] = (1, 1, 1, 1), seed: int = 0) -> torch.nn.Module:
+    """A ResNet (transformers' own, since torchvision does not load beside the CPU torch)."""
+    from transformers import ResNetConfig, ResNetModel
+
+    config = ResNetConfig(
+        embedding_size=16,
+        hidden_sizes=[16, 32, 48, 64],
+        depths=list(depths),
+        layer_type="basic",
+    )
+    _seeded(seed)
+    model = ResNetModel(config).eval()
+    # Random batch-norm statistics, so that BN is not an identity in parity checks.
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def describe(model: torch.nn.Module) -> dict[str, Any]:
+    """A short JSON-able description (class, parameter count) for logs and reports."""
+    return {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
