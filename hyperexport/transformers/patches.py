@@ -1,0 +1,147 @@
+"""Patches that let transformers models go through ``torch.onnx.export``.
+
+Each patch is a small context manager that swaps one transformers attribute and restores it in
+``finally``. A patch is keyed to the transformers versions and the export paths where it is
+needed; :func:`export_patches` enters every patch that applies and leaves them in reverse order.
+
+Measured with transformers 5.24 on torch 2.13 (tiny Llama, Qwen2, GPT-2, BERT, ViT from
+:mod:`hyperexport.zoo`, opset 18): the dynamo path exports all five without patches; the
+TorchScript path fails for the three decoders on ``aten::diff`` from mask creation, and, once
+that is removed, on a ``CumSum`` of a boolean tensor (invalid ONNX). Both come from
+``masking_utils.find_packed_sequence_indices``, which :func:`packed_sequence_without_diff` fixes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
+from importlib import metadata
+
+import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+log = logging.getLogger(__name__)
+
+TORCHSCRIPT = "torchscript"
+DYNAMO = "dynamo"
+
+
+@dataclass(frozen=True)
+class ExportPatch:
+    """One transformers patch and where it is needed.
+
+    Attributes:
+        name: Short identifier, logged when the patch is applied.
+        transformers: Version specifier of the transformers releases that need it.
+        paths: Export paths (``"torchscript"``, ``"dynamo"``) that need it.
+        reason: What breaks without it.
+        factory: Returns the context manager that applies the patch and restores on exit.
+    """
+
+    name: str
+    transformers: str
+    paths: tuple[str, ...]
+    reason: str
+    factory: Callable[[], AbstractContextManager[None]]
+
+    def applies(self, dynamo: bool, version: Version) -> bool:
+        """Whether the patch is needed on this export path with this transformers version."""
+        path = DYNAMO if dynamo else TORCHSCRIPT
+        return path in self.paths and SpecifierSet(self.transformers).contains(
+            version, prereleases=True
+        )
+
+
+def _find_packed_sequence_indices(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """``find_packed_sequence_indices`` without ``torch.diff`` and without a boolean ``cumsum``.
+
+    Same result as transformers' version: a new sequence starts wherever a position is not the
+    previous position plus one; the running count of starts numbers the sequences.
+    """
+    from transformers import masking_utils
+
+    previous = torch.cat([position_ids[:, :1] - 1, position_ids[:, :-1]], dim=-1)
+    starts = (position_ids - previous) != 1
+    packed_sequence_mask = starts.to(torch.int64).cumsum(-1)
+    if not masking_utils.is_tracing(packed_sequence_mask) and bool(
+        (packed_sequence_mask[:, -1] == 0).all()
+    ):
+        return None
+    return packed_sequence_mask
+
+
+@contextmanager
+def packed_sequence_without_diff() -> Iterator[None]:
+    """Replace ``transformers.masking_utils.find_packed_sequence_indices`` during export.
+
+    The original uses ``torch.diff`` (no TorchScript symbolic at any opset up to 20) and a
+    ``cumsum`` over booleans, which the TorchScript exporter emits as an invalid ``CumSum`` on
+    ``tensor(bool)``. The replacement computes the same packed-sequence ids with ``Sub``/``Concat``
+    and an int64 ``CumSum``.
+    """
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = _find_packed_sequence_indices
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+PATCHES: tuple[ExportPatch, ...] = (
+    ExportPatch(
+        name="packed_sequence_without_diff",
+        transformers=">=4.54",
+        paths=(TORCHSCRIPT,),
+        reason="aten::diff and bool CumSum from masking_utils.find_packed_sequence_indices",
+        factory=packed_sequence_without_diff,
+    ),
+)
+
+
+def transformers_version() -> Version | None:
+    """The installed transformers version, or None when transformers is not installed."""
+    try:
+        return Version(metadata.version("transformers"))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def patches_for(dynamo: bool, version: Version | None = None) -> list[ExportPatch]:
+    """The patches needed on one export path.
+
+    Args:
+        dynamo: The export path (``True`` for ``dynamo=True``).
+        version: transformers version to key on; the installed one when None.
+
+    Returns:
+        The applicable patches, in the order they are entered. Empty without transformers.
+    """
+    version = version if version is not None else transformers_version()
+    if version is None:
+        return []
+    return [patch for patch in PATCHES if patch.applies(dynamo, version)]
+
+
+@contextmanager
+def export_patches(dynamo: bool, version: Version | None = None) -> Iterator[list[str]]:
+    """Apply every transformers patch the chosen export path needs; restore them on exit.
+
+    Args:
+        dynamo: The export path the patches are for.
+        version: transformers version to key on; the installed one when None (tests only).
+
+    Yields:
+        The names of the applied patches.
+    """
+    applied: list[str] = []
+    with ExitStack() as stack:
+        for patch in patches_for(dynamo, version):
+            stack.enter_context(patch.factory())
+            applied.append(patch.name)
+            log.debug("applied transformers patch %s (%s)", patch.name, patch.reason)
+        yield applied

@@ -1,0 +1,116 @@
+"""Each transformers export patch: export fails (or diverges) without it, works with it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from packaging.version import Version
+
+from hyperexport import zoo
+from hyperexport.transformers import patches
+from hyperexport.transformers.patches import export_patches, patches_for
+
+pytest.importorskip("transformers")
+
+DECODERS = {"llama": zoo.tiny_llama, "qwen2": zoo.tiny_qwen2, "gpt2": zoo.tiny_gpt2}
+ALL_MODELS = {**DECODERS, "bert": zoo.tiny_bert, "vit": zoo.tiny_vit}
+
+
+def _example(name: str) -> tuple[str, torch.Tensor]:
+    if name == "vit":
+        return "pixel_values", torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    return "input_ids", torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+
+
+def _export(name, dynamo, tmp_path, last_hidden):
+    key, x = _example(name)
+    wrapper = last_hidden(ALL_MODELS[name](), key).eval()
+    path = tmp_path / f"{name}.onnx"
+    torch.onnx.export(
+        wrapper, (x,), path, dynamo=dynamo, opset_version=18, input_names=["x"], output_names=["y"]
+    )
+    with torch.no_grad():
+        expected = wrapper(x).numpy()
+    return path, x, expected
+
+
+def test_torchscript_llama_export_fails_without_patch(tmp_path, last_hidden):
+    with pytest.raises(torch.onnx.errors.UnsupportedOperatorError, match="aten::diff"):
+        _export("llama", False, tmp_path, last_hidden)
+
+
+def test_packed_sequence_patch_alone_makes_torchscript_export_run(
+    tmp_path, last_hidden, ort_run, diff
+):
+    with patches.packed_sequence_without_diff():
+        path, x, expected = _export("llama", False, tmp_path, last_hidden)
+    assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(DECODERS))
+def test_torchscript_decoders_export_with_parity(name, tmp_path, last_hidden, ort_run, diff):
+    with export_patches(dynamo=False) as applied:
+        assert applied == ["packed_sequence_without_diff"]
+        path, x, expected = _export(name, False, tmp_path, last_hidden)
+    assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_torchscript_encoders_export_with_parity(name, tmp_path, last_hidden, ort_run, diff):
+    with export_patches(dynamo=False):
+        path, x, expected = _export(name, False, tmp_path, last_hidden)
+    assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
+def test_dynamo_exports_with_parity(name, tmp_path, last_hidden, ort_run, diff):
+    with export_patches(dynamo=True) as applied:
+        assert applied == []
+        path, x, expected = _export(name, True, tmp_path, last_hidden)
+    assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
+
+
+def test_dynamo_llama_exports_with_parity(tmp_path, last_hidden, ort_run, diff):
+    with export_patches(dynamo=True):
+        path, x, expected = _export("llama", True, tmp_path, last_hidden)
+    assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
+
+
+def test_patched_function_matches_original_in_eager():
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    packed = torch.tensor([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]])
+    plain = torch.arange(6).expand(2, 6)
+    with patches.packed_sequence_without_diff():
+        patched = masking_utils.find_packed_sequence_indices
+        assert patched is not original
+        assert torch.equal(patched(packed), original(packed))
+        assert patched(plain) is None and original(plain) is None
+
+
+def test_patch_restores_on_exception():
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    with pytest.raises(RuntimeError, match="boom"), export_patches(dynamo=False):
+        assert masking_utils.find_packed_sequence_indices is not original
+        raise RuntimeError("boom")
+    assert masking_utils.find_packed_sequence_indices is original
+
+
+def test_patches_are_keyed_to_version_and_path():
+    assert [p.name for p in patches_for(False, Version("5.24.0"))] == [
+        "packed_sequence_without_diff"
+    ]
+    assert patches_for(True, Version("5.24.0")) == []
+    assert patches_for(False, Version("4.40.0")) == []
+
+
+def test_applied_patches_are_logged_at_debug(caplog):
+    with caplog.at_level(logging.DEBUG, logger=patches.__name__), export_patches(dynamo=False):
+        pass
+    assert "packed_sequence_without_diff" in caplog.text
