@@ -1,0 +1,112 @@
+"""ONNX Runtime sessions for the check: CPU, deterministic, bfloat16 fed and fetched as bits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+from hyperexport.errors import CheckError
+
+logger = logging.getLogger(__name__)
+
+_BF16 = "tensor(bfloat16)"
+_BF16_ONNX = 16  # TensorProto.BFLOAT16
+# Every exception class ONNX Runtime's binding raises, plus RuntimeError for conversion errors.
+ORT_ERRORS: tuple[type[Exception], ...] = (
+    *(
+        obj
+        for obj in vars(ort_state).values()
+        if isinstance(obj, type) and issubclass(obj, Exception)
+    ),
+    RuntimeError,
+)
+_EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+
+def _options(external_data_dir: Path | None) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.use_deterministic_compute = True
+    options.log_severity_level = 3
+    if external_data_dir is not None:
+        options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_data_dir))
+    return options
+
+
+class OrtRunner:
+    """One InferenceSession on the CPU execution provider.
+
+    Args:
+        model: A model file path, or a serialized ModelProto.
+        external_data_dir: For a serialized model whose tensors refer to external data: the
+            directory their ``location`` is relative to.
+
+    Raises:
+        CheckError: When ONNX Runtime refuses the model.
+    """
+
+    def __init__(self, model: Path | bytes, *, external_data_dir: Path | None = None) -> None:
+        source = str(model) if isinstance(model, Path) else model
+        try:
+            self._session = ort.InferenceSession(
+                source, _options(external_data_dir), providers=["CPUExecutionProvider"]
+            )
+        except ORT_ERRORS as e:
+            raise CheckError(f"ONNX Runtime cannot load the model: {e}") from e
+        self.input_names = tuple(i.name for i in self._session.get_inputs())
+        self.output_names = tuple(o.name for o in self._session.get_outputs())
+        self._input_types = {i.name: i.type for i in self._session.get_inputs()}
+        self._output_types = {o.name: o.type for o in self._session.get_outputs()}
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], output_shapes: Sequence[tuple[int, ...]]
+    ) -> list[np.ndarray]:
+        """Run the session and return every output in order.
+
+        Args:
+            feeds: Input name to array (bfloat16 as ``ml_dtypes.bfloat16``).
+            output_shapes: Expected shape of each output; only used to pre-allocate bfloat16
+                outputs, which ONNX Runtime cannot return as numpy arrays.
+
+        Raises:
+            CheckError: When the run fails.
+        """
+        uses_bf16 = _BF16 in self._input_types.values() or _BF16 in self._output_types.values()
+        try:
+            if not uses_bf16:
+                return list(self._session.run(None, dict(feeds)))
+            return self._run_bound(feeds, output_shapes)
+        except ORT_ERRORS as e:
+            raise CheckError(f"ONNX Runtime run failed: {e}") from e
+
+    def _run_bound(
+        self, feeds: Mapping[str, np.ndarray], output_shapes: Sequence[tuple[int, ...]]
+    ) -> list[np.ndarray]:
+        binding = self._session.io_binding()
+        for name, array in feeds.items():
+            if self._input_types.get(name) == _BF16:
+                bits = np.ascontiguousarray(array).view(np.uint16)
+                binding.bind_ortvalue_input(
+                    name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, _BF16_ONNX)
+                )
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        buffers: dict[str, np.ndarray] = {}
+        for name, shape in zip(self.output_names, output_shapes, strict=True):
+            if self._output_types[name] == _BF16:
+                buffers[name] = np.zeros(shape, dtype=np.uint16)
+                value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(buffers[name], _BF16_ONNX)
+                binding.bind_ortvalue_output(name, value)
+            else:
+                binding.bind_output(name)
+        self._session.run_with_iobinding(binding)
+        results = binding.get_outputs()
+        return [
+            buffers[name].view(ml_dtypes.bfloat16) if name in buffers else results[i].numpy()
+            for i, name in enumerate(self.output_names)
+        ]

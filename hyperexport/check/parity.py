@@ -1,0 +1,62 @@
+"""End-to-end parity: the final model in ONNX Runtime against torch's captured outputs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from hyperexport.check.compare import compare_arrays
+from hyperexport.check.ort_session import OrtRunner
+from hyperexport.check.report import TensorResult
+from hyperexport.check.settings import CheckSettings
+from hyperexport.check.tensors import CapturedArrays
+from hyperexport.errors import CheckError
+from hyperexport.manifest import ExportManifest
+
+logger = logging.getLogger(__name__)
+
+
+def check_end_to_end(
+    model_path: Path, manifest: ExportManifest, arrays: CapturedArrays, settings: CheckSettings
+) -> tuple[TensorResult, ...]:
+    """Run the model on the captured inputs and compare every output with its reference.
+
+    Args:
+        model_path: The final model file (ONNX Runtime resolves its external data).
+        manifest: Gives the capture keys of the graph inputs and outputs, in graph order.
+        arrays: The captured arrays.
+        settings: Tolerances, with per-output overrides by output name or capture key.
+
+    Returns:
+        One result per graph output.
+
+    Raises:
+        CheckError: When the model cannot be loaded or run, or its inputs and outputs do not
+            line up with the manifest.
+    """
+    runner = OrtRunner(model_path)
+    if len(runner.input_names) != len(manifest.graph_inputs):
+        raise CheckError(
+            f"the model has {len(runner.input_names)} inputs {list(runner.input_names)}, "
+            f"the manifest lists {len(manifest.graph_inputs)}"
+        )
+    if len(runner.output_names) != len(manifest.graph_outputs):
+        raise CheckError(
+            f"the model has {len(runner.output_names)} outputs {list(runner.output_names)}, "
+            f"the manifest lists {len(manifest.graph_outputs)}"
+        )
+    feeds = {
+        name: arrays.get(key)
+        for name, key in zip(runner.input_names, manifest.graph_inputs, strict=True)
+    }
+    expected = [arrays.get(key) for key in manifest.graph_outputs]
+    actual = runner.run(feeds, [e.shape for e in expected])
+    results = tuple(
+        compare_arrays(a, e, settings.tolerance_for(name, key), name=name, key=key)
+        for a, e, name, key in zip(
+            actual, expected, runner.output_names, manifest.graph_outputs, strict=True
+        )
+    )
+    for r in results:
+        logger.debug("end-to-end %s", r.describe())
+    return results

@@ -1,0 +1,101 @@
+"""Build a model that runs one function alone: inputs, weights as initializers, one call node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from hyperexport.errors import CheckError
+from hyperexport.manifest import CallSite
+
+FunctionId = tuple[str, str, str]
+
+
+def reachable_functions(model: ir.Model, root: FunctionId) -> list[ir.Function]:
+    """``root`` and every local function it calls, directly or through nested calls."""
+    seen: dict[FunctionId, ir.Function] = {}
+    stack = [root]
+    while stack:
+        ident = stack.pop()
+        if ident in seen or ident not in model.functions:
+            continue
+        function = model.functions[ident]
+        seen[ident] = function
+        stack.extend(
+            (node.domain, node.op_type, node.overload)
+            for node in ir.traversal.RecursiveGraphIterator(function)
+        )
+    return list(seen.values())
+
+
+def input_signature(arrays: Sequence[np.ndarray]) -> tuple[tuple[str, int], ...]:
+    """Dtype and rank of each data input: calls with equal signatures can share a standalone model."""
+    return tuple((str(a.dtype), a.ndim) for a in arrays)
+
+
+def build_standalone(
+    model: ir.Model, site: CallSite, signature: tuple[tuple[str, int], ...]
+) -> ir.Model:
+    """A model whose graph calls ``site``'s function once.
+
+    Graph inputs are ``input_<i>`` (one per data input, dtype and rank from ``signature``, every
+    dimension symbolic); the call site's weight inputs become initializers sharing the main
+    graph's tensors; outputs are ``output_<i>``, one per function output.
+
+    Args:
+        model: The final model (its functions and main-graph initializers are reused, not copied).
+        site: The call site.
+        signature: ``input_signature`` of the call's data inputs.
+
+    Raises:
+        CheckError: When the function, a weight, or the input/output arity does not match.
+    """
+    ident = (site.domain, site.name, "")
+    if ident not in model.functions:
+        raise CheckError(f"function {site.domain}::{site.name} is not in the model")
+    function = model.functions[ident]
+    n_inputs = len(site.data_inputs) + len(site.weight_inputs)
+    if n_inputs != len(function.inputs) or len(site.outputs) != len(function.outputs):
+        raise CheckError(
+            f"call {site.call_id} passes {n_inputs} inputs and expects {len(site.outputs)} "
+            f"outputs; {site.domain}::{site.name} takes {len(function.inputs)} and returns "
+            f"{len(function.outputs)}"
+        )
+    inputs = [
+        ir.Value(
+            name=f"input_{i}",
+            type=ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype))),
+            shape=ir.Shape([f"input_{i}_d{d}" for d in range(rank)]),
+        )
+        for i, (dtype, rank) in enumerate(signature)
+    ]
+    weights = []
+    for name in site.weight_inputs:
+        source = model.graph.initializers.get(name)
+        if source is None or source.const_value is None:
+            raise CheckError(
+                f"call {site.call_id}: weight {name!r} is not a main-graph initializer"
+            )
+        weights.append(
+            ir.Value(
+                name=name, type=source.type, shape=source.shape, const_value=source.const_value
+            )
+        )
+    node = ir.Node(
+        site.domain, site.name, inputs=[*inputs, *weights], num_outputs=len(function.outputs)
+    )
+    for i, output in enumerate(node.outputs):
+        output.name = f"output_{i}"
+    opsets = dict(model.opset_imports)
+    opsets.setdefault(site.domain, 1)
+    graph = ir.Graph(
+        inputs,
+        node.outputs,
+        nodes=[node],
+        initializers=weights,
+        opset_imports=opsets,
+        name=f"check_{site.name}",
+    )
+    return ir.Model(graph, ir_version=model.ir_version, functions=reachable_functions(model, ident))
