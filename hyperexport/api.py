@@ -1,5 +1,169 @@
 """The library entry points, usable without Hydra.
 
 ``export_hyper_onnx`` is signature-compatible with HyperONNX's function of the same name. The
-build stages call the finer-grained steps (capture, export units, compose) one by one.
+build stages call the finer-grained steps (capture, export units, compose, save) one by one.
 """
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import onnx_ir as ir
+
+from hyperexport.capture.hooks import Capture, capture_model
+from hyperexport.capture.units import ExportBundle, export_units
+from hyperexport.manifest import ExportManifest
+from hyperexport.options import ExportOptions
+from hyperexport.passes.pipeline import compose_model
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Capture",
+    "ExportBundle",
+    "capture_model",
+    "compose_model",
+    "export_hyper_onnx",
+    "export_units",
+    "save_model",
+]
+
+
+def save_model(model: ir.Model, path: Path, *, external_data: bool, threshold: int = 1024) -> None:
+    """Write ``model`` to ``path`` atomically; with ``external_data``, big tensors go to
+    ``<name>.data`` beside it (tensors of at least ``threshold`` bytes)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if external_data:
+        from hyperexport.passes.externalize_constants import ExternalizeFunctionConstantsPass
+
+        ExternalizeFunctionConstantsPass(threshold)(model)
+        ir.save(model, path, external_data=f"{path.name}.data", size_threshold_bytes=threshold)
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}", suffix=".tmp")
+    os.close(fd)
+    try:
+        ir.save(model, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fallback_export(
+    model: Any,
+    capture: Capture,
+    opset: int,
+    dynamo: bool,
+    options: ExportOptions,
+    out_dir: Path,
+    names: dict[str, Any],
+) -> ExportBundle:
+    try:
+        return export_units(
+            model, capture, opset=opset, dynamo=dynamo, options=options, out_dir=out_dir, **names
+        )
+    except Exception as e:
+        if not options.fallback:
+            raise
+        log.warning(
+            "export with dynamo=%s failed (%s); falling back to dynamo=%s as asked",
+            dynamo,
+            e,
+            not dynamo,
+        )
+        bundle = export_units(
+            model,
+            capture,
+            opset=opset,
+            dynamo=not dynamo,
+            options=options,
+            out_dir=out_dir,
+            **names,
+        )
+        from dataclasses import replace
+
+        bundle = replace(bundle, fallback_from=f"dynamo={dynamo}: {type(e).__name__}: {e}")
+        (out_dir / "bundle.json").write_text(bundle.dumps(), encoding="utf-8")
+        return bundle
+
+
+def export_hyper_onnx(
+    model: Any,
+    args: Any,
+    f: str | os.PathLike[str] | IO[bytes],
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    opset_version: int = 18,
+    dynamo: bool = False,
+    hiera: Sequence[type | str] | None = None,
+    external_data: bool = False,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    options: ExportOptions | None = None,
+    **unsupported: Any,
+) -> ExportManifest:
+    """Export ``model`` to ONNX with every call of a ``hiera`` class as a local function.
+
+    Args:
+        model: The torch module (exported in its current mode; call ``eval()`` first).
+        args: Positional example inputs (tuple or single tensor).
+        f: Destination path, or a binary file object such as ``io.BytesIO``.
+        kwargs: Keyword example inputs.
+        input_names: Names of the flattened graph inputs (default: from the signature).
+        output_names: Names of the flattened graph outputs (default: from the output structure).
+        opset_version: Default-domain opset. TorchScript path: up to 20 on torch 2.13.
+        dynamo: Which torch exporter to use. Always explicit; torch's own default changed in 2.9.
+        hiera: Module classes (or import paths) whose calls become functions.
+        external_data: Store large tensors in ``<f>.data`` (needs a path ``f``).
+        dynamic_axes: ``{input name: {axis: dim name}}``.
+        options: Everything else: function mode, fallback, rewrites, attention, custom ops.
+
+    Returns:
+        The export manifest (functions and call sites).
+    """
+    if unsupported:
+        raise TypeError(f"export_hyper_onnx: unsupported argument(s) {sorted(unsupported)}")
+    options = options or ExportOptions()
+    if dynamic_axes:
+        from dataclasses import replace
+
+        options = replace(
+            options,
+            dynamic_axes=tuple((k, tuple(sorted(v.items()))) for k, v in dynamic_axes.items()),
+        )
+    capture = capture_model(model, args, kwargs, hiera=tuple(hiera or ()), method=options.method)
+    names = {
+        "input_names": tuple(input_names) if input_names else None,
+        "output_names": tuple(output_names) if output_names else None,
+    }
+    with tempfile.TemporaryDirectory(prefix="hyperexport-") as tmp:
+        bundle_dir = Path(tmp)
+        _fallback_export(model, capture, opset_version, dynamo, options, bundle_dir, names)
+        onnx_model, manifest = compose_model(bundle_dir, options=options, record=capture.record)
+    if isinstance(f, (str, os.PathLike)):
+        save_model(
+            onnx_model,
+            Path(f),
+            external_data=external_data,
+            threshold=options.external_data_threshold,
+        )
+    else:
+        if external_data:
+            raise ValueError("external_data=True needs a file path for f, not a file object")
+        import onnx
+
+        proto = ir.serde.serialize_model(onnx_model)
+        f.write(proto.SerializeToString())
+        del onnx
+    return manifest
+
+
+_ = io  # BytesIO is the documented file-object target

@@ -32,12 +32,13 @@ class RewriteOptions:
 
     Attributes:
         fold_leftovers: Fold the top-level nodes between function calls into functions of their own.
-        fuse_constants: Move constants that only one function uses into that function's body.
+        fuse_constants: Move constants fed to a function call into the function body (off by
+            default: it freezes values such as masks and position embeddings at the traced shape).
         optimize: Run onnxscript's optimizer with functions kept (not inlined).
     """
 
     fold_leftovers: bool = False
-    fuse_constants: bool = True
+    fuse_constants: bool = False
     optimize: bool = True
 
 

@@ -49,7 +49,9 @@ def tiny_llama(
     return model.eval()
 
 
-def tiny_qwen2(num_layers: int = 2, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
+def tiny_qwen2(
+    num_layers: int = 2, seed: int = 0, attn_implementation: str = "sdpa"
+) -> torch.nn.Module:
     """A Qwen2 decoder stack (biased q/k/v projections) with GQA."""
     from transformers import Qwen2Config, Qwen2Model
 
@@ -68,7 +70,9 @@ def tiny_qwen2(num_layers: int = 2, seed: int = 0, attn_implementation: str = "s
     return Qwen2Model(config).eval()
 
 
-def tiny_gpt2(num_layers: int = 2, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
+def tiny_gpt2(
+    num_layers: int = 2, seed: int = 0, attn_implementation: str = "sdpa"
+) -> torch.nn.Module:
     """A GPT-2 stack (fused qkv Conv1D, learned positions)."""
     from transformers import GPT2Config, GPT2Model
 

@@ -1,0 +1,234 @@
+"""Run the model once with forward hooks and record every call of every hiera module.
+
+The result is a :class:`Capture`: a plain :class:`CaptureRecord` plus the tensors it refers to,
+as numpy arrays. Nothing in it refers to live modules, so it can be saved, hashed and cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hyperexport.capture import signature, tree
+from hyperexport.capture.records import CaptureRecord, ModuleCall, TensorMeta, Tree
+from hyperexport.capture.tensor_store import load_arrays, raw_dtype, save_arrays
+from hyperexport.capture.torch_bridge import torch_dtype, torch_dtype_name
+from hyperexport.errors import HieraError, InputError, ModelForwardError
+
+log = logging.getLogger(__name__)
+
+CAPTURE_JSON = "capture.json"
+TENSORS_NPZ = "tensors.npz"
+
+
+def to_array(t: torch.Tensor) -> np.ndarray:
+    """A detached CPU numpy copy of ``t`` (bfloat16 kept as raw bits)."""
+    t = t.detach().cpu()
+    bits = raw_dtype(torch_dtype_name(t.dtype))
+    if bits is not None:
+        return t.view(torch.int16).numpy().view(bits).copy()
+    return t.numpy().copy()
+
+
+def from_array(array: np.ndarray, dtype: str) -> torch.Tensor:
+    """Inverse of :func:`to_array`."""
+    if raw_dtype(dtype) is not None:
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch_dtype(dtype))
+    return torch.from_numpy(array.copy())
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A capture record plus its tensors (numpy arrays keyed like the record's trees)."""
+
+    record: CaptureRecord
+    arrays: Mapping[str, np.ndarray] = field(repr=False)
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """The captured tensor ``key`` as a fresh torch tensor."""
+        meta = self._meta[key]
+        return from_array(self.arrays[key], meta.dtype)
+
+    @property
+    def _meta(self) -> dict[str, TensorMeta]:
+        return {t.key: t for t in self.record.tensors}
+
+    def value(self, t: Tree) -> Any:
+        """Rebuild the live value a tree describes."""
+        meta = self._meta
+        return tree.unflatten(t, lambda k: from_array(self.arrays[k], meta[k].dtype))
+
+    def save(self, directory: Path) -> None:
+        """Write ``capture.json`` and ``tensors.npz`` into ``directory`` (atomically each)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        save_arrays(directory / TENSORS_NPZ, self.arrays)
+        tmp = directory / f".{CAPTURE_JSON}.tmp"
+        tmp.write_text(self.record.dumps(), encoding="utf-8")
+        tmp.replace(directory / CAPTURE_JSON)
+
+    @classmethod
+    def load(cls, directory: Path) -> Capture:
+        record = CaptureRecord.loads((directory / CAPTURE_JSON).read_text(encoding="utf-8"))
+        return cls(record, load_arrays(directory / TENSORS_NPZ))
+
+
+class _Recorder:
+    """Collects module calls and tensors while the model runs."""
+
+    def __init__(self, names: Mapping[int, str]) -> None:
+        self.names = names
+        self.calls: list[ModuleCall | None] = []
+        self.pending: list[tuple[int, str, Tree]] = []  # (slot, call_id, inputs) of open calls
+        self.counts: dict[str, int] = {}
+        self.arrays: dict[str, np.ndarray] = {}
+        self.meta: dict[str, TensorMeta] = {}
+        self.stack: list[str] = []  # module paths of every open forward, for error messages
+
+    def store(self, value: Any, prefix: str, where: str) -> Tree:
+        tensors: list[torch.Tensor] = []
+        t = tree.flatten(value, where, tensors)
+        for i, tensor in enumerate(tensors):
+            key = f"{prefix}{i}"
+            self.arrays[key] = to_array(tensor)
+            self.meta[key] = TensorMeta(key, tuple(tensor.shape), torch_dtype_name(tensor.dtype))
+        return tree.rekey(t, prefix)
+
+    def enter(self, module: torch.nn.Module, args: Any) -> None:
+        self.stack.append(self.names.get(id(module), type(module).__name__))
+
+    def leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self.stack.pop()
+
+    def pre_hook(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        path = self.names[id(module)]
+        index = self.counts.get(path, 0)
+        self.counts[path] = index + 1
+        call_id = f"{path}#{index}"
+        bound = signature.bind(module.forward, args, kwargs)
+        inputs = self.store(bound, f"{call_id}/in.", f"module {path!r} input")
+        self.pending.append((len(self.calls), call_id, inputs))
+        self.calls.append(None)
+
+    def post_hook(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        slot, call_id, inputs = self.pending.pop()
+        path, _, index = call_id.rpartition("#")
+        outputs = self.store(output, f"{call_id}/out.", f"module {path!r} output")
+        parent = self.pending[-1][1] if self.pending else None
+        self.calls[slot] = ModuleCall(
+            path=path,
+            class_name=tree.qualified_name(type(module)),
+            call_index=int(index),
+            order=slot,
+            parent=parent,
+            inputs=inputs,
+            outputs=outputs,
+        )
+
+
+@contextlib.contextmanager
+def _hooks(model: torch.nn.Module, hiera: tuple[type, ...], rec: _Recorder) -> Iterator[int]:
+    handles = []
+    try:
+        count = 0
+        for module in model.modules():
+            if isinstance(module, hiera) and module is not model:
+                handles.append(module.register_forward_pre_hook(rec.pre_hook, with_kwargs=True))
+                handles.append(module.register_forward_hook(rec.post_hook, with_kwargs=True))
+                count += 1
+        handles.append(torch.nn.modules.module.register_module_forward_pre_hook(rec.enter))
+        handles.append(torch.nn.modules.module.register_module_forward_hook(rec.leave))
+        yield count
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def resolve_hiera(hiera: Sequence[type | str]) -> tuple[type, ...]:
+    """Turn class objects or import paths into module classes, with clear errors."""
+    classes = []
+    for item in hiera:
+        cls: Any = item
+        if isinstance(item, str):
+            try:
+                cls = tree._import_class(item)
+            except (ImportError, AttributeError) as e:
+                raise HieraError(f"hiera class {item!r} cannot be imported: {e}") from e
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise HieraError(f"hiera entry {item!r} is not a torch.nn.Module subclass")
+        classes.append(cls)
+    return tuple(classes)
+
+
+def capture_model(
+    model: torch.nn.Module,
+    args: Any,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    hiera: Sequence[type | str] = (),
+    method: str = "forward",
+) -> Capture:
+    """Run ``model`` once and record its inputs, outputs and every hiera module call.
+
+    Args:
+        model: The root module (put in eval mode by the caller).
+        args: Positional example inputs (a tuple, or a single tensor).
+        kwargs: Keyword example inputs.
+        hiera: Classes (or import paths) whose calls become functions.
+        method: The model method to call.
+
+    Raises:
+        InputError: An example input cannot cross the ONNX boundary.
+        HieraError: A hiera class is unknown, or no instance of it runs in forward.
+        ModelForwardError: The forward raised; names the innermost module that was running.
+    """
+    if not isinstance(args, tuple):
+        args = (args,)
+    classes = resolve_hiera(hiera)
+    fn = getattr(model, method)
+    names = {id(m): name for name, m in model.named_modules()}
+    rec = _Recorder(names)
+    bound = signature.bind(fn, args, dict(kwargs or {}))
+    inputs = rec.store(bound, "in.", "model input")
+    with _hooks(model, classes, rec) as instances, torch.no_grad():
+        try:
+            output = fn(*args, **dict(kwargs or {}))
+        except InputError:
+            raise
+        except Exception as e:
+            path = rec.stack[-1] if rec.stack else ""
+            raise ModelForwardError(path, e) from e
+    outputs = rec.store(output, "out.", "model output")
+    calls = tuple(c for c in rec.calls if c is not None)
+    _require_every_class_ran(classes, calls, instances)
+    record = CaptureRecord(
+        model_class=tree.qualified_name(type(model)),
+        inputs=inputs,
+        outputs=outputs,
+        calls=calls,
+        tensors=tuple(rec.meta[k] for k in sorted(rec.meta)),
+        hiera=tuple(tree.qualified_name(c) for c in classes),
+    )
+    log.info("captured %d hiera calls over %d tensors", len(calls), len(rec.meta))
+    return Capture(record, rec.arrays)
+
+
+def _require_every_class_ran(
+    classes: tuple[type, ...], calls: tuple[ModuleCall, ...], instances: int
+) -> None:
+    seen = {c.class_name for c in calls}
+    for cls in classes:
+        name = tree.qualified_name(cls)
+        if name not in seen:
+            raise HieraError(
+                f"hiera class {name} never ran in forward"
+                + ("" if instances else " (the model has no instance of it)")
+            )

@@ -1,0 +1,71 @@
+"""The one place that knows torch version differences (and the only one allowed private imports).
+
+Everything else in hyperexport uses public torch APIs, and asks this module where torch moved
+or changed between releases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+import torch
+from packaging.version import Version
+
+TORCH_VERSION = Version(torch.__version__.split("+")[0])
+
+#: Highest default-domain opset each export path accepts on this torch.
+TORCHSCRIPT_MAX_OPSET = 20
+DYNAMO_MAX_OPSET = 24
+MIN_OPSET = 7
+
+
+def max_opset(dynamo: bool) -> int:
+    """The highest opset the chosen export path supports on this torch."""
+    return DYNAMO_MAX_OPSET if dynamo else TORCHSCRIPT_MAX_OPSET
+
+
+@contextlib.contextmanager
+def quiet_torchscript_exporter() -> Iterator[None]:
+    """Silence the TorchScript exporter's per-call deprecation and tracer warnings.
+
+    torch 2.13 warns on every ``dynamo=False`` export; a hierarchical export makes one call per
+    unit, so the same warning would repeat for every module.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx.*")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        yield
+
+
+def is_tracing() -> bool:
+    """True while torch.jit tracing (the TorchScript exporter) runs."""
+    return torch.jit.is_tracing()
+
+
+def torch_dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Inverse of :func:`torch_dtype_name`."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown torch dtype {name!r}")
+    return dtype
+
+
+def set_symbolic_output_type(value: object, like: torch.Tensor, dynamic: bool) -> None:
+    """Give a TorchScript symbolic output the dtype (and, unless dynamic, shape) of ``like``.
+
+    Without it, the TorchScript exporter warns for every custom op and loses the shape
+    information that later symbolics (e.g. Linear -> Gemm vs MatMul) decide on.
+    """
+    tensor_type = torch._C.TensorType.create_from_tensor(like)
+    if dynamic:
+        tensor_type = tensor_type.with_sizes([None] * like.dim())
+    value.setType(tensor_type)  # type: ignore[attr-defined]

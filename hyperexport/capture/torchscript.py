@@ -1,0 +1,94 @@
+"""The TorchScript path (``dynamo=False``): placeholder op and the export call for one unit."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hyperexport.capture.torch_bridge import quiet_torchscript_exporter, set_symbolic_output_type
+from hyperexport.manifest import PLACEHOLDER_DOMAIN
+from hyperexport.options import CustomOpSymbolic
+
+
+def apply_placeholder(
+    op_type: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+) -> Sequence[torch.Tensor]:
+    """Apply a duck-typed autograd.Function whose ``symbolic()`` emits the placeholder node.
+
+    Its ``forward`` returns the captured outputs; the tracer records the call as one op, and the
+    ONNX conversion asks ``symbolic`` for the node: ``hyperexport.placeholder::<op_type>``.
+
+    The outputs must be tensors that existed before the trace started and are returned as they
+    are: the tracer of torch 2.13 loses track of tensors created inside ``forward`` (a later op
+    that consumes one fails with ``unordered_map::at``).
+    """
+    captured = tuple(outputs)
+
+    def forward(ctx: Any, *args: torch.Tensor) -> Any:
+        return captured if len(captured) != 1 else captured[0]
+
+    def symbolic(g: Any, *args: Any) -> Any:
+        out = g.op(f"{PLACEHOLDER_DOMAIN}::{op_type}", *args, outputs=len(captured))
+        values = (out,) if len(captured) == 1 else tuple(out)
+        for value, like in zip(values, captured):
+            set_symbolic_output_type(value, like, dynamic=False)
+        return out
+
+    function = type(
+        f"Placeholder_{op_type}",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "symbolic": staticmethod(symbolic)},
+    )
+    result = function.apply(*inputs)
+    return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+
+
+def _import_symbol(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@contextlib.contextmanager
+def custom_op_symbolics(custom_ops: Sequence[CustomOpSymbolic]) -> Iterator[None]:
+    """Register the user's symbolics for the duration of the export, then unregister them."""
+    registered: list[CustomOpSymbolic] = []
+    try:
+        for op in custom_ops:
+            torch.onnx.register_custom_op_symbolic(op.name, _import_symbol(op.symbolic), op.opset)
+            registered.append(op)
+        yield
+    finally:
+        for op in registered:
+            torch.onnx.unregister_custom_op_symbolic(op.name, op.opset)
+
+
+def export_torchscript(
+    module: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    *,
+    opset: int,
+    input_names: list[str],
+    output_names: list[str],
+    fold_constants: bool,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None,
+) -> bytes:
+    """``torch.onnx.export(..., dynamo=False)`` of one unit into bytes."""
+    buffer = io.BytesIO()
+    with quiet_torchscript_exporter(), torch.no_grad():
+        torch.onnx.export(
+            module,
+            inputs,
+            buffer,
+            dynamo=False,
+            opset_version=opset,
+            input_names=input_names,
+            output_names=output_names,
+            do_constant_folding=fold_constants,
+            dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None,
+        )
+    return buffer.getvalue()

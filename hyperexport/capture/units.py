@@ -1,0 +1,314 @@
+"""Export a captured model unit by unit: the root, and each distinct hiera call body.
+
+A *unit* is one ``torch.onnx.export`` call: a module exported on its own with its direct hiera
+children replaced by placeholders. The result is an :class:`ExportBundle`: one ONNX file per
+unit plus ``bundle.json``, which the compose pass turns into one model with local functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyperexport.capture import signature, tree
+from hyperexport.capture.hooks import Capture
+from hyperexport.capture.placeholders import (
+    ApplyPlaceholder,
+    PlaceholderSpec,
+    module_weights,
+    replace_children,
+)
+from hyperexport.capture.records import ModuleCall, Tree, tree_tensor_keys
+from hyperexport.capture.torch_bridge import max_opset
+from hyperexport.capture.unit_identity import plan_units
+from hyperexport.errors import HyperExportError, ModuleExportError, OpsetError
+from hyperexport.options import ExportOptions
+
+log = logging.getLogger(__name__)
+
+BUNDLE_JSON = "bundle.json"
+#: A copy of the capture record, so that the bundle composes on its own.
+CAPTURE_RECORD = "capture.json"
+ROOT = "root"
+
+
+@dataclass(frozen=True)
+class UnitEntry:
+    """One exported unit.
+
+    Attributes:
+        name: File stem under ``units/`` (``root``, ``u003``).
+        call_ids: The module calls whose function this unit's graph is (empty for the root).
+        module_path: Path of the exported module (representative instance).
+        class_name: Qualified class name of the module.
+        weights: Per-type mode: local state names passed as extra inputs after the data inputs.
+        placeholders: ``(op_type, child call_id)`` of each placeholder node in the graph.
+        exported: False when the body was proven identical to another unit's and not exported.
+    """
+
+    name: str
+    call_ids: tuple[str, ...]
+    module_path: str
+    class_name: str
+    weights: tuple[str, ...]
+    placeholders: tuple[tuple[str, str], ...]
+    exported: bool = True
+
+
+@dataclass(frozen=True)
+class ExportBundle:
+    """The export stage's result: unit files and how they fit together."""
+
+    dynamo: bool
+    opset: int
+    function_mode: str
+    units: tuple[UnitEntry, ...]
+    root_input_names: tuple[str, ...]
+    root_output_names: tuple[str, ...]
+    fallback_from: str | None = None
+
+    def unit_for(self, call_id: str) -> UnitEntry:
+        for unit in self.units:
+            if call_id in unit.call_ids:
+                return unit
+        raise KeyError(call_id)
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def loads(cls, text: str) -> ExportBundle:
+        data = json.loads(text)
+        units = tuple(
+            UnitEntry(
+                name=u["name"],
+                call_ids=tuple(u["call_ids"]),
+                module_path=u["module_path"],
+                class_name=u["class_name"],
+                weights=tuple(u["weights"]),
+                placeholders=tuple((a, b) for a, b in u["placeholders"]),
+                exported=u["exported"],
+            )
+            for u in data["units"]
+        )
+        return cls(
+            dynamo=data["dynamo"],
+            opset=data["opset"],
+            function_mode=data["function_mode"],
+            units=units,
+            root_input_names=tuple(data["root_input_names"]),
+            root_output_names=tuple(data["root_output_names"]),
+            fallback_from=data.get("fallback_from"),
+        )
+
+
+class _UnitModule(torch.nn.Module):
+    """Calls the exported module from flat tensors, and returns its tensors flat.
+
+    The exporter then sees exactly the inputs and outputs we name, in our order, whatever the
+    module's own signature (kwargs, nested tuples, dicts, ModelOutputs, constants).
+    """
+
+    def __init__(
+        self,
+        inner: torch.nn.Module,
+        call: Callable[..., Any],
+        inputs: Tree,
+        signature_of: Callable[..., Any],
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self._call = call
+        self._signature_of = signature_of
+        self._inputs = inputs
+        self._positions = {k: i for i, k in enumerate(tree_tensor_keys(inputs))}
+
+    def forward(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        bound = tree.unflatten(self._inputs, lambda k: flat[self._positions[k]])
+        args, kwargs = signature.split(self._signature_of, bound)
+        out = self._call(*args, **kwargs)
+        tensors: list[torch.Tensor] = []
+        tree.flatten(out, "output", tensors)
+        return tuple(tensors)
+
+
+def check_opset(opset: int, dynamo: bool) -> None:
+    """Raise OpsetError when ``opset`` is outside what the path supports."""
+    top = max_opset(dynamo)
+    if not 7 <= opset <= top:
+        path = "dynamo=True" if dynamo else "dynamo=False (TorchScript)"
+        raise OpsetError(f"opset {opset} is outside what the {path} path supports (7..{top})")
+
+
+def export_units(
+    model: torch.nn.Module,
+    capture: Capture,
+    *,
+    opset: int,
+    dynamo: bool,
+    options: ExportOptions,
+    out_dir: Path,
+    input_names: tuple[str, ...] | None = None,
+    output_names: tuple[str, ...] | None = None,
+) -> ExportBundle:
+    """Export the root and every distinct hiera call body of ``capture`` into ``out_dir``.
+
+    Raises:
+        OpsetError: ``opset`` is outside the path's range.
+        ModuleExportError: torch.onnx.export failed; names the module path and the path used.
+    """
+    check_opset(opset, dynamo)
+    record = capture.record
+    modules = dict(model.named_modules())
+    plan = plan_units(record, modules, options.functions)
+    per_type = options.functions == "per_type"
+    units_dir = out_dir / "units"
+    units_dir.mkdir(parents=True, exist_ok=True)
+    in_names = input_names or tuple(tree.leaf_names(record.inputs))
+    out_names = output_names or _root_output_names(record.outputs)
+
+    entries: list[UnitEntry] = []
+    op_names = {c.call_id: f"P{c.order}" for c in record.calls}
+    started = time.perf_counter()
+    for unit in plan:
+        call = record.call(unit.call_ids[0]) if unit.call_ids else None
+        children = record.children(call.call_id if call else None)
+        specs = [
+            PlaceholderSpec(
+                op_names[c.call_id],
+                c,
+                tuple(n for n, _ in module_weights(modules[c.path])) if per_type else (),
+            )
+            for c in children
+        ]
+        weights = (
+            tuple(n for n, _ in module_weights(modules[call.path])) if per_type and call else ()
+        )
+        entry = UnitEntry(
+            name=unit.name,
+            call_ids=unit.call_ids,
+            module_path=call.path if call else "",
+            class_name=call.class_name if call else record.model_class,
+            weights=weights,
+            placeholders=tuple((s.op_type, s.call.call_id) for s in specs),
+            exported=unit.exported,
+        )
+        if unit.exported:
+            data = _export_one(
+                model, modules, capture, call, specs, opset, dynamo, options, in_names, out_names
+            )
+            (units_dir / f"{unit.name}.onnx").write_bytes(data)
+        entries.append(entry)
+    log.info(
+        "exported %d of %d units (dynamo=%s) in %.2fs",
+        sum(e.exported for e in entries),
+        len(entries),
+        dynamo,
+        time.perf_counter() - started,
+    )
+    bundle = ExportBundle(
+        dynamo=dynamo,
+        opset=opset,
+        function_mode=options.functions,
+        units=tuple(entries),
+        root_input_names=in_names,
+        root_output_names=out_names,
+    )
+    _write_text(out_dir / CAPTURE_RECORD, record.dumps())
+    _write_text(out_dir / BUNDLE_JSON, bundle.dumps())
+    return bundle
+
+
+def _root_output_names(outputs: Tree) -> tuple[str, ...]:
+    """Leaf names of the root outputs, prefixed with ``output`` unless they read as names."""
+    names = tree.leaf_names(outputs)
+    if any(not n[0].isalpha() or n == "value" for n in names):
+        names = tree.leaf_names(outputs, "output")
+    return tuple(names)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _export_one(
+    model: torch.nn.Module,
+    modules: Mapping[str, torch.nn.Module],
+    capture: Capture,
+    call: ModuleCall | None,
+    specs: list[PlaceholderSpec],
+    opset: int,
+    dynamo: bool,
+    options: ExportOptions,
+    in_names: tuple[str, ...],
+    out_names: tuple[str, ...],
+) -> bytes:
+    record = capture.record
+    if call is None:
+        inner, fn, inputs = model, getattr(model, options.method), record.inputs
+        sig = fn
+        names_in, names_out = list(in_names), list(out_names)
+        outputs = record.outputs
+        dynamic = {k: dict(v) for k, v in options.dynamic_axes}
+    else:
+        inner = modules[call.path]
+        fn, inputs, outputs = inner, call.inputs, call.outputs
+        sig = type(inner).forward.__get__(inner)
+        names_in = [f"in.{i}" for i, _ in enumerate(tree_tensor_keys(inputs))]
+        names_out = [f"out.{i}" for i, _ in enumerate(tree_tensor_keys(outputs))]
+        dynamic = {}
+    if not names_out:
+        raise ModuleExportError(call.path if call else "", dynamo, ValueError("returns no tensor"))
+    wrapper = _UnitModule(inner, fn, inputs, sig)
+    flat = tuple(capture.tensor(k) for k in tree_tensor_keys(inputs))
+    apply = _placeholder_op(dynamo)
+    fold = options.functions != "per_type"
+    try:
+        with replace_children(modules, specs, capture, apply):
+            if dynamo:
+                from hyperexport.capture.dynamo import export_dynamo
+
+                return export_dynamo(
+                    wrapper,
+                    flat,
+                    opset=opset,
+                    input_names=names_in,
+                    output_names=names_out,
+                    dynamic_axes=dynamic,
+                    specs=specs,
+                )
+            from hyperexport.capture.torchscript import custom_op_symbolics, export_torchscript
+
+            with custom_op_symbolics(options.custom_ops):
+                return export_torchscript(
+                    wrapper,
+                    flat,
+                    opset=opset,
+                    input_names=names_in,
+                    output_names=names_out,
+                    fold_constants=fold,
+                    dynamic_axes=dynamic,
+                )
+    except HyperExportError:
+        raise
+    except Exception as e:
+        raise ModuleExportError(call.path if call else "", dynamo, e) from e
+
+
+def _placeholder_op(dynamo: bool) -> ApplyPlaceholder:
+    if dynamo:
+        from hyperexport.capture.dynamo import apply_placeholder as apply_dynamo
+
+        return apply_dynamo
+    from hyperexport.capture.torchscript import apply_placeholder
+
+    return apply_placeholder

@@ -1,0 +1,184 @@
+"""Splice exported unit graphs into the root graph as ONNX local functions.
+
+Each placeholder node (domain ``hyperexport.placeholder``) left by the export becomes a call of
+the function made from its unit's graph. Unit initializers become Constant nodes inside the
+function (per-instance mode) or function inputs fed with each instance's weights (per-type mode).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import onnx_ir as ir
+
+from hyperexport.capture.records import CaptureRecord, ModuleCall
+from hyperexport.capture.tree import leaf_names
+from hyperexport.capture.units import ExportBundle, UnitEntry
+from hyperexport.errors import RewriteError
+from hyperexport.manifest import (
+    FUNCTION_DOMAIN,
+    META_EXPORT_PATH,
+    META_FALLBACK,
+    META_FUNCTION_MODE,
+    PLACEHOLDER_DOMAIN,
+)
+from hyperexport.passes import naming
+
+log = logging.getLogger(__name__)
+
+#: The wrapper module that every unit is exported through registers the module as ``inner``.
+UNIT_PREFIX = "inner."
+
+
+def strip_unit_prefix(graph: ir.Graph) -> None:
+    """Give initializers their module-local state names (``inner.mlp.w`` -> ``mlp.w``)."""
+    for value in list(graph.initializers.values()):
+        if value.name and value.name.startswith(UNIT_PREFIX):
+            graph.initializers.pop(value.name)
+            value.name = value.name[len(UNIT_PREFIX) :]
+            graph.initializers[value.name] = value
+
+
+def function_names(bundle: ExportBundle, record: CaptureRecord) -> dict[str, str]:
+    """Unit name -> function name, stable and readable."""
+    names: dict[str, str] = {}
+    variants: dict[str, int] = {}
+    for unit in bundle.units:
+        if not unit.call_ids:
+            continue
+        call = record.call(unit.call_ids[0])
+        if bundle.function_mode == "per_type":
+            key = call.class_name
+            variant = variants.get(key, 0)
+            names[unit.name] = naming.type_function_name(call.class_name, variant)
+        else:
+            key = call.path
+            variant = variants.get(key, 0)
+            names[unit.name] = naming.instance_function_name(call.class_name, call.path, variant)
+        variants[key] = variant + 1
+    return names
+
+
+class ComposeFunctionsPass(ir.passes.InPlacePass):
+    """Turn unit graphs into functions and placeholder nodes into calls of them.
+
+    Args:
+        units: Unit name -> the unit's exported model (consumed: its graph becomes a function).
+        bundle: How the units fit together.
+        record: The capture, for classes, paths and input/output names.
+    """
+
+    def __init__(
+        self, units: Mapping[str, ir.Model], bundle: ExportBundle, record: CaptureRecord
+    ) -> None:
+        super().__init__()
+        self.units = units
+        self.bundle = bundle
+        self.record = record
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        bundle, record = self.bundle, self.record
+        fn_names = function_names(bundle, record)
+        by_name = {u.name: u for u in bundle.units}
+        strip_unit_prefix(model.graph)
+        functions: dict[str, ir.Function] = {}
+        for unit in bundle.units:
+            if unit.call_ids:
+                functions[unit.name] = self._make_function(unit, fn_names[unit.name])
+        graphs: list[tuple[UnitEntry, ir.Graph]] = [(by_name["root"], model.graph)]
+        graphs += [(by_name[n], f.graph) for n, f in functions.items()]
+        for unit, graph in graphs:
+            self._replace_placeholders(unit, graph, fn_names)
+        depth = {u.name: self._depth(u) for u in bundle.units if u.call_ids}
+        for name in sorted(functions, key=lambda n: (-depth[n], n)):
+            function = functions[name]
+            model.functions[function.identifier()] = function
+        model.opset_imports.pop(PLACEHOLDER_DOMAIN, None)
+        model.opset_imports[FUNCTION_DOMAIN] = 1
+        model.metadata_props[META_EXPORT_PATH] = f"dynamo={bundle.dynamo}"
+        model.metadata_props[META_FUNCTION_MODE] = bundle.function_mode
+        if bundle.fallback_from:
+            model.metadata_props[META_FALLBACK] = bundle.fallback_from
+        model.producer_name = "hyperexport"
+        return ir.passes.PassResult(model, modified=True)
+
+    def _depth(self, unit: UnitEntry) -> int:
+        call: ModuleCall | None = self.record.call(unit.call_ids[0])
+        depth = 0
+        while call is not None and call.parent is not None:
+            depth += 1
+            call = self.record.call(call.parent)
+        return depth
+
+    def _make_function(self, unit: UnitEntry, name: str) -> ir.Function:
+        graph = self.units[unit.name].graph
+        opsets = dict(self.units[unit.name].opset_imports)
+        strip_unit_prefix(graph)
+        call = self.record.call(unit.call_ids[0])
+        _rename(graph.inputs, leaf_names(call.inputs), unit)
+        _rename(graph.outputs, leaf_names(call.outputs, "output"), unit)
+        weights = set(unit.weights)
+        for weight in unit.weights:
+            value = graph.initializers.pop(weight, None)
+            if value is None:  # the body does not use this weight; prune removes the input
+                value = ir.Value(name=weight)
+            else:
+                value.const_value = None
+            graph.inputs.append(value)
+        constants = [v for n, v in graph.initializers.items() if n not in weights]
+        graph.initializers.clear()
+        nodes = [_constant_node(value) for value in constants]
+        if nodes and len(graph):
+            graph.insert_before(graph[0], nodes)
+        else:
+            graph.extend(nodes)
+        graph.opset_imports.clear()
+        graph.opset_imports.update({d: v for d, v in opsets.items() if d != PLACEHOLDER_DOMAIN})
+        if unit.placeholders:
+            graph.opset_imports[FUNCTION_DOMAIN] = 1
+        graph.name = name
+        return ir.Function(FUNCTION_DOMAIN, name, graph=graph, attributes=[])
+
+    def _replace_placeholders(
+        self, unit: UnitEntry, graph: ir.Graph, fn_names: dict[str, str]
+    ) -> None:
+        children = dict(unit.placeholders)
+        parent_path = unit.module_path
+        for node in list(graph):
+            if node.domain != PLACEHOLDER_DOMAIN:
+                continue
+            child_id = children.get(node.op_type)
+            if child_id is None:
+                raise RewriteError(
+                    f"compose: placeholder {node.op_type} in unit {unit.name!r} "
+                    f"({parent_path or 'root'}) has no recorded module call"
+                )
+            child_unit = self.bundle.unit_for(child_id)
+            child = self.record.call(child_id)
+            node.domain = FUNCTION_DOMAIN
+            node.op_type = fn_names[child_unit.name]
+            rel = naming.relative_path(child.path, parent_path)
+            node.name = rel if child.call_index == 0 else f"{rel}#{child.call_index}"
+
+
+def _constant_node(value: ir.Value) -> ir.Node:
+    """A Constant node producing ``value``'s tensor, taking over its uses and name."""
+    name = value.name
+    node = ir.node("Constant", [], attributes={"value": value.const_value}, name=f"{name}/Constant")
+    out = node.outputs[0]
+    value.replace_all_uses_with(out)
+    value.name = None
+    out.name, out.type, out.shape = name, value.type, value.shape
+    return node
+
+
+def _rename(values: list[ir.Value] | ir.Graph, names: list[str], unit: UnitEntry) -> None:
+    values = list(values)  # type: ignore[arg-type]
+    if len(values) != len(names):
+        raise RewriteError(
+            f"compose: unit {unit.name!r} ({unit.module_path}) has {len(values)} graph values "
+            f"but the capture has {len(names)}; the exporter changed the unit's signature"
+        )
+    for value, name in zip(values, names):
+        value.name = name

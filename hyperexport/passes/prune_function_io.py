@@ -1,0 +1,108 @@
+"""Remove function inputs that the body never reads and outputs that no call site uses.
+
+The rule is structural, never a guess: an input is removed only if no node of the function body
+consumes it (and it is not returned); an output only if, at every call site of the function, the
+corresponding value has no consumer and is not a graph output. Call sites are rewritten to
+match. Dead nodes left behind are removed, and the pass repeats until nothing changes, so pruning
+propagates through nested functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+
+def _graphs(model: ir.Model) -> Iterator[ir.Graph]:
+    yield model.graph
+    for function in model.functions.values():
+        yield function.graph
+
+
+def _call_sites(model: ir.Model, function: ir.Function) -> list[ir.Node]:
+    ident = function.identifier()
+    return [
+        node
+        for graph in _graphs(model)
+        for node in graph.all_nodes()
+        if node.op_identifier() == ident
+    ]
+
+
+def _used(value: ir.Value | None) -> bool:
+    return value is not None and (bool(value.uses()) or value.is_graph_output())
+
+
+def _drop_input(node: ir.Node, index: int) -> None:
+    inputs = list(node.inputs)
+    del inputs[index]
+    for i, value in enumerate(inputs):
+        node.replace_input_with(i, value)
+    node.resize_inputs(len(inputs))
+
+
+def _drop_outputs(node: ir.Node, keep: list[int]) -> ir.Node:
+    graph = node.graph
+    assert graph is not None
+    new = ir.Node(
+        node.domain,
+        node.op_type,
+        list(node.inputs),
+        node.attributes.values(),
+        overload=node.overload,
+        num_outputs=len(keep),
+        name=node.name,
+    )
+    for new_out, i in zip(new.outputs, keep):
+        old = node.outputs[i]
+        name = old.name
+        old.replace_all_uses_with(new_out, replace_graph_outputs=True)
+        old.name = None
+        new_out.name, new_out.type, new_out.shape = name, old.type, old.shape
+    graph.insert_before(node, new)
+    graph.remove(node, safe=True)
+    return new
+
+
+class PruneFunctionIOPass(ir.passes.InPlacePass):
+    """Prune unused inputs and outputs of every local function, with their call sites."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        while True:
+            changed = self._prune_outputs(model) | self._prune_inputs(model)
+            changed |= RemoveUnusedNodesPass()(model).modified
+            if not changed:
+                return ir.passes.PassResult(model, modified=modified)
+            modified = True
+
+    def _prune_inputs(self, model: ir.Model) -> bool:
+        changed = False
+        for function in model.functions.values():
+            inputs = function.graph.inputs
+            for index in reversed(range(len(inputs))):
+                if _used(inputs[index]):
+                    continue
+                for node in _call_sites(model, function):
+                    _drop_input(node, index)
+                inputs.pop(index)
+                changed = True
+        return changed
+
+    def _prune_outputs(self, model: ir.Model) -> bool:
+        changed = False
+        for function in model.functions.values():
+            sites = _call_sites(model, function)
+            if not sites:
+                continue
+            outputs = function.graph.outputs
+            keep = [i for i in range(len(outputs)) if any(_used(n.outputs[i]) for n in sites)]
+            if len(keep) == len(outputs) or not keep:
+                continue
+            for node in sites:
+                _drop_outputs(node, keep)
+            function.graph.outputs[:] = [outputs[i] for i in keep]
+            changed = True
+        return changed
