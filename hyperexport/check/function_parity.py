@@ -76,7 +76,8 @@ class FunctionChecker:
         manifest: The export manifest.
         arrays: The captured arrays.
         settings: Tolerances (per-output overrides match a call's output capture keys).
-        external_data_dir: Directory of the model's external data, if it has any.
+        external_data_dir: The directory relative external-data locations resolve against (the
+            model's directory), or None when the model has no external data.
     """
 
     def __init__(

@@ -36,12 +36,6 @@ def _load(model_path: Path) -> ir.Model:
         raise CheckError(f"cannot load {model_path}: {e}") from e
 
 
-def _has_external_data(model: ir.Model) -> bool:
-    return any(
-        isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
-    )
-
-
 def run_checks(
     model_path: Path,
     manifest: ExportManifest,
@@ -88,8 +82,9 @@ def run_checks(
     timings.append(("end_to_end", time.perf_counter() - start))
 
     start = time.perf_counter()
-    external = model_path.parent if _has_external_data(model) else None
-    checker = FunctionChecker(model, manifest, captured, settings, external)
+    # Standalone models are loaded from bytes: relative external-data locations (initializers
+    # and function Constant attributes alike) must resolve against the model's directory.
+    checker = FunctionChecker(model, manifest, captured, settings, model_path.parent)
     checker.check(select_calls(manifest, settings.function_scope), reason="scope")
     order = list(range(len(manifest.calls)))
     get = checker.get if e2e_failed else checker.results.get

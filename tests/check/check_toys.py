@@ -247,9 +247,20 @@ def make_toy(mode: str = "per_type", *, model_weights: Weights | None = None) ->
         ):
             proto.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
     model = ir.from_proto(proto)
+    _constants_as_raw_data(model)
     model.metadata_props[META_EXPORT_PATH] = "dynamo=False"
     arrays = _reference(reference, x)
     return Toy(model=model, manifest=_manifest(mode), capture=_capture(arrays), arrays=arrays)
+
+
+def _constants_as_raw_data(model: ir.Model) -> None:
+    """Re-create Constant values from numpy, so that they serialize as raw_data (which onnx's
+    external-data conversion needs)."""
+    for function in model.functions.values():
+        for node in function:
+            if node.op_type == "Constant":
+                array = node.attributes["value"].as_tensor().numpy()
+                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(array))
 
 
 def edited(weights: Weights, field: str, delta: float = 0.5) -> Weights:

@@ -174,6 +174,31 @@ def test_external_data_model_passes_full_check(tmp_path: Path) -> None:
     assert len(report.functions) == 4
 
 
+def test_external_function_constants_pass_and_are_localised(tmp_path: Path) -> None:
+    for weights, guilty in ((make_weights(), None), (edited(make_weights(), "b1"), "head")):
+        toy = make_toy("per_instance", model_weights=weights)
+        path = tmp_path / ("bad" if guilty else "good") / "model.onnx"
+        path.parent.mkdir()
+        onnx.save_model(
+            ir.to_proto(toy.model),
+            str(path),
+            save_as_external_data=True,
+            size_threshold=0,
+            convert_attribute=True,
+        )
+        constants = [
+            n.attributes["value"].value
+            for f in ir.load(path).functions.values()
+            for n in f
+            if n.op_type == "Constant"
+        ]
+        assert constants and all(isinstance(c, ir.ExternalTensor) for c in constants)
+        report = check(toy, path)
+        assert report.ok is (guilty is None), report.summary_lines()
+        assert report.first_divergent_module == guilty
+        assert all(f.error is None for f in report.functions)
+
+
 def test_external_data_model_with_edited_weight_is_localised(tmp_path: Path) -> None:
     toy = make_toy("per_type", model_weights=edited(make_weights(), "b1"))
     path = tmp_path / "sub" / "model.onnx"
