@@ -1,0 +1,194 @@
+"""transformers' ``AttentionInterface`` entry for ``hyperexport::attention``, and its scoped use.
+
+:func:`attention_export_context` is the one entry point for exporters::
+
+    with attention_export_context("hyperexport", dynamo=True, model=model) as table:
+        torch.onnx.export(model, args, f, dynamo=True, custom_translation_table=table)
+
+Inside it, every transformers model whose attention goes through ``ALL_ATTENTION_FUNCTIONS``
+(Llama, Qwen2/3, GPT-2, Mistral, Gemma, ...) calls the custom op, which exports as one
+``hyperexport.attention::Attention`` node per call; GQA stays a head broadcast (no ``repeat_kv``
+in the graph). Nothing is registered on import, and everything is restored on exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+
+from hyperexport.errors import HyperExportError
+from hyperexport.transformers.attention_onnx import (
+    attention_translation_table,
+    torchscript_attention_symbolic,
+)
+from hyperexport.transformers.attention_op import attention
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMPLEMENTATION = "hyperexport"
+_BUILTIN = frozenset({"eager", "sdpa", "flex_attention", "paged_attention"})
+
+
+def hyperexport_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """An ``AttentionInterface`` function: transformers' call convention over the custom op.
+
+    Args:
+        module: The attention module (read for ``is_causal``).
+        query: ``(batch, q_heads, q_len, head_dim)``.
+        key: ``(batch, kv_heads, kv_len, head_dim)``.
+        value: ``(batch, kv_heads, kv_len, v_dim)``.
+        attention_mask: The model's 4-D mask (boolean from the sdpa mask function), or None.
+        dropout: Must be 0 unless the module is in eval mode (dropout is not exported).
+        scaling: Factor on ``Q @ K^T``; None for ``1 / sqrt(head_dim)``.
+        is_causal: Overrides ``module.is_causal`` when given.
+        **kwargs: ``softcap`` is honoured; ``s_aux`` (attention sinks) is refused.
+
+    Returns:
+        ``(output of shape (batch, q_len, q_heads, v_dim), None)``.
+    """
+    if kwargs.get("s_aux") is not None:
+        raise HyperExportError("hyperexport attention does not support attention sinks (s_aux)")
+    if dropout and module.training:
+        raise HyperExportError("hyperexport attention does not implement dropout; use eval mode")
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # As in transformers' sdpa path: the mask, when present, already encodes causality, and a
+    # single query token attends every cached key.
+    use_causal = attention_mask is None and bool(causal) and int(query.shape[2]) > 1
+    output = attention(
+        query,
+        key,
+        value,
+        attention_mask,
+        is_causal=use_causal,
+        scale=scaling,
+        softcap=kwargs.get("softcap"),
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+_lock = threading.Lock()
+_depth: dict[str, int] = {}
+_previous: dict[str, tuple[Callable[..., Any] | None, Callable[..., Any] | None]] = {}
+
+
+@contextmanager
+def registered_attention(implementation: str = DEFAULT_IMPLEMENTATION) -> Iterator[str]:
+    """Register :func:`hyperexport_attention_forward` in transformers under ``implementation``.
+
+    Registers the attention function in ``AttentionInterface`` and transformers' sdpa mask
+    function in ``AttentionMaskInterface`` (without a mask entry transformers would build no mask
+    at all). Re-entrant per name; the outermost exit restores whatever was registered before.
+
+    Args:
+        implementation: The name models select with ``set_attn_implementation``.
+
+    Yields:
+        The registered name.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if implementation in _BUILTIN:
+        raise HyperExportError(
+            f"attention implementation {implementation!r} is a transformers built-in; "
+            "register hyperexport attention under its own name"
+        )
+    attention_map = AttentionInterface._global_mapping
+    mask_map = AttentionMaskInterface._global_mapping
+    with _lock:
+        if _depth.get(implementation, 0) == 0:
+            _previous[implementation] = (
+                attention_map.get(implementation),
+                mask_map.get(implementation),
+            )
+            AttentionInterface.register(implementation, hyperexport_attention_forward)
+            AttentionMaskInterface.register(implementation, sdpa_mask)
+            log.debug("registered transformers attention %r", implementation)
+        _depth[implementation] = _depth.get(implementation, 0) + 1
+    try:
+        yield implementation
+    finally:
+        with _lock:
+            _depth[implementation] -= 1
+            if _depth[implementation] == 0:
+                old_attention, old_mask = _previous.pop(implementation)
+                _restore(attention_map, implementation, old_attention)
+                _restore(mask_map, implementation, old_mask)
+                log.debug("unregistered transformers attention %r", implementation)
+
+
+def _restore(mapping: dict[str, Any], name: str, previous: Any) -> None:
+    if previous is None:
+        mapping.pop(name, None)
+    else:
+        mapping[name] = previous
+
+
+@contextmanager
+def model_attention_implementation(model: torch.nn.Module, implementation: str) -> Iterator[None]:
+    """Switch a transformers model's attention implementation; switch it back on exit."""
+    config = getattr(model, "config", None)
+    original = getattr(config, "_attn_implementation", None)
+    if original is None or not hasattr(model, "set_attn_implementation"):
+        raise HyperExportError(
+            f"{type(model).__name__} is not a transformers model with a settable attention "
+            "implementation"
+        )
+    if original == implementation:
+        yield
+        return
+    model.set_attn_implementation(implementation)
+    log.debug(
+        "set %s attention implementation %r -> %r", type(model).__name__, original, implementation
+    )
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(original)
+
+
+@contextmanager
+def attention_export_context(
+    implementation: str = DEFAULT_IMPLEMENTATION,
+    dynamo: bool = False,
+    model: torch.nn.Module | None = None,
+) -> Iterator[dict[Any, Callable[..., Any]]]:
+    """Everything an export needs for attention to come out as one custom node per call.
+
+    Registers the transformers attention (and mask) entry, the TorchScript symbolic when
+    ``dynamo`` is False, and switches ``model`` (when given) to ``implementation``. All of it is
+    undone on exit, in reverse order.
+
+    Args:
+        implementation: Name of the transformers attention entry.
+        dynamo: The export path.
+        model: A transformers ``PreTrainedModel`` to switch, or None to leave models alone (e.g.
+            when the model was built with ``attn_implementation=implementation`` inside the
+            context).
+
+    Yields:
+        The ``custom_translation_table`` to pass to ``torch.onnx.export(..., dynamo=True)``;
+        empty for the TorchScript path.
+    """
+    with ExitStack() as stack:
+        stack.enter_context(registered_attention(implementation))
+        if not dynamo:
+            stack.enter_context(torchscript_attention_symbolic())
+        if model is not None:
+            stack.enter_context(model_attention_implementation(model, implementation))
+        yield attention_translation_table() if dynamo else {}
