@@ -1,0 +1,117 @@
+"""Stage keys and the human reason a stage has to run (doit-style).
+
+A key is the full sha256 of the canonical JSON of the stage's *key material*: its name and
+version, its recipe slice, the digests of its upstream outputs, and the environment and model
+fingerprints. The material of the last build of each recipe is kept, so that a rerun can say
+what changed (``opset 18→17``) instead of only that something did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hyperexport.build.hashing import canonical_json, sha256_text
+
+_MAX_CHANGES = 3
+_MAX_VALUE = 40
+
+
+def key_material(
+    *,
+    stage: str,
+    version: int,
+    params: Mapping[str, Any],
+    upstream: Mapping[str, Mapping[str, str]],
+    env: Mapping[str, Any],
+    model: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Everything a stage's result depends on, as JSON-compatible data."""
+    return {
+        "stage": stage,
+        "version": version,
+        "params": dict(params),
+        "upstream": {name: dict(digests) for name, digests in upstream.items()},
+        "env": dict(env),
+        "model": dict(model),
+    }
+
+
+def stage_key(material: Mapping[str, Any]) -> str:
+    """Full-length hex sha256 of the canonical JSON of ``material``."""
+    return sha256_text(canonical_json(material))
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping) and value:
+        out: dict[str, Any] = {}
+        for k in sorted(value):
+            out.update(_flatten(value[k], f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _show(value: Any) -> str:
+    text = canonical_json(value) if not isinstance(value, str) else value
+    return text if len(text) <= _MAX_VALUE else text[: _MAX_VALUE - 1] + "…"
+
+
+def diff_values(old: Any, new: Any, *, label: str = "") -> list[str]:
+    """``["a.b 1→2", "c added", ...]`` for the leaves that differ between ``old`` and ``new``."""
+    before, after = _flatten(old, label), _flatten(new, label)
+    changes = []
+    for path in sorted(set(before) | set(after)):
+        name = path or label or "value"
+        if path not in before:
+            changes.append(f"{name} added")
+        elif path not in after:
+            changes.append(f"{name} removed")
+        elif before[path] != after[path]:
+            changes.append(f"{name} {_show(before[path])}→{_show(after[path])}")
+    return changes
+
+
+def explain(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> str:
+    """Why a stage whose key missed has to run, comparing with the previous build's material.
+
+    Args:
+        previous: The material of this recipe's last build of the stage, or None.
+        current: This build's material.
+
+    Returns:
+        A short reason such as ``"opset 18→17"``, ``"trace output changed"``,
+        ``"torch 2.12.0→2.13.0"`` or ``"model code changed (my_models)"``.
+    """
+    if previous is None:
+        return "no previous build"
+    reasons: list[str] = []
+    if previous.get("version") != current.get("version"):
+        reasons.append(f"stage version {previous.get('version')}→{current.get('version')}")
+    reasons += diff_values(previous.get("params", {}), current.get("params", {}))
+    prev_up, cur_up = previous.get("upstream", {}), current.get("upstream", {})
+    for name in sorted(set(prev_up) | set(cur_up)):
+        if prev_up.get(name) != cur_up.get(name):
+            reasons.append(f"{name} output changed")
+    prev_env, cur_env = previous.get("env", {}), current.get("env", {})
+    if prev_env != cur_env:
+        reasons += [c.removeprefix("packages.") for c in diff_values(prev_env, cur_env)]
+    reasons += _model_reasons(previous.get("model", {}), current.get("model", {}))
+    if not reasons:
+        return "same inputs as the last build"
+    shown = reasons[:_MAX_CHANGES]
+    if len(reasons) > _MAX_CHANGES:
+        shown.append(f"+{len(reasons) - _MAX_CHANGES} more")
+    return ", ".join(shown)
+
+
+def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    reasons = []
+    old_code, new_code = old.get("code", {}), new.get("code", {})
+    changed = sorted(m for m in set(old_code) | set(new_code) if old_code.get(m) != new_code.get(m))
+    if changed:
+        reasons.append(f"model code changed ({', '.join(changed)})")
+    if old.get("weights") != new.get("weights"):
+        reasons += diff_values(old.get("weights"), new.get("weights"), label="weights") or [
+            "weights changed"
+        ]
+    return reasons

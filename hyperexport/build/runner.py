@@ -1,0 +1,296 @@
+"""The staged runner: key every stage, reuse cache hits, run the rest, and say why.
+
+The runner is generic: it knows stages only through :class:`~hyperexport.build.stage.Stage`.
+A stage that raises is reported as failed and leaves nothing in the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hyperexport.build.keys import explain, key_material, stage_key
+from hyperexport.build.stage import Stage, StageInputs, recipe_slice
+from hyperexport.build.store import ActionEntry, CacheStore
+from hyperexport.errors import StageError
+
+log = logging.getLogger(__name__)
+
+_KEEP_FAILED_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """The outcome of one stage in one build.
+
+    Attributes:
+        name: Stage name.
+        status: ``hit``, ``ran`` or ``failed``; in a dry run ``would_run`` for a miss.
+        key: The stage key (None in a dry run when an upstream stage would run first).
+        reason: Why it ran (empty for a hit).
+        seconds: Wall time spent on the stage, lookup included.
+    """
+
+    name: str
+    status: str
+    key: str | None
+    reason: str
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "key": self.key,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 4),
+        }
+
+    def line(self) -> str:
+        """The one log line of this stage: ``export: ran (opset 18→17) in 1.20s``."""
+        if self.status == "hit":
+            return f"{self.name}: hit"
+        if self.status == "would_run":
+            return f"{self.name}: would run ({self.reason})"
+        return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s"
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One build of one recipe.
+
+    Attributes:
+        recipe_name: Name used for run records (reasons) and messages.
+        recipe: The validated recipe as JSON-compatible data.
+        recipe_file: The recipe file, for messages.
+        stages: Stages in dependency order.
+        env: Environment fingerprint.
+        model: Model fingerprint.
+        force: Names of stages to rerun even on a hit.
+        dry_run: Only report what would happen; write nothing.
+    """
+
+    recipe_name: str
+    recipe: Mapping[str, Any]
+    recipe_file: str
+    stages: Sequence[Stage]
+    env: Mapping[str, Any]
+    model: Mapping[str, Any]
+    force: frozenset[str] = frozenset()
+    dry_run: bool = False
+
+
+@dataclass
+class BuildResult:
+    """What a build did: per-stage results, committed entries, and the failure if any.
+
+    Attributes:
+        stages: One result per attempted stage, in order.
+        entries: Cache entries of the stages that succeeded (hit or ran).
+        error: The failure that stopped the build.
+        failed_files: Small text outputs (JSON) the failed stage wrote before raising, e.g. a
+            failed check's report; never cached.
+    """
+
+    stages: list[StageResult] = field(default_factory=list)
+    entries: dict[str, ActionEntry] = field(default_factory=dict)
+    error: StageError | None = None
+    failed_files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class _Memo:
+    """Calls ``loader`` at most once."""
+
+    def __init__(self, loader: Callable[[], Any] | None) -> None:
+        self._loader = loader
+        self._value: Any = None
+        self._loaded = False
+
+    def __call__(self) -> Any:
+        if not self._loaded:
+            if self._loader is None:
+                raise RuntimeError("this build has no model loader")
+            self._value = self._loader()
+            self._loaded = True
+        return self._value
+
+
+def _module_path_of(error: BaseException) -> str | None:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        path = getattr(current, "module_path", None)
+        if path:
+            return str(path)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+class Runner:
+    """Runs a :class:`BuildRequest` against a :class:`CacheStore`.
+
+    Args:
+        store: The cache.
+        load_model: Loads the live model; called at most once per build, and only if a stage
+            with ``needs_model`` actually runs.
+    """
+
+    def __init__(self, store: CacheStore, load_model: Callable[[], Any] | None = None) -> None:
+        self.store = store
+        self.load_model = load_model
+
+    def run(self, request: BuildRequest) -> BuildResult:
+        """Run (or, in a dry run, plan) every stage in order; stop at the first failure."""
+        result = BuildResult()
+        model = _Memo(self.load_model)
+        with contextlib.ExitStack() as stack:
+            checkouts: dict[str, Path] = {}
+            workspace: list[Path] = []
+
+            def upstream_dir(name: str) -> Path:
+                if name not in checkouts:
+                    if not workspace:
+                        workspace.append(stack.enter_context(self.store.scratch("build-")))
+                    checkouts[name] = workspace[0] / name
+                    self.store.checkout(result.entries[name], checkouts[name])
+                return checkouts[name]
+
+            pending: set[str] = set()
+            for stage in request.stages:
+                outcome = self._one(request, stage, result, pending, model, upstream_dir)
+                result.stages.append(outcome)
+                if outcome.status == "would_run":
+                    pending.add(stage.name)
+                level = {"failed": logging.ERROR, "would_run": logging.DEBUG}.get(
+                    outcome.status, logging.INFO
+                )
+                log.log(level, "%s", outcome.line())
+                if outcome.status == "failed":
+                    break
+        self.store.save_index()
+        return result
+
+    def _one(
+        self,
+        request: BuildRequest,
+        stage: Stage,
+        result: BuildResult,
+        pending: set[str],
+        model: _Memo,
+        upstream_dir: Callable[[str], Path],
+    ) -> StageResult:
+        start = time.perf_counter()
+        params = recipe_slice(request.recipe, stage.reads)
+        previous = self.store.previous_run(request.recipe_name, stage.name)
+        waiting = [u for u in stage.upstream if u in pending]
+        if waiting:  # dry run only: the upstream outputs (and so this key) are not known yet
+            material = key_material(
+                stage=stage.name,
+                version=stage.version,
+                params=params,
+                upstream={},
+                env=request.env,
+                model=request.model,
+            )
+            own = explain(_without_upstream(previous), material)
+            reason = f"after {', '.join(waiting)}" + ("" if own.startswith("same") else f"; {own}")
+            return StageResult(stage.name, "would_run", None, reason, time.perf_counter() - start)
+        material = key_material(
+            stage=stage.name,
+            version=stage.version,
+            params=params,
+            upstream={u: result.entries[u].digests() for u in stage.upstream},
+            env=request.env,
+            model=request.model,
+        )
+        key = stage_key(material)
+        forced = stage.name in request.force
+        lookup = self.store.lookup(key)
+        if lookup.status == "hit" and not forced:
+            assert lookup.entry is not None
+            result.entries[stage.name] = lookup.entry
+            if not request.dry_run and (previous or {}).get("key") != key:
+                self.store.record_run(request.recipe_name, stage.name, _record(key, material, "ok"))
+            return StageResult(stage.name, "hit", key, "", time.perf_counter() - start)
+        reason = _reason(forced, lookup.status, previous, key, material)
+        if request.dry_run:
+            return StageResult(stage.name, "would_run", key, reason, time.perf_counter() - start)
+        inputs = StageInputs(
+            upstream={u: upstream_dir(u) for u in stage.upstream},
+            model=model if stage.needs_model else _no_model(stage.name),
+            recipe_file=request.recipe_file,
+        )
+        with self.store.scratch(f"{stage.name}-") as scratch:
+            out_dir = scratch / "out"
+            out_dir.mkdir()
+            try:
+                stage.run(params, inputs, out_dir)
+            except Exception as e:
+                result.error = StageError(stage.name, e, _module_path_of(e))
+                result.error.__cause__ = e
+                result.failed_files = _small_text_files(out_dir)
+                self.store.record_run(
+                    request.recipe_name, stage.name, _record(key, material, "failed")
+                )
+                return StageResult(
+                    stage.name,
+                    "failed",
+                    key,
+                    f"{type(e).__name__}: {e}",
+                    time.perf_counter() - start,
+                )
+            result.entries[stage.name] = self.store.commit(key, stage.name, out_dir)
+        self.store.record_run(request.recipe_name, stage.name, _record(key, material, "ok"))
+        return StageResult(stage.name, "ran", key, reason, time.perf_counter() - start)
+
+
+def _record(key: str, material: Mapping[str, Any], status: str) -> dict[str, Any]:
+    return {"key": key, "status": status, "material": dict(material)}
+
+
+def _without_upstream(previous: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if previous is None or not isinstance(previous.get("material"), Mapping):
+        return None
+    return {**previous["material"], "upstream": {}}
+
+
+def _reason(
+    forced: bool,
+    lookup_status: str,
+    previous: Mapping[str, Any] | None,
+    key: str,
+    material: Mapping[str, Any],
+) -> str:
+    if forced:
+        return "forced"
+    if lookup_status == "corrupt":
+        return "cache entry corrupt"
+    if previous is not None and previous.get("key") == key:
+        return "previous run failed" if previous.get("status") == "failed" else "not in cache"
+    prev_material = previous.get("material") if previous else None
+    return explain(prev_material if isinstance(prev_material, Mapping) else None, material)
+
+
+def _no_model(stage: str) -> Callable[[], Any]:
+    def fail() -> Any:
+        raise RuntimeError(f"stage {stage} did not declare needs_model")
+
+    return fail
+
+
+def _small_text_files(out_dir: Path) -> dict[str, str]:
+    files = {}
+    for path in sorted(out_dir.rglob("*")):
+        if path.suffix in (".json", ".txt") and path.stat().st_size <= _KEEP_FAILED_LIMIT:
+            files[path.relative_to(out_dir).as_posix()] = path.read_text(encoding="utf-8")
+    return files

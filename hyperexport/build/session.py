@@ -1,0 +1,139 @@
+"""One build of one validated recipe, end to end: fingerprints, runner, outputs, report.
+
+This is what the CLI calls for every (sweep) job; tests call it directly with their own stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hyperexport.build.fingerprint import (
+    code_fingerprint,
+    environment_fingerprint,
+    weights_fingerprint,
+)
+from hyperexport.build.hashing import FileDigestIndex
+from hyperexport.build.report import artifact_text, build_report, publish_outputs, write_report
+from hyperexport.build.runner import BuildRequest, BuildResult, Runner
+from hyperexport.build.stage import Stage
+from hyperexport.build.store import CacheStore, default_cache_dir
+from hyperexport.config import BuildSettings, Recipe
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VARIANT = "default"
+# Overrides that select *where* or *whether* to build, not *what*: not part of the outputs path.
+_PATH_EXCLUDED = re.compile(r"^(build\.|hydra\.|recipe$|recipe_file$)")
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """What one build produced.
+
+    Attributes:
+        exit_code: 0 on success, 1 when a stage failed.
+        out_dir: The outputs directory of this build.
+        model_path: The final model, if the build made one.
+        report: The report written (None in a dry run).
+        result: The runner's result.
+        lines: The summary (or, in a dry run, the plan) printed for the user.
+    """
+
+    exit_code: int
+    out_dir: Path
+    model_path: Path | None
+    report: dict[str, Any] | None
+    result: BuildResult
+    lines: tuple[str, ...]
+
+
+def variant_dir(overrides: Sequence[str]) -> str:
+    """The swept-values part of the outputs path: ``"opset=17,dynamo=true"`` or ``"default"``.
+
+    Overrides of build settings, Hydra settings and the recipe choice are left out; the rest are
+    sorted so that the order on the command line does not matter.
+    """
+    kept = []
+    for item in overrides:
+        key = item.lstrip("+~").split("=", 1)[0]
+        if not _PATH_EXCLUDED.match(key):
+            kept.append(re.sub(r"[/\\\s]+", "_", item.lstrip("+~")))
+    return ",".join(sorted(kept)) or DEFAULT_VARIANT
+
+
+def model_fingerprint(recipe: Recipe, index: FileDigestIndex) -> dict[str, Any]:
+    """Code (factory, hiera classes, custom-op symbolics, hyperexport) and weights of a recipe."""
+    data = recipe.data
+    imports = [
+        data["model"]["_target_"],
+        *data["hiera"],
+        *(op["symbolic"] for op in data["custom_ops"]),
+    ]
+    return {
+        "code": code_fingerprint(imports, index),
+        "weights": weights_fingerprint(data["model"].get("seed"), recipe.checkpoint, index),
+    }
+
+
+def run_build(
+    recipe: Recipe,
+    settings: BuildSettings,
+    *,
+    stages: Sequence[Stage],
+    load_model: Callable[[], Any] | None,
+    variant: str = DEFAULT_VARIANT,
+) -> BuildOutcome:
+    """Build ``recipe`` (or plan it, in a dry run) and materialise its outputs.
+
+    Args:
+        recipe: The validated recipe.
+        settings: Build settings.
+        stages: The pipeline, in dependency order.
+        load_model: Loads the live model (called at most once, only if a stage needs it).
+        variant: The swept-values directory name (see :func:`variant_dir`).
+    """
+    store = CacheStore(default_cache_dir(settings.cache_dir), read_only=settings.dry_run)
+    out_dir = settings.outputs_dir / recipe.name / variant
+    request = BuildRequest(
+        recipe_name=recipe.name,
+        recipe=recipe.data,
+        recipe_file=recipe.file,
+        stages=stages,
+        env=environment_fingerprint(),
+        model=model_fingerprint(recipe, store.index),
+        force=frozenset(settings.force),
+        dry_run=settings.dry_run,
+    )
+    runner = Runner(store, load_model)
+    result = runner.run(request)
+    if settings.dry_run:
+        lines = tuple(s.line() for s in result.stages)
+        return BuildOutcome(0, out_dir, None, None, result, lines)
+    for attempt in range(2):
+        try:
+            files = publish_outputs(store, stages, result, out_dir)
+            break
+        except ValueError as e:  # a large blob was found corrupt while copied out: rebuild
+            if attempt:
+                raise
+            log.warning("%s; rebuilding the affected stages", e)
+            result = runner.run(request)
+    report = build_report(request, result, store, out_dir, files, recipe_file=recipe.file)
+    check_text = artifact_text(store, stages, result, "check_summary")
+    lines = write_report(out_dir, report, check_text.splitlines() if check_text else ())
+    if result.error is not None:
+        log.error("%s", result.error)
+    model = report["artifacts"].get("model")
+    return BuildOutcome(
+        0 if result.ok else 1,
+        out_dir,
+        Path(model) if model else None,
+        report,
+        result,
+        tuple(lines),
+    )

@@ -1,0 +1,74 @@
+"""The stage protocol: what a build step declares so that the runner can key, cache and run it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Stage(Protocol):
+    """One build step.
+
+    Attributes:
+        name: Unique stage name (``"trace"``); also the key of its outputs for later stages.
+        version: Bumped whenever the stage's logic changes; part of the key.
+        upstream: Names of the stages whose outputs this stage reads.
+        reads: Dotted recipe paths this stage depends on (its *recipe slice*). ``run`` receives
+            exactly this slice as ``params``, so a stage cannot read what it did not declare.
+        needs_model: Whether ``run`` calls ``inputs.model()`` (the live model).
+        publish: Glob patterns of output files copied to the build's outputs directory.
+        artifacts: ``{artifact name: output file}`` listed in the report (e.g. ``model``).
+    """
+
+    name: str
+    version: int
+    upstream: tuple[str, ...]
+    reads: tuple[str, ...]
+    needs_model: bool
+    publish: tuple[str, ...]
+    artifacts: Mapping[str, str]
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        """Produce the stage's output files in the empty directory ``out_dir``."""
+        ...
+
+
+@dataclass(frozen=True)
+class StageInputs:
+    """What a running stage may read besides its params.
+
+    Attributes:
+        upstream: ``{stage name: directory}`` holding that upstream stage's output files
+            (read-only; they may be hard links into the cache).
+        model: Returns the live model, loading it at most once per build (memoised by the
+            runner so that trace and export share one load).
+        recipe_file: The recipe file, for error messages.
+    """
+
+    upstream: Mapping[str, Path]
+    model: Callable[[], Any]
+    recipe_file: str = ""
+
+    def dir(self, stage: str) -> Path:
+        """The output directory of upstream ``stage``."""
+        return self.upstream[stage]
+
+
+def recipe_slice(recipe: Mapping[str, Any], reads: tuple[str, ...]) -> dict[str, Any]:
+    """The sub-dictionary of ``recipe`` made of the dotted paths ``reads`` (absent -> None).
+
+    Example: ``recipe_slice(r, ("opset", "check.atol"))`` -> ``{"opset": 18, "check": {"atol": ..}}``.
+    """
+    out: dict[str, Any] = {}
+    for path in reads:
+        parts = path.split(".")
+        value: Any = recipe
+        for part in parts:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        target = out
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = value
+    return out

@@ -1,0 +1,525 @@
+"""Recipe and build settings: structured-config schemas, recipe registration, and validation.
+
+Layout (documented in outputs/README.md):
+
+* ``conf/config.yaml`` is the primary config. Its ``build:`` section holds the build settings
+  (``cache_dir``, ``outputs_dir``, ``dry_run``, ``force``); nothing else lives there.
+* ``recipes/<name>.yaml`` are the options of the ``recipe`` config group, with package
+  ``_global_``: a recipe's keys sit at the top level, so ``opset=17`` overrides the recipe's
+  opset. They are registered in Hydra's ConfigStore from the package location (never the working
+  directory), on top of ``recipe_defaults``: the defaults of :class:`RecipeConfig`, so that every
+  field can be overridden by its short name even when a recipe does not mention it.
+* ``recipe_file=/abs/path.yaml`` builds a recipe kept outside the repository (see
+  ``hyperexport.__main__``).
+
+Hydra composes without a strict schema so that this module, not Hydra, reports a bad recipe: one
+:class:`~hyperexport.errors.RecipeError` naming the recipe file and the field, with close matches
+for typos. Validation never imports torch: importability of classes is checked statically.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import importlib.util
+import logging
+import re
+import sys
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING as DC_MISSING
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, OmegaConf
+
+from hyperexport.errors import RecipeError
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+RECIPES_DIR = REPO_ROOT / "recipes"
+DEFAULT_OUTPUTS_DIR = REPO_ROOT / "outputs"
+
+DTYPES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
+FUNCTION_MODES = ("per_instance", "per_type")
+FUNCTION_SCOPES = ("all", "first_instance", "none")
+# Default-domain opsets each export path can produce.
+OPSET_RANGES = {False: (7, 20), True: (18, 24)}
+BUILD_KEYS = ("build", "recipe_file")
+
+
+# --------------------------------------------------------------------------------------------
+# Schemas (stored in the ConfigStore; field defaults are the recipe defaults)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class InputSpec:
+    """One example input, generated deterministically from ``seed``.
+
+    Floats are uniform in ``[low, high)``; integers uniform in ``[low, high)`` (so token ids
+    need ``high`` = vocabulary size); bools are ``x < 0.5`` of a uniform draw.
+    """
+
+    shape: list[int] = MISSING
+    dtype: str = "float32"
+    low: float = 0.0
+    high: float = 1.0
+    seed: int = 0
+    dynamic: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class ToleranceSpec:
+    """A per-output tolerance override; an unset value inherits ``check.atol``/``check.rtol``."""
+
+    atol: float | None = None
+    rtol: float | None = None
+
+
+@dataclass
+class CheckSpec:
+    atol: float = 1e-4
+    rtol: float = 1e-3
+    per_output: dict[str, ToleranceSpec] = field(default_factory=dict)
+    function_scope: str = "all"
+
+
+@dataclass
+class AttentionSpec:
+    implementation: str | None = None
+    promote_opset24: bool = False
+
+
+@dataclass
+class RewriteSpec:
+    fold_leftovers: bool = False
+    fuse_constants: bool = True
+    optimize: bool = True
+
+
+@dataclass
+class CustomOpSpec:
+    name: str = MISSING
+    symbolic: str = MISSING
+    opset: int = MISSING
+
+
+@dataclass
+class RecipeConfig:
+    """One model to export. ``model`` is ``{_target_: factory, **kwargs}``; the factory's module
+    (and a local ``checkpoint``, if any, resolved relative to the recipe file) define the model."""
+
+    name: str = MISSING
+    model: dict[str, Any] = MISSING
+    checkpoint: str | None = None
+    inputs: dict[str, InputSpec] = MISSING
+    hiera: list[str] = MISSING
+    method: str = "forward"
+    opset: int = 18
+    dynamo: bool = False
+    fallback: bool = False
+    functions: str = "per_instance"
+    attention: AttentionSpec = field(default_factory=AttentionSpec)
+    rewrite: RewriteSpec = field(default_factory=RewriteSpec)
+    check: CheckSpec = field(default_factory=CheckSpec)
+    custom_ops: list[CustomOpSpec] = field(default_factory=list)
+    external_data: bool = False
+    external_data_threshold: int = 1024
+
+
+@dataclass
+class BuildConfig:
+    """Build settings (``build.*``); they never change what is built, only where and whether."""
+
+    cache_dir: str | None = None
+    outputs_dir: str | None = None
+    dry_run: bool = False
+    force: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# Validated, frozen results
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Recipe:
+    """A validated recipe.
+
+    Attributes:
+        name: ``name`` field (used in the outputs path).
+        file: The recipe file it came from (for messages).
+        data: The recipe with every default filled in, as JSON-compatible data.
+        checkpoint: Absolute checkpoint path, if the recipe has one.
+    """
+
+    name: str
+    file: str
+    data: Mapping[str, Any]
+    checkpoint: Path | None = None
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Validated ``build.*`` settings."""
+
+    cache_dir: str | None
+    outputs_dir: Path
+    dry_run: bool
+    force: tuple[str, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------
+_RECIPE_FILES: dict[str, Path] = {}
+
+
+def _outputs_root(value: str | None = None) -> str:
+    return str(Path(value).expanduser().resolve()) if value else str(DEFAULT_OUTPUTS_DIR)
+
+
+def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
+    """Store schemas, recipe defaults and every recipe in Hydra's ConfigStore.
+
+    Args:
+        extra_recipe: A recipe file outside ``recipes/``; registered under its file stem
+            (shadowing an in-repo recipe of the same name).
+
+    Returns:
+        ``{recipe option name: recipe file}``.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    if not OmegaConf.has_resolver("hx_outputs"):
+        OmegaConf.register_new_resolver("hx_outputs", _outputs_root)
+    cs = ConfigStore.instance()
+    cs.store(name="recipe_schema", node=RecipeConfig)
+    cs.store(name="build_schema", node=BuildConfig)
+    cs.store(name="recipe_defaults", node=recipe_defaults())
+    files = sorted(RECIPES_DIR.glob("*.yaml"))
+    if extra_recipe is not None:
+        files.append(extra_recipe.resolve())
+    for path in files:
+        cs.store(group="recipe", name=path.stem, node=load_recipe_yaml(path), package="_global_")
+        _RECIPE_FILES[path.stem] = path
+    return dict(_RECIPE_FILES)
+
+
+def recipe_file_of(option: str | None) -> str:
+    """The file registered for recipe option ``option`` (the option itself if unknown)."""
+    if option and option in _RECIPE_FILES:
+        return str(_RECIPE_FILES[option])
+    return str(option or "<no recipe>")
+
+
+def recipe_defaults() -> dict[str, Any]:
+    """The schema defaults as plain data (``???`` for required fields)."""
+    data = OmegaConf.to_container(OmegaConf.structured(RecipeConfig))
+    assert isinstance(data, dict)
+    return data
+
+
+def load_recipe_yaml(path: Path) -> Any:
+    """Load one recipe file as an OmegaConf node; a syntax error becomes a RecipeError."""
+    try:
+        node = OmegaConf.load(path)
+    except Exception as e:  # yaml and OmegaConf raise several unrelated types
+        raise RecipeError(str(path), "<file>", f"cannot be read: {e}") from e
+    if not isinstance(node, Mapping):
+        raise RecipeError(str(path), "<file>", "must be a mapping of recipe fields")
+    return node
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+def _suggest(word: str, options: Sequence[str]) -> str:
+    matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"; did you mean {matches[0]!r}?" if matches else ""
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or value == "???"
+
+
+class _Checker:
+    """Checks a recipe against a schema dataclass, raising RecipeError on the first problem."""
+
+    def __init__(self, recipe_file: str) -> None:
+        self.file = recipe_file
+
+    def fail(self, where: str, reason: str) -> typing.NoReturn:
+        raise RecipeError(self.file, where, reason)
+
+    def dataclass_(self, schema: type, data: Any, where: str) -> None:
+        if not isinstance(data, Mapping):
+            self.fail(where or "<recipe>", f"must be a mapping, got {type(data).__name__}")
+        hints = typing.get_type_hints(schema)
+        names = [f.name for f in fields(schema)]
+        for key in data:
+            if key not in names:
+                path = f"{where}.{key}" if where else str(key)
+                self.fail(path, f"unknown key{_suggest(str(key), names)}")
+        for f in fields(schema):
+            path = f"{where}.{f.name}" if where else f.name
+            required = f.default is MISSING or (
+                f.default is DC_MISSING and f.default_factory is DC_MISSING
+            )
+            if f.name not in data or data[f.name] == "???":
+                if required:
+                    self.fail(path, "missing required field")
+                continue
+            self.value(hints[f.name], data[f.name], path)
+
+    def value(self, tp: Any, value: Any, where: str) -> None:
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+            if value is None and type(None) in args:
+                return
+            tp = next(a for a in args if a is not type(None))
+            origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if is_dataclass(tp):
+            self.dataclass_(tp, value, where)
+        elif origin is list:
+            if not isinstance(value, list):
+                self.fail(where, f"must be a list, got {value!r}")
+            for i, item in enumerate(value):
+                self.value(args[0], item, f"{where}[{i}]")
+        elif origin is dict:
+            if not isinstance(value, Mapping):
+                self.fail(where, f"must be a mapping, got {value!r}")
+            for k, item in value.items():
+                self.value(args[0], k, f"{where} key {k!r}")
+                self.value(args[1], item, f"{where}.{k}")
+        elif tp is bool:
+            if not isinstance(value, bool):
+                self.fail(where, f"must be true or false, got {value!r}")
+        elif tp is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.fail(where, f"must be an integer, got {value!r}")
+        elif tp is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                self.fail(where, f"must be a number, got {value!r}")
+        elif tp is str and not isinstance(value, str):
+            self.fail(where, f"must be a string, got {value!r}")
+
+
+def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
+    """Validate a composed recipe and fill in its defaults.
+
+    Args:
+        data: The recipe fields (top-level keys of the composed config, build keys removed).
+        recipe_file: Recipe file named in errors; relative checkpoints resolve against its folder.
+
+    Returns:
+        The validated recipe.
+
+    Raises:
+        RecipeError: On the first problem found, naming ``recipe_file`` and the field.
+    """
+    check = _Checker(recipe_file)
+    check.dataclass_(RecipeConfig, data, "")
+    merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RecipeConfig), dict(data)))
+    assert isinstance(merged, dict)
+    _check_semantics(check, merged)
+    checkpoint = None
+    if merged.get("checkpoint"):
+        checkpoint = Path(merged["checkpoint"]).expanduser()
+        if not checkpoint.is_absolute():
+            checkpoint = Path(recipe_file).resolve().parent / checkpoint
+        if not checkpoint.exists():
+            check.fail("checkpoint", f"{checkpoint} does not exist")
+    return Recipe(name=merged["name"], file=recipe_file, data=merged, checkpoint=checkpoint)
+
+
+def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", r["name"]):
+        check.fail("name", f"{r['name']!r} may only contain letters, digits, '_', '.', '-'")
+    low, high = OPSET_RANGES[r["dynamo"]]
+    if not low <= r["opset"] <= high:
+        path = "dynamo=True" if r["dynamo"] else "dynamo=False (TorchScript)"
+        check.fail("opset", f"{r['opset']} is out of range for {path}: supported {low}..{high}")
+    if r["functions"] not in FUNCTION_MODES:
+        check.fail(
+            "functions",
+            f"must be one of {FUNCTION_MODES}{_suggest(r['functions'], FUNCTION_MODES)}",
+        )
+    target = r["model"].get("_target_")
+    if not isinstance(target, str) or not target:
+        check.fail("model._target_", "missing required field (import path of the model factory)")
+    _check_import(check, "model._target_", target)
+    if not r["inputs"]:
+        check.fail("inputs", "at least one input is required")
+    for name, spec in r["inputs"].items():
+        _check_input(check, f"inputs.{name}", spec)
+    if not r["hiera"]:
+        check.fail("hiera", "at least one class is required")
+    for i, path in enumerate(r["hiera"]):
+        _check_import(check, f"hiera[{i}]", path)
+    c = r["check"]
+    for key in ("atol", "rtol"):
+        if c[key] <= 0:
+            check.fail(f"check.{key}", f"must be > 0, got {c[key]}")
+    for out, tol in c["per_output"].items():
+        for key in ("atol", "rtol"):
+            if tol[key] is not None and tol[key] <= 0:
+                check.fail(f"check.per_output.{out}.{key}", f"must be > 0, got {tol[key]}")
+    if c["function_scope"] not in FUNCTION_SCOPES:
+        check.fail(
+            "check.function_scope",
+            f"must be one of {FUNCTION_SCOPES}{_suggest(c['function_scope'], FUNCTION_SCOPES)}",
+        )
+    for i, op in enumerate(r["custom_ops"]):
+        if "::" not in op["name"]:
+            check.fail(f"custom_ops[{i}].name", f"{op['name']!r} must look like 'domain::op'")
+        _check_import(check, f"custom_ops[{i}].symbolic", op["symbolic"])
+    if r["external_data_threshold"] < 0:
+        check.fail("external_data_threshold", "must be >= 0")
+
+
+def _check_input(check: _Checker, where: str, spec: Mapping[str, Any]) -> None:
+    if spec["dtype"] not in DTYPES:
+        check.fail(
+            f"{where}.dtype", f"unknown dtype {spec['dtype']!r}{_suggest(spec['dtype'], DTYPES)}"
+        )
+    if any(d <= 0 for d in spec["shape"]):
+        check.fail(f"{where}.shape", f"dimensions must be positive, got {spec['shape']}")
+    if not spec["low"] < spec["high"]:
+        check.fail(f"{where}.high", f"must be greater than low ({spec['low']}), got {spec['high']}")
+    for axis in spec["dynamic"]:
+        if not 0 <= axis < len(spec["shape"]):
+            check.fail(f"{where}.dynamic", f"axis {axis} is outside shape {spec['shape']}")
+
+
+# --------------------------------------------------------------------------------------------
+# Static import checks (no import: validation must not load torch)
+# --------------------------------------------------------------------------------------------
+def split_import_path(path: str) -> tuple[str, str]:
+    """``"a.b:C"`` or ``"a.b.C"`` -> ``("a.b", "C")``."""
+    if ":" in path:
+        module, _, attr = path.partition(":")
+        return module, attr
+    module, _, attr = path.rpartition(".")
+    return module, attr
+
+
+def _check_import(check: _Checker, where: str, path: str) -> None:
+    module, attr = split_import_path(path)
+    if not module or not attr or not all(p.isidentifier() for p in [*module.split("."), attr]):
+        check.fail(where, f"{path!r} is not an import path like 'package.module.Name'")
+    located = _locate_module(module)
+    if isinstance(located, str):
+        check.fail(where, f"cannot import {path!r}: {located}")
+    if located is None:  # not statically resolvable (extension module, ...): checked at import
+        return
+    names = _top_level_names(located)
+    if attr in names:
+        return
+    hint = _suggest(attr, sorted(names))
+    if hint:
+        check.fail(where, f"cannot import {path!r}: module {module} has no {attr!r}{hint}")
+    log.debug("%s: %r not found statically in %s; checked at import time", where, attr, located)
+
+
+def _locate_module(module: str) -> Path | str | None:
+    """The source file of ``module`` found without importing it (or its parents).
+
+    Returns:
+        The file; an error message naming the missing part (with a close match); or None when
+        the module exists but has no Python source to inspect.
+    """
+    parts = module.split(".")
+    if module in sys.modules:
+        origin = getattr(sys.modules[module], "__file__", None)
+        return Path(origin) if origin and origin.endswith(".py") else None
+    spec = importlib.util.find_spec(parts[0])
+    if spec is None:
+        return f"no module named {parts[0]!r}"
+    if len(parts) == 1:
+        return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
+    locations = list(spec.submodule_search_locations or [])
+    for i, part in enumerate(parts[1:], start=1):
+        found: Path | None = None
+        siblings: set[str] = set()
+        for loc in locations:
+            base = Path(loc)
+            if (base / part / "__init__.py").is_file() or (base / part).is_dir():
+                found = base / part
+                break
+            if (base / f"{part}.py").is_file():
+                found = base / f"{part}.py"
+                break
+            if base.is_dir():
+                siblings |= {p.stem for p in base.iterdir() if p.suffix == ".py" or p.is_dir()}
+        if found is None:
+            prefix = ".".join(parts[:i])
+            candidates = sorted(f"{prefix}.{s}" for s in siblings)
+            missing = ".".join(parts[: i + 1])
+            return f"no module named {missing!r}{_suggest(missing, candidates)}"
+        if found.suffix == ".py":
+            return found if i == len(parts) - 1 else f"{found} is not a package"
+        locations = [str(found)]
+        if i == len(parts) - 1:
+            init = found / "__init__.py"
+            return init if init.is_file() else None
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _top_level_names(path: Path) -> frozenset[str]:
+    """Names bound at the top level of a Python source file (classes, defs, imports, assigns)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    names: set[str] = set()
+    for node in ast.walk(tree) if path.name == "__init__.py" else tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return frozenset(names)
+
+
+def validate_build(
+    data: Mapping[str, Any] | None, recipe_file: str, stage_names: Sequence[str]
+) -> BuildSettings:
+    """Validate the ``build:`` section; ``force`` may be a name, a list, or ``all``."""
+    data = dict(data or {})
+    check = _Checker(recipe_file)
+    check.dataclass_(
+        BuildConfig,
+        {k: v for k, v in data.items() if not (k == "force" and isinstance(v, str))},
+        "build",
+    )
+    force = data.get("force") or []
+    if isinstance(force, str):
+        force = [force]
+    if "all" in force:
+        force = list(stage_names)
+    for name in force:
+        if name not in stage_names:
+            check.fail("build.force", f"unknown stage {name!r}{_suggest(name, stage_names)}")
+    return BuildSettings(
+        cache_dir=data.get("cache_dir"),
+        outputs_dir=Path(_outputs_root(data.get("outputs_dir"))),
+        dry_run=bool(data.get("dry_run", False)),
+        force=tuple(force),
+    )

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from typing import Any
+
+from hyperexport.build.keys import diff_values, explain, key_material, stage_key
+
+
+def _material(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "stage": "export",
+        "version": 1,
+        "params": {"opset": 18, "dynamo": False, "check": {"atol": 1e-4}},
+        "upstream": {"trace": {"capture.json": "a" * 64}},
+        "env": {"python": "3.11", "packages": {"torch": "2.13.0"}},
+        "model": {"code": {"transformers": {"version": "5.24.0"}}, "weights": {"seed": 0}},
+    }
+    base.update(changes)
+    return key_material(**base)
+
+
+def test_key_is_full_sha256_and_order_independent() -> None:
+    a = _material(params={"opset": 18, "dynamo": False})
+    b = _material(params={"dynamo": False, "opset": 18})
+    assert stage_key(a) == stage_key(b)
+    assert len(stage_key(a)) == 64
+
+
+def test_every_part_changes_the_key() -> None:
+    base = stage_key(_material())
+    assert stage_key(_material(version=2)) != base
+    assert stage_key(_material(params={"opset": 17})) != base
+    assert stage_key(_material(upstream={"trace": {"capture.json": "b" * 64}})) != base
+    assert stage_key(_material(env={"python": "3.11", "packages": {"torch": "2.14.0"}})) != base
+    assert stage_key(_material(model={"code": {}, "weights": {"seed": 1}})) != base
+
+
+def test_reason_names_the_changed_param() -> None:
+    old = _material()
+    new = _material(params={"opset": 17, "dynamo": False, "check": {"atol": 1e-4}})
+    assert explain(old, new) == "opset 18→17"
+    new = _material(params={"opset": 18, "dynamo": False, "check": {"atol": 1e-5}})
+    assert explain(old, new) == "check.atol 0.0001→1e-05"
+
+
+def test_reason_for_upstream_env_model_version() -> None:
+    old = _material()
+    assert explain(old, _material(upstream={"trace": {}})) == "trace output changed"
+    env = {"python": "3.11", "packages": {"torch": "2.14.0"}}
+    assert explain(old, _material(env=env)) == "torch 2.13.0→2.14.0"
+    model = {"code": {"transformers": {"version": "5.25.0"}}, "weights": {"seed": 0}}
+    assert explain(old, _material(model=model)) == "model code changed (transformers)"
+    assert explain(old, _material(version=2)) == "stage version 1→2"
+    assert explain(None, old) == "no previous build"
+
+
+def test_diff_values_added_removed() -> None:
+    assert diff_values({"a": 1}, {"b": 1}) == ["a removed", "b added"]

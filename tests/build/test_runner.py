@@ -1,0 +1,199 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyperexport.build.runner import BuildRequest, BuildResult, Runner
+from hyperexport.build.stage import recipe_slice
+from hyperexport.build.store import CacheStore
+from hyperexport.errors import StageError
+from tests.build.fakes import FakeStage, StageBoom, pipeline
+
+RECIPE: dict[str, Any] = {
+    "model": {"_target_": "m.f", "seed": 0},
+    "inputs": {"x": {"shape": [1]}},
+    "hiera": ["m.C"],
+    "opset": 18,
+    "dynamo": False,
+    "rewrite": {"optimize": True},
+    "check": {"atol": 1e-4},
+}
+ENV = {"python": "3.11", "packages": {"torch": "2.13.0"}}
+MODEL = {"code": {"m": {"kind": "local", "digest": "0" * 64}}, "weights": {"seed": 0}}
+
+
+def _build(
+    store: CacheStore,
+    stages: Sequence[FakeStage],
+    recipe: dict[str, Any] | None = None,
+    *,
+    loads: list[int] | None = None,
+    **kwargs: Any,
+) -> BuildResult:
+    counter = loads if loads is not None else []
+
+    def load() -> str:
+        counter.append(1)
+        return "live-model"
+
+    request = BuildRequest(
+        recipe_name="fake",
+        recipe=recipe or RECIPE,
+        recipe_file="/recipes/fake.yaml",
+        stages=stages,
+        env=kwargs.pop("env", ENV),
+        model=kwargs.pop("model", MODEL),
+        **kwargs,
+    )
+    return Runner(store, load).run(request)
+
+
+def _statuses(result: BuildResult) -> dict[str, str]:
+    return {s.name: s.status for s in result.stages}
+
+
+def test_cold_then_noop(store: CacheStore) -> None:
+    stages = pipeline()
+    cold = _build(store, stages)
+    assert _statuses(cold) == dict.fromkeys(("trace", "export", "rewrite", "check"), "ran")
+    assert all(s.reason == "no previous build" for s in cold.stages)
+    warm = _build(store, stages)
+    assert _statuses(warm) == dict.fromkeys(("trace", "export", "rewrite", "check"), "hit")
+    assert [len(s.runs) for s in stages] == [1, 1, 1, 1]
+    assert [s.key for s in cold.stages] == [s.key for s in warm.stages]
+
+
+def test_model_loaded_once_and_not_at_all_on_hits(store: CacheStore) -> None:
+    loads: list[int] = []
+    _build(store, pipeline(), loads=loads)
+    assert loads == [1]  # trace and export both used it
+    _build(store, pipeline(), loads=loads)
+    assert loads == [1]
+
+
+def test_tolerance_change_reruns_check_only(store: CacheStore) -> None:
+    stages = pipeline()
+    _build(store, stages)
+    result = _build(store, stages, {**RECIPE, "check": {"atol": 1e-3}})
+    assert _statuses(result) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
+    assert result.stages[-1].reason == "check.atol 0.0001→0.001"
+
+
+def test_opset_change_reruns_export_and_downstream_not_trace(store: CacheStore) -> None:
+    stages = pipeline()
+    _build(store, stages)
+    result = _build(store, stages, {**RECIPE, "opset": 17})
+    assert _statuses(result) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
+    assert result.stages[1].line().startswith("export: ran (opset 18→17)")
+    assert result.stages[2].reason == "export output changed"
+
+
+def test_model_fingerprint_change_reruns_everything(store: CacheStore) -> None:
+    stages = pipeline()
+    _build(store, stages)
+    model = {"code": {"m": {"kind": "local", "digest": "1" * 64}}, "weights": {"seed": 0}}
+    result = _build(store, stages, model=model)
+    assert set(_statuses(result).values()) == {"ran"}
+    assert result.stages[0].reason == "model code changed (m)"
+
+
+def test_failing_stage_leaves_no_entry_and_names_module(store: CacheStore) -> None:
+    stages = list(pipeline())
+    stages[1] = FakeStage(
+        "export",
+        reads=("opset",),
+        upstream=("trace",),
+        fail=lambda p: StageBoom("unsupported op", "model.layers.1"),
+    )
+    result = _build(store, stages)
+    assert _statuses(result) == {"trace": "ran", "export": "failed"}
+    assert isinstance(result.error, StageError)
+    assert result.error.stage == "export"
+    assert result.error.module_path == "model.layers.1"
+    assert "stage 'export' failed at module 'model.layers.1'" in str(result.error)
+    failed_key = result.stages[1].key
+    assert failed_key is not None
+    assert store.lookup(failed_key).status == "missing"
+    assert "export.json" in result.failed_files
+    assert not list((store.root / "tmp").iterdir())
+    again = _build(store, stages)
+    assert again.stages[1].status == "failed"
+    assert again.stages[1].key == failed_key
+    # fix the stage: it runs, and the reason says why it was not cached
+    stages[1] = FakeStage("export", reads=("opset",), upstream=("trace",))
+    fixed = _build(store, stages)
+    assert fixed.stages[1].status == "ran"
+    assert fixed.stages[1].reason == "previous run failed"
+
+
+def test_force_reruns_named_stage(store: CacheStore) -> None:
+    stages = pipeline()
+    _build(store, stages)
+    result = _build(store, stages, force=frozenset({"export"}))
+    assert result.stages[1].status == "ran"
+    assert result.stages[1].reason == "forced"
+    # same outputs, so later stages still hit (their keys did not change)
+    assert _statuses(result)["rewrite"] == "hit"
+
+
+def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    store = CacheStore(tmp_path / "cache", read_only=True)
+    result = _build(store, pipeline(), dry_run=True)
+    assert {s.status for s in result.stages} == {"would_run"}
+    assert result.stages[1].line() == "export: would run (after trace; no previous build)"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_dry_run_after_build_shows_reasons(store: CacheStore) -> None:
+    stages = pipeline()
+    _build(store, stages)
+    before = sorted(p for p in store.root.rglob("*"))
+    ro = CacheStore(store.root, read_only=True)
+    result = _build(ro, stages, {**RECIPE, "opset": 17}, dry_run=True)
+    lines = [s.line() for s in result.stages]
+    assert lines == [
+        "trace: hit",
+        "export: would run (opset 18→17)",
+        "rewrite: would run (after export)",
+        "check: would run (after rewrite; opset 18→17)",
+    ]
+    assert sorted(p for p in store.root.rglob("*")) == before
+    assert [len(s.runs) for s in stages] == [1, 1, 1, 1]
+
+
+def test_stage_receives_exactly_its_slice(store: CacheStore) -> None:
+    stages = pipeline()
+    _build(store, stages)
+    assert stages[1].runs == [{"model": RECIPE["model"], "opset": 18, "dynamo": False}]
+
+
+def test_recipe_slice_nested_and_missing() -> None:
+    data = {"a": {"b": 1, "c": 2}, "d": 3}
+    assert recipe_slice(data, ("a.b", "e")) == {"a": {"b": 1}, "e": None}
+
+
+def test_corrupt_entry_recovers(store: CacheStore) -> None:
+    stages = pipeline()
+    cold = _build(store, stages)
+    entry = cold.entries["rewrite"]
+    blob = store.blob_path(entry.outputs[-1].digest)
+    blob.chmod(0o644)
+    with open(blob, "r+b") as fh:
+        fh.truncate(3)
+    result = _build(store, stages)
+    assert _statuses(result) == {"trace": "hit", "export": "hit", "rewrite": "ran", "check": "hit"}
+    assert result.stages[2].reason == "cache entry corrupt"
+
+
+@pytest.mark.parametrize("bad", [KeyboardInterrupt])
+def test_interrupt_propagates_and_cleans_scratch(store: CacheStore, bad: type) -> None:
+    def boom(params: Any) -> Any:
+        raise bad()
+
+    stages = (FakeStage("trace", reads=("opset",), fail=boom),)
+    with pytest.raises(bad):
+        _build(store, stages)
+    assert not list((store.root / "tmp").iterdir())
