@@ -1,0 +1,63 @@
+"""capture_inner_call: the arguments of an inner call during generate or the outer forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hyperexport import zoo
+from hyperexport.errors import InputError
+from hyperexport.transformers.method_capture import capture_inner_call
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def causal_lm():
+    return zoo.tiny_llama(num_layers=2, causal_lm=True)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(1, 128, (1, 5), generator=torch.Generator().manual_seed(0))
+
+
+def test_inner_forward_args_during_outer_forward(causal_lm):
+    ids = _ids()
+    args, kwargs = capture_inner_call(causal_lm, "model", lambda: causal_lm(input_ids=ids))
+    assert "forward" not in vars(causal_lm.model)
+    with torch.no_grad():
+        replay = causal_lm.model(*args, **kwargs).last_hidden_state
+        expected = causal_lm.model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(replay, expected)
+    assert torch.equal(kwargs["input_ids"], ids)
+
+
+def test_decode_step_args_during_generate(causal_lm):
+    ids = _ids()
+
+    def generate():
+        causal_lm.generate(ids, max_new_tokens=3, do_sample=False, use_cache=True, pad_token_id=0)
+
+    args, kwargs = capture_inner_call(causal_lm, "model.forward", generate, call_index=1)
+    assert kwargs["input_ids"].shape == (1, 1)
+    # transformers 5.24 passes the cache as ``cache`` (older releases: ``past_key_values``).
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    assert cache.get_seq_length() == 5
+    assert "forward" not in vars(causal_lm.model)
+
+
+def test_restored_when_run_raises(causal_lm):
+    def boom():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        capture_inner_call(causal_lm, "model", boom)
+    assert "forward" not in vars(causal_lm.model)
+
+
+def test_missing_call_and_bad_path_are_input_errors(causal_lm):
+    ids = _ids()
+    with pytest.raises(InputError, match="call 5 was wanted"):
+        capture_inner_call(causal_lm, "model", lambda: causal_lm(input_ids=ids), call_index=5)
+    with pytest.raises(InputError, match="no attribute 'nope'"):
+        capture_inner_call(causal_lm, "model.nope", lambda: None)
