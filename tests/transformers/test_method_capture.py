@@ -38,7 +38,7 @@ def test_decode_step_args_during_generate(causal_lm):
     def generate():
         causal_lm.generate(ids, max_new_tokens=3, do_sample=False, use_cache=True, pad_token_id=0)
 
-    args, kwargs = capture_inner_call(causal_lm, "model.forward", generate, call_index=1)
+    _, kwargs = capture_inner_call(causal_lm, "model.forward", generate, call_index=1)
     assert kwargs["input_ids"].shape == (1, 1)
     # transformers 5.24 passes the cache as ``cache`` (older releases: ``past_key_values``).
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
