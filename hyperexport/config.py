@@ -131,7 +131,6 @@ class RecipeConfig:
     method: str = "forward"
     opset: int = 18
     dynamo: bool = False
-    fallback: bool = False
     functions: str = "per_instance"
     attention: AttentionSpec = field(default_factory=AttentionSpec)
     rewrite: RewriteSpec = field(default_factory=RewriteSpec)
@@ -206,7 +205,7 @@ def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
     if not OmegaConf.has_resolver("hx_outputs"):
         OmegaConf.register_new_resolver("hx_outputs", _outputs_root)
     cs = ConfigStore.instance()
-    cs.store(name="recipe_schema", node=RecipeConfig)
+    cs.store(name="recipe_schema", node=_schema())
     cs.store(name="build_schema", node=BuildConfig)
     cs.store(name="recipe_defaults", node=recipe_defaults())
     files = sorted(RECIPES_DIR.glob("*.yaml"))
@@ -225,9 +224,17 @@ def recipe_file_of(option: str | None) -> str:
     return str(option or "<no recipe>")
 
 
+@functools.lru_cache(maxsize=1)
+def _schema() -> Any:
+    # Building a structured config is slow (tens of ms); the schema is built once per process.
+    schema = OmegaConf.structured(RecipeConfig)
+    OmegaConf.set_readonly(schema, True)
+    return schema
+
+
 def recipe_defaults() -> dict[str, Any]:
     """The schema defaults as plain data (``???`` for required fields)."""
-    data = OmegaConf.to_container(OmegaConf.structured(RecipeConfig))
+    data = OmegaConf.to_container(_schema())
     assert isinstance(data, dict)
     return data
 
@@ -332,7 +339,7 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     """
     check = _Checker(recipe_file)
     check.dataclass_(RecipeConfig, data, "")
-    merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RecipeConfig), dict(data)))
+    merged = OmegaConf.to_container(OmegaConf.merge(_schema(), dict(data)))
     assert isinstance(merged, dict)
     _check_semantics(check, merged)
     checkpoint = None
@@ -523,3 +530,40 @@ def validate_build(
         dry_run=bool(data.get("dry_run", False)),
         force=tuple(force),
     )
+
+
+def compose_recipe(
+    overrides: Sequence[str] = (),
+    *,
+    recipe_file: Path | None = None,
+    stage_names: Sequence[str] = ("trace", "export", "rewrite", "check"),
+) -> tuple[Recipe, BuildSettings]:
+    """Compose and validate a recipe the way the CLI does, without running anything.
+
+    For tests, benchmarks and programs that drive builds without the command line.
+
+    Args:
+        overrides: Hydra overrides, e.g. ``["recipe=llama", "opset=17"]``.
+        recipe_file: A recipe file outside ``recipes/`` (like ``recipe_file=`` on the CLI).
+        stage_names: Valid names for ``build.force``.
+
+    Raises:
+        RecipeError: The recipe or the build settings are invalid.
+    """
+    from hydra import compose, initialize_config_dir
+
+    register_configs(recipe_file)
+    overrides = list(overrides)
+    if recipe_file is not None:
+        overrides += [f"recipe={recipe_file.stem}", f"recipe_file={recipe_file.resolve()}"]
+    with initialize_config_dir(
+        version_base="1.3", config_dir=str(CONF_DIR), job_name="hyperexport"
+    ):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    choice = cfg.hydra.runtime.choices.get("recipe")
+    file = cfg.get("recipe_file") or recipe_file_of(choice)
+    data: Any = OmegaConf.to_container(cfg, resolve=False)
+    data.pop("hydra", None)
+    data = OmegaConf.to_container(OmegaConf.create(data), resolve=True)
+    recipe = validate_recipe({k: v for k, v in data.items() if k not in BUILD_KEYS}, file)
+    return recipe, validate_build(data.get("build"), file, stage_names)

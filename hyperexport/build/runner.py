@@ -57,6 +57,8 @@ class StageResult:
             return f"{self.name}: hit"
         if self.status == "would_run":
             return f"{self.name}: would run ({self.reason})"
+        if self.status == "failed":
+            return f"{self.name}: failed in {self.seconds:.2f}s"
         return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s"
 
 

@@ -112,7 +112,11 @@ def run_build(
     runner = Runner(store, load_model)
     result = runner.run(request)
     if settings.dry_run:
-        lines = tuple(s.line() for s in result.stages)
+        lines = (
+            f"recipe: {recipe.name} ({recipe.file})",
+            *(s.line() for s in result.stages),
+            f"outputs: {out_dir} (dry run: nothing written)",
+        )
         return BuildOutcome(0, out_dir, None, None, result, lines)
     for attempt in range(2):
         try:

@@ -85,7 +85,8 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     outcome = run_build(
         recipe(), _settings(tmp_path, dry_run=True), stages=pipeline(), load_model=lambda: "m"
     )
-    assert outcome.lines[0] == "trace: would run (no previous build)"
+    assert outcome.lines[0] == "recipe: fake (/recipes/fake.yaml)"
+    assert outcome.lines[1] == "trace: would run (no previous build)"
     assert outcome.report is None
     assert list(tmp_path.iterdir()) == []
 

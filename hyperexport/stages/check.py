@@ -1,0 +1,71 @@
+"""Stage ``check``: structural and numerical checks of the final model against the trace."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hyperexport.build.hashing import atomic_write_bytes
+from hyperexport.build.stage import StageInputs
+from hyperexport.stages.rewrite import MANIFEST_FILE, MODEL_FILE
+
+CHECK_FILE = "check.json"
+CHECK_SUMMARY = "check.txt"
+
+
+class CheckStage:
+    """``run_checks`` → ``check.json`` and ``check.txt``; a failed check fails the build.
+
+    The check's outputs are written before it raises, so the report can show them; the runner
+    never caches a failed stage.
+    """
+
+    name = "check"
+    version = 1
+    upstream = ("trace", "rewrite")
+    reads = ("check", "opset", "dynamo", "attention.promote_opset24")
+    needs_model = False
+    publish = (CHECK_FILE, CHECK_SUMMARY)
+    artifacts = {"check": CHECK_FILE, "check_summary": CHECK_SUMMARY}
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.api import Capture
+        from hyperexport.check import run_checks
+        from hyperexport.manifest import ExportManifest
+
+        capture = Capture.load(inputs.dir("trace"))
+        rewrite_dir = inputs.dir("rewrite")
+        manifest = ExportManifest.loads((rewrite_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+        settings = check_settings(params, capture.record.hiera)
+        report = run_checks(
+            rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays, settings
+        )
+        text = json.dumps(report.to_json(), sort_keys=True, indent=1) + "\n"
+        atomic_write_bytes(out_dir / CHECK_FILE, text.encode("utf-8"))
+        atomic_write_bytes(
+            out_dir / CHECK_SUMMARY, ("\n".join(report.summary_lines()) + "\n").encode("utf-8")
+        )
+        report.raise_for_failure()
+
+
+def check_settings(params: Mapping[str, Any], hiera: tuple[str, ...]) -> Any:
+    """:class:`~hyperexport.check.CheckSettings` from the check slice of a recipe."""
+    from hyperexport.check import CheckSettings, Tolerance
+
+    c = params["check"]
+    per_output = tuple(
+        (name, Tolerance(t.get("atol") or c["atol"], t.get("rtol") or c["rtol"]))
+        for name, t in sorted(c.get("per_output", {}).items())
+    )
+    promote = bool((params.get("attention") or {}).get("promote_opset24"))
+    return CheckSettings(
+        atol=float(c["atol"]),
+        rtol=float(c["rtol"]),
+        per_output=per_output,
+        function_scope=c["function_scope"],
+        expected_classes=tuple(hiera),
+        expected_opset=24 if promote else int(params["opset"]),
+        expected_dynamo=bool(params["dynamo"]),
+    )

@@ -1,0 +1,42 @@
+"""Stage ``trace``: run the model once with hooks; write the capture record and its tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hyperexport.build.stage import StageInputs
+
+
+class TraceStage:
+    """``capture_model`` on the recipe's inputs → ``capture.json`` + ``tensors.npz``.
+
+    The capture holds the reference outputs the check stage compares against, so check never
+    needs torch. The trace depends on the export path (the TorchScript path captures under
+    ``torch.jit.trace``) but not on the opset.
+    """
+
+    name = "trace"
+    version = 1
+    upstream: tuple[str, ...] = ()
+    reads = ("model", "inputs", "hiera", "method", "dynamo", "attention.implementation")
+    needs_model = True
+    publish: tuple[str, ...] = ()
+    artifacts = {"capture": "capture.json"}
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.api import capture_model
+        from hyperexport.stages.model import make_inputs, resolve_classes
+
+        hiera = resolve_classes(list(params["hiera"]), inputs.recipe_file)
+        model = inputs.model()
+        capture = capture_model(
+            model,
+            (),
+            make_inputs(params["inputs"]),
+            hiera=hiera,
+            method=params["method"],
+            dynamo=bool(params["dynamo"]),
+        )
+        capture.save(out_dir)

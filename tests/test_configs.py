@@ -1,0 +1,152 @@
+"""Every recipe composes, validates and instantiates; bad recipes fail with one clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyperexport.config import RECIPES_DIR, compose_recipe, validate_recipe
+from hyperexport.errors import RecipeError
+
+RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def test_the_expected_recipes_exist() -> None:
+    assert {"tiny_llama", "llama", "resnet", "vit"} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_composes_and_validates(name: str) -> None:
+    recipe, build = compose_recipe([f"recipe={name}"])
+    assert recipe.name == name
+    assert recipe.file == str(RECIPES_DIR / f"{name}.yaml")
+    assert recipe.data["model"]["_target_"].startswith("hyperexport.zoo.")
+    assert build.force == ()
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_instantiates(name: str) -> None:
+    import torch
+
+    from hyperexport.stages.model import load_model, make_inputs, resolve_classes
+
+    recipe, _ = compose_recipe([f"recipe={name}"])
+    model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
+    assert isinstance(model, torch.nn.Module)
+    classes = resolve_classes(recipe.data["hiera"], recipe.file)
+    assert all(any(isinstance(m, c) for m in model.modules()) for c in classes)
+    inputs = make_inputs(recipe.data["inputs"])
+    with torch.no_grad():
+        model(**inputs)
+    again = make_inputs(recipe.data["inputs"])
+    assert all(torch.equal(inputs[k], again[k]) for k in inputs)
+
+
+def test_default_recipe_is_tiny_llama() -> None:
+    recipe, _ = compose_recipe([])
+    assert recipe.name == "tiny_llama"
+
+
+def test_short_overrides_reach_every_field() -> None:
+    recipe, build = compose_recipe(
+        [
+            "recipe=llama",
+            "opset=17",
+            "functions=per_type",
+            "check.atol=1e-3",
+            "build.force=[export]",
+        ]
+    )
+    assert recipe.data["opset"] == 17
+    assert recipe.data["functions"] == "per_type"
+    assert recipe.data["check"]["atol"] == 1e-3
+    assert build.force == ("export",)
+
+
+def test_recipe_file_outside_the_repo(tmp_path: Path) -> None:
+    text = (RECIPES_DIR / "tiny_llama.yaml").read_text().replace("name: tiny_llama", "name: mine")
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    recipe, _ = compose_recipe(["opset=17"], recipe_file=path)
+    assert (recipe.name, recipe.file, recipe.data["opset"]) == ("mine", str(path), 17)
+
+
+def _base() -> dict[str, Any]:
+    return {
+        "name": "t",
+        "model": {"_target_": "hyperexport.zoo.tiny_llama"},
+        "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
+        "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
+    }
+
+
+def _with(path: str, value: Any, *, delete: bool = False) -> dict[str, Any]:
+    data = _base()
+    target = data
+    *parents, last = path.split(".")
+    for part in parents:
+        target = target.setdefault(part, {})
+    if delete:
+        del target[last]
+    else:
+        target[last] = value
+    return data
+
+
+BAD = [
+    (_with("opst", 17), "opst", "did you mean 'opset'"),
+    (_with("check.atl", 1e-3), "check.atl", "did you mean 'atol'"),
+    (_with("hiera", None, delete=True), "hiera", "missing required field"),
+    (_with("name", None, delete=True), "name", "missing required field"),
+    (_with("opset", 21), "opset", "out of range for dynamo=False"),
+    ({**_with("opset", 25), "dynamo": True}, "opset", "out of range for dynamo=True"),
+    (
+        _with("hiera", ["transformers.models.llama.modeling_llama.LlamaDecoderLayr"]),
+        "hiera[0]",
+        "did you mean 'LlamaDecoderLayer'",
+    ),
+    (
+        _with("hiera", ["transformers.models.llama.modeling_lama.LlamaDecoderLayer"]),
+        "hiera[0]",
+        "did you mean 'transformers.models.llama.modeling_llama'",
+    ),
+    (_with("hiera", ["nosuchpackage.Layer"]), "hiera[0]", "no module named 'nosuchpackage'"),
+    (_with("model._target_", "hyperexport.zoo.tiny_lama"), "model._target_", "tiny_llama"),
+    (_with("inputs.input_ids.dtype", "int46"), "inputs.input_ids.dtype", "did you mean 'int64'"),
+    (_with("inputs.input_ids.shape", [1, 0]), "inputs.input_ids.shape", "positive"),
+    (_with("inputs.input_ids.shape", "1x4"), "inputs.input_ids.shape", "must be a list"),
+    (_with("check.atol", 0), "check.atol", "must be > 0"),
+    (_with("check.rtol", -1e-3), "check.rtol", "must be > 0"),
+    (_with("check.per_output", {"out.0": {"atol": 0.0}}), "check.per_output.out.0.atol", "> 0"),
+    (_with("functions", "per_typ"), "functions", "did you mean 'per_type'"),
+    (_with("dynamo", "yes"), "dynamo", "true or false"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "reason"), BAD, ids=[b[1] + ":" + b[2][:12] for b in BAD]
+)
+def test_bad_recipe_names_file_and_field(data: dict[str, Any], field: str, reason: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(data, "/somewhere/bad.yaml")
+    assert info.value.field == field
+    assert info.value.recipe == "/somewhere/bad.yaml"
+    assert reason in info.value.reason
+    assert str(info.value).startswith(f"recipe /somewhere/bad.yaml: field '{field}'")
+
+
+def test_checkpoint_resolves_relative_to_the_recipe(tmp_path: Path) -> None:
+    (tmp_path / "w.safetensors").write_bytes(b"x")
+    recipe = validate_recipe(_with("checkpoint", "w.safetensors"), str(tmp_path / "r.yaml"))
+    assert recipe.checkpoint == tmp_path / "w.safetensors"
+    with pytest.raises(RecipeError, match="does not exist"):
+        validate_recipe(_with("checkpoint", "nope.pt"), str(tmp_path / "r.yaml"))
+
+
+def test_unknown_force_stage() -> None:
+    with pytest.raises(RecipeError) as info:
+        compose_recipe(["build.force=[exprt]"])
+    assert info.value.field == "build.force"
+    assert "did you mean 'export'" in info.value.reason
