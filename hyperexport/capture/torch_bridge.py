@@ -69,3 +69,37 @@ def set_symbolic_output_type(value: object, like: torch.Tensor, dynamic: bool) -
     if dynamic:
         tensor_type = tensor_type.with_sizes([None] * like.dim())
     value.setType(tensor_type)  # type: ignore[attr-defined]
+
+
+#: torch.onnx's dynamo registries by opset, built once per process (see reuse_onnx_registry).
+_ONNX_REGISTRIES: dict[int, object] = {}
+
+
+@contextlib.contextmanager
+def reuse_onnx_registry() -> Iterator[None]:
+    """Let ``torch.onnx.export(dynamo=True)`` reuse one op registry per opset while open.
+
+    The exporter rebuilds its registry of torchlib translations on every call (about a second:
+    it parses the source of every torchlib function). A hierarchical export makes one call per
+    unit, so that rebuild is most of its overhead over a plain export. The registries are built
+    on first use and kept for the process; only calls made inside this context see them.
+
+    Translations passed in ``custom_translation_table`` are registered into the shared registry
+    and stay there: callers must only pass ops whose translation never changes (hyperexport's
+    placeholder ops, which are themselves defined once per process).
+    """
+    from torch.onnx._internal.exporter import _registration
+
+    original = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    default_opset = original.__func__.__defaults__[0]
+
+    def from_torchlib(cls: type, opset_version: int = default_opset) -> object:
+        if opset_version not in _ONNX_REGISTRIES:
+            _ONNX_REGISTRIES[opset_version] = original.__func__(cls, opset_version=opset_version)
+        return _ONNX_REGISTRIES[opset_version]
+
+    _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        _registration.ONNXRegistry.from_torchlib = original  # type: ignore[method-assign]

@@ -1,0 +1,326 @@
+"""The dynamo path (``dynamo=True``): placeholder op and the export call for one unit.
+
+A placeholder is a ``torch.library`` custom op in the private namespace ``hyperexport_ph``. There
+is one op per placeholder *signature* (number of inputs, shapes and dtypes of the outputs): its
+fake implementation returns empty tensors of the captured output shapes, so ``torch.export``
+traces through it without running the child module. The op also takes the placeholder's
+``op_type`` (``P3``) as a string argument, and its ONNX translation (``custom_translation_table``)
+emits one node ``hyperexport.placeholder::<op_type>`` with the op's tensor inputs and outputs.
+
+Ops are defined on first use and kept for the life of the process: their names are derived from
+the signature, so defining is idempotent, and repeated exports in one process reuse them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import onnxscript
+import torch
+
+from hyperexport.capture.placeholders import PlaceholderSpec
+from hyperexport.capture.torch_bridge import reuse_onnx_registry, torch_dtype, torch_dtype_name
+from hyperexport.errors import InputError
+from hyperexport.manifest import PLACEHOLDER_DOMAIN
+
+log = logging.getLogger(__name__)
+
+#: The torch.library namespace of placeholder ops (private to hyperexport).
+NAMESPACE = "hyperexport_ph"
+
+_PLACEHOLDER_OPSET = onnxscript.values.Opset(PLACEHOLDER_DOMAIN, 1)
+#: Every ONNX tensor type, for the placeholder schema's type constraints.
+_ANY_TENSOR = tuple(
+    t
+    for t in onnx.defs.get_schema("Identity", 21).type_constraints[0].allowed_type_strs
+    if t.startswith("tensor(")
+)
+
+
+@dataclass(frozen=True)
+class _OpSignature:
+    """What decides a placeholder op: its input count and its outputs' shapes and dtypes."""
+
+    num_inputs: int
+    outputs: tuple[tuple[tuple[int, ...], str], ...]
+
+    @property
+    def op_name(self) -> str:
+        text = json.dumps([self.num_inputs, self.outputs], sort_keys=True)
+        return f"ph_{hashlib.sha1(text.encode()).hexdigest()[:16]}"
+
+
+@dataclass
+class _PlaceholderOp:
+    """A defined custom op and its ONNX translation."""
+
+    overload: Callable[..., Any]
+    translation: Callable[..., Any]
+
+
+_LOCK = threading.Lock()
+_LIBRARY: torch.library.Library | None = None
+_OPS: dict[str, _PlaceholderOp] = {}
+
+
+def _library() -> torch.library.Library:
+    global _LIBRARY
+    if _LIBRARY is None:
+        _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+    return _LIBRARY
+
+
+def _signature_of(num_inputs: int, outputs: Sequence[torch.Tensor]) -> _OpSignature:
+    return _OpSignature(
+        num_inputs,
+        tuple((tuple(int(d) for d in t.shape), torch_dtype_name(t.dtype)) for t in outputs),
+    )
+
+
+def _define(sig: _OpSignature) -> _PlaceholderOp:
+    """Define (once per process) the custom op for ``sig``, its fake kernel and translation."""
+    name = sig.op_name
+    with _LOCK:
+        op = _OPS.get(name)
+        if op is not None:
+            return op
+        lib = _library()
+        lib.define(f"{name}(Tensor[] inputs, str op_type) -> Tensor[]")
+        specs = [(shape, torch_dtype(dtype)) for shape, dtype in sig.outputs]
+
+        def kernel(inputs: list[torch.Tensor], op_type: str) -> list[torch.Tensor]:
+            device = inputs[0].device if inputs else torch.device("cpu")
+            return [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in specs]
+
+        def fake(inputs: list[torch.Tensor], op_type: str) -> list[torch.Tensor]:
+            device = inputs[0].device if inputs else torch.device("cpu")
+            return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+
+        lib.impl(name, kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
+        overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+        op = _PlaceholderOp(overload, _translation(sig))
+        _OPS[name] = op
+        log.debug("defined placeholder op %s::%s", NAMESPACE, name)
+        return op
+
+
+def _translation(sig: _OpSignature) -> Callable[..., Any]:
+    """The ONNX translation of a placeholder op: one node ``hyperexport.placeholder::<op_type>``."""
+    num_outputs = len(sig.outputs)
+
+    def translate(inputs: Sequence[Any], op_type: str) -> Any:
+        schema = onnx.defs.OpSchema(
+            op_type,
+            PLACEHOLDER_DOMAIN,
+            1,
+            inputs=[
+                onnx.defs.OpSchema.FormalParameter(f"input_{i}", f"T{i}")
+                for i in range(len(inputs))
+            ],
+            outputs=[
+                onnx.defs.OpSchema.FormalParameter(f"output_{i}", f"U{i}")
+                for i in range(num_outputs)
+            ],
+            type_constraints=[(f"T{i}", _ANY_TENSOR, "") for i in range(len(inputs))]
+            + [(f"U{i}", _ANY_TENSOR, "") for i in range(num_outputs)],
+        )
+        result = onnxscript.values.Op(_PLACEHOLDER_OPSET, op_type, schema)(*inputs)
+        return list(result) if isinstance(result, Sequence) else [result]
+
+    return translate
+
+
+def apply_placeholder(
+    op_type: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+) -> Sequence[torch.Tensor]:
+    """Call the placeholder custom op of this signature (defined on first use).
+
+    ``outputs`` gives the captured shapes and dtypes; the op returns tensors like them (empty
+    under ``torch.export``'s fake mode).
+    """
+    op = _define(_signature_of(len(inputs), outputs))
+    return tuple(op.overload(list(inputs), op_type))
+
+
+def export_dynamo(
+    module: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    *,
+    opset: int,
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None,
+    specs: Sequence[PlaceholderSpec],
+) -> bytes:
+    """``torch.export`` then ``torch.onnx.export(..., dynamo=True)`` of one unit into bytes.
+
+    The program is captured first (non-strict), so that every placeholder op it calls is
+    defined by the time its translation table is built. torch's optimizer is off: it would fold
+    and rename initializers, and our own pass pipeline optimizes the composed model.
+
+    The result is self-contained (no external data); its graph inputs and outputs are named
+    ``input_names``/``output_names`` and its initializers by state-dict name (``inner.<...>``).
+    """
+    started = time.perf_counter()
+    dynamic_shapes = _dynamic_shapes(inputs, input_names, dynamic_axes)
+    with _quiet_exporter(), torch.no_grad():
+        program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
+    translations = {op.overload: op.translation for op in _OPS.values()}
+    table = {
+        node.target: translations[node.target]
+        for node in program.graph.nodes
+        if node.op == "call_function" and node.target in translations
+    }
+    with _quiet_exporter(), reuse_onnx_registry():
+        onnx_program = torch.onnx.export(
+            program,
+            inputs,
+            dynamo=True,
+            verbose=False,
+            opset_version=opset,
+            custom_translation_table=table,
+            optimize=False,
+            external_data=False,
+        )
+    if onnx_program is None:  # only the TorchScript path returns None
+        raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
+    model = onnx_program.model
+    _name_graph_values(model.graph, input_names, output_names)
+    _name_initializers(model.graph, module)
+    data = ir.to_proto(model).SerializeToString()
+    log.debug("dynamo export: %d placeholders, %.2fs", len(specs), time.perf_counter() - started)
+    return data
+
+
+#: The logger of torch.onnx's op registry (a logger name only; nothing is imported from it).
+_REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+class _DropTorchvisionNotice(logging.Filter):
+    """Drops torch.onnx's "torchvision is not installed" notice, logged on every export."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torchvision is not installed" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the per-call notices of torch.export and torch.onnx for the duration.
+
+    A hierarchical export makes one call per unit, so each notice would repeat per module.
+    """
+    notice = _DropTorchvisionNotice()
+    logger = logging.getLogger(_REGISTRATION_LOGGER)
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx.*")
+            yield
+    finally:
+        logger.removeFilter(notice)
+
+
+def _dynamic_shapes(
+    inputs: tuple[torch.Tensor, ...],
+    input_names: Sequence[str],
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None,
+) -> tuple[dict[int, Any] | None, ...] | None:
+    """``dynamic_axes`` (by input name) as ``torch.export`` dynamic shapes (by position)."""
+    if not dynamic_axes:
+        return None
+    unknown = sorted(set(dynamic_axes) - set(input_names))
+    if unknown:
+        raise InputError(f"dynamic_axes {unknown}", f"not among the inputs {list(input_names)}")
+    dims: dict[str, Any] = {}
+    shapes: list[dict[int, Any] | None] = []
+    for name, tensor in zip(input_names, inputs):
+        axes = dynamic_axes.get(name)
+        if not axes:
+            shapes.append(None)
+            continue
+        shapes.append(
+            {
+                axis % tensor.dim(): dims.setdefault(dim, torch.export.Dim(dim))
+                for axis, dim in axes.items()
+            }
+        )
+    return (tuple(shapes),)
+
+
+def _name_graph_values(
+    graph: ir.Graph, input_names: Sequence[str], output_names: Sequence[str]
+) -> None:
+    """Name the graph's inputs and outputs as asked.
+
+    An output that is also a graph input, an initializer or another output gets an Identity
+    node of its own first, so that every graph value keeps one name.
+    """
+    if len(graph.inputs) != len(input_names) or len(graph.outputs) != len(output_names):
+        raise RuntimeError(
+            f"the exported graph has {len(graph.inputs)} inputs and {len(graph.outputs)} "
+            f"outputs, expected {len(input_names)} and {len(output_names)}"
+        )
+    for value, name in zip(graph.inputs, input_names):
+        _free_name(graph, name, value)
+        value.name = name
+    seen: set[int] = set()
+    for i, (value, name) in enumerate(zip(list(graph.outputs), output_names)):
+        if id(value) in seen or value.is_graph_input() or value.is_initializer():
+            node = ir.node("Identity", [value], name=f"{name}/Identity")
+            graph.append(node)
+            out = node.outputs[0]
+            out.type, out.shape = value.type, value.shape
+            graph.outputs[i] = out
+            value = out
+        seen.add(id(value))
+        _free_name(graph, name, value)
+        value.name = name
+
+
+def _free_name(graph: ir.Graph, name: str, owner: ir.Value) -> None:
+    """Rename a value other than ``owner`` that already carries ``name`` (a torch-made name)."""
+    for node in graph:
+        for value in node.outputs:
+            if value.name == name and value is not owner:
+                value.name = f"{name}__{id(value):x}"
+
+
+def _name_initializers(graph: ir.Graph, module: torch.nn.Module) -> None:
+    """Name each weight initializer by the first state-dict name of its tensor.
+
+    ``torch.export`` may name a weight by any of its aliases (a module registered twice, as the
+    unit wrapper registers the exported module; tied weights), where the TorchScript path and
+    the compose pass use the first name in registration order.
+    """
+    canonical: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    named = [
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ]
+    for name, tensor in named:
+        aliases[name] = canonical.setdefault(id(tensor), name)
+    for value in list(graph.initializers.values()):
+        target = aliases.get(value.name or "")
+        if target is None or target == value.name:
+            continue
+        if target in graph.initializers:
+            value.replace_all_uses_with(graph.initializers[target])
+            graph.initializers.pop(value.name)  # type: ignore[arg-type]
+            continue
+        graph.initializers.pop(value.name)  # type: ignore[arg-type]
+        value.name = target
+        graph.initializers[target] = value
