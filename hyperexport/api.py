@@ -139,7 +139,9 @@ def export_hyper_onnx(
             options,
             dynamic_axes=tuple((k, tuple(sorted(v.items()))) for k, v in dynamic_axes.items()),
         )
-    capture = capture_model(model, args, kwargs, hiera=tuple(hiera or ()), method=options.method)
+    capture = capture_model(
+        model, args, kwargs, hiera=tuple(hiera or ()), method=options.method, dynamo=dynamo
+    )
     names = {
         "input_names": tuple(input_names) if input_names else None,
         "output_names": tuple(output_names) if output_names else None,

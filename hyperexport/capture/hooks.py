@@ -17,9 +17,14 @@ import numpy as np
 import torch
 
 from hyperexport.capture import signature, tree
+from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.capture.tensor_store import load_arrays, raw_dtype, save_arrays
-from hyperexport.capture.torch_bridge import torch_dtype, torch_dtype_name
+from hyperexport.capture.torch_bridge import (
+    quiet_torchscript_exporter,
+    torch_dtype,
+    torch_dtype_name,
+)
 from hyperexport.errors import HieraError, InputError, ModelForwardError
 
 log = logging.getLogger(__name__)
@@ -97,7 +102,8 @@ class _Recorder:
         for i, tensor in enumerate(tensors):
             key = f"{prefix}{i}"
             self.arrays[key] = to_array(tensor)
-            self.meta[key] = TensorMeta(key, tuple(tensor.shape), torch_dtype_name(tensor.dtype))
+            shape = tuple(int(d) for d in tensor.shape)
+            self.meta[key] = TensorMeta(key, shape, torch_dtype_name(tensor.dtype))
         return tree.rekey(t, prefix)
 
     def enter(self, module: torch.nn.Module, args: Any) -> None:
@@ -175,6 +181,7 @@ def capture_model(
     *,
     hiera: Sequence[type | str] = (),
     method: str = "forward",
+    dynamo: bool = False,
 ) -> Capture:
     """Run ``model`` once and record its inputs, outputs and every hiera module call.
 
@@ -184,6 +191,10 @@ def capture_model(
         kwargs: Keyword example inputs.
         hiera: Classes (or import paths) whose calls become functions.
         method: The model method to call.
+        dynamo: The export path the capture is for. For the TorchScript path the model runs
+            under ``torch.jit.trace``, so every ``torch.jit.is_tracing()`` branch (transformers'
+            mask creation has several) takes the same turn as during the export, and the
+            recorded module inputs match what the exporter will see.
 
     Raises:
         InputError: An example input cannot cross the ONNX boundary.
@@ -198,9 +209,12 @@ def capture_model(
     rec = _Recorder(names)
     bound = signature.bind(fn, args, dict(kwargs or {}))
     inputs = rec.store(bound, "in.", "model input")
-    with _hooks(model, classes, rec) as instances, torch.no_grad():
+    with export_context(model, dynamo), _hooks(model, classes, rec) as instances, torch.no_grad():
         try:
-            output = fn(*args, **dict(kwargs or {}))
+            if dynamo:
+                output = fn(*args, **dict(kwargs or {}))
+            else:
+                output = _run_under_trace(model, fn, bound)
         except InputError:
             raise
         except Exception as e:
@@ -219,6 +233,36 @@ def capture_model(
     )
     log.info("captured %d hiera calls over %d tensors", len(calls), len(rec.meta))
     return Capture(record, rec.arrays)
+
+
+def _run_under_trace(model: torch.nn.Module, fn: Any, bound: dict[str, Any]) -> Any:
+    """Call ``fn`` with ``bound`` arguments inside ``torch.jit.trace``; return its real output.
+
+    The traced graph is thrown away: only the semantics (``is_tracing()`` is True) matter.
+    """
+    tensors: list[torch.Tensor] = []
+    structure = tree.flatten(bound, "model input", tensors)
+    positions = {str(i): i for i in range(len(tensors))}
+    result: list[Any] = []
+
+    class _Call(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model  # so the tracer knows the weights as parameters
+
+        def forward(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            args, kwargs = signature.split(
+                fn, tree.unflatten(structure, lambda k: flat[positions[k]])
+            )
+            out = fn(*args, **kwargs)
+            result.append(out)
+            leaves: list[torch.Tensor] = []
+            tree.flatten(out, "model output", leaves)
+            return tuple(leaves)
+
+    with quiet_torchscript_exporter():
+        torch.jit.trace(_Call(), tuple(tensors), check_trace=False, strict=False)
+    return result[0]
 
 
 def _require_every_class_ran(

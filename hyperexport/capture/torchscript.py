@@ -89,6 +89,10 @@ def export_torchscript(
             input_names=input_names,
             output_names=output_names,
             do_constant_folding=fold_constants,
+            # Without folding (per-type mode), weights must keep one initializer each: the
+            # exporter otherwise merges equal-valued weights (e.g. two freshly initialised norm
+            # scales), and a body shared by other instances would then read the wrong one.
+            keep_initializers_as_inputs=not fold_constants,
             dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None,
         )
     return buffer.getvalue()

@@ -19,6 +19,7 @@ import torch
 
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
+from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.placeholders import (
     ApplyPlaceholder,
     PlaceholderSpec,
@@ -273,7 +274,7 @@ def _export_one(
     apply = _placeholder_op(dynamo)
     fold = options.functions != "per_type"
     try:
-        with replace_children(modules, specs, capture, apply):
+        with export_context(model, dynamo), replace_children(modules, specs, capture, apply):
             if dynamo:
                 from hyperexport.capture.dynamo import export_dynamo
 

@@ -1,19 +1,72 @@
 """Read the final model back into an ExportManifest: which function each module call calls.
 
 The manifest is derived from the model as it is after every pass (pruning included), so the
-check stage feeds each function exactly the inputs it still has.
+check stage feeds each function exactly the inputs it still has. Weights are resolved through
+the call chain to the main-graph initializers that really feed them (torch's exporter merges
+initializers with equal values, so a weight's state-dict name is not always its graph name).
 """
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
-from hyperexport.capture.records import CaptureRecord, tree_tensor_keys
+from hyperexport.capture.records import CaptureRecord, ModuleCall, tree_tensor_keys
 from hyperexport.capture.tree import leaf_names
 from hyperexport.capture.units import ExportBundle
 from hyperexport.errors import RewriteError
 from hyperexport.manifest import FUNCTION_DOMAIN, CallSite, ExportManifest, FunctionEntry
-from hyperexport.passes.compose_functions import function_names
+from hyperexport.passes.compose_functions import CHILD_INDEX, function_names
+
+
+def _call_sites(
+    model: ir.Model,
+    graph: ir.Graph,
+    parent: ModuleCall | None,
+    record: CaptureRecord,
+    outer: dict[str, str | None] | None,
+    sites: dict[str, CallSite],
+) -> None:
+    """Visit the call nodes of ``graph`` (the body run for ``parent``), depth first."""
+    children = record.children(parent.call_id if parent else None)
+    initializers = model.graph.initializers
+    for node in graph:
+        if node.domain != FUNCTION_DOMAIN or CHILD_INDEX not in node.meta:
+            continue
+        call = children[node.meta[CHILD_INDEX]]
+        function = model.functions[node.op_identifier()]
+        actual: dict[str, str | None] = {}
+        for formal, value in zip(function.graph.inputs, node.inputs):
+            name = value.name if value is not None else None
+            actual[formal.name or ""] = name if outer is None else outer.get(name or "")
+        in_keys = dict(zip(leaf_names(call.inputs), tree_tensor_keys(call.inputs)))
+        out_keys = dict(zip(leaf_names(call.outputs, "output"), tree_tensor_keys(call.outputs)))
+        data, weights = [], []
+        for formal in function.graph.inputs:
+            if formal.name in in_keys and not weights:
+                data.append(in_keys[formal.name])
+                continue
+            source = actual.get(formal.name or "")
+            if source is None or source not in initializers:
+                raise RewriteError(
+                    f"manifest: input {formal.name!r} of function {node.op_type} (module "
+                    f"{call.path!r}) is neither a captured input nor fed by a main-graph weight"
+                )
+            weights.append(source)
+        outputs = [out_keys[v.name] for v in function.graph.outputs if v.name in out_keys]
+        if len(outputs) != len(function.graph.outputs):
+            raise RewriteError(
+                f"manifest: outputs of function {node.op_type} lost their capture names"
+            )
+        sites[call.call_id] = CallSite(
+            call.call_id,
+            call.path,
+            FUNCTION_DOMAIN,
+            node.op_type,
+            tuple(data),
+            tuple(weights),
+            tuple(outputs),
+        )
+        _call_sites(model, function.graph, call, record, actual, sites)
 
 
 def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord) -> ExportManifest:
@@ -21,54 +74,30 @@ def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord)
     fn_names = function_names(bundle, record)
     entries = []
     for unit in bundle.units:
-        if not unit.call_ids:
-            continue
-        paths = tuple(dict.fromkeys(record.call(c).path for c in unit.call_ids))
-        entries.append(FunctionEntry(FUNCTION_DOMAIN, fn_names[unit.name], unit.class_name, paths))
-    initializers = model.graph.initializers
-    calls = []
-    for call in record.calls:
-        name = fn_names[bundle.unit_for(call.call_id).name]
-        function = model.functions.get((FUNCTION_DOMAIN, name, ""))
-        if function is None:
-            raise RewriteError(f"manifest: function {name} of module {call.path!r} is missing")
-        in_keys = dict(zip(leaf_names(call.inputs), tree_tensor_keys(call.inputs)))
-        out_keys = dict(zip(leaf_names(call.outputs, "output"), tree_tensor_keys(call.outputs)))
-        data, weights = [], []
-        for value in function.graph.inputs:
-            if value.name in in_keys and not weights:
-                data.append(in_keys[value.name])
-                continue
-            qualified = f"{call.path}.{value.name}"
-            if qualified not in initializers:
-                raise RewriteError(
-                    f"manifest: input {value.name!r} of function {name} (module {call.path!r}) is "
-                    f"neither a captured input nor a main-graph weight {qualified!r}"
-                )
-            weights.append(qualified)
-        outputs = [out_keys[v.name] for v in function.graph.outputs if v.name in out_keys]
-        if len(outputs) != len(function.graph.outputs):
-            raise RewriteError(f"manifest: outputs of function {name} lost their capture names")
-        calls.append(
-            CallSite(
-                call.call_id,
-                call.path,
-                FUNCTION_DOMAIN,
-                name,
-                tuple(data),
-                tuple(weights),
-                tuple(outputs),
+        if unit.call_ids and (FUNCTION_DOMAIN, fn_names[unit.name], "") in model.functions:
+            paths = tuple(dict.fromkeys(record.call(c).path for c in unit.call_ids))
+            entries.append(
+                FunctionEntry(FUNCTION_DOMAIN, fn_names[unit.name], unit.class_name, paths)
             )
-        )
+    sites: dict[str, CallSite] = {}
+    _call_sites(model, model.graph, None, record, None, sites)
+    missing = [c.call_id for c in record.calls if c.call_id not in sites]
+    if missing:
+        raise RewriteError(f"manifest: module calls {missing} have no call site in the final model")
     return ExportManifest(
         dynamo=bundle.dynamo,
         opset=model.opset_imports.get("", bundle.opset),
         function_mode=bundle.function_mode,
-        graph_inputs=tuple(
-            k for v, k in zip(model.graph.inputs, tree_tensor_keys(record.inputs)) if v is not None
-        ),
+        graph_inputs=_graph_input_keys(model, bundle, record),
         graph_outputs=tuple(tree_tensor_keys(record.outputs)),
         functions=tuple(entries),
-        calls=tuple(calls),
+        calls=tuple(sites[c.call_id] for c in record.calls),
         fallback_from=bundle.fallback_from,
     )
+
+
+def _graph_input_keys(
+    model: ir.Model, bundle: ExportBundle, record: CaptureRecord
+) -> tuple[str, ...]:
+    by_name = dict(zip(bundle.root_input_names, tree_tensor_keys(record.inputs)))
+    return tuple(by_name[v.name] for v in model.graph.inputs if v.name in by_name)

@@ -27,6 +27,9 @@ from hyperexport.passes import naming
 
 log = logging.getLogger(__name__)
 
+#: ``node.meta`` key: position of a call node's module call among its parent's child calls.
+CHILD_INDEX = "hyperexport.child_index"
+
 #: The wrapper module that every unit is exported through registers the module as ``inner``.
 UNIT_PREFIX = "inner."
 
@@ -82,6 +85,7 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
         fn_names = function_names(bundle, record)
         by_name = {u.name: u for u in bundle.units}
         strip_unit_prefix(model.graph)
+        self._kept: dict[str, list[int]] = {}
         functions: dict[str, ir.Function] = {}
         for unit in bundle.units:
             if unit.call_ids:
@@ -116,8 +120,9 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
         opsets = dict(self.units[unit.name].opset_imports)
         strip_unit_prefix(graph)
         call = self.record.call(unit.call_ids[0])
-        _rename(graph.inputs, leaf_names(call.inputs), unit)
-        _rename(graph.outputs, leaf_names(call.outputs, "output"), unit)
+        self._kept[unit.name] = [int((v.name or "").partition(".")[2] or -1) for v in graph.inputs]
+        _rename(graph.inputs, "in", leaf_names(call.inputs), unit)
+        _rename(graph.outputs, "out", leaf_names(call.outputs, "output"), unit)
         weights = set(unit.weights)
         for weight in unit.weights:
             value = graph.initializers.pop(weight, None)
@@ -156,10 +161,24 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
                 )
             child_unit = self.bundle.unit_for(child_id)
             child = self.record.call(child_id)
+            # Position among the parent call's children: how the manifest finds, for any call of
+            # a shared body, which captured child call this node stands for.
+            node.meta[CHILD_INDEX] = list(children).index(node.op_type)
+            _align_inputs(node, self._kept[child_unit.name], len(leaf_names(child.inputs)))
             node.domain = FUNCTION_DOMAIN
             node.op_type = fn_names[child_unit.name]
             rel = naming.relative_path(child.path, parent_path)
             node.name = rel if child.call_index == 0 else f"{rel}#{child.call_index}"
+
+
+def _align_inputs(node: ir.Node, kept: list[int], n_data: int) -> None:
+    """Keep the call's data inputs that the function still has (the TorchScript exporter drops
+    graph inputs the body never reads), followed by the weight inputs."""
+    inputs = list(node.inputs)
+    aligned = [inputs[i] for i in kept] + inputs[n_data:]
+    for i, value in enumerate(aligned):
+        node.replace_input_with(i, value)
+    node.resize_inputs(len(aligned))
 
 
 def _constant_node(value: ir.Value) -> ir.Node:
@@ -173,12 +192,17 @@ def _constant_node(value: ir.Value) -> ir.Node:
     return node
 
 
-def _rename(values: list[ir.Value] | ir.Graph, names: list[str], unit: UnitEntry) -> None:
-    values = list(values)  # type: ignore[arg-type]
-    if len(values) != len(names):
-        raise RewriteError(
-            f"compose: unit {unit.name!r} ({unit.module_path}) has {len(values)} graph values "
-            f"but the capture has {len(names)}; the exporter changed the unit's signature"
-        )
-    for value, name in zip(values, names):
-        value.name = name
+def _rename(values: list[ir.Value], prefix: str, names: list[str], unit: UnitEntry) -> None:
+    """Rename the unit's ``in.<i>``/``out.<i>`` values to the capture's leaf names.
+
+    The TorchScript exporter drops graph inputs that the body never reads, so the mapping goes by
+    the index in the name, not by position.
+    """
+    for value in values:
+        head, _, index = (value.name or "").partition(".")
+        if head != prefix or not index.isdigit() or int(index) >= len(names):
+            raise RewriteError(
+                f"compose: unit {unit.name!r} ({unit.module_path}) has a graph value "
+                f"{value.name!r} that is not one of its {len(names)} captured {prefix}puts"
+            )
+        value.name = names[int(index)]

@@ -10,6 +10,7 @@ from onnx_ir.passes.common import (
     RemoveUnusedFunctionsPass,
     RemoveUnusedNodesPass,
     RemoveUnusedOpsetsPass,
+    TopologicalSortPass,
 )
 
 from hyperexport.capture.records import CaptureRecord
@@ -43,7 +44,12 @@ def rewrite_passes(options: ExportOptions) -> list[ir.passes.PassBase]:
         from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 
         steps.append(PromoteAttentionToOpset24Pass())
-    steps += [RemoveUnusedNodesPass(), RemoveUnusedFunctionsPass(), RemoveUnusedOpsetsPass()]
+    steps += [
+        RemoveUnusedNodesPass(),
+        RemoveUnusedFunctionsPass(),
+        RemoveUnusedOpsetsPass(),
+        TopologicalSortPass(),
+    ]
     return steps
 
 
@@ -60,6 +66,12 @@ def compose_model(
     units = {
         u.name: ir.load(bundle_dir / "units" / f"{u.name}.onnx") for u in bundle.units if u.exported
     }
+    for unit_model in units.values():
+        # Per-type units are exported with initializers as graph inputs (see torchscript.py).
+        graph = unit_model.graph
+        for index in reversed(range(len(graph.inputs))):
+            if graph.inputs[index].name in graph.initializers:
+                graph.inputs.pop(index)
     model = units.pop("root")
     ComposeFunctionsPass(units, bundle, record)(model)
     ir.passes.PassManager(rewrite_passes(options))(model)

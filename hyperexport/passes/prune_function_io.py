@@ -61,6 +61,7 @@ def _drop_outputs(node: ir.Node, keep: list[int]) -> ir.Node:
         old.replace_all_uses_with(new_out, replace_graph_outputs=True)
         old.name = None
         new_out.name, new_out.type, new_out.shape = name, old.type, old.shape
+    new.meta.update(node.meta)
     graph.insert_before(node, new)
     graph.remove(node, safe=True)
     return new
