@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -56,13 +57,13 @@ SETTINGS = CheckSettings(
 )
 
 
-def export(tmp_path: Path, mode: str) -> tuple[Path, ExportManifest, object]:
+def export(tmp_path: Path, mode: str, dynamo: bool = False) -> tuple[Path, ExportManifest, object]:
     torch.manual_seed(0)
     net = Net().eval()
     x = torch.randn(2, 4)
     path = tmp_path / mode / "model.onnx"
     manifest = export_hyper_onnx(
-        net, (x,), path, hiera=[Block, Lin], options=ExportOptions(functions=mode)
+        net, (x,), path, hiera=[Block, Lin], dynamo=dynamo, options=ExportOptions(functions=mode)
     )
     capture = capture_model(net, (x,), hiera=(Block, Lin))
     return path, manifest, capture
@@ -111,3 +112,52 @@ def test_exported_model_with_edited_weight_names_the_module(tmp_path: Path, mode
     assert report.first_divergent_call == "head#0"
     with pytest.raises(CheckError, match="first divergent module in execution order: 'head'"):
         report.raise_for_failure()
+
+
+@pytest.mark.slow
+def test_dynamo_export_passes(tmp_path: Path) -> None:
+    path, manifest, capture = export(tmp_path, "per_instance", dynamo=True)
+    settings = replace(SETTINGS, expected_dynamo=True)
+    report = run_checks(path, manifest, capture.record, capture.arrays, settings)
+    assert report.ok, report.summary_lines()
+    assert len(report.functions) == 4
+
+
+@pytest.mark.slow
+def test_tiny_llama_broken_mlp_is_localised_with_first_instance_scope(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama as ml
+
+    from hyperexport import zoo
+    from hyperexport.transformers.patches import export_patches
+
+    model = zoo.tiny_llama(num_layers=4)
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    hiera = (ml.LlamaDecoderLayer, ml.LlamaAttention, ml.LlamaMLP)
+    path = tmp_path / "llama.onnx"
+    with export_patches(False):
+        manifest = export_hyper_onnx(model, (ids,), path, hiera=list(hiera))
+        capture = capture_model(model, (ids,), hiera=hiera)
+    settings = CheckSettings(
+        function_scope="first_instance", expected_classes=tuple(map(qualname, hiera))
+    )
+    assert run_checks(path, manifest, capture.record, capture.arrays, settings).ok
+
+    onnx_model = ir.load(path)
+    site = next(c for c in manifest.calls if c.module_path == "layers.2.mlp")
+    function = onnx_model.functions[(site.domain, site.name, "")]
+    node = next(
+        n
+        for n in function
+        if n.op_type == "Constant" and n.attributes["value"].as_tensor().size > 100
+    )
+    weight = node.attributes["value"].as_tensor().numpy().copy()
+    weight.flat[0] += 0.5
+    node.attributes["value"] = ir.AttrTensor("value", ir.tensor(weight))
+    broken = tmp_path / "broken.onnx"
+    ir.save(onnx_model, broken)
+
+    report = run_checks(broken, manifest, capture.record, capture.arrays, settings)
+    assert not report.end_to_end_ok
+    assert report.first_divergent_module == "layers.2.mlp"
+    assert "layers.3#0" in report.unchecked_calls  # localisation stopped at the divergence
