@@ -1,0 +1,235 @@
+"""End to end through the real stages (torch, the exporter, ONNX Runtime), in process.
+
+A small local model package (written to a temporary directory) stands in for user code, so the
+tests can edit its source. Each build takes about a second once torch is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyperexport.build.session import BuildOutcome, run_build
+from hyperexport.config import BuildSettings, Recipe, validate_recipe
+from hyperexport.stages import PIPELINE, model_loader
+
+TOY_SOURCE = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int, broken: bool = False) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+        self.broken = broken
+
+    def forward(self, x):
+        if self.broken:
+            raise ValueError("this block is broken")
+        return torch.relu(self.fc(x)) + x
+
+
+class Net(torch.nn.Module):
+    def __init__(self, dim: int, layers: int, broken_layer: int) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(dim, i == broken_layer) for i in range(layers))
+        self.head = torch.nn.Linear(dim, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def make(dim: int = 8, layers: int = 2, seed: int = 0, broken_layer: int = -1):
+    torch.manual_seed(seed)
+    return Net(dim, layers, broken_layer).eval()
+"""
+
+
+@pytest.fixture(scope="module")
+def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("toy")
+    pkg = root / "hx_toy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "net.py").write_text(TOY_SOURCE)
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    yield pkg
+    sys.path.remove(str(root))
+    for name in [m for m in sys.modules if m == "hx_toy" or m.startswith("hx_toy.")]:
+        del sys.modules[name]
+
+
+def toy_recipe(pkg: Path, **changes: Any) -> Recipe:
+    data: dict[str, Any] = {
+        "name": "toy",
+        "model": {"_target_": "hx_toy.net.make", "seed": 0},
+        "inputs": {"x": {"shape": [2, 8], "dtype": "float32", "low": -1.0, "high": 1.0}},
+        "hiera": ["hx_toy.net.Block"],
+        # Build mechanics are under test here, not the optional passes: keep rewrites minimal.
+        "rewrite": {"optimize": False, "fuse_constants": False},
+    }
+    for dotted, value in changes.items():
+        target = data
+        *parents, last = dotted.split("__")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[last] = value
+    return validate_recipe(data, str(pkg.parent / "toy.yaml"))
+
+
+def build(
+    recipe: Recipe,
+    tmp_path: Path,
+    *,
+    cache: str = "cache",
+    loads: list[int] | None = None,
+    **kw: Any,
+) -> BuildOutcome:
+    settings = BuildSettings(
+        cache_dir=str(tmp_path / cache),
+        outputs_dir=tmp_path / "outputs",
+        dry_run=bool(kw.get("dry_run", False)),
+        force=tuple(kw.get("force", ())),
+    )
+    loader = model_loader(recipe)
+    counter = loads if loads is not None else []
+
+    def counting() -> Any:
+        counter.append(1)
+        return loader()
+
+    return run_build(recipe, settings, stages=PIPELINE, load_model=counting)
+
+
+def statuses(outcome: BuildOutcome) -> dict[str, str]:
+    report = outcome.report
+    assert report is not None
+    return {s["name"]: s["status"] for s in report["stages"]}
+
+
+def reasons(outcome: BuildOutcome) -> dict[str, str]:
+    assert outcome.report is not None
+    return {s["name"]: s["reason"] for s in outcome.report["stages"]}
+
+
+RAN_ALL = {"trace": "ran", "export": "ran", "rewrite": "ran", "check": "ran"}
+HIT_ALL = {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "hit"}
+
+
+def test_cold_build_then_noop(toy_package: Path, tmp_path: Path) -> None:
+    loads: list[int] = []
+    cold = build(toy_recipe(toy_package), tmp_path, loads=loads)
+    assert cold.exit_code == 0, cold.lines
+    assert statuses(cold) == RAN_ALL
+    assert loads == [1]  # trace and export share one live model
+    assert cold.model_path == tmp_path / "outputs" / "toy" / "default" / "model.onnx"
+    assert cold.model_path.is_file()
+    report = json.loads((cold.out_dir / "report.json").read_text())
+    assert report["artifacts"]["model"] == str(cold.model_path)
+    assert report["check"]["ok"] is True
+    tree = report["functions"]
+    assert [f["calls"] for f in tree] == [1, 1]
+    assert {f["class"].rsplit(".", 1)[-1] for f in tree} == {"Block"}
+    assert any("Block → hyperexport.fn::" in line for line in cold.lines)
+    assert cold.lines[-1] == f"model: {cold.model_path}"
+    warm = build(toy_recipe(toy_package), tmp_path, loads=loads)
+    assert statuses(warm) == HIT_ALL
+    assert loads == [1]
+
+
+def test_tolerance_change_reruns_check_only(toy_package: Path, tmp_path: Path) -> None:
+    build(toy_recipe(toy_package), tmp_path)
+    again = build(toy_recipe(toy_package, check__atol=1e-3), tmp_path)
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
+    assert reasons(again)["check"] == "check.atol 0.0001→0.001"
+
+
+def test_opset_change_reruns_export_rewrite_check_not_trace(
+    toy_package: Path, tmp_path: Path
+) -> None:
+    build(toy_recipe(toy_package), tmp_path)
+    again = build(toy_recipe(toy_package, opset=17), tmp_path)
+    assert statuses(again) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
+    assert reasons(again)["export"] == "opset 18→17"
+    assert "  export: ran (opset 18→17)" in "\n".join(again.lines)
+
+
+def test_source_edit_reruns_everything(toy_package: Path, tmp_path: Path) -> None:
+    source = toy_package / "net.py"
+    build(toy_recipe(toy_package), tmp_path)
+    try:
+        source.write_text(source.read_text() + "\n# an edit\n")
+        again = build(toy_recipe(toy_package), tmp_path)
+    finally:
+        source.write_text(TOY_SOURCE)
+    assert statuses(again) == RAN_ALL
+    assert all("model code changed (hx_toy)" in r for r in reasons(again).values())
+
+
+def test_dry_run_reports_and_writes_nothing(toy_package: Path, tmp_path: Path) -> None:
+    build(toy_recipe(toy_package), tmp_path)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    plan = build(toy_recipe(toy_package, opset=17), tmp_path, dry_run=True)
+    assert plan.report is None
+    assert plan.lines[1:5] == (
+        "trace: hit",
+        "export: would run (opset 18→17)",
+        "rewrite: would run (after export)",
+        "check: would run (after rewrite; opset 18→17)",
+    )
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_force_reruns_the_named_stage(toy_package: Path, tmp_path: Path) -> None:
+    build(toy_recipe(toy_package), tmp_path)
+    again = build(toy_recipe(toy_package), tmp_path, force=["export"])
+    assert statuses(again)["export"] == "ran"
+    assert reasons(again)["export"] == "forced"
+    assert statuses(again)["trace"] == "hit"
+
+
+def test_two_empty_caches_give_byte_identical_models(toy_package: Path, tmp_path: Path) -> None:
+    first = build(toy_recipe(toy_package), tmp_path / "a")
+    second = build(toy_recipe(toy_package), tmp_path / "b")
+    assert statuses(second) == RAN_ALL
+    assert first.model_path is not None and second.model_path is not None
+    assert first.model_path.read_bytes() == second.model_path.read_bytes()
+
+
+def test_truncated_blob_is_rebuilt(toy_package: Path, tmp_path: Path) -> None:
+    first = build(toy_recipe(toy_package), tmp_path)
+    assert first.report is not None and first.model_path is not None
+    expected = first.model_path.read_bytes()
+    digest = first.report["files"]["model.onnx"]["digest"]
+    blob = tmp_path / "cache" / "blobs" / digest[:2] / digest
+    blob.chmod(0o644)
+    with open(blob, "r+b") as fh:
+        fh.truncate(100)
+    again = build(toy_recipe(toy_package), tmp_path)
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "ran", "check": "hit"}
+    assert reasons(again)["rewrite"] == "cache entry corrupt"
+    assert again.model_path is not None and again.model_path.read_bytes() == expected
+
+
+def test_failing_stage_names_module_and_caches_nothing(toy_package: Path, tmp_path: Path) -> None:
+    outcome = build(toy_recipe(toy_package, model__broken_layer=1), tmp_path)
+    assert outcome.exit_code == 1
+    report = outcome.report
+    assert report is not None
+    assert report["status"] == "failed"
+    assert report["failed_stage"] == "trace"
+    assert report["module_path"] == "blocks.1"
+    assert "stage 'trace' failed at module 'blocks.1'" in report["error"]
+    assert statuses(outcome) == {"trace": "failed"}
+    key = report["stages"][0]["key"]
+    assert not (tmp_path / "cache" / "actions").exists()
+    assert not (tmp_path / "cache" / "blobs").exists()
