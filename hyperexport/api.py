@@ -36,24 +36,36 @@ __all__ = [
 
 
 def save_model(model: ir.Model, path: Path, *, external_data: bool, threshold: int = 1024) -> None:
-    """Write ``model`` to ``path`` atomically; with ``external_data``, big tensors go to
-    ``<name>.data`` beside it (tensors of at least ``threshold`` bytes)."""
+    """Write ``model`` to ``path`` atomically.
+
+    With ``external_data``, every tensor of at least ``threshold`` bytes goes to
+    ``<name>.data`` beside the model: initializers, and also the Constant tensors inside
+    functions (per-instance weights), which onnx's external-data writer covers. The data file is
+    moved into place first and the model last, so a reader never sees a model without its data.
+    """
+    import onnx
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if external_data:
-        from hyperexport.passes.externalize_constants import ExternalizeFunctionConstantsPass
-
-        ExternalizeFunctionConstantsPass(threshold)(model)
-        ir.save(model, path, external_data=f"{path.name}.data", size_threshold_bytes=threshold)
-        return
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}", suffix=".tmp")
-    os.close(fd)
-    try:
-        ir.save(model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    proto = ir.serde.serialize_model(model)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged = Path(tmp) / path.name
+        if external_data:
+            onnx.save_model(
+                proto,
+                staged,
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=f"{path.name}.data",
+                size_threshold=threshold,
+                convert_attribute=True,
+            )
+            data = Path(tmp) / f"{path.name}.data"
+            if data.exists():
+                os.replace(data, path.parent / data.name)
+        else:
+            onnx.save_model(proto, staged)
+        os.replace(staged, path)
 
 
 def _fallback_export(

@@ -174,6 +174,13 @@ def export_dynamo(
     ``input_names``/``output_names`` and its initializers by state-dict name (``inner.<...>``).
     """
     started = time.perf_counter()
+    if dynamic_axes and specs:
+        raise InputError(
+            f"dynamic_axes {sorted(dynamic_axes)}",
+            "on the dynamo path, placeholder outputs have the shapes captured for the hiera "
+            f"calls {[s.call.call_id for s in specs]}, so dynamic dimensions cannot flow "
+            "through them; export with static shapes",
+        )
     dynamic_shapes = _dynamic_shapes(inputs, input_names, dynamic_axes)
     with _quiet_exporter(), torch.no_grad():
         program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
@@ -198,6 +205,7 @@ def export_dynamo(
         raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
     model = onnx_program.model
     _name_graph_values(model.graph, input_names, output_names)
+    _name_dynamic_dims(model.graph, input_names, dynamic_axes)
     _name_initializers(model.graph, module)
     data = ir.to_proto(model).SerializeToString()
     log.debug("dynamo export: %d placeholders, %.2fs", len(specs), time.perf_counter() - started)
@@ -324,3 +332,33 @@ def _name_initializers(graph: ir.Graph, module: torch.nn.Module) -> None:
         graph.initializers.pop(value.name)  # type: ignore[arg-type]
         value.name = target
         graph.initializers[target] = value
+
+
+def _name_dynamic_dims(
+    graph: ir.Graph,
+    input_names: Sequence[str],
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None,
+) -> None:
+    """Give the symbolic dims torch made for ``dynamic_axes`` the names the user asked for."""
+    if not dynamic_axes:
+        return
+    names: dict[str, str] = {}
+    for value in graph.inputs:
+        axes = dynamic_axes.get(value.name or "", {})
+        if value.shape is None:
+            continue
+        for axis, name in axes.items():
+            dim = value.shape[axis % len(value.shape)]
+            if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+                names[dim.value] = name
+    values = [*graph.inputs, *graph.outputs, *(v for node in graph for v in node.outputs)]
+    for value in values:
+        if value.shape is None:
+            continue
+        dims = [
+            ir.SymbolicDim(names[d.value])
+            if isinstance(d, ir.SymbolicDim) and d.value in names
+            else d
+            for d in value.shape
+        ]
+        value.shape = ir.Shape(dims)

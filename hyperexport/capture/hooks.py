@@ -107,7 +107,7 @@ class _Recorder:
         return tree.rekey(t, prefix)
 
     def enter(self, module: torch.nn.Module, args: Any) -> None:
-        self.stack.append(self.names.get(id(module), type(module).__name__))
+        self.stack.append(self.names.get(id(module), ""))
 
     def leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self.stack.pop()
@@ -218,7 +218,7 @@ def capture_model(
         except InputError:
             raise
         except Exception as e:
-            path = rec.stack[-1] if rec.stack else ""
+            path = next((p for p in reversed(rec.stack) if p), "")
             raise ModelForwardError(path, e) from e
     outputs = rec.store(output, "out.", "model output")
     calls = tuple(c for c in rec.calls if c is not None)
@@ -261,7 +261,9 @@ def _run_under_trace(model: torch.nn.Module, fn: Any, bound: dict[str, Any]) -> 
             return tuple(leaves)
 
     with quiet_torchscript_exporter():
-        torch.jit.trace(_Call(), tuple(tensors), check_trace=False, strict=False)
+        torch.jit.trace(
+            _Call().train(model.training), tuple(tensors), check_trace=False, strict=False
+        )
     return result[0]
 
 

@@ -269,7 +269,9 @@ def _export_one(
         dynamic = {}
     if not names_out:
         raise ModuleExportError(call.path if call else "", dynamo, ValueError("returns no tensor"))
-    wrapper = _UnitModule(inner, fn, inputs, sig)
+    # The wrapper takes the module's mode: the exporter sets and then restores the mode of the
+    # module it is given, recursively, which must not flip the user's model to training.
+    wrapper = _UnitModule(inner, fn, inputs, sig).train(inner.training)
     flat = tuple(capture.tensor(k) for k in tree_tensor_keys(inputs))
     apply = _placeholder_op(dynamo)
     fold = options.functions != "per_type"

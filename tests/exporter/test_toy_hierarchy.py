@@ -1,0 +1,179 @@
+"""Toy nested modules through the TorchScript path: structure, ORT parity, errors."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from hyperexport import (
+    ExportOptions,
+    HieraError,
+    InputError,
+    ModelForwardError,
+    OpsetError,
+    export_hyper_onnx,
+)
+from tests.exporter.conftest import export_bytes, flat_outputs, run_ort
+
+
+class Leaf(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(
+        self, x: torch.Tensor, gate: torch.Tensor | None = None, scale: float = 1.0
+    ) -> torch.Tensor:
+        y = self.proj(x) * scale
+        return y if gate is None else y * torch.sigmoid(gate)
+
+
+class Block(nn.Module):
+    """Two levels of hiera: Block contains Leaf; returns a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Leaf()
+        self.second = Leaf()
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.first(x)
+        h = self.second(h, scale=2.0, gate=gate)  # kwargs out of order
+        return {"hidden": h, "skip": x + 1}
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+        self.shared = Leaf()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for _ in range(3):  # a module called in a loop
+            x = self.shared(x)
+        out = self.block(x, gate)
+        return self.head(out["hidden"]), out["skip"]
+
+
+def _model() -> Net:
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(2, 8, generator=g), torch.randn(2, 8, generator=g)
+
+
+def test_nested_loop_kwargs_dict_outputs_match_torch(function_mode: str) -> None:
+    model, args = _model(), _inputs()
+    data, manifest = export_bytes(
+        model,
+        args,
+        hiera=[Block, Leaf],
+        dynamo=False,
+        options=ExportOptions(functions=function_mode),
+    )
+    proto = onnx.load_from_string(data)
+    names = sorted(f.name for f in proto.functions)
+    if function_mode == "per_instance":
+        assert names == ["Block_block", "Leaf_block_first", "Leaf_block_second", "Leaf_shared"]
+    else:
+        # second differs (scale constant, gate input): its own body; shared and first share one.
+        assert names == ["Block", "Leaf", "Leaf_v2"]
+    top_calls = [n.op_type for n in proto.graph.node if n.domain == "hyperexport.fn"]
+    assert len(top_calls) == 4  # three loop calls of `shared`, one `block`
+    assert [c.call_id for c in manifest.calls] == [
+        "shared#0",
+        "shared#1",
+        "shared#2",
+        "block#0",
+        "block.first#0",
+        "block.second#0",
+    ]
+    got = run_ort(data, [a.numpy() for a in args])
+    want = flat_outputs(model(*args))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_same_model_exported_twice_is_byte_identical() -> None:
+    model, args = _model(), _inputs()
+    first, _ = export_bytes(model, args, hiera=[Block, Leaf], dynamo=False)
+    second, _ = export_bytes(model, args, hiera=[Block, Leaf], dynamo=False)
+    assert first == second
+
+
+def test_external_data_with_low_threshold(tmp_path) -> None:
+    model, args = _model(), _inputs()
+    path = tmp_path / "model.onnx"
+    export_hyper_onnx(
+        model,
+        args,
+        path,
+        hiera=[Leaf],
+        dynamo=False,
+        external_data=True,
+        options=ExportOptions(external_data_threshold=64),
+    )
+    assert (tmp_path / "model.onnx.data").stat().st_size > 0
+    onnx.checker.check_model(str(path), full_check=True)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)})
+    np.testing.assert_allclose(got[0], flat_outputs(model(*args))[0], atol=1e-5)
+
+
+class TakesObject(nn.Module):
+    def forward(self, x: torch.Tensor, cfg: object) -> torch.Tensor:
+        return x * 2
+
+
+def test_plain_python_object_input_is_rejected_with_its_name() -> None:
+    with pytest.raises(InputError, match="cfg"):
+        export_hyper_onnx(TakesObject(), (torch.ones(2), object()), io.BytesIO(), dynamo=False)
+
+
+def test_hiera_class_that_never_runs_is_named() -> None:
+    with pytest.raises(HieraError, match="TakesObject"):
+        export_hyper_onnx(_model(), _inputs(), io.BytesIO(), hiera=[TakesObject], dynamo=False)
+
+
+def test_unimportable_hiera_path() -> None:
+    with pytest.raises(HieraError, match="cannot be imported"):
+        export_hyper_onnx(_model(), _inputs(), io.BytesIO(), hiera=["no.such.Module"], dynamo=False)
+
+
+def test_opset_beyond_torchscript_path() -> None:
+    with pytest.raises(OpsetError, match="21"):
+        export_hyper_onnx(
+            _model(), _inputs(), io.BytesIO(), hiera=[Leaf], opset_version=21, dynamo=False
+        )
+
+
+class Broken(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Leaf()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x[:, :5])  # Leaf's Linear(8, 8) cannot take 5 features
+
+
+def test_forward_that_raises_names_the_module() -> None:
+    with pytest.raises(ModelForwardError) as info:
+        export_hyper_onnx(Broken(), (torch.ones(2, 8),), io.BytesIO(), hiera=[Leaf], dynamo=False)
+    assert info.value.module_path == "inner.proj"
+    assert "'inner.proj'" in str(info.value)
+
+
+def test_unknown_keyword_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="verbose_mode"):
+        export_hyper_onnx(_model(), _inputs(), io.BytesIO(), dynamo=False, verbose_mode=True)
