@@ -34,7 +34,7 @@ rewrite: {optimize: false, fuse_constants: false}
 """
 
 # Runs main() and then reports which heavy modules the process imported.
-PROBE = """
+PROBE = f"""
 import json, sys
 from hyperexport.__main__ import main
 try:
@@ -42,9 +42,9 @@ try:
     code = 0
 except SystemExit as e:
     code = e.code
-heavy = sorted(m for m in {heavy!r} if m in sys.modules)
+heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)
 print("PROBE " + json.dumps({{"code": code, "heavy": heavy}}))
-""".format(heavy=HEAVY)
+"""
 
 
 @pytest.fixture

@@ -230,6 +230,5 @@ def test_failing_stage_names_module_and_caches_nothing(toy_package: Path, tmp_pa
     assert report["module_path"] == "blocks.1"
     assert "stage 'trace' failed at module 'blocks.1'" in report["error"]
     assert statuses(outcome) == {"trace": "failed"}
-    key = report["stages"][0]["key"]
     assert not (tmp_path / "cache" / "actions").exists()
     assert not (tmp_path / "cache" / "blobs").exists()
