@@ -80,7 +80,7 @@ def _check_inputs(node: ir.Node, where: str) -> int:
         raise RewriteError(
             f"PromoteAttentionToOpset24Pass: {where}: expected one output, got {len(node.outputs)}"
         )
-    ranks = {_rank(value) for value in inputs[:3]} - {None}
+    ranks = {rank for rank in map(_rank, inputs[:3]) if rank is not None}
     heads = [node.attributes.get_int(name, 0) for name in _HEAD_ATTRIBUTES]
     if len(ranks) > 1:
         raise RewriteError(

@@ -83,7 +83,7 @@ def hyperexport_attention_forward(
 
 _lock = threading.Lock()
 _depth: dict[str, int] = {}
-_previous: dict[str, tuple[Callable[..., Any] | None, Callable[..., Any] | None]] = {}
+_previous: dict[str, tuple[Any, Any]] = {}
 
 
 @contextmanager
@@ -142,6 +142,7 @@ def _restore(mapping: dict[str, Any], name: str, previous: Any) -> None:
 @contextmanager
 def model_attention_implementation(model: torch.nn.Module, implementation: str) -> Iterator[None]:
     """Switch a transformers model's attention implementation; switch it back on exit."""
+    switchable: Any = model
     config = getattr(model, "config", None)
     original = getattr(config, "_attn_implementation", None)
     if original is None or not hasattr(model, "set_attn_implementation"):
@@ -152,14 +153,14 @@ def model_attention_implementation(model: torch.nn.Module, implementation: str) 
     if original == implementation:
         yield
         return
-    model.set_attn_implementation(implementation)
+    switchable.set_attn_implementation(implementation)
     log.debug(
         "set %s attention implementation %r -> %r", type(model).__name__, original, implementation
     )
     try:
         yield
     finally:
-        model.set_attn_implementation(original)
+        switchable.set_attn_implementation(original)
 
 
 @contextmanager

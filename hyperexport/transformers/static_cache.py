@@ -17,6 +17,8 @@ fixed-size cache updated by scatter is not implemented here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -31,7 +33,8 @@ class ExplicitKVCacheModel(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        config = model.config
+        config: Any = model.config
+        self.config = config
         self.num_layers = int(config.num_hidden_layers)
 
     def forward(
@@ -46,7 +49,7 @@ class ExplicitKVCacheModel(nn.Module):
 
         if len(past) != 2 * self.num_layers:
             raise ValueError(f"expected {2 * self.num_layers} past tensors, got {len(past)}")
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.config)
         for layer in range(self.num_layers):
             cache.update(past[2 * layer], past[2 * layer + 1], layer)
         output = self.model(
@@ -58,7 +61,8 @@ class ExplicitKVCacheModel(nn.Module):
         )
         main = output.logits if hasattr(output, "logits") else output.last_hidden_state
         presents: list[torch.Tensor] = []
-        for layer in cache.layers:
+        layers: list[Any] = list(cache.layers)
+        for layer in layers:
             presents.extend((layer.keys, layer.values))
         return (main, *presents)
 
@@ -85,7 +89,7 @@ class ExplicitKVCacheModel(nn.Module):
 
     def empty_past(self, batch: int) -> list[torch.Tensor]:
         """Zero-length past tensors for a prefill step."""
-        config = self.model.config
+        config = self.config
         heads = int(getattr(config, "num_key_value_heads", config.num_attention_heads))
         head_dim = int(
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
