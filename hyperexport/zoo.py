@@ -33,7 +33,7 @@ def tiny_llama(
     """A Llama decoder stack (``LlamaModel``, or ``LlamaForCausalLM``) with GQA."""
     from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
 
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -55,7 +55,7 @@ def tiny_qwen2(
     """A Qwen2 decoder stack (biased q/k/v projections) with GQA."""
     from transformers import Qwen2Config, Qwen2Model
 
-    config = Qwen2Config(
+    config = Qwen2Config(  # type: ignore[call-arg]
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
@@ -76,7 +76,7 @@ def tiny_gpt2(
     """A GPT-2 stack (fused qkv Conv1D, learned positions)."""
     from transformers import GPT2Config, GPT2Model
 
-    config = GPT2Config(
+    config = GPT2Config(  # type: ignore[call-arg]
         vocab_size=128,
         n_embd=64,
         n_layer=num_layers,
@@ -140,6 +140,7 @@ def tiny_resnet(depths: tuple[int, ...] = (1, 1, 1, 1), seed: int = 0) -> torch.
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
+                assert module.running_mean is not None and module.running_var is not None
                 module.running_mean.uniform_(-0.1, 0.1)
                 module.running_var.uniform_(0.5, 1.5)
     return model

@@ -22,7 +22,7 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **{k: arrays[k] for k in sorted(arrays)})
+            np.savez(fh, **{k: arrays[k] for k in sorted(arrays)})  # type: ignore[arg-type]
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -39,7 +39,7 @@ def apply_placeholder(
             set_symbolic_output_type(value, like, dynamic=False)
         return out
 
-    function = type(
+    function: Any = type(
         f"Placeholder_{op_type}",
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "symbolic": staticmethod(symbolic)},
@@ -83,7 +83,7 @@ def export_torchscript(
         torch.onnx.export(
             module,
             inputs,
-            buffer,
+            buffer,  # type: ignore[arg-type]
             dynamo=False,
             opset_version=opset,
             input_names=input_names,

@@ -40,7 +40,8 @@ def _call_sites(
             actual[formal.name or ""] = name if outer is None else outer.get(name or "")
         in_keys = dict(zip(leaf_names(call.inputs), tree_tensor_keys(call.inputs)))
         out_keys = dict(zip(leaf_names(call.outputs, "output"), tree_tensor_keys(call.outputs)))
-        data, weights = [], []
+        data: list[str] = []
+        weights: list[str] = []
         for formal in function.graph.inputs:
             if formal.name in in_keys and not weights:
                 data.append(in_keys[formal.name])

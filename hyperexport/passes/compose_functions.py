@@ -8,7 +8,7 @@ function (per-instance mode) or function inputs fed with each instance's weights
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
@@ -192,7 +192,7 @@ def _constant_node(value: ir.Value) -> ir.Node:
     return node
 
 
-def _rename(values: list[ir.Value], prefix: str, names: list[str], unit: UnitEntry) -> None:
+def _rename(values: Sequence[ir.Value], prefix: str, names: list[str], unit: UnitEntry) -> None:
     """Rename the unit's ``in.<i>``/``out.<i>`` values to the capture's leaf names.
 
     The TorchScript exporter drops graph inputs that the body never reads, so the mapping goes by
