@@ -29,6 +29,7 @@ from hyperexport.build.session import run_build, variant_dir
 from hyperexport.config import (
     BUILD_KEYS,
     CONF_DIR,
+    check_override_keys,
     recipe_file_of,
     register_configs,
     validate_build,
@@ -117,7 +118,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         args, extra = prepare_argv(args)
-        register_configs(extra)
+        files = register_configs(extra)
+        chosen = next((a.split("=", 1)[1] for a in args if a.startswith("recipe=")), "tiny_llama")
+        check_override_keys(args, str(files.get(chosen, chosen)))
     except RecipeError as e:
         logging.basicConfig(format="[%(levelname)s] %(message)s")
         log.error("%s", e)

@@ -567,3 +567,35 @@ def compose_recipe(
     data = OmegaConf.to_container(OmegaConf.create(data), resolve=True)
     recipe = validate_recipe({k: v for k, v in data.items() if k not in BUILD_KEYS}, file)
     return recipe, validate_build(data.get("build"), file, stage_names)
+
+
+def check_override_keys(overrides: Sequence[str], recipe_file: str) -> None:
+    """Reject a command-line override of an unknown recipe field before Hydra sees it.
+
+    Hydra would refuse it too, but with a generic message and exit code 1; this names the field
+    and the close match. ``+key=`` (append), ``~key`` (delete), ``hydra.*`` and free-form
+    sections (``model.*``, ``inputs.*``, ``check.per_output.*``) are left to Hydra.
+
+    Raises:
+        RecipeError: The key is not a recipe field, a build setting or ``recipe``/``recipe_file``.
+    """
+    top = {f.name for f in fields(RecipeConfig)} | {"build", "recipe", "recipe_file", "hydra"}
+    nested: dict[str, type] = {
+        "build": BuildConfig,
+        "check": CheckSpec,
+        "attention": AttentionSpec,
+        "rewrite": RewriteSpec,
+    }
+    for item in overrides:
+        if item.startswith(("-", "+", "~")) or "=" not in item:
+            continue
+        key = item.split("=", 1)[0]
+        head, _, rest = key.partition(".")
+        if head not in top:
+            raise RecipeError(recipe_file, key, f"unknown key{_suggest(head, sorted(top))}")
+        schema = nested.get(head)
+        if schema is not None and rest:
+            names = [f.name for f in fields(schema)]
+            sub = rest.split(".", 1)[0]
+            if sub not in names:
+                raise RecipeError(recipe_file, key, f"unknown key{_suggest(sub, names)}")

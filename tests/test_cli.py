@@ -215,3 +215,9 @@ def test_llama_opset_sweep(tmp_path: Path) -> None:
         versions.append({o.domain: o.version for o in onnx.load(str(model)).opset_import}[""])
     assert versions == [17, 18]
     assert report(tmp_path, "opset=18", "llama")["stages"][0]["status"] == "hit"  # type: ignore[index]
+
+
+def test_unknown_override_exits_2_with_close_match(tmp_path: Path) -> None:
+    proc = run(["opsett=17"], tmp_path, probe=True)
+    assert probe_result(proc) == {"code": 2, "heavy": []}
+    assert "tiny_llama.yaml: field 'opsett': unknown key; did you mean 'opset'?" in proc.stderr
