@@ -265,7 +265,7 @@ def _dynamic_shapes(
                 for axis, dim in axes.items()
             }
         )
-    return (tuple(shapes),)
+    return (tuple(shapes),)  # type: ignore[return-value]
 
 
 def _name_graph_values(

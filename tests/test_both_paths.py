@@ -1,0 +1,312 @@
+"""End-to-end hierarchical export of toy models on both export paths (TorchScript and dynamo).
+
+Each model is exported with ``export_hyper_onnx``, checked with ``onnx.checker`` (full check),
+run on ONNX Runtime against torch, and its function set is asserted by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+from hyperexport import export_hyper_onnx
+from hyperexport.manifest import FUNCTION_DOMAIN, META_EXPORT_PATH, PLACEHOLDER_DOMAIN
+from hyperexport.options import ExportOptions
+
+TOLERANCE = 1e-5
+PATHS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
+MODES = ["per_instance", "per_type"]
+
+
+class Inner(nn.Module):
+    """A leaf hiera module with a float kwarg."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.linear(x) * scale
+
+
+class Mid(nn.Module):
+    """Two Inner children; keyword inputs; a dict output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = Inner()
+        self.b = Inner()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        h = self.b(self.a(x), scale=2.0)
+        return {"h": h + (y if y is not None else 0.0), "z": x * 3}
+
+
+class TwoLevels(nn.Module):
+    """Two hiera levels (Mid over Inner), Inner also called in a loop at the top level."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mid = Mid()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for _ in range(2):
+            x = self.mid.a(x)
+        out = self.mid(y=x, x=x)  # keywords out of signature order
+        return self.head(out["h"]), out["z"]
+
+
+class Flags(nn.Module):
+    """A hiera module with int, bool and str arguments and a nested output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(
+        self, x: torch.Tensor, repeat: int = 1, relu: bool = False, mode: str = "sum"
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        h = x
+        for _ in range(repeat):
+            h = self.linear(h)
+        if relu:
+            h = torch.relu(h)
+        reduced = h.sum(-1) if mode == "sum" else h.mean(-1)
+        return h, [reduced, h * 2]
+
+
+class FlagsModel(nn.Module):
+    """Calls the same Flags instance with different constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flags = Flags()
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        h1, (r1, d1) = self.flags(x, repeat=2, relu=True, mode="sum")
+        h2, (r2, _) = self.flags(h1, mode="mean")
+        return {"h": h2, "parts": (r1 + r2, d1)}
+
+
+def _flat_outputs(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _flat_outputs(v)]
+    return [t for v in value for t in _flat_outputs(v)]
+
+
+def export_and_run(
+    model: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    *,
+    hiera: list[type],
+    dynamo: bool,
+    mode: str,
+) -> tuple[onnx.ModelProto, list[np.ndarray]]:
+    """Export hierarchically to bytes, full-check, and run on ORT with ``args``."""
+    buffer = io.BytesIO()
+    export_hyper_onnx(
+        model,
+        args,
+        buffer,
+        hiera=hiera,
+        dynamo=dynamo,
+        opset_version=18,
+        options=ExportOptions(functions=mode),  # type: ignore[arg-type]
+    )
+    proto = onnx.load_from_string(buffer.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
+    return proto, session.run(None, feeds)
+
+
+def assert_close(outputs: list[np.ndarray], expected: Any) -> None:
+    reference = [t.detach().numpy() for t in _flat_outputs(expected)]
+    assert len(outputs) == len(reference)
+    for got, want in zip(outputs, reference):
+        np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def assert_hierarchical(proto: onnx.ModelProto, dynamo: bool, names: set[str]) -> None:
+    assert {f.name for f in proto.functions} == names
+    assert all(f.domain == FUNCTION_DOMAIN for f in proto.functions)
+    every_node = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
+    assert not [n for n in every_node if n.domain == PLACEHOLDER_DOMAIN]
+    assert {p.key: p.value for p in proto.metadata_props}[META_EXPORT_PATH] == f"dynamo={dynamo}"
+
+
+TWO_LEVEL_FUNCTIONS: dict[str, set[str]] = {
+    "per_instance": {"Inner_mid_a", "Inner_mid_b", "Mid_mid"},
+    # mid.b is called with scale=2.0, a constant that changes its graph: a variant of its own.
+    "per_type": {"Inner", "Inner_v2", "Mid"},
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dynamo", PATHS)
+def test_two_levels_loop_kwargs_dict(dynamo: bool, mode: str) -> None:
+    torch.manual_seed(0)
+    model = TwoLevels().eval()
+    x = torch.randn(2, 4)
+    proto, outputs = export_and_run(model, (x,), hiera=[Inner, Mid], dynamo=dynamo, mode=mode)
+    assert_hierarchical(proto, dynamo, TWO_LEVEL_FUNCTIONS[mode])
+    calls = [n for n in proto.graph.node if n.domain == FUNCTION_DOMAIN]
+    assert [n.name for n in calls] == ["mid.a", "mid.a#1", "mid"]
+    with torch.no_grad():
+        assert_close(outputs, model(x))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dynamo", PATHS)
+def test_constant_arguments_and_nested_outputs(dynamo: bool, mode: str) -> None:
+    torch.manual_seed(0)
+    model = FlagsModel().eval()
+    x = torch.randn(3, 4)
+    proto, outputs = export_and_run(model, (x,), hiera=[Flags], dynamo=dynamo, mode=mode)
+    # Two calls with different constants (repeat, relu, mode): two distinct bodies.
+    expected = {
+        "per_instance": {"Flags_flags", "Flags_flags_v2"},
+        "per_type": {"Flags", "Flags_v2"},
+    }
+    assert_hierarchical(proto, dynamo, expected[mode])
+    with torch.no_grad():
+        assert_close(outputs, model(x))
+
+
+@pytest.mark.parametrize("dynamo", PATHS)
+def test_repeated_exports_in_one_process(dynamo: bool) -> None:
+    torch.manual_seed(0)
+    model = TwoLevels().eval()
+    x = torch.randn(2, 4)
+    first, out1 = export_and_run(model, (x,), hiera=[Inner, Mid], dynamo=dynamo, mode="per_type")
+    second, out2 = export_and_run(model, (x,), hiera=[Inner, Mid], dynamo=dynamo, mode="per_type")
+    assert {f.name for f in first.functions} == {f.name for f in second.functions}
+    for a, b in zip(out1, out2):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- transformers models (hyperexport.zoo) -------------------------------------------------
+
+
+@contextlib.contextmanager
+def masks_as_under_export(dynamo: bool) -> Iterator[None]:
+    """Make transformers build attention masks during capture as it does under torch.export.
+
+    Eagerly, transformers skips the SDPA mask (passes ``None``) when nothing is masked; under
+    ``torch.export`` it always builds it (``masking_utils.is_torchdynamo_exporting()``). The
+    capture must see what the export will see, or a layer's inputs differ between the two.
+    """
+    if not dynamo:
+        yield
+        return
+    from transformers import masking_utils
+
+    original = masking_utils.is_torchdynamo_exporting
+    masking_utils.is_torchdynamo_exporting = lambda: True
+    try:
+        yield
+    finally:
+        masking_utils.is_torchdynamo_exporting = original
+
+
+def export_model(
+    model: nn.Module, args: tuple[torch.Tensor, ...], *, hiera: list[type], dynamo: bool, mode: str
+) -> tuple[onnx.ModelProto, list[np.ndarray]]:
+    with masks_as_under_export(dynamo):
+        return export_and_run(model, args, hiera=hiera, dynamo=dynamo, mode=mode)
+
+
+def _reference(model: nn.Module, *args: torch.Tensor) -> Any:
+    with torch.no_grad():
+        return list(model(*args).values())
+
+
+def assert_close_1e4(outputs: list[np.ndarray], expected: list[torch.Tensor]) -> None:
+    assert len(outputs) == len(expected)
+    for got, want in zip(outputs, expected):
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def _llama(num_layers: int, dynamo: bool, mode: str) -> None:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from hyperexport import zoo
+
+    model = zoo.tiny_llama(num_layers=num_layers)
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    proto, outputs = export_model(
+        model, (ids,), hiera=[LlamaDecoderLayer], dynamo=dynamo, mode=mode
+    )
+    names = (
+        {"LlamaDecoderLayer"}
+        if mode == "per_type"
+        else {f"LlamaDecoderLayer_layers_{i}" for i in range(num_layers)}
+    )
+    assert_hierarchical(proto, dynamo, names)
+    calls = [n for n in proto.graph.node if n.domain == FUNCTION_DOMAIN]
+    assert [n.name for n in calls] == [f"layers.{i}" for i in range(num_layers)]
+    assert_close_1e4(outputs, _reference(model, ids))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dynamo", PATHS)
+def test_llama_4_layers(dynamo: bool, mode: str) -> None:
+    _llama(4, dynamo, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dynamo", PATHS)
+def test_llama_16_layers(dynamo: bool, mode: str) -> None:
+    _llama(16, dynamo, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dynamo", PATHS)
+def test_resnet_stages_and_layers(dynamo: bool, mode: str) -> None:
+    from transformers.models.resnet.modeling_resnet import ResNetBasicLayer, ResNetStage
+
+    from hyperexport import zoo
+
+    model = zoo.tiny_resnet()
+    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    proto, outputs = export_model(
+        model, (pixels,), hiera=[ResNetStage, ResNetBasicLayer], dynamo=dynamo, mode=mode
+    )
+    if mode == "per_type":
+        # Every stage has other channel counts: four variants of each class.
+        suffixes = ["", "_v2", "_v3", "_v4"]
+        names = {f"ResNetStage{s}" for s in suffixes} | {f"ResNetBasicLayer{s}" for s in suffixes}
+    else:
+        names = {f"ResNetStage_encoder_stages_{i}" for i in range(4)} | {
+            f"ResNetBasicLayer_encoder_stages_{i}_layers_0" for i in range(4)
+        }
+    assert_hierarchical(proto, dynamo, names)
+    assert_close_1e4(outputs, _reference(model, pixels))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dynamo", PATHS)
+def test_vit_layers(dynamo: bool, mode: str) -> None:
+    from transformers.models.vit.modeling_vit import ViTLayer
+
+    from hyperexport import zoo
+
+    model = zoo.tiny_vit(num_layers=2)
+    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    proto, outputs = export_model(model, (pixels,), hiera=[ViTLayer], dynamo=dynamo, mode=mode)
+    names = {"ViTLayer"} if mode == "per_type" else {"ViTLayer_layers_0", "ViTLayer_layers_1"}
+    assert_hierarchical(proto, dynamo, names)
+    assert_close_1e4(outputs, _reference(model, pixels))
