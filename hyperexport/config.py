@@ -236,7 +236,7 @@ def recipe_defaults() -> dict[str, Any]:
     """The schema defaults as plain data (``???`` for required fields)."""
     data = OmegaConf.to_container(_schema())
     assert isinstance(data, dict)
-    return data
+    return typing.cast("dict[str, Any]", data)
 
 
 def load_recipe_yaml(path: Path) -> Any:
@@ -298,7 +298,7 @@ class _Checker:
                 return
             tp = next(a for a in args if a is not type(None))
             origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if is_dataclass(tp):
+        if isinstance(tp, type) and is_dataclass(tp):
             self.dataclass_(tp, value, where)
         elif origin is list:
             if not isinstance(value, list):
@@ -339,8 +339,9 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     """
     check = _Checker(recipe_file)
     check.dataclass_(RecipeConfig, data, "")
-    merged = OmegaConf.to_container(OmegaConf.merge(_schema(), dict(data)))
-    assert isinstance(merged, dict)
+    container = OmegaConf.to_container(OmegaConf.merge(_schema(), dict(data)))
+    assert isinstance(container, dict)
+    merged = typing.cast("dict[str, Any]", container)
     _check_semantics(check, merged)
     checkpoint = None
     if merged.get("checkpoint"):

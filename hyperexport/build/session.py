@@ -129,7 +129,7 @@ def run_build(
             result = runner.run(request)
     report = build_report(request, result, store, out_dir, files, recipe_file=recipe.file)
     check_text = artifact_text(store, stages, result, "check_summary")
-    lines = write_report(out_dir, report, check_text.splitlines() if check_text else ())
+    summary = write_report(out_dir, report, check_text.splitlines() if check_text else ())
     if result.error is not None:
         log.error("%s", result.error)
     model = report["artifacts"].get("model")
@@ -139,5 +139,5 @@ def run_build(
         Path(model) if model else None,
         report,
         result,
-        tuple(lines),
+        tuple(summary),
     )

@@ -69,6 +69,7 @@ def make_inputs(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         rng = np.random.default_rng(int(spec["seed"]))
         shape = tuple(int(d) for d in spec["shape"])
         dtype = spec["dtype"]
+        array: Any
         if dtype == "bool":
             array = rng.uniform(size=shape) < 0.5
         elif dtype.startswith(("int", "uint")):
