@@ -22,13 +22,13 @@ class CheckStage:
     never caches a failed stage.
     """
 
-    name = "check"
-    version = 1
-    upstream = ("trace", "rewrite")
-    reads = ("check", "opset", "dynamo", "attention.promote_opset24")
-    needs_model = False
-    publish = (CHECK_FILE, CHECK_SUMMARY)
-    artifacts = {"check": CHECK_FILE, "check_summary": CHECK_SUMMARY}
+    name: str = "check"
+    version: int = 1
+    upstream: tuple[str, ...] = ("trace", "rewrite")
+    reads: tuple[str, ...] = ("check", "opset", "dynamo", "attention.promote_opset24")
+    needs_model: bool = False
+    publish: tuple[str, ...] = (CHECK_FILE, CHECK_SUMMARY)
+    artifacts: Mapping[str, str] = {"check": CHECK_FILE, "check_summary": CHECK_SUMMARY}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.api import Capture

@@ -12,10 +12,10 @@ from hyperexport.build.stage import StageInputs
 class ExportStage:
     """``export_units`` on the live model and the trace's capture."""
 
-    name = "export"
-    version = 1
-    upstream = ("trace",)
-    reads = (
+    name: str = "export"
+    version: int = 1
+    upstream: tuple[str, ...] = ("trace",)
+    reads: tuple[str, ...] = (
         "model",
         "inputs",
         "hiera",
@@ -27,9 +27,9 @@ class ExportStage:
         "attention",
         "external_data_threshold",
     )
-    needs_model = True
+    needs_model: bool = True
     publish: tuple[str, ...] = ()
-    artifacts = {"bundle": "bundle.json"}
+    artifacts: Mapping[str, str] = {"bundle": "bundle.json"}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.api import Capture, export_units

@@ -16,13 +16,19 @@ MANIFEST_FILE = "manifest.json"
 class RewriteStage:
     """``compose_model`` on the export bundle → ``model.onnx`` (+ external data) and ``manifest.json``."""
 
-    name = "rewrite"
-    version = 1
-    upstream = ("export",)
-    reads = ("functions", "rewrite", "attention", "external_data", "external_data_threshold")
-    needs_model = False
-    publish = ("model.onnx", "model.onnx.data", "*.onnx.data", MANIFEST_FILE)
-    artifacts = {"model": MODEL_FILE, "manifest": MANIFEST_FILE}
+    name: str = "rewrite"
+    version: int = 1
+    upstream: tuple[str, ...] = ("export",)
+    reads: tuple[str, ...] = (
+        "functions",
+        "rewrite",
+        "attention",
+        "external_data",
+        "external_data_threshold",
+    )
+    needs_model: bool = False
+    publish: tuple[str, ...] = ("model.onnx", "model.onnx.data", "*.onnx.data", MANIFEST_FILE)
+    artifacts: Mapping[str, str] = {"model": MODEL_FILE, "manifest": MANIFEST_FILE}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.api import compose_model, save_model

@@ -17,13 +17,20 @@ class TraceStage:
     ``torch.jit.trace``) but not on the opset.
     """
 
-    name = "trace"
-    version = 1
+    name: str = "trace"
+    version: int = 1
     upstream: tuple[str, ...] = ()
-    reads = ("model", "inputs", "hiera", "method", "dynamo", "attention.implementation")
-    needs_model = True
+    reads: tuple[str, ...] = (
+        "model",
+        "inputs",
+        "hiera",
+        "method",
+        "dynamo",
+        "attention.implementation",
+    )
+    needs_model: bool = True
     publish: tuple[str, ...] = ()
-    artifacts = {"capture": "capture.json"}
+    artifacts: Mapping[str, str] = {"capture": "capture.json"}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.api import capture_model
