@@ -190,6 +190,20 @@ def _outputs_root(value: str | None = None) -> str:
     return str(Path(value).expanduser().resolve()) if value else str(DEFAULT_OUTPUTS_DIR)
 
 
+def _hydra_dir(outputs_dir: str | None, dry_run: Any, sub: str = "") -> str:
+    """Hydra's own run/sweep directory: the outputs root, or a temp dir in a dry run.
+
+    Hydra always creates its job directory (and a sweep writes ``multirun.yaml`` there); a dry
+    run must not write into the outputs, so it points Hydra at the system temp directory.
+    """
+    if str(dry_run).lower() == "true":
+        import tempfile
+
+        return str(Path(tempfile.gettempdir()) / "hyperexport-dry-run")
+    root = Path(_outputs_root(outputs_dir))
+    return str(root / sub if sub else root)
+
+
 def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
     """Store schemas, recipe defaults and every recipe in Hydra's ConfigStore.
 
@@ -202,8 +216,8 @@ def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
     """
     from hydra.core.config_store import ConfigStore
 
-    if not OmegaConf.has_resolver("hx_outputs"):
-        OmegaConf.register_new_resolver("hx_outputs", _outputs_root)
+    if not OmegaConf.has_resolver("hx_hydra_dir"):
+        OmegaConf.register_new_resolver("hx_hydra_dir", _hydra_dir)
     cs = ConfigStore.instance()
     cs.store(name="recipe_schema", node=_schema())
     cs.store(name="build_schema", node=BuildConfig)

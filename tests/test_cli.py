@@ -111,7 +111,15 @@ def test_dry_run_prints_plan_and_writes_nothing(toy: Path, tmp_path: Path) -> No
     assert lines[0] == f"recipe: toy ({toy})"
     assert lines[1] == "trace: would run (no previous build)"
     assert not (tmp_path / "cache").exists()
-    assert not (tmp_path / "outputs" / "toy").exists()
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_sweep_dry_run_writes_nothing(toy: Path, tmp_path: Path) -> None:
+    proc = run(["-m", f"recipe_file={toy}", "opset=17,18", "build.dry_run=true"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("trace: would run (no previous build)") == 2
+    assert not (tmp_path / "cache").exists()
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_sweep_reuses_trace_and_changes_opset(toy: Path, tmp_path: Path) -> None:

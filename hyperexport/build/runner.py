@@ -164,7 +164,9 @@ class Runner:
                     if not workspace:
                         workspace.append(stack.enter_context(self.store.scratch("build-")))
                     checkouts[name] = workspace[0] / name
-                    self.store.checkout(result.entries[name], checkouts[name])
+                    # Copies, not hard links: onnx refuses external data files with several
+                    # links ("hardlink attack"), and copies are verified against their digest.
+                    self.store.checkout(result.entries[name], checkouts[name], link=False)
                 return checkouts[name]
 
             pending: set[str] = set()

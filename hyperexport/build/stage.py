@@ -41,7 +41,7 @@ class StageInputs:
 
     Attributes:
         upstream: ``{stage name: directory}`` holding that upstream stage's output files
-            (read-only; they may be hard links into the cache).
+            (verified copies of the cached files; treat them as read-only).
         model: Returns the live model, loading it at most once per build (memoised by the
             runner so that trace and export share one load).
         recipe_file: The recipe file, for error messages.

@@ -232,3 +232,26 @@ def test_failing_stage_names_module_and_caches_nothing(toy_package: Path, tmp_pa
     assert statuses(outcome) == {"trace": "failed"}
     assert not (tmp_path / "cache" / "actions").exists()
     assert not (tmp_path / "cache" / "blobs").exists()
+
+
+def test_external_data_is_published_and_checked(toy_package: Path, tmp_path: Path) -> None:
+    outcome = build(
+        toy_recipe(toy_package, external_data=True, external_data_threshold=0), tmp_path
+    )
+    assert outcome.exit_code == 0, outcome.lines
+    assert outcome.report is not None
+    assert "model.onnx.data" in outcome.report["files"]
+    assert (outcome.out_dir / "model.onnx.data").is_file()
+    assert outcome.report["check"]["ok"] is True
+
+
+def test_default_recipe_builds_byte_identical_from_empty_caches(tmp_path: Path) -> None:
+    from hyperexport.config import compose_recipe
+
+    recipe, _ = compose_recipe([])
+    first = build(recipe, tmp_path / "a")
+    assert first.exit_code == 0, first.lines
+    second = build(recipe, tmp_path / "b")
+    assert statuses(second) == RAN_ALL
+    assert first.model_path is not None and second.model_path is not None
+    assert first.model_path.read_bytes() == second.model_path.read_bytes()
