@@ -234,6 +234,26 @@ class Runner:
             model=model if stage.needs_model else _no_model(stage.name),
             recipe_file=request.recipe_file,
         )
+        status, detail = self._execute(request, stage, params, inputs, key, material, result)
+        return StageResult(
+            stage.name,
+            status,
+            key,
+            detail if status == "failed" else reason,
+            time.perf_counter() - start,
+        )
+
+    def _execute(
+        self,
+        request: BuildRequest,
+        stage: Stage,
+        params: Mapping[str, Any],
+        inputs: StageInputs,
+        key: str,
+        material: Mapping[str, Any],
+        result: BuildResult,
+    ) -> tuple[str, str]:
+        """Run ``stage`` in a fresh directory; commit its outputs, or record its failure."""
         with self.store.scratch(f"{stage.name}-") as scratch:
             out_dir = scratch / "out"
             out_dir.mkdir()
@@ -243,19 +263,15 @@ class Runner:
                 result.error = StageError(stage.name, e, _module_path_of(e))
                 result.error.__cause__ = e
                 result.failed_files = _small_text_files(out_dir)
-                self.store.record_run(
-                    request.recipe_name, stage.name, _record(key, material, "failed")
-                )
-                return StageResult(
-                    stage.name,
-                    "failed",
-                    key,
-                    f"{type(e).__name__}: {e}",
-                    time.perf_counter() - start,
-                )
-            result.entries[stage.name] = self.store.commit(key, stage.name, out_dir)
-        self.store.record_run(request.recipe_name, stage.name, _record(key, material, "ok"))
-        return StageResult(stage.name, "ran", key, reason, time.perf_counter() - start)
+                status = "failed"
+            else:
+                result.entries[stage.name] = self.store.commit(key, stage.name, out_dir)
+                status = "ok"
+        self.store.record_run(request.recipe_name, stage.name, _record(key, material, status))
+        if result.error is not None and result.error.stage == stage.name:
+            cause = result.error.__cause__
+            return "failed", f"{type(cause).__name__}: {cause}"
+        return "ran", ""
 
 
 def _record(key: str, material: Mapping[str, Any], status: str) -> dict[str, Any]:
