@@ -25,7 +25,6 @@ class ExportStage:
         "functions",
         "custom_ops",
         "attention",
-        "external_data_threshold",
     )
     needs_model: bool = True
     publish: tuple[str, ...] = ()
