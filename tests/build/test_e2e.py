@@ -255,3 +255,18 @@ def test_default_recipe_builds_byte_identical_from_empty_caches(tmp_path: Path) 
     assert statuses(second) == RAN_ALL
     assert first.model_path is not None and second.model_path is not None
     assert first.model_path.read_bytes() == second.model_path.read_bytes()
+
+
+def test_hiera_typo_behind_a_reexport_fails_as_a_recipe_error(
+    toy_package: Path, tmp_path: Path
+) -> None:
+    """``torch.nn`` re-exports its classes, so only the import at trace time can tell."""
+    from hyperexport.errors import RecipeError
+
+    recipe = toy_recipe(toy_package, hiera=["torch.nn.Linearr"])
+    outcome = build(recipe, tmp_path)
+    assert outcome.exit_code == 1
+    error = outcome.result.error
+    assert error is not None and isinstance(error.__cause__, RecipeError)
+    assert error.__cause__.field == "hiera[0]"
+    assert "did you mean 'Linear'?" in error.__cause__.reason
