@@ -30,7 +30,7 @@ import onnxscript
 import torch
 
 from hyperexport.capture.placeholders import PlaceholderSpec
-from hyperexport.capture.torch_bridge import reuse_onnx_registry, torch_dtype, torch_dtype_name
+from hyperexport.capture.torch_bridge import dynamo_export_caches, torch_dtype, torch_dtype_name
 from hyperexport.errors import InputError
 from hyperexport.manifest import PLACEHOLDER_DOMAIN
 
@@ -190,7 +190,7 @@ def export_dynamo(
         for node in program.graph.nodes
         if node.op == "call_function" and node.target in translations
     }
-    with _quiet_exporter(), reuse_onnx_registry():
+    with _quiet_exporter(), dynamo_export_caches():
         onnx_program = torch.onnx.export(
             program,
             inputs,

@@ -71,35 +71,53 @@ def set_symbolic_output_type(value: object, like: torch.Tensor, dynamic: bool) -
     value.setType(tensor_type)  # type: ignore[attr-defined]
 
 
-#: torch.onnx's dynamo registries by opset, built once per process (see reuse_onnx_registry).
+#: torch.onnx's dynamo registries by opset, built once per process (see dynamo_export_caches).
 _ONNX_REGISTRIES: dict[int, object] = {}
+#: torch.export's set of CompositeImplicitAutograd ops, keyed by the op namespaces it covered.
+_CIA_OPS: dict[frozenset[str], object] = {}
 
 
 @contextlib.contextmanager
-def reuse_onnx_registry() -> Iterator[None]:
-    """Let ``torch.onnx.export(dynamo=True)`` reuse one op registry per opset while open.
+def dynamo_export_caches() -> Iterator[None]:
+    """Let ``torch.onnx.export(dynamo=True)`` reuse what it rebuilds on every call, while open.
 
-    The exporter rebuilds its registry of torchlib translations on every call (about a second:
-    it parses the source of every torchlib function). A hierarchical export makes one call per
-    unit, so that rebuild is most of its overhead over a plain export. The registries are built
-    on first use and kept for the process; only calls made inside this context see them.
+    A hierarchical export makes one call per unit, and two per-call costs of torch 2.13 would
+    make most of its overhead over a plain export:
 
-    Translations passed in ``custom_translation_table`` are registered into the shared registry
-    and stay there: callers must only pass ops whose translation never changes (hyperexport's
-    placeholder ops, which are themselves defined once per process).
+    * the registry of torchlib translations (about a second: it parses the source of every
+      torchlib function), kept per opset;
+    * the set of CompositeImplicitAutograd ops that ``run_decompositions`` preserves (about
+      0.2 s: it walks every op of every namespace), kept per set of op namespaces. An op of an
+      existing namespace registered after the first export is not seen until the process
+      restarts.
+
+    Both are built on first use and kept for the process; only calls inside this context see
+    them. Translations passed in ``custom_translation_table`` are registered into the shared
+    registry and stay there: callers must only pass ops whose translation never changes
+    (hyperexport's placeholder ops, which are themselves defined once per process).
     """
+    from torch.export import exported_program
     from torch.onnx._internal.exporter import _registration
 
     original = _registration.ONNXRegistry.__dict__["from_torchlib"]
     default_opset = original.__func__.__defaults__[0]
+    collect = exported_program._collect_all_valid_cia_ops
 
     def from_torchlib(cls: type, opset_version: int = default_opset) -> object:
         if opset_version not in _ONNX_REGISTRIES:
             _ONNX_REGISTRIES[opset_version] = original.__func__(cls, opset_version=opset_version)
         return _ONNX_REGISTRIES[opset_version]
 
+    def collect_cia_ops() -> object:
+        key = frozenset(torch.ops._dir)
+        if key not in _CIA_OPS:
+            _CIA_OPS[key] = collect()
+        return _CIA_OPS[key]
+
     _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)  # type: ignore[method-assign,assignment]
+    exported_program._collect_all_valid_cia_ops = collect_cia_ops  # type: ignore[attr-defined]
     try:
         yield
     finally:
         _registration.ONNXRegistry.from_torchlib = original  # type: ignore[method-assign]
+        exported_program._collect_all_valid_cia_ops = collect  # type: ignore[attr-defined]
