@@ -14,13 +14,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,22 +49,6 @@ class Row:
         return self.per_type / self.plain
 
 
-@contextlib.contextmanager
-def masks_as_under_export() -> Iterator[None]:
-    """Let transformers build attention masks eagerly as it does under ``torch.export``.
-
-    Without it, the capture sees ``attention_mask=None`` where the export sees a tensor.
-    """
-    from transformers import masking_utils
-
-    original = masking_utils.is_torchdynamo_exporting
-    masking_utils.is_torchdynamo_exporting = lambda: True
-    try:
-        yield
-    finally:
-        masking_utils.is_torchdynamo_exporting = original
-
-
 def plain_export(model: torch.nn.Module, args: tuple[torch.Tensor, ...], opset: int) -> bytes:
     """``torch.onnx.export(dynamo=True)`` with torch's defaults, to bytes."""
     with warnings.catch_warnings():
@@ -85,16 +68,15 @@ def hyper_export(
 ) -> bytes:
     """``export_hyper_onnx(dynamo=True)`` in ``mode``, to bytes."""
     buffer = io.BytesIO()
-    with masks_as_under_export():
-        export_hyper_onnx(
-            model,
-            args,
-            buffer,
-            hiera=hiera,
-            dynamo=True,
-            opset_version=opset,
-            options=ExportOptions(functions=mode),  # type: ignore[arg-type]
-        )
+    export_hyper_onnx(
+        model,
+        args,
+        buffer,
+        hiera=hiera,
+        dynamo=True,
+        opset_version=opset,
+        options=ExportOptions(functions=mode),  # type: ignore[arg-type]
+    )
     return buffer.getvalue()
 
 

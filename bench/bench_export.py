@@ -45,7 +45,12 @@ def _hier(model: torch.nn.Module, ids: torch.Tensor, mode: str) -> int:
 
     buffer = io.BytesIO()
     export_hyper_onnx(
-        model, (ids,), buffer, hiera=[LlamaDecoderLayer], dynamo=False, opset_version=18,
+        model,
+        (ids,),
+        buffer,
+        hiera=[LlamaDecoderLayer],
+        dynamo=False,
+        opset_version=18,
         options=ExportOptions(functions=mode),  # type: ignore[arg-type]
     )
     return len(buffer.getvalue())
@@ -63,9 +68,9 @@ def main() -> None:
     for layers in args.layers:
         model = zoo.tiny_llama(num_layers=layers)
         runs = {
-            "plain": lambda: _plain(model, ids),
-            "per_instance": lambda: _hier(model, ids, "per_instance"),
-            "per_type": lambda: _hier(model, ids, "per_type"),
+            "plain": lambda m=model: _plain(m, ids),
+            "per_instance": lambda m=model: _hier(m, ids, "per_instance"),
+            "per_type": lambda m=model: _hier(m, ids, "per_type"),
         }
         times: dict[str, list[float]] = {k: [] for k in runs}
         sizes: dict[str, int] = {}

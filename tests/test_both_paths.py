@@ -6,9 +6,7 @@ run on ONNX Runtime against torch, and its function set is asserted by name.
 
 from __future__ import annotations
 
-import contextlib
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -200,32 +198,11 @@ def test_repeated_exports_in_one_process(dynamo: bool) -> None:
 # --- transformers models (hyperexport.zoo) -------------------------------------------------
 
 
-@contextlib.contextmanager
-def masks_as_under_export(dynamo: bool) -> Iterator[None]:
-    """Make transformers build attention masks during capture as it does under torch.export.
-
-    Eagerly, transformers skips the SDPA mask (passes ``None``) when nothing is masked; under
-    ``torch.export`` it always builds it (``masking_utils.is_torchdynamo_exporting()``). The
-    capture must see what the export will see, or a layer's inputs differ between the two.
-    """
-    if not dynamo:
-        yield
-        return
-    from transformers import masking_utils
-
-    original = masking_utils.is_torchdynamo_exporting
-    masking_utils.is_torchdynamo_exporting = lambda: True
-    try:
-        yield
-    finally:
-        masking_utils.is_torchdynamo_exporting = original
-
-
 def export_model(
     model: nn.Module, args: tuple[torch.Tensor, ...], *, hiera: list[type], dynamo: bool, mode: str
 ) -> tuple[onnx.ModelProto, list[np.ndarray]]:
-    with masks_as_under_export(dynamo):
-        return export_and_run(model, args, hiera=hiera, dynamo=dynamo, mode=mode)
+    # hyperexport enters its transformers patches itself (capture/model_patches.py).
+    return export_and_run(model, args, hiera=hiera, dynamo=dynamo, mode=mode)
 
 
 def _reference(model: nn.Module, *args: torch.Tensor) -> Any:

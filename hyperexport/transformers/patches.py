@@ -92,6 +92,25 @@ def packed_sequence_without_diff() -> Iterator[None]:
         masking_utils.find_packed_sequence_indices = original
 
 
+@contextmanager
+def masks_as_under_torch_export() -> Iterator[None]:
+    """Make ``masking_utils`` build attention masks as it does under ``torch.export``.
+
+    Eagerly, transformers skips the SDPA mask (passes ``None``) when nothing is masked; under
+    ``torch.export`` it always builds one (``masking_utils.is_torchdynamo_exporting()``). The
+    capture runs eagerly for the dynamo path, so without this a decoder layer has one tensor
+    input fewer at capture than at export, and the placeholder cannot stand in for it.
+    """
+    from transformers import masking_utils
+
+    original = masking_utils.is_torchdynamo_exporting
+    masking_utils.is_torchdynamo_exporting = lambda: True
+    try:
+        yield
+    finally:
+        masking_utils.is_torchdynamo_exporting = original
+
+
 PATCHES: tuple[ExportPatch, ...] = (
     ExportPatch(
         name="packed_sequence_without_diff",
@@ -99,6 +118,13 @@ PATCHES: tuple[ExportPatch, ...] = (
         paths=(TORCHSCRIPT,),
         reason="aten::diff and bool CumSum from masking_utils.find_packed_sequence_indices",
         factory=packed_sequence_without_diff,
+    ),
+    ExportPatch(
+        name="masks_as_under_torch_export",
+        transformers=">=4.54",
+        paths=(DYNAMO,),
+        reason="eager capture skips the SDPA mask that torch.export builds",
+        factory=masks_as_under_torch_export,
     ),
 )
 

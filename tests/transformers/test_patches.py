@@ -106,7 +106,7 @@ def test_patches_are_keyed_to_version_and_path():
     assert [p.name for p in patches_for(False, Version("5.24.0"))] == [
         "packed_sequence_without_diff"
     ]
-    assert patches_for(True, Version("5.24.0")) == []
+    assert [p.name for p in patches_for(True, Version("5.24.0"))] == ["masks_as_under_torch_export"]
     assert patches_for(False, Version("4.40.0")) == []
 
 
@@ -114,3 +114,32 @@ def test_applied_patches_are_logged_at_debug(caplog):
     with caplog.at_level(logging.DEBUG, logger=patches.__name__), export_patches(dynamo=False):
         pass
     assert "packed_sequence_without_diff" in caplog.text
+
+
+def _layer_mask(model, ids):
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen["mask"] = kwargs.get("attention_mask")
+
+    handle = model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        handle.remove()
+    return seen["mask"]
+
+
+def test_dynamo_mask_patch_makes_eager_capture_see_the_export_mask():
+    from hyperexport import zoo
+    from hyperexport.transformers.patches import masks_as_under_torch_export
+
+    model = zoo.tiny_llama(num_layers=1)
+    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    assert _layer_mask(model, ids) is None  # eager: no mask, SDPA is_causal instead
+    with masks_as_under_torch_export():
+        mask = _layer_mask(model, ids)
+    assert isinstance(mask, torch.Tensor) and mask.shape[-2:] == (6, 6)
+    assert _layer_mask(model, ids) is None  # restored
+    assert "masks_as_under_torch_export" in [p.name for p in patches_for(dynamo=True)]
