@@ -152,7 +152,13 @@ def export_hyper_onnx(
             dynamic_axes=tuple((k, tuple(sorted(v.items()))) for k, v in dynamic_axes.items()),
         )
     capture = capture_model(
-        model, args, kwargs, hiera=tuple(hiera or ()), method=options.method, dynamo=dynamo
+        model,
+        args,
+        kwargs,
+        hiera=tuple(hiera or ()),
+        method=options.method,
+        dynamo=dynamo,
+        attention=options.attention.implementation,
     )
     names = {
         "input_names": tuple(input_names) if input_names else None,

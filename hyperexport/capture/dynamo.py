@@ -163,6 +163,7 @@ def export_dynamo(
     output_names: list[str],
     dynamic_axes: Mapping[str, Mapping[int, str]] | None,
     specs: Sequence[PlaceholderSpec],
+    translations: Mapping[Any, Any] | None = None,
 ) -> bytes:
     """``torch.export`` then ``torch.onnx.export(..., dynamo=True)`` of one unit into bytes.
 
@@ -184,12 +185,13 @@ def export_dynamo(
     dynamic_shapes = _dynamic_shapes(inputs, input_names, dynamic_axes)
     with _quiet_exporter(), torch.no_grad():
         program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
-    translations = {op.overload: op.translation for op in _OPS.values()}
+    placeholder_translations = {op.overload: op.translation for op in _OPS.values()}
     table = {
-        node.target: translations[node.target]
+        node.target: placeholder_translations[node.target]
         for node in program.graph.nodes
-        if node.op == "call_function" and node.target in translations
+        if node.op == "call_function" and node.target in placeholder_translations
     }
+    table.update(translations or {})
     with _quiet_exporter(), dynamo_export_caches():
         onnx_program = torch.onnx.export(
             program,

@@ -182,6 +182,7 @@ def capture_model(
     hiera: Sequence[type | str] = (),
     method: str = "forward",
     dynamo: bool = False,
+    attention: str | None = None,
 ) -> Capture:
     """Run ``model`` once and record its inputs, outputs and every hiera module call.
 
@@ -195,6 +196,7 @@ def capture_model(
             under ``torch.jit.trace``, so every ``torch.jit.is_tracing()`` branch (transformers'
             mask creation has several) takes the same turn as during the export, and the
             recorded module inputs match what the exporter will see.
+        attention: The attention implementation the export will use (see ExportOptions).
 
     Raises:
         InputError: An example input cannot cross the ONNX boundary.
@@ -209,7 +211,11 @@ def capture_model(
     rec = _Recorder(names)
     bound = signature.bind(fn, args, dict(kwargs or {}))
     inputs = rec.store(bound, "in.", "model input")
-    with export_context(model, dynamo), _hooks(model, classes, rec) as instances, torch.no_grad():
+    with (
+        export_context(model, dynamo, attention),
+        _hooks(model, classes, rec) as instances,
+        torch.no_grad(),
+    ):
         try:
             if dynamo:
                 output = fn(*args, **dict(kwargs or {}))

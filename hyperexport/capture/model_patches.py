@@ -1,9 +1,10 @@
-"""Which library patches an export of a given model needs, entered around capture and export."""
+"""Which library patches and registrations an export needs, entered around capture and export."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -13,16 +14,31 @@ def _from_transformers(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def export_context(model: torch.nn.Module, dynamo: bool) -> Iterator[None]:
-    """Enter hyperexport's transformers patches when ``model`` comes from transformers.
+def export_context(
+    model: torch.nn.Module, dynamo: bool, attention: str | None = None
+) -> Iterator[dict[Any, Callable[..., Any]]]:
+    """Enter hyperexport's transformers patches and, if asked, its attention registration.
 
-    The same patches must be active during capture and export, so that both see the same
-    module inputs (mask creation is one of the patched places).
+    The same context must be active during capture and export, so that both see the same module
+    inputs: mask creation is patched, and the attention entry brings its own mask function.
+
+    Args:
+        model: The model being captured or exported.
+        dynamo: The export path.
+        attention: Name of the transformers attention implementation to switch the model to
+            (``"hyperexport"`` exports attention as one node per call), or None.
+
+    Yields:
+        Extra ``custom_translation_table`` entries for the dynamo path (empty otherwise).
     """
-    if not _from_transformers(model):
-        yield
-        return
-    from hyperexport.transformers.patches import export_patches
+    with contextlib.ExitStack() as stack:
+        table: dict[Any, Callable[..., Any]] = {}
+        if _from_transformers(model):
+            from hyperexport.transformers.patches import export_patches
 
-    with export_patches(dynamo):
-        yield
+            stack.enter_context(export_patches(dynamo))
+        if attention is not None:
+            from hyperexport.transformers.attention import attention_export_context
+
+            table = stack.enter_context(attention_export_context(attention, dynamo, model))
+        yield table

@@ -276,7 +276,10 @@ def _export_one(
     apply = _placeholder_op(dynamo)
     fold = options.functions != "per_type"
     try:
-        with export_context(model, dynamo), replace_children(modules, specs, capture, apply):
+        with (
+            export_context(model, dynamo, options.attention.implementation) as translations,
+            replace_children(modules, specs, capture, apply),
+        ):
             if dynamo:
                 from hyperexport.capture.dynamo import export_dynamo
 
@@ -288,6 +291,7 @@ def _export_one(
                     output_names=names_out,
                     dynamic_axes=dynamic,
                     specs=specs,
+                    translations=translations,
                 )
             from hyperexport.capture.torchscript import custom_op_symbolics, export_torchscript
 
