@@ -115,7 +115,7 @@ def dynamo_export_caches() -> Iterator[None]:
         return _CIA_OPS[key]
 
     _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)  # type: ignore[method-assign,assignment]
-    exported_program._collect_all_valid_cia_ops = collect_cia_ops  # type: ignore[attr-defined]
+    exported_program._collect_all_valid_cia_ops = collect_cia_ops  # type: ignore[attr-defined,assignment]
     try:
         yield
     finally:
