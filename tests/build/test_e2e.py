@@ -270,3 +270,22 @@ def test_hiera_typo_behind_a_reexport_fails_as_a_recipe_error(
     assert error is not None and isinstance(error.__cause__, RecipeError)
     assert error.__cause__.field == "hiera[0]"
     assert "did you mean 'Linear'?" in error.__cause__.reason
+
+
+def test_failed_check_is_not_cached_and_reruns_alone(tmp_path: Path) -> None:
+    from hyperexport.config import compose_recipe
+
+    strict, _ = compose_recipe(["check.atol=1e-12", "check.rtol=1e-12"])
+    failed = build(strict, tmp_path)
+    assert failed.exit_code == 1
+    assert failed.report is not None
+    assert failed.report["failed_stage"] == "check"
+    assert failed.report["check"]["ok"] is False  # the failed check's report is kept
+    assert failed.model_path is not None and failed.model_path.is_file()  # there to inspect
+    again = build(strict, tmp_path)
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "failed"}
+    loose, _ = compose_recipe([])
+    fixed = build(loose, tmp_path)
+    assert statuses(fixed) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
+    assert reasons(fixed)["check"] == "check.atol 1e-12→0.0001, check.rtol 1e-12→0.001"
+    assert fixed.report is not None and fixed.report["check"]["ok"] is True
