@@ -11,6 +11,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -99,11 +100,30 @@ def _fallback_export(
             out_dir=out_dir,
             **names,
         )
-        from dataclasses import replace
-
         bundle = replace(bundle, fallback_from=f"dynamo={dynamo}: {type(e).__name__}: {e}")
         (out_dir / "bundle.json").write_text(bundle.dumps(), encoding="utf-8")
         return bundle
+
+
+def _axes_by_leaf_name(
+    model: Any,
+    args: Any,
+    kwargs: Mapping[str, Any] | None,
+    options: ExportOptions,
+    names: list[str],
+) -> ExportOptions:
+    """Key dynamic axes (and probe shapes) by the inputs' leaf names, not the user's names."""
+    from hyperexport.capture import signature, tree
+
+    fn = getattr(model, options.method)
+    bound = signature.bind(fn, args if isinstance(args, tuple) else (args,), dict(kwargs or {}))
+    leaves = tree.leaf_names(tree.flatten(bound, "model input", []))
+    rename = dict(zip(names, leaves))
+    return replace(
+        options,
+        dynamic_axes=tuple((rename.get(k, k), v) for k, v in options.dynamic_axes),
+        probe_shapes=tuple((rename.get(k, k), v) for k, v in options.probe_shapes),
+    )
 
 
 def export_hyper_onnx(
@@ -145,12 +165,13 @@ def export_hyper_onnx(
         raise TypeError(f"export_hyper_onnx: unsupported argument(s) {sorted(unsupported)}")
     options = options or ExportOptions()
     if dynamic_axes:
-        from dataclasses import replace
-
         options = replace(
             options,
             dynamic_axes=tuple((k, tuple(sorted(v.items()))) for k, v in dynamic_axes.items()),
         )
+    if options.dynamic_axes and input_names:
+        options = _axes_by_leaf_name(model, args, kwargs, options, list(input_names))
+    axes = {k: dict(v) for k, v in options.dynamic_axes}
     capture = capture_model(
         model,
         args,
@@ -159,6 +180,8 @@ def export_hyper_onnx(
         method=options.method,
         dynamo=dynamo,
         attention=options.attention.implementation,
+        dynamic_axes=axes or None,
+        probe_shapes={k: tuple(v) for k, v in options.probe_shapes} or None,
     )
     names = {
         "input_names": tuple(input_names) if input_names else None,

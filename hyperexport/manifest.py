@@ -66,6 +66,8 @@ class ExportManifest:
         functions: Every function made from a hiera module.
         calls: Every call site, in module execution order.
         fallback_from: Set when the other path failed and this one was used instead.
+        probe_inputs: With dynamic axes: capture keys of the graph inputs at a second shape.
+        probe_outputs: The reference outputs at that shape.
     """
 
     dynamo: bool
@@ -76,6 +78,8 @@ class ExportManifest:
     functions: tuple[FunctionEntry, ...]
     calls: tuple[CallSite, ...]
     fallback_from: str | None = None
+    probe_inputs: tuple[str, ...] = ()
+    probe_outputs: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +109,8 @@ class ExportManifest:
                 for c in data["calls"]
             ),
             fallback_from=data.get("fallback_from"),
+            probe_inputs=tuple(data.get("probe_inputs", ())),
+            probe_outputs=tuple(data.get("probe_outputs", ())),
         )
 
     def dumps(self) -> str:

@@ -71,7 +71,11 @@ class ExportOptions:
         attention: Attention registration and promotion.
         external_data_threshold: Tensors at least this many bytes go to the external data file
             when external data is on.
-        dynamic_axes: ``{input name: {axis: dim name}}``, on both paths.
+        dynamic_axes: ``{input name: {axis: dim name}}``, on both paths. The model then runs a
+            second time at another shape (the probe) to find which dimensions of every hiera
+            call are dynamic; the check stage compares the export with torch at that shape.
+        probe_shapes: ``{input name: shape}`` of that second run (default: each dynamic
+            dimension grows by a small amount).
         method: Name of the model method to export, when it is not ``forward``.
     """
 
@@ -82,4 +86,5 @@ class ExportOptions:
     attention: AttentionOptions = field(default_factory=AttentionOptions)
     external_data_threshold: int = 1024
     dynamic_axes: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
+    probe_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     method: str = "forward"

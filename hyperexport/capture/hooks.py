@@ -87,8 +87,10 @@ class Capture:
 class _Recorder:
     """Collects module calls and tensors while the model runs."""
 
-    def __init__(self, names: Mapping[int, str]) -> None:
+    def __init__(self, names: Mapping[int, str], prefix: str = "", keep_calls: bool = True) -> None:
         self.names = names
+        self.prefix = prefix  # "" for the capture, PROBE for the run at the second shape
+        self.keep_calls = keep_calls  # False: keep only shapes of the calls' tensors
         self.calls: list[ModuleCall | None] = []
         self.pending: list[tuple[int, str, Tree]] = []  # (slot, call_id, inputs) of open calls
         self.counts: dict[str, int] = {}
@@ -96,12 +98,14 @@ class _Recorder:
         self.meta: dict[str, TensorMeta] = {}
         self.stack: list[str] = []  # module paths of every open forward, for error messages
 
-    def store(self, value: Any, prefix: str, where: str) -> Tree:
+    def store(self, value: Any, prefix: str, where: str, keep: bool = True) -> Tree:
+        prefix = f"{self.prefix}{prefix}"
         tensors: list[torch.Tensor] = []
         t = tree.flatten(value, where, tensors)
         for i, tensor in enumerate(tensors):
             key = f"{prefix}{i}"
-            self.arrays[key] = to_array(tensor)
+            if keep:
+                self.arrays[key] = to_array(tensor)
             shape = tuple(int(d) for d in tensor.shape)
             self.meta[key] = TensorMeta(key, shape, torch_dtype_name(tensor.dtype))
         return tree.rekey(t, prefix)
@@ -120,14 +124,14 @@ class _Recorder:
         self.counts[path] = index + 1
         call_id = f"{path}#{index}"
         bound = signature.bind(module.forward, args, kwargs)
-        inputs = self.store(bound, f"{call_id}/in.", f"module {path!r} input")
+        inputs = self.store(bound, f"{call_id}/in.", f"module {path!r} input", self.keep_calls)
         self.pending.append((len(self.calls), call_id, inputs))
         self.calls.append(None)
 
     def post_hook(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         slot, call_id, inputs = self.pending.pop()
         path, _, index = call_id.rpartition("#")
-        outputs = self.store(output, f"{call_id}/out.", f"module {path!r} output")
+        outputs = self.store(output, f"{call_id}/out.", f"module {path!r} output", self.keep_calls)
         parent = self.pending[-1][1] if self.pending else None
         self.calls[slot] = ModuleCall(
             path=path,
@@ -183,8 +187,15 @@ def capture_model(
     method: str = "forward",
     dynamo: bool = False,
     attention: str | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    probe_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> Capture:
     """Run ``model`` once and record its inputs, outputs and every hiera module call.
+
+    With ``dynamic_axes``, the model runs a second time at another shape (the *probe*): every
+    tensor dimension that differs between the two runs is dynamic, for the root and for each
+    hiera call's inputs and outputs, and the probe's inputs and outputs become the reference
+    for checking the exported model at a shape it was not traced at.
 
     Args:
         model: The root module (put in eval mode by the caller).
@@ -197,9 +208,13 @@ def capture_model(
             mask creation has several) takes the same turn as during the export, and the
             recorded module inputs match what the exporter will see.
         attention: The attention implementation the export will use (see ExportOptions).
+        dynamic_axes: ``{input leaf name: {axis: dim name}}`` of the root inputs.
+        probe_shapes: ``{input leaf name: shape}`` of the second run; by default each dynamic
+            dimension grows by 1 + the rank of its name in sorted order.
 
     Raises:
-        InputError: An example input cannot cross the ONNX boundary.
+        InputError: An example input cannot cross the ONNX boundary, or a dynamic axis names
+            an unknown input.
         HieraError: A hiera class is unknown, or no instance of it runs in forward.
         ModelForwardError: The forward raised; names the innermost module that was running.
     """
@@ -208,27 +223,20 @@ def capture_model(
     classes = resolve_hiera(hiera)
     fn = getattr(model, method)
     names = {id(m): name for name, m in model.named_modules()}
-    rec = _Recorder(names)
     bound = signature.bind(fn, args, dict(kwargs or {}))
-    inputs = rec.store(bound, "in.", "model input")
-    with (
-        export_context(model, dynamo, attention),
-        _hooks(model, classes, rec) as instances,
-        torch.no_grad(),
-    ):
-        try:
-            if dynamo:
-                output = fn(*args, **dict(kwargs or {}))
-            else:
-                output = _run_under_trace(model, fn, bound)
-        except InputError:
-            raise
-        except Exception as e:
-            path = next((p for p in reversed(rec.stack) if p), "")
-            raise ModelForwardError(path, e) from e
-    outputs = rec.store(output, "out.", "model output")
+    run = _Run(model, fn, classes, dynamo, attention)
+    rec, inputs, outputs, instances = run.record(bound, _Recorder(names))
     calls = tuple(c for c in rec.calls if c is not None)
     _require_every_class_ran(classes, calls, instances)
+    probe_inputs = probe_outputs = None
+    if dynamic_axes:
+        probe_bound = resize_inputs(bound, dynamic_axes, probe_shapes)
+        probe, probe_inputs, probe_outputs, _ = run.record(
+            probe_bound, _Recorder(names, PROBE, keep_calls=False)
+        )
+        _require_same_calls(calls, [c for c in probe.calls if c is not None])
+        rec.arrays.update(probe.arrays)
+        rec.meta.update(probe.meta)
     record = CaptureRecord(
         model_class=tree.qualified_name(type(model)),
         inputs=inputs,
@@ -236,9 +244,93 @@ def capture_model(
         calls=calls,
         tensors=tuple(rec.meta[k] for k in sorted(rec.meta)),
         hiera=tuple(tree.qualified_name(c) for c in classes),
+        probe_inputs=probe_inputs,
+        probe_outputs=probe_outputs,
     )
     log.info("captured %d hiera calls over %d tensors", len(calls), len(rec.meta))
     return Capture(record, rec.arrays)
+
+
+#: Key prefix of the tensors of the run at the second (probe) shape.
+PROBE = "probe/"
+
+
+@dataclass(frozen=True)
+class _Run:
+    """How to run the model once with hooks (shared by the capture and the probe run)."""
+
+    model: torch.nn.Module
+    fn: Any
+    classes: tuple[type, ...]
+    dynamo: bool
+    attention: str | None
+
+    def record(self, bound: dict[str, Any], rec: _Recorder) -> tuple[_Recorder, Tree, Tree, int]:
+        inputs = rec.store(bound, "in.", "model input")
+        with (
+            export_context(self.model, self.dynamo, self.attention),
+            _hooks(self.model, self.classes, rec) as instances,
+            torch.no_grad(),
+        ):
+            try:
+                if self.dynamo:
+                    args, kwargs = signature.split(self.fn, bound)
+                    output = self.fn(*args, **kwargs)
+                else:
+                    output = _run_under_trace(self.model, self.fn, bound)
+            except InputError:
+                raise
+            except Exception as e:
+                path = next((p for p in reversed(rec.stack) if p), "")
+                raise ModelForwardError(path, e) from e
+        outputs = rec.store(output, "out.", "model output")
+        return rec, inputs, outputs, instances
+
+
+def resize_inputs(
+    bound: dict[str, Any],
+    dynamic_axes: Mapping[str, Mapping[int, str]],
+    probe_shapes: Mapping[str, Sequence[int]] | None,
+) -> dict[str, Any]:
+    """The root inputs at the probe shape: each dynamic axis tiled or cut to its new size.
+
+    Tiling keeps the values meaningful (token ids stay in the vocabulary, an all-ones mask
+    stays all ones).
+    """
+    tensors: list[torch.Tensor] = []
+    structure = tree.flatten(bound, "model input", tensors)
+    leaves = tree.leaf_names(structure)
+    unknown = sorted(set(dynamic_axes) - set(leaves))
+    if unknown:
+        raise InputError(f"dynamic_axes {unknown}", f"not among the model inputs {leaves}")
+    dim_names = sorted({n for axes in dynamic_axes.values() for n in axes.values()})
+    grow = {n: 1 + i for i, n in enumerate(dim_names)}
+    resized = []
+    for name, tensor in zip(leaves, tensors):
+        axes = dynamic_axes.get(name, {})
+        target = list(tensor.shape)
+        for axis, dim in axes.items():
+            target[axis] = tensor.shape[axis] + grow[dim]
+        if probe_shapes and name in probe_shapes:
+            target = list(probe_shapes[name])
+        for axis, size in enumerate(target):
+            if size != tensor.shape[axis]:
+                index = torch.arange(size) % tensor.shape[axis]
+                tensor = tensor.index_select(axis, index)
+        resized.append(tensor)
+    return tree.unflatten(structure, lambda k: resized[int(k)])
+
+
+def _require_same_calls(calls: Sequence[ModuleCall], probe: Sequence[ModuleCall]) -> None:
+    first = [c.call_id for c in calls]
+    second = [c.call_id for c in probe]
+    if first != second:
+        diff = sorted(set(first) ^ set(second))
+        raise InputError(
+            "dynamic_axes",
+            f"the hiera calls differ between the traced and the second shape ({diff[:5]}); "
+            "the model's module structure depends on the dynamic dimensions",
+        )
 
 
 def _run_under_trace(model: torch.nn.Module, fn: Any, bound: dict[str, Any]) -> Any:

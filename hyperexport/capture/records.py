@@ -64,6 +64,10 @@ def tree_from_json(data: Any) -> Tree:
     raise ValueError(f"unknown tree node kind {kind!r}")
 
 
+def _optional_tree(data: Any) -> Tree | None:
+    return None if data is None else tree_from_json(data)
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """Shape and dtype of one captured tensor. ``dtype`` is torch's name without prefix."""
@@ -136,6 +140,9 @@ class CaptureRecord:
         calls: Every hiera call, in execution order.
         tensors: Shape and dtype of every tensor key used in the trees.
         hiera: Qualified names of the hiera classes asked for.
+        probe_inputs: Root inputs of the second run at another shape (keys ``probe/...``), when
+            dynamic axes were asked for; None otherwise.
+        probe_outputs: Root outputs of that run: the reference at the second shape.
     """
 
     model_class: str
@@ -144,6 +151,19 @@ class CaptureRecord:
     calls: tuple[ModuleCall, ...]
     tensors: tuple[TensorMeta, ...]
     hiera: tuple[str, ...]
+    probe_inputs: Tree | None = None
+    probe_outputs: Tree | None = None
+
+    def dynamic_dims(self, key: str) -> tuple[int, ...]:
+        """Axes of tensor ``key`` whose size differs between the capture and the probe run."""
+        meta = {t.key: t for t in self.tensors}
+        probe = meta.get(f"probe/{key}")
+        if probe is None:
+            return ()
+        shape = meta[key].shape
+        if len(shape) != len(probe.shape):
+            raise ValueError(f"tensor {key} changes rank between the two shapes")
+        return tuple(i for i, (a, b) in enumerate(zip(shape, probe.shape)) if a != b)
 
     def call(self, call_id: str) -> ModuleCall:
         for c in self.calls:
@@ -163,6 +183,10 @@ class CaptureRecord:
             "calls": [c.to_json() for c in self.calls],
             "tensors": [[t.key, list(t.shape), t.dtype] for t in self.tensors],
             "hiera": list(self.hiera),
+            "probe_inputs": None if self.probe_inputs is None else tree_to_json(self.probe_inputs),
+            "probe_outputs": None
+            if self.probe_outputs is None
+            else tree_to_json(self.probe_outputs),
         }
 
     @classmethod
@@ -174,6 +198,8 @@ class CaptureRecord:
             calls=tuple(ModuleCall.from_json(c) for c in data["calls"]),
             tensors=tuple(TensorMeta(k, tuple(s), d) for k, s, d in data["tensors"]),
             hiera=tuple(data["hiera"]),
+            probe_inputs=_optional_tree(data.get("probe_inputs")),
+            probe_outputs=_optional_tree(data.get("probe_outputs")),
         )
 
     def dumps(self) -> str:

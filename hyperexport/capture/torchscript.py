@@ -16,7 +16,10 @@ from hyperexport.options import CustomOpSymbolic
 
 
 def apply_placeholder(
-    op_type: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+    op_type: str,
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    dynamic: bool = False,
 ) -> Sequence[torch.Tensor]:
     """Apply a duck-typed autograd.Function whose ``symbolic()`` emits the placeholder node.
 
@@ -26,6 +29,9 @@ def apply_placeholder(
     The outputs must be tensors that existed before the trace started and are returned as they
     are: the tracer of torch 2.13 loses track of tensors created inside ``forward`` (a later op
     that consumes one fails with ``unordered_map::at``).
+
+    With ``dynamic``, the node's outputs are typed with rank and dtype only, so that nothing
+    downstream in the parent's trace takes the captured sizes as constants.
     """
     captured = tuple(outputs)
 
@@ -36,7 +42,7 @@ def apply_placeholder(
         out = g.op(f"{PLACEHOLDER_DOMAIN}::{op_type}", *args, outputs=len(captured))
         values = (out,) if len(captured) == 1 else tuple(out)
         for value, like in zip(values, captured):
-            set_symbolic_output_type(value, like, dynamic=False)
+            set_symbolic_output_type(value, like, dynamic=dynamic)
         return out
 
     function: Any = type(

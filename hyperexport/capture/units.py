@@ -7,6 +7,7 @@ unit plus ``bundle.json``, which the compose pass turns into one model with loca
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -26,7 +27,7 @@ from hyperexport.capture.placeholders import (
     module_weights,
     replace_children,
 )
-from hyperexport.capture.records import ModuleCall, Tree, tree_tensor_keys
+from hyperexport.capture.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys
 from hyperexport.capture.torch_bridge import max_opset
 from hyperexport.capture.unit_identity import plan_units
 from hyperexport.errors import HyperExportError, ModuleExportError, OpsetError
@@ -259,21 +260,20 @@ def _export_one(
         sig = fn
         names_in, names_out = list(in_names), list(out_names)
         outputs = record.outputs
-        dynamic = {k: dict(v) for k, v in options.dynamic_axes}
     else:
         inner = modules[call.path]
         fn, inputs, outputs = inner, call.inputs, call.outputs
         sig = type(inner).forward.__get__(inner)
         names_in = [f"in.{i}" for i, _ in enumerate(tree_tensor_keys(inputs))]
         names_out = [f"out.{i}" for i, _ in enumerate(tree_tensor_keys(outputs))]
-        dynamic = {}
+    dynamic = dynamic_axes_of(record, inputs, outputs, names_in, names_out, options)
     if not names_out:
         raise ModuleExportError(call.path if call else "", dynamo, ValueError("returns no tensor"))
     # The wrapper takes the module's mode: the exporter sets and then restores the mode of the
     # module it is given, recursively, which must not flip the user's model to training.
     wrapper = _UnitModule(inner, fn, inputs, sig).train(inner.training)
     flat = tuple(capture.tensor(k) for k in tree_tensor_keys(inputs))
-    apply = _placeholder_op(dynamo)
+    apply = _placeholder_op(dynamo, dynamic=record.probe_inputs is not None)
     fold = options.functions != "per_type"
     try:
         with (
@@ -311,11 +311,55 @@ def _export_one(
         raise ModuleExportError(call.path if call else "", dynamo, e) from e
 
 
-def _placeholder_op(dynamo: bool) -> ApplyPlaceholder:
+def _placeholder_op(dynamo: bool, dynamic: bool) -> ApplyPlaceholder:
     if dynamo:
         from hyperexport.capture.dynamo import apply_placeholder as apply_dynamo
 
         return apply_dynamo
     from hyperexport.capture.torchscript import apply_placeholder
 
-    return apply_placeholder
+    return functools.partial(apply_placeholder, dynamic=dynamic)
+
+
+def _dim_names(record: CaptureRecord, options: ExportOptions) -> dict[tuple[int, int], str]:
+    """``(traced size, probe size) -> dim name`` of the root inputs' dynamic axes."""
+    meta = {t.key: t for t in record.tensors}
+    names: dict[tuple[int, int], str] = {}
+    leaves = dict(zip(tree.leaf_names(record.inputs), tree_tensor_keys(record.inputs)))
+    for name, axes in options.dynamic_axes:
+        key = leaves.get(name)
+        if key is None or f"probe/{key}" not in meta:
+            continue
+        for axis, dim in axes:
+            names[(meta[key].shape[axis], meta[f"probe/{key}"].shape[axis])] = dim
+    return names
+
+
+def dynamic_axes_of(
+    record: CaptureRecord,
+    inputs: Tree,
+    outputs: Tree,
+    names_in: list[str],
+    names_out: list[str],
+    options: ExportOptions,
+) -> dict[str, dict[int, str]]:
+    """Dynamic axes of one unit's graph inputs and outputs, read off the probe run.
+
+    A dimension is dynamic when its size differs between the capture and the probe; it takes
+    the name of the root dimension with the same pair of sizes, else ``<value>_<axis>``.
+    """
+    if record.probe_inputs is None:
+        return {}
+    meta = {t.key: t for t in record.tensors}
+    pairs = _dim_names(record, options)
+    axes: dict[str, dict[int, str]] = {}
+    for keys, names in (
+        (tree_tensor_keys(inputs), names_in),
+        (tree_tensor_keys(outputs), names_out),
+    ):
+        for key, name in zip(keys, names):
+            dims = record.dynamic_dims(key)
+            if dims:
+                shape, probe = meta[key].shape, meta[f"probe/{key}"].shape
+                axes[name] = {d: pairs.get((shape[d], probe[d]), f"{name}_{d}") for d in dims}
+    return axes

@@ -17,9 +17,18 @@ logger = logging.getLogger(__name__)
 
 
 def check_end_to_end(
-    model_path: Path, manifest: ExportManifest, arrays: CapturedArrays, settings: CheckSettings
+    model_path: Path,
+    manifest: ExportManifest,
+    arrays: CapturedArrays,
+    settings: CheckSettings,
+    *,
+    second_shape: bool = False,
 ) -> tuple[TensorResult, ...]:
     """Run the model on the captured inputs and compare every output with its reference.
+
+    With ``second_shape``, the inputs and references are those of the probe run at another
+    shape (dynamic axes): the model must hold at a shape it was not traced at. Result names get
+    the suffix ``@second_shape``.
 
     Args:
         model_path: The final model file (ONNX Runtime resolves its external data).
@@ -35,27 +44,27 @@ def check_end_to_end(
             line up with the manifest.
     """
     runner = OrtRunner(model_path)
-    if len(runner.input_names) != len(manifest.graph_inputs):
+    input_keys = manifest.probe_inputs if second_shape else manifest.graph_inputs
+    output_keys = manifest.probe_outputs if second_shape else manifest.graph_outputs
+    suffix = "@second_shape" if second_shape else ""
+    if len(runner.input_names) != len(input_keys):
         raise CheckError(
             f"the model has {len(runner.input_names)} inputs {list(runner.input_names)}, "
-            f"the manifest lists {len(manifest.graph_inputs)}"
+            f"the manifest lists {len(input_keys)}"
         )
-    if len(runner.output_names) != len(manifest.graph_outputs):
+    if len(runner.output_names) != len(output_keys):
         raise CheckError(
             f"the model has {len(runner.output_names)} outputs {list(runner.output_names)}, "
-            f"the manifest lists {len(manifest.graph_outputs)}"
+            f"the manifest lists {len(output_keys)}"
         )
     feeds = {
-        name: arrays.get(key)
-        for name, key in zip(runner.input_names, manifest.graph_inputs, strict=True)
+        name: arrays.get(key) for name, key in zip(runner.input_names, input_keys, strict=True)
     }
-    expected = [arrays.get(key) for key in manifest.graph_outputs]
+    expected = [arrays.get(key) for key in output_keys]
     actual = runner.run(feeds, [e.shape for e in expected])
     results = tuple(
-        compare_arrays(a, e, settings.tolerance_for(name, key), name=name, key=key)
-        for a, e, name, key in zip(
-            actual, expected, runner.output_names, manifest.graph_outputs, strict=True
-        )
+        compare_arrays(a, e, settings.tolerance_for(name, key), name=f"{name}{suffix}", key=key)
+        for a, e, name, key in zip(actual, expected, runner.output_names, output_keys, strict=True)
     )
     for r in results:
         logger.debug("end-to-end %s", r.describe())

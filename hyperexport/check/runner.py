@@ -76,6 +76,8 @@ def run_checks(
     e2e_error: str | None = None
     try:
         outputs = check_end_to_end(model_path, manifest, captured, settings)
+        if manifest.probe_inputs:
+            outputs += check_end_to_end(model_path, manifest, captured, settings, second_shape=True)
     except CheckError as e:
         e2e_error = str(e)
     e2e_failed = e2e_error is not None or not all(o.ok for o in outputs)

@@ -85,15 +85,21 @@ def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord)
     missing = [c.call_id for c in record.calls if c.call_id not in sites]
     if missing:
         raise RewriteError(f"manifest: module calls {missing} have no call site in the final model")
+    graph_inputs = _graph_input_keys(model, bundle, record)
+    probe = record.probe_inputs is not None and record.probe_outputs is not None
     return ExportManifest(
         dynamo=bundle.dynamo,
         opset=model.opset_imports.get("", bundle.opset),
         function_mode=bundle.function_mode,
-        graph_inputs=_graph_input_keys(model, bundle, record),
+        graph_inputs=graph_inputs,
         graph_outputs=tuple(tree_tensor_keys(record.outputs)),
         functions=tuple(entries),
         calls=tuple(sites[c.call_id] for c in record.calls),
         fallback_from=bundle.fallback_from,
+        probe_inputs=tuple(f"probe/{k}" for k in graph_inputs) if probe else (),
+        probe_outputs=tuple(f"probe/{k}" for k in tree_tensor_keys(record.outputs))
+        if probe
+        else (),
     )
 
 

@@ -60,15 +60,18 @@ def _find_packed_sequence_indices(position_ids: torch.Tensor) -> torch.Tensor | 
 
     Same result as transformers' version: a new sequence starts wherever a position is not the
     previous position plus one; the running count of starts numbers the sequences.
-    """
-    from transformers import masking_utils
 
+    Unlike transformers' version, the "no packed sequences" answer is also given while tracing:
+    the TorchScript tracer runs on real values, so the branch is decided by the traced
+    ``position_ids`` exactly as eager decides it (the tracer bakes the branch). Without this,
+    the graph always carries the packed-sequence mask, whose advanced indexing the TorchScript
+    exporter lowers with the traced batch size baked in, so the model fails at another batch
+    size. Trace with packed ``position_ids`` to export the packed-sequence path.
+    """
     previous = torch.cat([position_ids[:, :1] - 1, position_ids[:, :-1]], dim=-1)
     starts = (position_ids - previous) != 1
     packed_sequence_mask = starts.to(torch.int64).cumsum(-1)
-    if not masking_utils.is_tracing(packed_sequence_mask) and bool(
-        (packed_sequence_mask[:, -1] == 0).all()
-    ):
+    if bool((packed_sequence_mask[:, -1] == 0).all()):
         return None
     return packed_sequence_mask
 
@@ -90,6 +93,25 @@ def packed_sequence_without_diff() -> Iterator[None]:
         yield
     finally:
         masking_utils.find_packed_sequence_indices = original
+
+
+@contextmanager
+def sdpa_without_enable_gqa() -> Iterator[None]:
+    """Make transformers' SDPA integration repeat key/value heads instead of ``enable_gqa``.
+
+    With no mask (the causal case once packed-sequence detection answers "none"), transformers
+    asks SDPA for ``enable_gqa=True``, which the TorchScript exporter cannot convert
+    ("conversion of scaled_dot_product_attention not implemented if enable_gqa is True").
+    Repeating the heads computes the same attention.
+    """
+    from transformers.integrations import sdpa_attention
+
+    original = sdpa_attention.use_gqa_in_sdpa
+    sdpa_attention.use_gqa_in_sdpa = lambda attention_mask, key, value: False
+    try:
+        yield
+    finally:
+        sdpa_attention.use_gqa_in_sdpa = original
 
 
 @contextmanager
@@ -118,6 +140,13 @@ PATCHES: tuple[ExportPatch, ...] = (
         paths=(TORCHSCRIPT,),
         reason="aten::diff and bool CumSum from masking_utils.find_packed_sequence_indices",
         factory=packed_sequence_without_diff,
+    ),
+    ExportPatch(
+        name="sdpa_without_enable_gqa",
+        transformers=">=4.54",
+        paths=(TORCHSCRIPT,),
+        reason="SDPA with enable_gqa=True has no TorchScript symbolic",
+        factory=sdpa_without_enable_gqa,
     ),
     ExportPatch(
         name="masks_as_under_torch_export",

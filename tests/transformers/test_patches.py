@@ -41,18 +41,48 @@ def test_torchscript_llama_export_fails_without_patch(tmp_path, last_hidden):
         _export("llama", False, tmp_path, last_hidden)
 
 
-def test_packed_sequence_patch_alone_makes_torchscript_export_run(
-    tmp_path, last_hidden, ort_run, diff
-):
-    with patches.packed_sequence_without_diff():
+def test_packed_sequence_patch_alone_leaves_the_enable_gqa_failure(tmp_path, last_hidden):
+    # Without packed-sequence masks, transformers asks SDPA for enable_gqa (no mask): the
+    # TorchScript exporter cannot convert it, which is what sdpa_without_enable_gqa is for.
+    with (
+        patches.packed_sequence_without_diff(),
+        pytest.raises(AssertionError, match="enable_gqa"),
+    ):
+        _export("llama", False, tmp_path, last_hidden)
+
+
+def test_both_torchscript_patches_make_llama_export_run(tmp_path, last_hidden, ort_run, diff):
+    with patches.packed_sequence_without_diff(), patches.sdpa_without_enable_gqa():
         path, x, expected = _export("llama", False, tmp_path, last_hidden)
     assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
+
+
+def test_torchscript_llama_runs_at_another_batch_and_length(tmp_path, last_hidden, ort_run, diff):
+    # The packed-sequence branch is decided on the traced values, so no traced batch size is
+    # baked into mask indexing: the export runs at shapes it was not traced at.
+    model = last_hidden(zoo.tiny_llama(), "input_ids").eval()
+    x = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(2))
+    path = tmp_path / "dyn.onnx"
+    with export_patches(dynamo=False):
+        torch.onnx.export(
+            model,
+            (x,),
+            path,
+            dynamo=False,
+            opset_version=18,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch", 1: "seq"}},
+        )
+    other = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(other).numpy()
+    assert diff(ort_run(path, {"x": other.numpy()})[0], expected) <= 1e-4
 
 
 @pytest.mark.parametrize("name", sorted(DECODERS))
 def test_torchscript_decoders_export_with_parity(name, tmp_path, last_hidden, ort_run, diff):
     with export_patches(dynamo=False) as applied:
-        assert applied == ["packed_sequence_without_diff"]
+        assert applied == ["packed_sequence_without_diff", "sdpa_without_enable_gqa"]
         path, x, expected = _export(name, False, tmp_path, last_hidden)
     assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
 
@@ -104,7 +134,8 @@ def test_patch_restores_on_exception():
 
 def test_patches_are_keyed_to_version_and_path():
     assert [p.name for p in patches_for(False, Version("5.24.0"))] == [
-        "packed_sequence_without_diff"
+        "packed_sequence_without_diff",
+        "sdpa_without_enable_gqa",
     ]
     assert [p.name for p in patches_for(True, Version("5.24.0"))] == ["masks_as_under_torch_export"]
     assert patches_for(False, Version("4.40.0")) == []

@@ -1,0 +1,98 @@
+"""Issue 7: hierarchical export with dynamic axes; functions take masks and position embeddings
+as inputs and run at shapes other than the traced one."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from hyperexport import ExportOptions, InputError, zoo
+from hyperexport.api import capture_model
+from tests.exporter.conftest import export_bytes, run_ort
+
+
+@pytest.mark.parametrize("mode", ["per_instance", "per_type"])
+def test_llama_dynamic_batch_and_sequence(mode: str) -> None:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    model = zoo.tiny_llama(num_layers=2)
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    options = ExportOptions(functions=mode, probe_shapes=(("input_ids", (2, 7)),))  # type: ignore[arg-type]
+    data, manifest = export_bytes(
+        model,
+        (ids,),
+        hiera=[LlamaDecoderLayer],
+        dynamo=False,
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}},
+        options=options,
+    )
+    proto = onnx.load_from_string(data)
+    dims = [d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", "seq"]
+    # Position embeddings (cos, sin) reach the layer function as inputs, never as constants.
+    function_inputs = list(proto.functions[0].input)
+    assert "position_embeddings.0" in function_inputs and "position_embeddings.1" in function_inputs
+    for shape, seed in (((1, 16), 1), ((2, 7), 2), ((3, 5), 3)):
+        x = torch.randint(0, 128, shape, generator=torch.Generator().manual_seed(seed))
+        want = model(input_ids=x).last_hidden_state.detach().numpy()
+        np.testing.assert_allclose(run_ort(data, [x.numpy()])[0], want, atol=1e-4)
+    assert manifest.probe_inputs and manifest.probe_outputs
+
+
+def test_probe_run_finds_the_dynamic_dims_of_module_inputs() -> None:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    model = zoo.tiny_llama(num_layers=1)
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    capture = capture_model(
+        model, (ids,), hiera=[LlamaDecoderLayer], dynamic_axes={"input_ids": {1: "seq"}}
+    )
+    record = capture.record
+    assert record.dynamic_dims("in.0") == (1,)
+    assert record.dynamic_dims("layers.0#0/in.0") == (1,)  # hidden_states (1, seq, 64)
+    assert record.dynamic_dims("out.0") == (1,)
+    assert record.probe_inputs is not None
+
+
+def test_dynamic_axis_on_an_unknown_input_is_named() -> None:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    model = zoo.tiny_llama(num_layers=1)
+    ids = torch.randint(0, 128, (1, 8))
+    with pytest.raises(InputError, match="input_idz"):
+        capture_model(
+            model, (ids,), hiera=[LlamaDecoderLayer], dynamic_axes={"input_idz": {1: "s"}}
+        )
+
+
+def test_check_stage_compares_at_the_second_shape(tmp_path) -> None:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from hyperexport.api import compose_model, export_units, save_model
+    from hyperexport.check import CheckSettings, run_checks
+
+    model = zoo.tiny_llama(num_layers=2)
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    axes = {"input_ids": {0: "batch", 1: "seq"}}
+    options = ExportOptions(
+        dynamic_axes=(("input_ids", ((0, "batch"), (1, "seq"))),),
+        probe_shapes=(("input_ids", (2, 7)),),
+    )
+    capture = capture_model(
+        model,
+        (ids,),
+        hiera=[LlamaDecoderLayer],
+        dynamic_axes=axes,
+        probe_shapes={"input_ids": (2, 7)},
+    )
+    export_units(model, capture, opset=18, dynamo=False, options=options, out_dir=tmp_path / "b")
+    onnx_model, manifest = compose_model(tmp_path / "b", options=options)
+    save_model(onnx_model, tmp_path / "model.onnx", external_data=False)
+    report = run_checks(
+        tmp_path / "model.onnx", manifest, capture.record, capture.arrays, CheckSettings()
+    )
+    names = [o.name for o in report.outputs]
+    assert names == ["last_hidden_state", "last_hidden_state@second_shape"]
+    assert report.ok, report.summary_lines()
