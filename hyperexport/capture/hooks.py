@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hyperexport.capture import signature, tree
+from hyperexport.capture.attribute_reads import ReadLog, original_class, record_reads
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.capture.tensor_store import load_arrays, raw_dtype, save_arrays
@@ -97,6 +98,7 @@ class _Recorder:
         self.arrays: dict[str, np.ndarray] = {}
         self.meta: dict[str, TensorMeta] = {}
         self.stack: list[str] = []  # module paths of every open forward, for error messages
+        self.reads = ReadLog()
 
     def store(self, value: Any, prefix: str, where: str, keep: bool = True) -> Tree:
         prefix = f"{self.prefix}{prefix}"
@@ -127,20 +129,23 @@ class _Recorder:
         inputs = self.store(bound, f"{call_id}/in.", f"module {path!r} input", self.keep_calls)
         self.pending.append((len(self.calls), call_id, inputs))
         self.calls.append(None)
+        self.reads.open.append((path, set()))
 
     def post_hook(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         slot, call_id, inputs = self.pending.pop()
         path, _, index = call_id.rpartition("#")
         outputs = self.store(output, f"{call_id}/out.", f"module {path!r} output", self.keep_calls)
         parent = self.pending[-1][1] if self.pending else None
+        _, reads = self.reads.open.pop()
         self.calls[slot] = ModuleCall(
             path=path,
-            class_name=tree.qualified_name(type(module)),
+            class_name=tree.qualified_name(original_class(module)),
             call_index=int(index),
             order=slot,
             parent=parent,
             inputs=inputs,
             outputs=outputs,
+            reads=tuple(sorted(reads)),
         )
 
 
@@ -269,6 +274,7 @@ class _Run:
         inputs = rec.store(bound, "in.", "model input")
         with (
             export_context(self.model, self.dynamo, self.attention),
+            record_reads(self.model, lambda m: isinstance(m, self.classes), rec.reads),
             _hooks(self.model, self.classes, rec) as instances,
             torch.no_grad(),
         ):

@@ -80,7 +80,7 @@ def export_torchscript(
     opset: int,
     input_names: list[str],
     output_names: list[str],
-    fold_constants: bool,
+    weights_as_inputs: bool,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None,
 ) -> bytes:
     """``torch.onnx.export(..., dynamo=False)`` of one unit into bytes."""
@@ -94,11 +94,12 @@ def export_torchscript(
             opset_version=opset,
             input_names=input_names,
             output_names=output_names,
-            do_constant_folding=fold_constants,
-            # Without folding (per-type mode), weights must keep one initializer each: the
-            # exporter otherwise merges equal-valued weights (e.g. two freshly initialised norm
-            # scales), and a body shared by other instances would then read the wrong one.
-            keep_initializers_as_inputs=not fold_constants,
+            # With weights as function inputs (per-type mode), the exporter must neither fold
+            # (it folds weight transposes into new constants, baking one instance's weights into
+            # a body that every instance shares) nor deduplicate equal-valued weights (two freshly
+            # initialised norm scales would then be read from one initializer).
+            do_constant_folding=not weights_as_inputs,
+            keep_initializers_as_inputs=weights_as_inputs,
             dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None,
         )
     return buffer.getvalue()

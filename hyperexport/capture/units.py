@@ -274,7 +274,7 @@ def _export_one(
     wrapper = _UnitModule(inner, fn, inputs, sig).train(inner.training)
     flat = tuple(capture.tensor(k) for k in tree_tensor_keys(inputs))
     apply = _placeholder_op(dynamo, dynamic=record.probe_inputs is not None)
-    fold = options.functions != "per_type"
+    per_type = options.functions == "per_type"
     try:
         with (
             export_context(model, dynamo, options.attention.implementation) as translations,
@@ -302,7 +302,7 @@ def _export_one(
                     opset=opset,
                     input_names=names_in,
                     output_names=names_out,
-                    fold_constants=fold,
+                    weights_as_inputs=per_type,
                     dynamic_axes=dynamic,
                 )
     except HyperExportError:
