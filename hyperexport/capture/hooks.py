@@ -343,32 +343,39 @@ def _run_under_trace(model: torch.nn.Module, fn: Any, bound: dict[str, Any]) -> 
     """Call ``fn`` with ``bound`` arguments inside ``torch.jit.trace``; return its real output.
 
     The traced graph is thrown away: only the semantics (``is_tracing()`` is True) matter.
+    A plain function is traced, not a module: tracing a module first compiles a ScriptModule
+    for every submodule, twice the cost of the trace itself. The weights then enter the trace
+    as constants, which the tracer accepts only when they do not require grad, so
+    ``requires_grad`` is switched off for the duration and restored.
     """
     tensors: list[torch.Tensor] = []
     structure = tree.flatten(bound, "model input", tensors)
     positions = {str(i): i for i in range(len(tensors))}
     result: list[Any] = []
 
-    class _Call(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = model  # so the tracer knows the weights as parameters
+    def call(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args, kwargs = signature.split(fn, tree.unflatten(structure, lambda k: flat[positions[k]]))
+        out = fn(*args, **kwargs)
+        result.append(out)
+        leaves: list[torch.Tensor] = []
+        tree.flatten(out, "model output", leaves)
+        return tuple(leaves)
 
-        def forward(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            args, kwargs = signature.split(
-                fn, tree.unflatten(structure, lambda k: flat[positions[k]])
-            )
-            out = fn(*args, **kwargs)
-            result.append(out)
-            leaves: list[torch.Tensor] = []
-            tree.flatten(out, "model output", leaves)
-            return tuple(leaves)
-
-    with quiet_torchscript_exporter():
-        torch.jit.trace(
-            _Call().train(model.training), tuple(tensors), check_trace=False, strict=False
-        )
+    with quiet_torchscript_exporter(), _weights_without_grad(model):
+        torch.jit.trace(call, tuple(tensors), check_trace=False, strict=False)
     return result[0]
+
+
+@contextlib.contextmanager
+def _weights_without_grad(model: torch.nn.Module) -> Iterator[None]:
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 def _require_every_class_ran(
