@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -18,7 +19,8 @@ from typing import IO, Any
 import onnx_ir as ir
 
 from hyperexport.capture.hooks import Capture, capture_model
-from hyperexport.capture.units import ExportBundle, export_units
+from hyperexport.capture.units import BUNDLE_JSON, ExportBundle, export_units
+from hyperexport.errors import InputError, ModuleExportError
 from hyperexport.manifest import ExportManifest
 from hyperexport.options import ExportOptions
 from hyperexport.passes.pipeline import compose_model
@@ -32,6 +34,7 @@ __all__ = [
     "compose_model",
     "export_hyper_onnx",
     "export_units",
+    "export_units_with_fallback",
     "save_model",
 ]
 
@@ -69,20 +72,50 @@ def save_model(model: ir.Model, path: Path, *, external_data: bool, threshold: i
         os.replace(staged, path)
 
 
-def _fallback_export(
+def export_units_with_fallback(
     model: Any,
     capture: Capture,
+    *,
     opset: int,
     dynamo: bool,
     options: ExportOptions,
     out_dir: Path,
-    names: dict[str, Any],
+    input_names: tuple[str, ...] | None = None,
+    output_names: tuple[str, ...] | None = None,
 ) -> ExportBundle:
+    """:func:`export_units`, retried once on the other path if ``options.fallback`` allows it.
+
+    Only an export failure falls back: :class:`ModuleExportError` (torch.onnx.export failed) or
+    :class:`InputError` (the path cannot take these inputs, e.g. dynamic axes through
+    placeholders on the dynamo path). The fallback is logged at WARNING with its cause, and
+    ``bundle.fallback_from`` (hence the model's metadata and the manifest) records it.
+
+    Args:
+        model: The live model.
+        capture: Its capture.
+        opset: Default-domain opset of the export.
+        dynamo: The export path tried first.
+        options: Export options; ``options.fallback`` enables the retry.
+        out_dir: The bundle directory (a failed attempt's unit files are removed before the
+            retry).
+        input_names: Names of the flattened root inputs, if given by the user.
+        output_names: Names of the flattened root outputs, if given by the user.
+
+    Raises:
+        ModuleExportError: The export failed; with fallback, on both paths (the retry's error,
+            whose ``__cause__`` is the first path's).
+        InputError: The inputs cannot be exported on the path(s) tried.
+    """
+    kwargs: dict[str, Any] = {
+        "opset": opset,
+        "options": options,
+        "out_dir": out_dir,
+        "input_names": input_names,
+        "output_names": output_names,
+    }
     try:
-        return export_units(
-            model, capture, opset=opset, dynamo=dynamo, options=options, out_dir=out_dir, **names
-        )
-    except Exception as e:
+        return export_units(model, capture, dynamo=dynamo, **kwargs)
+    except (ModuleExportError, InputError) as e:
         if not options.fallback:
             raise
         log.warning(
@@ -91,18 +124,19 @@ def _fallback_export(
             e,
             not dynamo,
         )
-        bundle = export_units(
-            model,
-            capture,
-            opset=opset,
-            dynamo=not dynamo,
-            options=options,
-            out_dir=out_dir,
-            **names,
-        )
-        bundle = replace(bundle, fallback_from=f"dynamo={dynamo}: {type(e).__name__}: {e}")
-        (out_dir / "bundle.json").write_text(bundle.dumps(), encoding="utf-8")
-        return bundle
+        first = e
+    units = out_dir / "units"
+    if units.is_dir():
+        shutil.rmtree(units)
+    try:
+        bundle = export_units(model, capture, dynamo=not dynamo, **kwargs)
+    except (ModuleExportError, InputError) as e:
+        raise e from first
+    bundle = replace(bundle, fallback_from=f"dynamo={dynamo}: {type(first).__name__}: {first}")
+    tmp = out_dir / f".{BUNDLE_JSON}.tmp"
+    tmp.write_text(bundle.dumps(), encoding="utf-8")
+    os.replace(tmp, out_dir / BUNDLE_JSON)
+    return bundle
 
 
 def _axes_by_leaf_name(
@@ -189,7 +223,15 @@ def export_hyper_onnx(
     }
     with tempfile.TemporaryDirectory(prefix="hyperexport-") as tmp:
         bundle_dir = Path(tmp)
-        _fallback_export(model, capture, opset_version, dynamo, options, bundle_dir, names)
+        export_units_with_fallback(
+            model,
+            capture,
+            opset=opset_version,
+            dynamo=dynamo,
+            options=options,
+            out_dir=bundle_dir,
+            **names,
+        )
         onnx_model, manifest = compose_model(bundle_dir, options=options, record=capture.record)
     if isinstance(f, (str, os.PathLike)):
         save_model(

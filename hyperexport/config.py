@@ -61,6 +61,12 @@ FUNCTION_SCOPES = ("all", "first_instance", "none")
 # Default-domain opsets each export path can produce (as hyperexport.capture.torch_bridge says;
 # kept here as numbers because validation must not import torch).
 OPSET_RANGES = {False: (7, 20), True: (7, 24)}
+# Lowest export opset attention promotion accepts: promotion re-declares the model at opset 24
+# without converting other ops, and the Reduce* ops changed signature at 18 (axes attribute ->
+# input), so an older export would become an invalid model.
+PROMOTE_MIN_OPSET = 18
+# transformers' own attention implementations: hyperexport registers its entry under another name.
+BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
 BUILD_KEYS = ("build", "recipe_file")
 
 
@@ -73,6 +79,11 @@ class InputSpec:
 
     Floats are uniform in ``[low, high)``; integers uniform in ``[low, high)`` (so token ids
     need ``high`` = vocabulary size); bools are ``x < 0.5`` of a uniform draw.
+
+    ``dynamic`` names the axes that stay symbolic in the exported model (``{0: batch, 1: seq}``).
+    The model then also runs at a second shape, and the check stage compares the export with
+    torch there too: ``check_shape`` (same rank as ``shape``, different only on dynamic axes),
+    or by default each dynamic axis grown by a small amount.
     """
 
     shape: list[int] = MISSING
@@ -81,6 +92,7 @@ class InputSpec:
     high: float = 1.0
     seed: int = 0
     dynamic: dict[int, str] = field(default_factory=dict)
+    check_shape: list[int] | None = None
 
 
 @dataclass
@@ -93,23 +105,41 @@ class ToleranceSpec:
 
 @dataclass
 class CheckSpec:
+    """What the check stage verifies.
+
+    ``expect_ops`` maps a default-domain op type to the exact number of nodes of that type the
+    final model *executes*: nodes of the main graph, plus each function's nodes times the number
+    of times the function is called (nested calls multiply). ``{Attention: 4}`` on a 4-layer
+    model holds whether the layers share one function (per_type) or have one each.
+    """
+
     atol: float = 1e-4
     rtol: float = 1e-3
     per_output: dict[str, ToleranceSpec] = field(default_factory=dict)
     function_scope: str = "all"
+    expect_ops: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class AttentionSpec:
+    """``implementation``: the transformers attention entry to export with (``hyperexport``
+    exports each attention call as one node). ``promote_opset24`` rewrites those nodes to
+    default-domain ``Attention`` and makes the final model opset 24 whatever ``opset`` says:
+    ``opset`` is then only the export opset."""
+
     implementation: str | None = None
     promote_opset24: bool = False
 
 
 @dataclass
 class RewriteSpec:
+    """Optional rewrite passes; all off by default, as in the library's ``RewriteOptions``
+    (fusing constants freezes masks and position embeddings at the traced shape; the optimizer
+    costs several times the export)."""
+
     fold_leftovers: bool = False
-    fuse_constants: bool = True
-    optimize: bool = True
+    fuse_constants: bool = False
+    optimize: bool = False
 
 
 @dataclass
@@ -122,7 +152,11 @@ class CustomOpSpec:
 @dataclass
 class RecipeConfig:
     """One model to export. ``model`` is ``{_target_: factory, **kwargs}``; the factory's module
-    (and a local ``checkpoint``, if any, resolved relative to the recipe file) define the model."""
+    (and a local ``checkpoint``, if any, resolved relative to the recipe file) define the model.
+
+    ``fallback: true`` lets the export stage retry on the other path (``dynamo``) when the chosen
+    one fails; it is logged at WARNING and recorded in the model's metadata and the report.
+    """
 
     name: str = MISSING
     model: dict[str, Any] = MISSING
@@ -132,6 +166,7 @@ class RecipeConfig:
     method: str = "forward"
     opset: int = 18
     dynamo: bool = False
+    fallback: bool = False
     functions: str = "per_instance"
     attention: AttentionSpec = field(default_factory=AttentionSpec)
     rewrite: RewriteSpec = field(default_factory=RewriteSpec)
@@ -388,6 +423,7 @@ def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
         check.fail("inputs", "at least one input is required")
     for name, spec in r["inputs"].items():
         _check_input(check, f"inputs.{name}", spec)
+    _check_dim_names(check, r["inputs"])
     if not r["hiera"]:
         check.fail("hiera", "at least one class is required")
     for i, path in enumerate(r["hiera"]):
@@ -404,6 +440,19 @@ def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
         check.fail(
             "check.function_scope",
             f"must be one of {FUNCTION_SCOPES}{_suggest(c['function_scope'], FUNCTION_SCOPES)}",
+        )
+    for op, count in c["expect_ops"].items():
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", op):
+            check.fail(f"check.expect_ops.{op}", f"{op!r} is not an ONNX op type")
+        if count < 0:
+            check.fail(f"check.expect_ops.{op}", f"must be >= 0, got {count}")
+    _check_attention(check, r["attention"])
+    if r["attention"]["promote_opset24"] and r["opset"] < PROMOTE_MIN_OPSET:
+        check.fail(
+            "opset",
+            f"{r['opset']} is too old for attention.promote_opset24: the export opset must be "
+            f">= {PROMOTE_MIN_OPSET} (promotion re-declares the model at 24 without converting "
+            "ops such as ReduceMean, whose signature changed at 18)",
         )
     for i, op in enumerate(r["custom_ops"]):
         if "::" not in op["name"]:
@@ -422,9 +471,72 @@ def _check_input(check: _Checker, where: str, spec: Mapping[str, Any]) -> None:
         check.fail(f"{where}.shape", f"dimensions must be positive, got {spec['shape']}")
     if not spec["low"] < spec["high"]:
         check.fail(f"{where}.high", f"must be greater than low ({spec['low']}), got {spec['high']}")
-    for axis in spec["dynamic"]:
-        if not 0 <= axis < len(spec["shape"]):
-            check.fail(f"{where}.dynamic", f"axis {axis} is outside shape {spec['shape']}")
+    shape, dynamic, second = spec["shape"], spec["dynamic"], spec["check_shape"]
+    for axis, dim in dynamic.items():
+        if not 0 <= axis < len(shape):
+            check.fail(
+                f"{where}.dynamic",
+                f"axis {axis} is outside the rank of shape {shape} (axes 0..{len(shape) - 1})",
+            )
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", dim):
+            check.fail(f"{where}.dynamic.{axis}", f"dim name {dim!r} must be an identifier")
+    if second is None:
+        return
+    field_ = f"{where}.check_shape"
+    if not dynamic:
+        check.fail(field_, "needs dynamic axes (the second shape differs on dynamic axes only)")
+    if len(second) != len(shape):
+        check.fail(field_, f"{second} has rank {len(second)}, shape {shape} has {len(shape)}")
+    if any(d <= 0 for d in second):
+        check.fail(field_, f"dimensions must be positive, got {second}")
+    for axis, (a, b) in enumerate(zip(shape, second, strict=True)):
+        if axis not in dynamic and a != b:
+            check.fail(field_, f"axis {axis} is not dynamic, so it must stay {a}, got {b}")
+        if axis in dynamic and a == b:
+            check.fail(
+                field_,
+                f"dynamic axis {axis} ({dynamic[axis]}) must differ from the traced size {a}, "
+                "or the second run cannot tell it is dynamic",
+            )
+
+
+def _check_dim_names(check: _Checker, inputs: Mapping[str, Mapping[str, Any]]) -> None:
+    """A dim name shared by several inputs has one size in the trace and one at check_shape."""
+    traced: dict[str, tuple[str, int]] = {}
+    second: dict[str, tuple[str, int | None]] = {}
+    for name, spec in inputs.items():
+        for axis, dim in sorted(spec["dynamic"].items()):
+            size = spec["shape"][axis]
+            other = traced.setdefault(dim, (name, size))
+            if other[1] != size:
+                check.fail(
+                    f"inputs.{name}.shape",
+                    f"dim {dim!r} is {size} on axis {axis} but {other[1]} in inputs.{other[0]}",
+                )
+            probe = spec["check_shape"][axis] if spec["check_shape"] is not None else None
+            first = second.setdefault(dim, (name, probe))
+            if first[1] != probe:
+                check.fail(
+                    f"inputs.{name}.check_shape",
+                    f"dim {dim!r} is {probe} here but {first[1]} in inputs.{first[0]}.check_shape"
+                    " (give every input sharing a dim the same check size)",
+                )
+
+
+def _check_attention(check: _Checker, attention: Mapping[str, Any]) -> None:
+    implementation = attention["implementation"]
+    if attention["promote_opset24"] and implementation is None:
+        check.fail(
+            "attention.implementation",
+            "missing: attention.promote_opset24 needs an implementation to promote "
+            "(e.g. 'hyperexport')",
+        )
+    if implementation in BUILTIN_ATTENTION:
+        check.fail(
+            "attention.implementation",
+            f"{implementation!r} is a transformers built-in; hyperexport registers its "
+            "attention under another name (e.g. 'hyperexport')",
+        )
 
 
 # --------------------------------------------------------------------------------------------

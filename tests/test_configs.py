@@ -15,6 +15,7 @@ RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 def test_the_expected_recipes_exist() -> None:
     assert {"tiny_llama", "llama", "resnet", "vit"} <= set(RECIPES)
+    assert {"llama_attention", "qwen2", "gpt2", "llama_dynamic"} <= set(RECIPES)
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -95,6 +96,37 @@ def _with(path: str, value: Any, *, delete: bool = False) -> dict[str, Any]:
     return data
 
 
+def _dynamic(
+    *,
+    dynamic: dict[int, str] | None = None,
+    check_shape: list[int] | None = None,
+    mask: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The base recipe with ``input_ids`` dynamic (and, optionally, a second input ``mask``)."""
+    data = _with("inputs.input_ids.dynamic", dynamic or {0: "batch", 1: "seq"})
+    data["inputs"]["input_ids"]["check_shape"] = check_shape or [2, 7]
+    if mask is not None:
+        data["inputs"]["mask"] = {"dtype": "int64", "low": 0, "high": 2, **mask}
+    return data
+
+
+def test_dynamic_inputs_and_attention_promotion_validate() -> None:
+    recipe = validate_recipe(_dynamic(), "/somewhere/ok.yaml")
+    assert recipe.data["inputs"]["input_ids"]["check_shape"] == [2, 7]
+    promoted = _with("attention", {"implementation": "hyperexport", "promote_opset24": True})
+    assert validate_recipe(promoted, "/somewhere/ok.yaml").data["attention"]["promote_opset24"]
+
+
+def test_rewrite_defaults_are_off() -> None:
+    recipe = validate_recipe(_base(), "/somewhere/ok.yaml")
+    assert recipe.data["rewrite"] == {
+        "fold_leftovers": False,
+        "fuse_constants": False,
+        "optimize": False,
+    }
+    assert recipe.data["fallback"] is False
+
+
 BAD = [
     (_with("opst", 17), "opst", "did you mean 'opset'"),
     (_with("check.atl", 1e-3), "check.atl", "did you mean 'atol'"),
@@ -122,6 +154,48 @@ BAD = [
     (_with("check.per_output", {"out.0": {"atol": 0.0}}), "check.per_output.out.0.atol", "> 0"),
     (_with("functions", "per_typ"), "functions", "did you mean 'per_type'"),
     (_with("dynamo", "yes"), "dynamo", "true or false"),
+    (_with("fallback", "yes"), "fallback", "true or false"),
+    (
+        _with("attention", {"promote_opset24": True}),
+        "attention.implementation",
+        "promote_opset24 needs an implementation",
+    ),
+    (_with("attention", {"implementation": "sdpa"}), "attention.implementation", "built-in"),
+    (
+        {
+            **_with("attention", {"implementation": "hyperexport", "promote_opset24": True}),
+            "opset": 17,
+        },
+        "opset",
+        "must be >= 18",
+    ),
+    (_with("inputs.input_ids.dynamic", {2: "seq"}), "inputs.input_ids.dynamic", "outside the rank"),
+    (_with("inputs.input_ids.dynamic", {1: "s q"}), "inputs.input_ids.dynamic.1", "identifier"),
+    (
+        _with("inputs.input_ids.check_shape", [2, 7]),
+        "inputs.input_ids.check_shape",
+        "needs dynamic axes",
+    ),
+    (
+        _dynamic(check_shape=[2, 7, 1]),
+        "inputs.input_ids.check_shape",
+        "has rank 3, shape [1, 4] has 2",
+    ),
+    (_dynamic(check_shape=[2, 4]), "inputs.input_ids.check_shape", "must differ"),
+    (_dynamic(dynamic={1: "seq"}, check_shape=[2, 7]), "inputs.input_ids.check_shape", "stay 1"),
+    (_dynamic(check_shape=[0, 7]), "inputs.input_ids.check_shape", "positive"),
+    (
+        _dynamic(mask={"shape": [1, 5], "dynamic": {1: "seq"}}),
+        "inputs.mask.shape",
+        "dim 'seq' is 5 on axis 1 but 4 in inputs.input_ids",
+    ),
+    (
+        _dynamic(mask={"shape": [1, 4], "dynamic": {1: "seq"}}),
+        "inputs.mask.check_shape",
+        "dim 'seq' is None here but 7",
+    ),
+    (_with("check.expect_ops", {"Attention": -1}), "check.expect_ops.Attention", ">= 0"),
+    (_with("check.expect_ops", {"Attention": "4"}), "check.expect_ops.Attention", "integer"),
 ]
 
 

@@ -110,9 +110,10 @@ def build_report(
     check_text = artifact_text(store, request.stages, result, "check")
     manifest_text = artifact_text(store, request.stages, result, "manifest")
     capture_text = artifact_text(store, request.stages, result, "capture")
+    manifest = json.loads(manifest_text) if manifest_text else None
     functions = (
-        function_tree(json.loads(manifest_text), json.loads(capture_text) if capture_text else None)
-        if manifest_text
+        function_tree(manifest, json.loads(capture_text) if capture_text else None)
+        if manifest
         else []
     )
     return {
@@ -131,6 +132,13 @@ def build_report(
         "files": {k: dict(v) for k, v in sorted(files.items())},
         "check": json.loads(check_text) if check_text else None,
         "functions": functions,
+        # The path that produced the model and, if the recipe's fallback was used, why.
+        "export_path": {
+            "dynamo": manifest.get("dynamo"),
+            "fallback_from": manifest.get("fallback_from"),
+        }
+        if manifest
+        else None,
         "environment": dict(request.env),
         "cache_dir": str(store.root),
     }

@@ -82,6 +82,9 @@ def render_summary(report: Mapping[str, Any], check_lines: Sequence[str] = ()) -
     for s in report.get("stages", []):
         extra = f" ({s['reason']})" if s.get("reason") else ""
         lines.append(f"  {s['name']}: {s['status']}{extra} {s['seconds']:.2f}s")
+    fallback = (report.get("export_path") or {}).get("fallback_from")
+    if fallback:
+        lines.append(f"fallback: exported on the other path after {fallback}")
     functions = report.get("functions") or []
     if functions:
         lines.append("functions (class → function x calls):")

@@ -39,6 +39,10 @@ class CheckSettings:
         expected_classes: Qualified hiera class names that must appear as functions.
         expected_opset: Default-domain opset the final model must import, if set.
         expected_dynamo: Export path the model's metadata must record, if set.
+        expected_ops: ``(op type, count)`` pairs: the exact number of default-domain nodes of
+            that type the model executes (main graph, plus each function's nodes times the
+            number of times it is called). Checked by the ``op_counts`` structural check, which
+            runs only when this is non-empty.
     """
 
     atol: float = 1e-4
@@ -48,6 +52,7 @@ class CheckSettings:
     expected_classes: tuple[str, ...] = ()
     expected_opset: int | None = None
     expected_dynamo: bool | None = None
+    expected_ops: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.function_scope not in FUNCTION_SCOPES:
@@ -81,4 +86,5 @@ class CheckSettings:
             "expected_classes": list(self.expected_classes),
             "expected_opset": self.expected_opset,
             "expected_dynamo": self.expected_dynamo,
+            "expected_ops": {op: count for op, count in self.expected_ops},
         }

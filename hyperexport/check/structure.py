@@ -1,8 +1,9 @@
-"""Structural checks of the final model: checker, functions, domains, opsets, metadata."""
+"""Structural checks of the final model: checker, functions, domains, opsets, metadata, op counts."""
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,6 +139,46 @@ def check_metadata(
     return _result("metadata", problems, f"{META_EXPORT_PATH}={recorded}")
 
 
+def executed_op_counts(model: ir.Model) -> Counter[str]:
+    """How many default-domain nodes of each op type the model executes.
+
+    A function's nodes count once per call of the function, and calls from inside functions
+    multiply (a function called twice by a function the main graph calls three times runs six
+    times). Nodes in control-flow subgraphs (``If``/``Loop`` bodies) count once per enclosing
+    node: executed iterations are not known statically.
+    """
+    bodies: dict[ir.OperatorIdentifier, ir.Function] = dict(model.functions)
+    memo: dict[ir.OperatorIdentifier, Counter[str]] = {}
+
+    def count(
+        graph_like: ir.Graph | ir.Function, active: tuple[ir.OperatorIdentifier, ...]
+    ) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for node in _nodes(graph_like):
+            ident = (node.domain, node.op_type, node.overload)
+            if ident in bodies and ident not in active:
+                if ident not in memo:
+                    memo[ident] = count(bodies[ident], (*active, ident))
+                counts.update(memo[ident])
+            elif _norm(node.domain) == "":
+                counts[node.op_type] += 1
+        return counts
+
+    return count(model.graph, ())
+
+
+def check_op_counts(model: ir.Model, settings: CheckSettings) -> StructuralResult:
+    """Each op type of ``settings.expected_ops`` runs exactly the expected number of times."""
+    counts = executed_op_counts(model)
+    problems = [
+        f"{op}: {counts[op]} executed, expected {want}"
+        for op, want in settings.expected_ops
+        if counts[op] != want
+    ]
+    found = ", ".join(f"{op}={counts[op]}" for op, _ in settings.expected_ops)
+    return _result("op_counts", problems, f"executed default-domain nodes as expected: {found}")
+
+
 def check_structure(
     model_path: Path, model: ir.Model, manifest: ExportManifest, settings: CheckSettings
 ) -> tuple[StructuralResult, ...]:
@@ -152,13 +193,15 @@ def check_structure(
     Returns:
         One result per check, in a fixed order.
     """
-    results = (
+    results: tuple[StructuralResult, ...] = (
         check_onnx_checker(model_path),
         check_functions(model, manifest, settings),
         check_domains(model),
         check_opsets(model, settings),
         check_metadata(model, manifest, settings),
     )
+    if settings.expected_ops:
+        results += (check_op_counts(model, settings),)
     for r in results:
         if not r.ok:
             logger.info("structural check %s failed: %s", r.name, r.detail)

@@ -19,13 +19,25 @@ class CheckStage:
     """``run_checks`` → ``check.json`` and ``check.txt``; a failed check fails the build.
 
     The check's outputs are written before it raises, so the report can show them; the runner
-    never caches a failed stage.
+    never caches a failed stage. What the final model must declare follows from the recipe:
+
+    * default-domain opset: ``opset``, or 24 with ``attention.promote_opset24`` (promotion
+      raises the model to 24 whatever the export opset);
+    * export path (metadata): ``dynamo``, or the other path when ``fallback`` is on and the
+      manifest records that the export fell back;
+    * ``check.expect_ops``: executed counts of default-domain op types (``op_counts``).
     """
 
     name: str = "check"
-    version: int = 1
+    version: int = 2
     upstream: tuple[str, ...] = ("trace", "rewrite")
-    reads: tuple[str, ...] = ("check", "opset", "dynamo", "attention.promote_opset24")
+    reads: tuple[str, ...] = (
+        "check",
+        "opset",
+        "dynamo",
+        "fallback",
+        "attention.promote_opset24",
+    )
     needs_model: bool = False
     publish: tuple[str, ...] = (CHECK_FILE, CHECK_SUMMARY)
     artifacts: Mapping[str, str] = {"check": CHECK_FILE, "check_summary": CHECK_SUMMARY}
@@ -38,7 +50,7 @@ class CheckStage:
         capture = Capture.load(inputs.dir("trace"))
         rewrite_dir = inputs.dir("rewrite")
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
-        settings = check_settings(params, capture.record.hiera)
+        settings = check_settings(params, capture.record.hiera, manifest.fallback_from)
         report = run_checks(
             rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays, settings
         )
@@ -50,8 +62,18 @@ class CheckStage:
         report.raise_for_failure()
 
 
-def check_settings(params: Mapping[str, Any], hiera: tuple[str, ...]) -> Any:
-    """:class:`~hyperexport.check.CheckSettings` from the check slice of a recipe."""
+def check_settings(
+    params: Mapping[str, Any], hiera: tuple[str, ...], fallback_from: str | None = None
+) -> Any:
+    """:class:`~hyperexport.check.CheckSettings` from the check slice of a recipe.
+
+    Args:
+        params: The stage's recipe slice.
+        hiera: Qualified hiera class names (each must become a function).
+        fallback_from: The manifest's record of a fallback, if the export fell back. Only a
+            recipe with ``fallback: true`` accepts the other path; otherwise the metadata check
+            fails on it.
+    """
     from hyperexport.check import CheckSettings, Tolerance
 
     c = params["check"]
@@ -60,6 +82,9 @@ def check_settings(params: Mapping[str, Any], hiera: tuple[str, ...]) -> Any:
         for name, t in sorted(c.get("per_output", {}).items())
     )
     promote = bool((params.get("attention") or {}).get("promote_opset24"))
+    dynamo = bool(params["dynamo"])
+    if fallback_from is not None and params.get("fallback"):
+        dynamo = not dynamo
     return CheckSettings(
         atol=float(c["atol"]),
         rtol=float(c["rtol"]),
@@ -67,5 +92,6 @@ def check_settings(params: Mapping[str, Any], hiera: tuple[str, ...]) -> Any:
         function_scope=c["function_scope"],
         expected_classes=tuple(hiera),
         expected_opset=24 if promote else int(params["opset"]),
-        expected_dynamo=bool(params["dynamo"]),
+        expected_dynamo=dynamo,
+        expected_ops=tuple(sorted((op, int(n)) for op, n in c.get("expect_ops", {}).items())),
     )

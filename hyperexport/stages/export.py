@@ -10,10 +10,14 @@ from hyperexport.build.stage import StageInputs
 
 
 class ExportStage:
-    """``export_units`` on the live model and the trace's capture."""
+    """``export_units`` on the live model and the trace's capture.
+
+    With ``fallback: true`` a failed export is retried once on the other path (logged at
+    WARNING); ``bundle.json`` records it, and from there the model's metadata and the report.
+    """
 
     name: str = "export"
-    version: int = 1
+    version: int = 2
     upstream: tuple[str, ...] = ("trace",)
     reads: tuple[str, ...] = (
         "model",
@@ -22,6 +26,7 @@ class ExportStage:
         "method",
         "opset",
         "dynamo",
+        "fallback",
         "functions",
         "custom_ops",
         "attention",
@@ -31,11 +36,11 @@ class ExportStage:
     artifacts: Mapping[str, str] = {"bundle": "bundle.json"}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.api import Capture, export_units
+        from hyperexport.api import Capture, export_units_with_fallback
         from hyperexport.stages.options import export_options
 
         capture = Capture.load(inputs.dir("trace"))
-        export_units(
+        export_units_with_fallback(
             inputs.model(),
             capture,
             opset=int(params["opset"]),

@@ -14,11 +14,13 @@ class TraceStage:
 
     The capture holds the reference outputs the check stage compares against, so check never
     needs torch. The trace depends on the export path (the TorchScript path captures under
-    ``torch.jit.trace``) but not on the opset.
+    ``torch.jit.trace``) and on the attention implementation (the model runs with it), but not
+    on the opset. With dynamic axes the model runs a second time, at ``check_shape``: those
+    outputs are the check stage's references at the second shape.
     """
 
     name: str = "trace"
-    version: int = 1
+    version: int = 2
     upstream: tuple[str, ...] = ()
     reads: tuple[str, ...] = (
         "model",
@@ -35,9 +37,11 @@ class TraceStage:
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.api import capture_model
         from hyperexport.stages.model import make_inputs, resolve_classes
+        from hyperexport.stages.options import dynamic_axes, probe_shapes
 
         hiera = resolve_classes(list(params["hiera"]), inputs.recipe_file)
         model = inputs.model()
+        axes = {name: dict(a) for name, a in dynamic_axes(params["inputs"])}
         capture = capture_model(
             model,
             (),
@@ -45,5 +49,8 @@ class TraceStage:
             hiera=hiera,
             method=params["method"],
             dynamo=bool(params["dynamo"]),
+            attention=params["attention"]["implementation"],
+            dynamic_axes=axes or None,
+            probe_shapes=dict(probe_shapes(params["inputs"])) or None,
         )
         capture.save(out_dir)

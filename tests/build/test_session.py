@@ -44,7 +44,13 @@ def test_outputs_and_report(tmp_path: Path) -> None:
     assert all(len(s["key"]) == 64 and s["seconds"] >= 0 for s in report["stages"])
     assert report["artifacts"]["model"] == str(out / "model.onnx")
     assert report["check"]["params"] == {
-        "check": {"atol": 0.0001, "function_scope": "all", "per_output": {}, "rtol": 0.001},
+        "check": {
+            "atol": 0.0001,
+            "expect_ops": {},
+            "function_scope": "all",
+            "per_output": {},
+            "rtol": 0.001,
+        },
         "opset": 18,
     }
     assert sorted(report["files"]) == ["check.json", "model.onnx"]

@@ -10,6 +10,7 @@ import pytest
 from check_toys import BLOCK, FN, LINEAR, Toy, make_toy
 
 from hyperexport.check import CheckSettings, StructuralResult, run_checks
+from hyperexport.check.structure import executed_op_counts
 from hyperexport.errors import CheckError
 from hyperexport.manifest import META_EXPORT_PATH, PLACEHOLDER_DOMAIN, FunctionEntry
 
@@ -148,3 +149,28 @@ def test_onnx_checker_failure_is_reported(save_toy) -> None:
     node_of(toy.model.graph, "Neg").attributes["bogus"] = ir.AttrInt64("bogus", 1)
     result = structural(toy, save_toy(toy))
     assert not result["checker"].ok and "bogus" in result["checker"].detail
+
+
+@pytest.mark.parametrize("mode", ["per_type", "per_instance"])
+def test_op_counts_count_each_function_body_once_per_executed_call(mode: str, save_toy) -> None:
+    # Linear runs three times: nested once in Block, and twice as head from the main graph.
+    toy = make_toy(mode)
+    counts = executed_op_counts(toy.model)
+    assert (counts["MatMul"], counts["Add"], counts["Relu"], counts["Neg"]) == (3, 3, 1, 1)
+    settings = CheckSettings(expected_ops=(("MatMul", 3), ("Relu", 1)))
+    result = structural(toy, save_toy(toy), settings)["op_counts"]
+    assert result.ok
+    assert result.detail == "executed default-domain nodes as expected: MatMul=3, Relu=1"
+
+
+def test_op_count_mismatch_fails_with_both_numbers(save_toy) -> None:
+    toy = make_toy("per_type")
+    settings = CheckSettings(expected_ops=(("MatMul", 2), ("Attention", 1)))
+    failure = only_failure(structural(toy, save_toy(toy), settings))
+    assert failure.name == "op_counts"
+    assert failure.detail == "MatMul: 3 executed, expected 2; Attention: 0 executed, expected 1"
+
+
+def test_op_counts_run_only_when_expected(save_toy) -> None:
+    toy = make_toy("per_type")
+    assert "op_counts" not in structural(toy, save_toy(toy))
