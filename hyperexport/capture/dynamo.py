@@ -29,7 +29,7 @@ import onnx_ir as ir
 import onnxscript
 import torch
 
-from hyperexport.capture.placeholders import PlaceholderSpec
+from hyperexport.capture.placeholders import Dim, PlaceholderSpec
 from hyperexport.capture.torch_bridge import dynamo_export_caches, torch_dtype, torch_dtype_name
 from hyperexport.errors import InputError
 from hyperexport.manifest import PLACEHOLDER_DOMAIN
@@ -50,15 +50,23 @@ _ANY_TENSOR = tuple(
 
 @dataclass(frozen=True)
 class _OpSignature:
-    """What decides a placeholder op: its input count and its outputs' shapes and dtypes."""
+    """What decides a placeholder op: its input count and its outputs' shapes and dtypes.
+
+    A shape entry is a fixed size, or ``(input index, input axis)`` for a dynamic dimension
+    that the op computes from that input's size.
+    """
 
     num_inputs: int
-    outputs: tuple[tuple[tuple[int, ...], str], ...]
+    outputs: tuple[tuple[tuple[Dim, ...], str], ...]
 
     @property
     def op_name(self) -> str:
         text = json.dumps([self.num_inputs, self.outputs], sort_keys=True)
         return f"ph_{hashlib.sha1(text.encode()).hexdigest()[:16]}"
+
+
+def _sizes(shape: tuple[Dim, ...], inputs: Sequence[torch.Tensor]) -> list[Any]:
+    return [d if isinstance(d, int) else inputs[d[0]].shape[d[1]] for d in shape]
 
 
 @dataclass
@@ -81,10 +89,13 @@ def _library() -> torch.library.Library:
     return _LIBRARY
 
 
-def _signature_of(num_inputs: int, outputs: Sequence[torch.Tensor]) -> _OpSignature:
+def _signature_of(
+    num_inputs: int, outputs: Sequence[torch.Tensor], output_dims: Sequence[tuple[Dim, ...]]
+) -> _OpSignature:
+    shapes = output_dims or [tuple(int(d) for d in t.shape) for t in outputs]
     return _OpSignature(
         num_inputs,
-        tuple((tuple(int(d) for d in t.shape), torch_dtype_name(t.dtype)) for t in outputs),
+        tuple((tuple(shape), torch_dtype_name(t.dtype)) for shape, t in zip(shapes, outputs)),
     )
 
 
@@ -101,11 +112,17 @@ def _define(sig: _OpSignature) -> _PlaceholderOp:
 
         def kernel(inputs: list[torch.Tensor], op_type: str) -> list[torch.Tensor]:
             device = inputs[0].device if inputs else torch.device("cpu")
-            return [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in specs]
+            return [
+                torch.zeros(_sizes(shape, inputs), dtype=dtype, device=device)
+                for shape, dtype in specs
+            ]
 
         def fake(inputs: list[torch.Tensor], op_type: str) -> list[torch.Tensor]:
             device = inputs[0].device if inputs else torch.device("cpu")
-            return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+            return [
+                torch.empty(_sizes(shape, inputs), dtype=dtype, device=device)
+                for shape, dtype in specs
+            ]
 
         lib.impl(name, kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
@@ -143,14 +160,18 @@ def _translation(sig: _OpSignature) -> Callable[..., Any]:
 
 
 def apply_placeholder(
-    op_type: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+    op_type: str,
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    output_dims: Sequence[tuple[Dim, ...]] = (),
 ) -> Sequence[torch.Tensor]:
     """Call the placeholder custom op of this signature (defined on first use).
 
     ``outputs`` gives the captured shapes and dtypes; the op returns tensors like them (empty
-    under ``torch.export``'s fake mode).
+    under ``torch.export``'s fake mode). With ``output_dims``, dynamic output sizes are read
+    from the inputs' (symbolic) sizes, so dynamic dimensions flow through the placeholder.
     """
-    op = _define(_signature_of(len(inputs), outputs))
+    op = _define(_signature_of(len(inputs), outputs, output_dims))
     return tuple(op.overload(list(inputs), op_type))
 
 
@@ -175,14 +196,8 @@ def export_dynamo(
     ``input_names``/``output_names`` and its initializers by state-dict name (``inner.<...>``).
     """
     started = time.perf_counter()
-    if dynamic_axes and specs:
-        raise InputError(
-            f"dynamic_axes {sorted(dynamic_axes)}",
-            "on the dynamo path, placeholder outputs have the shapes captured for the hiera "
-            f"calls {[s.call.call_id for s in specs]}, so dynamic dimensions cannot flow "
-            "through them; export with static shapes",
-        )
-    dynamic_shapes = _dynamic_shapes(inputs, input_names, dynamic_axes)
+    input_axes = {k: v for k, v in (dynamic_axes or {}).items() if k in input_names}
+    dynamic_shapes = _dynamic_shapes(inputs, input_names, input_axes)
     with _quiet_exporter(), torch.no_grad():
         program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
     placeholder_translations = {op.overload: op.translation for op in _OPS.values()}
@@ -207,7 +222,7 @@ def export_dynamo(
         raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
     model = onnx_program.model
     _name_graph_values(model.graph, input_names, output_names)
-    _name_dynamic_dims(model.graph, input_names, dynamic_axes)
+    _name_dynamic_dims(model.graph, input_names, input_axes)
     _name_initializers(model.graph, module)
     data = ir.to_proto(model).SerializeToString()
     log.debug("dynamo export: %d placeholders, %.2fs", len(specs), time.perf_counter() - started)

@@ -17,12 +17,18 @@ import torch
 
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
-from hyperexport.capture.records import ModuleCall, tree_tensor_keys
+from hyperexport.capture.records import CaptureRecord, ModuleCall, tree_tensor_keys
 from hyperexport.errors import InputError, ModuleExportError
 
-#: ``make_op(op_type, inputs, outputs) -> outputs``: applies the path's stand-in op.
+#: One output dimension of a placeholder: a fixed size, or ``(input index, input axis)`` when the
+#: dimension is dynamic and equals that dimension of that input.
+Dim = int | tuple[int, int]
+
+#: ``apply(op_type, inputs, outputs, output_dims) -> outputs``: the path's stand-in op.
+#: ``output_dims`` is empty for static shapes, else one tuple of Dim per output.
 ApplyPlaceholder = Callable[
-    [str, Sequence[torch.Tensor], Sequence[torch.Tensor]], Sequence[torch.Tensor]
+    [str, Sequence[torch.Tensor], Sequence[torch.Tensor], Sequence[tuple[Dim, ...]]],
+    Sequence[torch.Tensor],
 ]
 
 
@@ -33,6 +39,41 @@ class PlaceholderSpec:
     op_type: str
     call: ModuleCall
     weight_names: tuple[str, ...]
+    output_dims: tuple[tuple[Dim, ...], ...] = ()
+
+
+def symbolic_output_dims(record: CaptureRecord, call: ModuleCall) -> tuple[tuple[Dim, ...], ...]:
+    """How each output dimension of ``call`` follows its inputs, read off the probe run.
+
+    A dimension that changed between the capture and the probe is tied to an input dimension
+    that changed the same way (same pair of sizes); the placeholder then computes it from that
+    input, so the parent's export keeps it symbolic.
+
+    Raises:
+        InputError: A dynamic output dimension matches no input dimension.
+    """
+    if record.probe_inputs is None:
+        return ()
+    meta = {t.key: t for t in record.tensors}
+    sources: dict[tuple[int, int], tuple[int, int]] = {}
+    for i, key in enumerate(tree_tensor_keys(call.inputs)):
+        for axis in record.dynamic_dims(key):
+            pair = (meta[key].shape[axis], meta[f"probe/{key}"].shape[axis])
+            sources.setdefault(pair, (i, axis))
+    dims = []
+    for key in tree_tensor_keys(call.outputs):
+        shape: list[Dim] = list(meta[key].shape)
+        for axis in record.dynamic_dims(key):
+            pair = (meta[key].shape[axis], meta[f"probe/{key}"].shape[axis])
+            if pair not in sources:
+                raise InputError(
+                    f"module {call.path!r} output {key}",
+                    f"dimension {axis} is dynamic ({pair[0]} vs {pair[1]} at the second shape) "
+                    "but equals no dynamic dimension of the module's inputs",
+                )
+            shape[axis] = sources[pair]
+        dims.append(tuple(shape))
+    return tuple(dims)
 
 
 def module_weights(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -108,7 +149,9 @@ def _placeholder_forward(
         weights = dict(module_weights(module))
         extra = [weights[n] for n in spec.weight_names]
         out_keys = list(tree_tensor_keys(call.outputs))
-        results = apply(spec.op_type, [*live, *extra], outputs_by_call[call.call_id])
+        results = apply(
+            spec.op_type, [*live, *extra], outputs_by_call[call.call_id], spec.output_dims
+        )
         position = {k: i for i, k in enumerate(out_keys)}
         return tree.unflatten(call.outputs, lambda k: results[position[k]])
 

@@ -59,15 +59,13 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def set_symbolic_output_type(value: object, like: torch.Tensor, dynamic: bool) -> None:
-    """Give a TorchScript symbolic output the dtype (and, unless dynamic, shape) of ``like``.
+def set_symbolic_output_type(value: object, like: torch.Tensor, sizes: list[int | None]) -> None:
+    """Give a TorchScript symbolic output the dtype of ``like`` and ``sizes`` (None: unknown).
 
     Without it, the TorchScript exporter warns for every custom op and loses the shape
     information that later symbolics (e.g. Linear -> Gemm vs MatMul) decide on.
     """
-    tensor_type = torch._C.TensorType.create_from_tensor(like)
-    if dynamic:
-        tensor_type = tensor_type.with_sizes([None] * like.dim())
+    tensor_type = torch._C.TensorType.create_from_tensor(like).with_sizes(sizes)
     value.setType(tensor_type)  # type: ignore[attr-defined]
 
 

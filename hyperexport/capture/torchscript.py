@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hyperexport.capture.placeholders import Dim
 from hyperexport.capture.torch_bridge import quiet_torchscript_exporter, set_symbolic_output_type
 from hyperexport.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.options import CustomOpSymbolic
@@ -19,7 +20,7 @@ def apply_placeholder(
     op_type: str,
     inputs: Sequence[torch.Tensor],
     outputs: Sequence[torch.Tensor],
-    dynamic: bool = False,
+    output_dims: Sequence[tuple[Dim, ...]] = (),
 ) -> Sequence[torch.Tensor]:
     """Apply a duck-typed autograd.Function whose ``symbolic()`` emits the placeholder node.
 
@@ -30,8 +31,9 @@ def apply_placeholder(
     are: the tracer of torch 2.13 loses track of tensors created inside ``forward`` (a later op
     that consumes one fails with ``unordered_map::at``).
 
-    With ``dynamic``, the node's outputs are typed with rank and dtype only, so that nothing
-    downstream in the parent's trace takes the captured sizes as constants.
+    With ``output_dims`` (dynamic axes), the dynamic dimensions of the node's outputs are typed
+    as unknown, so that nothing downstream in the parent's trace takes the captured sizes as
+    constants.
     """
     captured = tuple(outputs)
 
@@ -41,8 +43,10 @@ def apply_placeholder(
     def symbolic(g: Any, *args: Any) -> Any:
         out = g.op(f"{PLACEHOLDER_DOMAIN}::{op_type}", *args, outputs=len(captured))
         values = (out,) if len(captured) == 1 else tuple(out)
-        for value, like in zip(values, captured):
-            set_symbolic_output_type(value, like, dynamic=dynamic)
+        for index, (value, like) in enumerate(zip(values, captured)):
+            dims = output_dims[index] if output_dims else tuple(like.shape)
+            sizes = [d if isinstance(d, int) else None for d in dims]
+            set_symbolic_output_type(value, like, sizes)
         return out
 
     function: Any = type(

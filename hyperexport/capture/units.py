@@ -7,7 +7,6 @@ unit plus ``bundle.json``, which the compose pass turns into one model with loca
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -26,6 +25,7 @@ from hyperexport.capture.placeholders import (
     PlaceholderSpec,
     module_weights,
     replace_children,
+    symbolic_output_dims,
 )
 from hyperexport.capture.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys
 from hyperexport.capture.torch_bridge import max_opset
@@ -187,6 +187,7 @@ def export_units(
                 op_names[c.call_id],
                 c,
                 tuple(n for n, _ in module_weights(modules[c.path])) if per_type else (),
+                symbolic_output_dims(record, c),
             )
             for c in children
         ]
@@ -273,7 +274,7 @@ def _export_one(
     # module it is given, recursively, which must not flip the user's model to training.
     wrapper = _UnitModule(inner, fn, inputs, sig).train(inner.training)
     flat = tuple(capture.tensor(k) for k in tree_tensor_keys(inputs))
-    apply = _placeholder_op(dynamo, dynamic=record.probe_inputs is not None)
+    apply = _placeholder_op(dynamo)
     per_type = options.functions == "per_type"
     try:
         with (
@@ -311,14 +312,14 @@ def _export_one(
         raise ModuleExportError(call.path if call else "", dynamo, e) from e
 
 
-def _placeholder_op(dynamo: bool, dynamic: bool) -> ApplyPlaceholder:
+def _placeholder_op(dynamo: bool) -> ApplyPlaceholder:
     if dynamo:
         from hyperexport.capture.dynamo import apply_placeholder as apply_dynamo
 
         return apply_dynamo
     from hyperexport.capture.torchscript import apply_placeholder
 
-    return functools.partial(apply_placeholder, dynamic=dynamic)
+    return apply_placeholder
 
 
 def _dim_names(record: CaptureRecord, options: ExportOptions) -> dict[tuple[int, int], str]:

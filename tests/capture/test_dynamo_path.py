@@ -16,7 +16,7 @@ from torch import nn
 from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
 from hyperexport.capture import dynamo
-from hyperexport.errors import InputError, ModuleExportError
+from hyperexport.errors import ModuleExportError
 from hyperexport.manifest import META_EXPORT_PATH, META_FALLBACK, PLACEHOLDER_DOMAIN
 from hyperexport.options import ExportOptions
 
@@ -83,8 +83,15 @@ def test_apply_placeholder_returns_captured_shapes_and_reuses_the_op() -> None:
     second = dynamo.apply_placeholder("P7", [torch.randn(2, 4)], outputs)
     assert [(t.shape, t.dtype) for t in first] == [(o.shape, o.dtype) for o in outputs]
     assert [(t.shape, t.dtype) for t in second] == [(o.shape, o.dtype) for o in outputs]
-    sig = dynamo._signature_of(1, outputs)
+    sig = dynamo._signature_of(1, outputs, ())
     assert dynamo._define(sig) is dynamo._define(sig)  # defined once, idempotent
+
+
+def test_apply_placeholder_computes_dynamic_sizes_from_its_inputs() -> None:
+    outputs = [torch.zeros(2, 3)]
+    # Output axis 0 follows input 0's axis 0.
+    result = dynamo.apply_placeholder("P2", [torch.randn(6, 4)], outputs, [((0, 0), 3)])
+    assert result[0].shape == (6, 3)
 
 
 @pytest.mark.parametrize("mode", ["per_instance", "per_type"])
@@ -141,16 +148,28 @@ def test_dynamic_axes_without_placeholders_are_named() -> None:
     assert dims == ["batch", 3]
 
 
-def test_dynamic_axes_through_placeholders_are_rejected_clearly() -> None:
-    with pytest.raises(InputError, match=r"dynamic_axes \['x'\].*block#0"):
-        export_hyper_onnx(
-            Net().eval(),
-            (torch.randn(2, 4),),
-            io.BytesIO(),
-            hiera=[Block],
-            dynamo=True,
-            dynamic_axes={"x": {0: "batch"}},
-        )
+def test_dynamic_axes_flow_through_placeholders() -> None:
+    # The placeholder op computes its dynamic output sizes from its inputs' symbolic sizes.
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    buffer = io.BytesIO()
+    export_hyper_onnx(
+        model,
+        (torch.randn(2, 4),),
+        buffer,
+        hiera=[Block],
+        dynamo=True,
+        dynamic_axes={"x": {0: "batch"}},
+    )
+    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 4)
+    (got,) = session.run(None, {"x": x.numpy()})
+    with torch.no_grad():
+        want = model(x).numpy()
+    assert got.shape == (5, 2)
+    assert abs(got - want).max() <= 1e-5
 
 
 def test_failure_names_the_module_and_the_path() -> None:
