@@ -15,7 +15,7 @@ from hyperexport.capture.tree import leaf_names
 from hyperexport.capture.units import ExportBundle
 from hyperexport.errors import RewriteError
 from hyperexport.manifest import FUNCTION_DOMAIN, CallSite, ExportManifest, FunctionEntry
-from hyperexport.passes.compose_functions import CHILD_INDEX, function_names
+from hyperexport.passes.compose_functions import CHILD_INDEX
 
 
 def _call_sites(
@@ -72,16 +72,19 @@ def _call_sites(
 
 def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord) -> ExportManifest:
     """Describe ``model``'s functions and call sites in terms of the capture's tensors."""
-    fn_names = function_names(bundle, record)
-    entries = []
-    for unit in bundle.units:
-        if unit.call_ids and (FUNCTION_DOMAIN, fn_names[unit.name], "") in model.functions:
-            paths = tuple(dict.fromkeys(record.call(c).path for c in unit.call_ids))
-            entries.append(
-                FunctionEntry(FUNCTION_DOMAIN, fn_names[unit.name], unit.class_name, paths)
-            )
     sites: dict[str, CallSite] = {}
     _call_sites(model, model.graph, None, record, None, sites)
+    used: dict[str, tuple[str, list[str]]] = {}
+    for call in record.calls:
+        site = sites.get(call.call_id)
+        if site is not None:
+            _, paths = used.setdefault(site.name, (call.class_name, []))
+            if call.path not in paths:
+                paths.append(call.path)
+    entries = [
+        FunctionEntry(FUNCTION_DOMAIN, name, class_name, tuple(paths))
+        for name, (class_name, paths) in used.items()
+    ]
     missing = [c.call_id for c in record.calls if c.call_id not in sites]
     if missing:
         raise RewriteError(f"manifest: module calls {missing} have no call site in the final model")

@@ -44,22 +44,20 @@ def strip_unit_prefix(graph: ir.Graph) -> None:
 
 
 def function_names(bundle: ExportBundle, record: CaptureRecord) -> dict[str, str]:
-    """Unit name -> function name, stable and readable."""
+    """Unit name -> function name (per module structure), stable and readable.
+
+    These are the names of the shared bodies; in per-instance mode the specialisation pass
+    renames each instance's copy after its module path.
+    """
     names: dict[str, str] = {}
     variants: dict[str, int] = {}
     for unit in bundle.units:
         if not unit.call_ids:
             continue
         call = record.call(unit.call_ids[0])
-        if bundle.function_mode == "per_type":
-            key = call.class_name
-            variant = variants.get(key, 0)
-            names[unit.name] = naming.type_function_name(call.class_name, variant)
-        else:
-            key = call.path
-            variant = variants.get(key, 0)
-            names[unit.name] = naming.instance_function_name(call.class_name, call.path, variant)
-        variants[key] = variant + 1
+        variant = variants.get(call.class_name, 0)
+        names[unit.name] = naming.type_function_name(call.class_name, variant)
+        variants[call.class_name] = variant + 1
     return names
 
 

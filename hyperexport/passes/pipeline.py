@@ -53,6 +53,18 @@ def rewrite_passes(options: ExportOptions) -> list[ir.passes.PassBase]:
     return steps
 
 
+def _specialize_pass(bundle: ExportBundle, record: CaptureRecord) -> ir.passes.PassBase:
+    from hyperexport.passes.compose_functions import function_names
+    from hyperexport.passes.specialize_instances import SpecializePerInstancePass
+
+    names = function_names(bundle, record)
+    units = [u for u in bundle.units if u.call_ids]
+    return SpecializePerInstancePass(
+        weights={names[u.name]: frozenset(u.weights) for u in units},
+        classes={names[u.name]: u.class_name for u in units},
+    )
+
+
 def compose_model(
     bundle_dir: Path, *, options: ExportOptions, record: CaptureRecord | None = None
 ) -> tuple[ir.Model, ExportManifest]:
@@ -74,5 +86,8 @@ def compose_model(
                 graph.inputs.pop(index)
     model = units.pop("root")
     ComposeFunctionsPass(units, bundle, record)(model)
-    ir.passes.PassManager(rewrite_passes(options))(model)
+    steps = rewrite_passes(options)
+    if bundle.function_mode == "per_instance":
+        steps.insert(0, _specialize_pass(bundle, record))
+    ir.passes.PassManager(steps)(model)
     return model, build_manifest(model, bundle, record)
