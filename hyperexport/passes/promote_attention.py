@@ -39,7 +39,18 @@ _FLOAT_TYPES = frozenset(
 )
 # Default-domain ops whose meaning (not only their type list) changed at the given opset: a
 # graph importing an older opset cannot simply be re-declared at 24 if it uses them.
-_CHANGED_SINCE = {"DFT": 20, "GridSample": 20, "GroupNormalization": 21}
+# At 18 the Reduce* ops (but ReduceSum, moved at 13) took ``axes`` as an input instead of an
+# attribute: a TorchScript export at opset <= 17 of an RMSNorm holds ReduceMean with ``axes``.
+_REDUCE_18 = (
+    "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
+    "ReduceMin", "ReduceProd", "ReduceSumSquare",
+)  # fmt: skip
+_CHANGED_SINCE = {
+    "DFT": 20,
+    "GridSample": 20,
+    "GroupNormalization": 21,
+    **dict.fromkeys(_REDUCE_18, 18),
+}
 
 GraphOrFunction = ir.Graph | ir.Function
 

@@ -199,3 +199,12 @@ def test_opset_raise_refuses_ops_that_changed_meaning():
     ).replace("bool[2,1,5,7] m)", "bool[2,1,5,7] m, float[2,5,8,2] g)")
     with pytest.raises(RewriteError, match="GridSample changed meaning"):
         _promote(text)
+
+
+def test_opset_raise_refuses_reduce_ops_with_axes_attribute_from_before_18():
+    # A TorchScript export at opset 17 writes RMSNorm's ReduceMean with an ``axes`` attribute,
+    # which opset 18 moved to an input: re-declaring 24 would leave an invalid node.
+    text = FOUR_D.replace("y = Relu (a)", "y = ReduceMean <axes = [-1]> (a)")
+    text = text.replace('"" : 18', '"" : 17').replace('"" : 20', '"" : 17')
+    with pytest.raises(RewriteError, match="ReduceMean changed meaning at opset 18"):
+        _promote(text)
