@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
@@ -82,8 +82,14 @@ def export_units_with_fallback(
     out_dir: Path,
     input_names: tuple[str, ...] | None = None,
     output_names: tuple[str, ...] | None = None,
-) -> ExportBundle:
+    recapture: Callable[[bool], Capture] | None = None,
+) -> tuple[ExportBundle, Capture]:
     """:func:`export_units`, retried once on the other path if ``options.fallback`` allows it.
+
+    What a capture records depends on the path (the TorchScript path captures under
+    ``torch.jit.trace``), so the retry first captures again for the other path with
+    ``recapture(dynamo)``; the capture the export used is returned with the bundle, and the
+    bundle's copy of the record is that capture's.
 
     Only an export failure falls back: :class:`ModuleExportError` (torch.onnx.export failed) or
     :class:`InputError` (the path cannot take these inputs, e.g. dynamic axes through
@@ -100,6 +106,11 @@ def export_units_with_fallback(
             retry).
         input_names: Names of the flattened root inputs, if given by the user.
         output_names: Names of the flattened root outputs, if given by the user.
+        recapture: Captures the model for a given path; without it the retry reuses
+            ``capture`` (fine for models whose forward does not depend on tracing).
+
+    Returns:
+        The bundle, and the capture it was exported from.
 
     Raises:
         ModuleExportError: The export failed; with fallback, on both paths (the retry's error,
@@ -114,7 +125,7 @@ def export_units_with_fallback(
         "output_names": output_names,
     }
     try:
-        return export_units(model, capture, dynamo=dynamo, **kwargs)
+        return export_units(model, capture, dynamo=dynamo, **kwargs), capture
     except (ModuleExportError, InputError) as e:
         if not options.fallback:
             raise
@@ -129,6 +140,8 @@ def export_units_with_fallback(
     if units.is_dir():
         shutil.rmtree(units)
     try:
+        if recapture is not None:
+            capture = recapture(not dynamo)
         bundle = export_units(model, capture, dynamo=not dynamo, **kwargs)
     except (ModuleExportError, InputError) as e:
         raise e from first
@@ -136,7 +149,7 @@ def export_units_with_fallback(
     tmp = out_dir / f".{BUNDLE_JSON}.tmp"
     tmp.write_text(bundle.dumps(), encoding="utf-8")
     os.replace(tmp, out_dir / BUNDLE_JSON)
-    return bundle
+    return bundle, capture
 
 
 def _axes_by_leaf_name(
@@ -206,30 +219,35 @@ def export_hyper_onnx(
     if options.dynamic_axes and input_names:
         options = _axes_by_leaf_name(model, args, kwargs, options, list(input_names))
     axes = {k: dict(v) for k, v in options.dynamic_axes}
-    capture = capture_model(
-        model,
-        args,
-        kwargs,
-        hiera=tuple(hiera or ()),
-        method=options.method,
-        dynamo=dynamo,
-        attention=options.attention.implementation,
-        dynamic_axes=axes or None,
-        probe_shapes={k: tuple(v) for k, v in options.probe_shapes} or None,
-    )
+
+    def capture_for(path: bool) -> Capture:
+        return capture_model(
+            model,
+            args,
+            kwargs,
+            hiera=tuple(hiera or ()),
+            method=options.method,
+            dynamo=path,
+            attention=options.attention.implementation,
+            dynamic_axes=axes or None,
+            probe_shapes={k: tuple(v) for k, v in options.probe_shapes} or None,
+        )
+
+    capture = capture_for(dynamo)
     names = {
         "input_names": tuple(input_names) if input_names else None,
         "output_names": tuple(output_names) if output_names else None,
     }
     with tempfile.TemporaryDirectory(prefix="hyperexport-") as tmp:
         bundle_dir = Path(tmp)
-        export_units_with_fallback(
+        _, capture = export_units_with_fallback(
             model,
             capture,
             opset=opset_version,
             dynamo=dynamo,
             options=options,
             out_dir=bundle_dir,
+            recapture=capture_for,
             **names,
         )
         onnx_model, manifest = compose_model(bundle_dir, options=options, record=capture.record)

@@ -29,8 +29,8 @@ class CheckStage:
     """
 
     name: str = "check"
-    version: int = 2
-    upstream: tuple[str, ...] = ("trace", "rewrite")
+    version: int = 3
+    upstream: tuple[str, ...] = ("trace", "export", "rewrite")
     reads: tuple[str, ...] = (
         "check",
         "opset",
@@ -46,8 +46,11 @@ class CheckStage:
         from hyperexport.api import Capture
         from hyperexport.check import run_checks
         from hyperexport.manifest import ExportManifest
+        from hyperexport.stages.export import FALLBACK_CAPTURE
 
-        capture = Capture.load(inputs.dir("trace"))
+        # After a fallback, the model was exported from a capture made for the other path.
+        fallback = inputs.dir("export") / FALLBACK_CAPTURE
+        capture = Capture.load(fallback if fallback.is_dir() else inputs.dir("trace"))
         rewrite_dir = inputs.dir("rewrite")
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
         settings = check_settings(params, capture.record.hiera, manifest.fallback_from)
