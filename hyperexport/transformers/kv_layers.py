@@ -1,0 +1,133 @@
+"""Decoder-layer functions usable for generation: past and present KV as explicit tensors.
+
+A transformers decoder layer takes the model's whole ``Cache`` object and updates it in place,
+which no function boundary can carry. :func:`explicit_kv_layers` swaps each layer, for the
+duration of an export, for a :class:`KVCacheLayer` that reads the layer's past keys/values out
+of the cache, calls :class:`KVStep` — a module whose forward takes and returns tensors only —
+and writes the present keys/values back. With ``hiera=[KVStep]`` each step becomes a function
+
+    (hidden_states, attention_mask, cos, sin, position_ids, past_key, past_value)
+        -> (hidden_states, present_key, present_value)
+
+that a generation loop can call. Inside a step the layer sees a one-layer cache at index 0 (its
+``layer_idx`` is set to 0 for the call), so all steps of one structure share a per-type body.
+
+Works for decoders whose layers are called like Llama's (Llama, Qwen2/3, Mistral, ...). Use it
+together with :class:`~hyperexport.transformers.static_cache.ExplicitKVCacheModel`, which
+makes the model's own inputs and outputs tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class KVStep(nn.Module):
+    """One decoder layer as a tensor-only step; the unit that becomes a function."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        past_key: torch.Tensor,
+        past_value: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the layer on a one-layer cache holding ``past_key``/``past_value``."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        cache.update(past_key, past_value, 0)
+        with _layer_index_zero(self.layer):
+            out = self.layer(
+                hidden_states,
+                attention_mask=attention_mask,
+                position_embeddings=(cos, sin),
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+            )
+        hidden = out[0] if isinstance(out, tuple) else out
+        return hidden, cache.layers[0].keys, cache.layers[0].values
+
+
+class KVCacheLayer(nn.Module):
+    """Stands where the decoder layer was: moves its past/present between cache and step."""
+
+    def __init__(self, layer: nn.Module, index: int) -> None:
+        super().__init__()
+        self.step = KVStep(layer)
+        self.index = index
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Same call convention as a Llama decoder layer; the cache is updated in place."""
+        if cache is None or position_embeddings is None:
+            raise ValueError("KVCacheLayer needs the model's cache and position embeddings")
+        layer = cache.layers[self.index]
+        hidden, key, value = self.step(
+            hidden_states,
+            attention_mask,
+            position_embeddings[0],
+            position_embeddings[1],
+            position_ids,
+            layer.keys,
+            layer.values,
+        )
+        layer.keys, layer.values = key, value
+        return hidden
+
+
+@contextlib.contextmanager
+def _layer_index_zero(layer: nn.Module) -> Iterator[None]:
+    # Read through vars(): hyperexport records the attributes a forward reads (to prove per-type
+    # reuse safe), and the real index, read here, must not count as read by the step.
+    modules = [m for m in layer.modules() if isinstance(vars(m).get("layer_idx"), int)]
+    saved = [vars(m)["layer_idx"] for m in modules]
+    try:
+        for m in modules:
+            m.layer_idx = 0
+        yield
+    finally:
+        for m, index in zip(modules, saved):
+            m.layer_idx = index
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "model", model)
+    if not isinstance(getattr(inner, "layers", None), nn.ModuleList):
+        raise TypeError(f"{type(model).__name__} has no decoder layer list (.layers)")
+    return inner
+
+
+@contextlib.contextmanager
+def explicit_kv_layers(model: nn.Module) -> Iterator[list[KVCacheLayer]]:
+    """Swap every decoder layer for a :class:`KVCacheLayer`; put the originals back on exit."""
+    decoder = _decoder(model)
+    originals = list(decoder.layers)
+    wrapped = [KVCacheLayer(layer, i) for i, layer in enumerate(originals)]
+    try:
+        for i, layer in enumerate(wrapped):
+            decoder.layers[i] = layer
+        yield wrapped
+    finally:
+        for i, layer in enumerate(originals):
+            decoder.layers[i] = layer

@@ -1,0 +1,93 @@
+"""Decoder-layer functions with explicit past/present KV: prefill and decode in ORT match torch."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from hyperexport import ExportOptions, export_hyper_onnx, zoo
+from hyperexport.transformers.kv_layers import KVCacheLayer, KVStep, explicit_kv_layers
+from hyperexport.transformers.static_cache import ExplicitKVCacheModel
+
+
+def _step(batch: int, past: int, new: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 128, (batch, new), generator=g)
+    mask = torch.ones(batch, past + new, dtype=torch.int64)
+    positions = torch.arange(past, past + new).unsqueeze(0).expand(batch, -1)
+    pasts = [torch.randn(batch, 2, past, 16, generator=g) for _ in range(4)]
+    return (ids, mask, positions, *pasts)
+
+
+@pytest.mark.parametrize("mode", ["per_type", "per_instance"])
+def test_layer_functions_serve_prefill_and_decode(mode: str) -> None:
+    model = zoo.tiny_llama(num_layers=2)
+    wrapper = ExplicitKVCacheModel(model).eval()
+    inputs, outputs = wrapper.io_names()
+    axes = {k: v for k, v in wrapper.dynamic_axes().items() if k in inputs}
+    # The second shape must keep total_len = past_len + new_len, so it is given explicitly.
+    probe = tuple((n, tuple(t.shape)) for n, t in zip(inputs, _step(2, 5, 1, 1)))
+    buffer = io.BytesIO()
+    with explicit_kv_layers(model):
+        export_hyper_onnx(
+            wrapper,
+            _step(1, 3, 4, 0),
+            buffer,
+            hiera=[KVStep],
+            dynamo=False,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            options=ExportOptions(functions=mode, probe_shapes=probe),  # type: ignore[arg-type]
+        )
+    assert all(isinstance(layer, type(model.layers[0])) for layer in model.layers)  # restored
+    proto = onnx.load_from_string(buffer.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    names = sorted(f.name for f in proto.functions)
+    if mode == "per_type":
+        assert names == ["KVStep"]
+        function = proto.functions[0]
+        assert list(function.input)[:6] == [
+            "hidden_states",
+            "attention_mask",
+            "cos",
+            "sin",
+            "past_key",
+            "past_value",
+        ]
+        assert len(function.output) == 3  # hidden states, present key, present value
+    else:
+        assert names == ["KVStep_model_layers_0_step", "KVStep_model_layers_1_step"]
+    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    prefill = _step(1, 0, 5, 2)
+    got = session.run(None, dict(zip(inputs, [t.numpy() for t in prefill])))
+    with torch.no_grad():
+        want = wrapper(*prefill)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), atol=1e-4)
+    decode = (
+        torch.randint(0, 128, (1, 1)),
+        torch.ones(1, 6, dtype=torch.int64),
+        torch.tensor([[5]]),
+        *[torch.from_numpy(p) for p in got[1:]],
+    )
+    got = session.run(None, dict(zip(inputs, [t.numpy() for t in decode])))
+    with torch.no_grad():
+        want = wrapper(*decode)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), atol=1e-4)
+
+
+def test_swap_is_undone_when_the_export_raises() -> None:
+    model = zoo.tiny_llama(num_layers=2)
+    originals = list(model.layers)
+    with pytest.raises(RuntimeError), explicit_kv_layers(model) as wrapped:
+        assert all(isinstance(layer, KVCacheLayer) for layer in model.layers)
+        assert len(wrapped) == 2
+        raise RuntimeError("boom")
+    assert list(model.layers) == originals
