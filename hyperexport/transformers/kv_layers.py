@@ -59,7 +59,8 @@ class KVStep(nn.Module):
                 use_cache=True,
             )
         hidden = out[0] if isinstance(out, tuple) else out
-        return hidden, cache.layers[0].keys, cache.layers[0].values
+        present: Any = cache.layers[0]
+        return hidden, present.keys, present.values
 
 
 class KVCacheLayer(nn.Module):
@@ -104,30 +105,31 @@ def _layer_index_zero(layer: nn.Module) -> Iterator[None]:
     saved = [vars(m)["layer_idx"] for m in modules]
     try:
         for m in modules:
-            m.layer_idx = 0
+            setattr(m, "layer_idx", 0)  # noqa: B010 (nn.Module typing)
         yield
     finally:
         for m, index in zip(modules, saved):
-            m.layer_idx = index
+            setattr(m, "layer_idx", index)  # noqa: B010
 
 
-def _decoder(model: nn.Module) -> nn.Module:
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     inner = getattr(model, "model", model)
-    if not isinstance(getattr(inner, "layers", None), nn.ModuleList):
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
         raise TypeError(f"{type(model).__name__} has no decoder layer list (.layers)")
-    return inner
+    return layers
 
 
 @contextlib.contextmanager
 def explicit_kv_layers(model: nn.Module) -> Iterator[list[KVCacheLayer]]:
     """Swap every decoder layer for a :class:`KVCacheLayer`; put the originals back on exit."""
-    decoder = _decoder(model)
-    originals = list(decoder.layers)
+    layers = _decoder_layers(model)
+    originals = list(layers)
     wrapped = [KVCacheLayer(layer, i) for i, layer in enumerate(originals)]
     try:
         for i, layer in enumerate(wrapped):
-            decoder.layers[i] = layer
+            layers[i] = layer
         yield wrapped
     finally:
         for i, layer in enumerate(originals):
-            decoder.layers[i] = layer
+            layers[i] = layer
