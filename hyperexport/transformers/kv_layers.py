@@ -131,5 +131,5 @@ def explicit_kv_layers(model: nn.Module) -> Iterator[list[KVCacheLayer]]:
             layers[i] = layer
         yield wrapped
     finally:
-        for i, layer in enumerate(originals):
-            layers[i] = layer
+        for i, original in enumerate(originals):
+            layers[i] = original
