@@ -22,7 +22,10 @@ from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.capture.tensor_store import load_arrays, raw_dtype, save_arrays
 from hyperexport.capture.torch_bridge import (
+    is_tracing,
+    pause_tracing,
     quiet_torchscript_exporter,
+    resume_tracing,
     torch_dtype,
     torch_dtype_name,
 )
@@ -99,6 +102,11 @@ class _Recorder:
         self.meta: dict[str, TensorMeta] = {}
         self.stack: list[str] = []  # module paths of every open forward, for error messages
         self.reads = ReadLog()
+        # Hiera modules with no hiera module inside run with tracing paused during a traced
+        # capture: their own export traces them again, and nothing recorded inside them depends
+        # on tracing, so recording their ops would only cost time.
+        self.leaves: set[int] = set()
+        self.paused: list[object] = []
 
     def store(self, value: Any, prefix: str, where: str, keep: bool = True) -> Tree:
         prefix = f"{self.prefix}{prefix}"
@@ -130,8 +138,12 @@ class _Recorder:
         self.pending.append((len(self.calls), call_id, inputs))
         self.calls.append(None)
         self.reads.open.append((path, set()))
+        if id(module) in self.leaves and is_tracing():
+            self.paused.append(pause_tracing())
 
     def post_hook(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if id(module) in self.leaves and self.paused:
+            resume_tracing(self.paused.pop())
         slot, call_id, inputs = self.pending.pop()
         path, _, index = call_id.rpartition("#")
         outputs = self.store(output, f"{call_id}/out.", f"module {path!r} output", self.keep_calls)
@@ -156,6 +168,9 @@ def _hooks(model: torch.nn.Module, hiera: tuple[type, ...], rec: _Recorder) -> I
         count = 0
         for module in model.modules():
             if isinstance(module, hiera) and module is not model:
+                inner = (m for m in module.modules() if m is not module)
+                if not any(isinstance(m, hiera) for m in inner):
+                    rec.leaves.add(id(module))
                 handles.append(module.register_forward_pre_hook(rec.pre_hook, with_kwargs=True))
                 handles.append(module.register_forward_hook(rec.post_hook, with_kwargs=True))
                 count += 1
@@ -283,7 +298,7 @@ class _Run:
                     args, kwargs = signature.split(self.fn, bound)
                     output = self.fn(*args, **kwargs)
                 else:
-                    output = _run_under_trace(self.model, self.fn, bound)
+                    output = _run_under_trace(self.model, self.fn, bound, rec.paused)
             except InputError:
                 raise
             except Exception as e:
@@ -339,7 +354,9 @@ def _require_same_calls(calls: Sequence[ModuleCall], probe: Sequence[ModuleCall]
         )
 
 
-def _run_under_trace(model: torch.nn.Module, fn: Any, bound: dict[str, Any]) -> Any:
+def _run_under_trace(
+    model: torch.nn.Module, fn: Any, bound: dict[str, Any], paused: list[object]
+) -> Any:
     """Call ``fn`` with ``bound`` arguments inside ``torch.jit.trace``; return its real output.
 
     The traced graph is thrown away: only the semantics (``is_tracing()`` is True) matter.
@@ -355,7 +372,12 @@ def _run_under_trace(model: torch.nn.Module, fn: Any, bound: dict[str, Any]) -> 
 
     def call(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = signature.split(fn, tree.unflatten(structure, lambda k: flat[positions[k]]))
-        out = fn(*args, **kwargs)
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            if paused:  # a forward that raised inside a paused hiera call
+                resume_tracing(paused[0])
+                paused.clear()
         result.append(out)
         leaves: list[torch.Tensor] = []
         tree.flatten(out, "model output", leaves)

@@ -46,6 +46,19 @@ def is_tracing() -> bool:
     return torch.jit.is_tracing()
 
 
+def pause_tracing() -> object:
+    """Stop the TorchScript tracer recording ops; returns the state to give back to
+    :func:`resume_tracing`. Tensors made meanwhile enter the trace as constants."""
+    state = torch._C._get_tracing_state()
+    torch._C._set_tracing_state(None)
+    return state
+
+
+def resume_tracing(state: object) -> None:
+    """Undo :func:`pause_tracing`."""
+    torch._C._set_tracing_state(state)  # type: ignore[arg-type]
+
+
 def torch_dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``."""
     return str(dtype).removeprefix("torch.")

@@ -21,14 +21,16 @@ def _graphs(model: ir.Model) -> Iterator[ir.Graph]:
         yield function.graph
 
 
-def _call_sites(model: ir.Model, function: ir.Function) -> list[ir.Node]:
-    ident = function.identifier()
-    return [
-        node
-        for graph in _graphs(model)
-        for node in graph.all_nodes()
-        if node.op_identifier() == ident
-    ]
+def _call_sites(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Node]]:
+    """Every function's call nodes, found in one walk over the model (main graph, functions and
+    their subgraphs)."""
+    sites: dict[ir.OperatorIdentifier, list[ir.Node]] = {ident: [] for ident in model.functions}
+    for graph in _graphs(model):
+        for node in graph.all_nodes():
+            calls = sites.get(node.op_identifier())
+            if calls is not None:
+                calls.append(node)
+    return sites
 
 
 def _used(value: ir.Value | None) -> bool:
@@ -71,22 +73,25 @@ class PruneFunctionIOPass(ir.passes.InPlacePass):
     """Prune unused inputs and outputs of every local function, with their call sites."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        modified = False
+        modified = RemoveUnusedNodesPass()(model).modified  # dead nodes keep inputs "used"
         while True:
-            changed = self._prune_outputs(model) | self._prune_inputs(model)
-            changed |= RemoveUnusedNodesPass()(model).modified
-            if not changed:
+            outputs_pruned = self._prune_outputs(model)
+            if outputs_pruned:  # their producers may now be dead, and so may inputs they read
+                RemoveUnusedNodesPass()(model)
+            inputs_pruned = self._prune_inputs(model)
+            if not (outputs_pruned or inputs_pruned):
                 return ir.passes.PassResult(model, modified=modified)
             modified = True
 
     def _prune_inputs(self, model: ir.Model) -> bool:
         changed = False
-        for function in model.functions.values():
+        sites = _call_sites(model)
+        for ident, function in model.functions.items():
             inputs = function.graph.inputs
             for index in reversed(range(len(inputs))):
                 if _used(inputs[index]):
                     continue
-                for node in _call_sites(model, function):
+                for node in sites[ident]:
                     _drop_input(node, index)
                 inputs.pop(index)
                 changed = True
@@ -94,8 +99,9 @@ class PruneFunctionIOPass(ir.passes.InPlacePass):
 
     def _prune_outputs(self, model: ir.Model) -> bool:
         changed = False
-        for function in model.functions.values():
-            sites = _call_sites(model, function)
+        all_sites = _call_sites(model)
+        for ident, function in model.functions.items():
+            sites = all_sites[ident]
             if not sites:
                 continue
             outputs = function.graph.outputs

@@ -215,3 +215,14 @@ def test_fallback_captures_again_for_the_other_path(monkeypatch, caplog) -> None
     np.testing.assert_allclose(
         got, model(input_ids=ids).last_hidden_state.detach().numpy(), atol=1e-4
     )
+
+
+def test_tracer_state_is_restored_after_a_forward_that_raises_inside_a_hiera_call() -> None:
+    from hyperexport.capture.torch_bridge import is_tracing
+
+    with pytest.raises(ModelForwardError):
+        export_hyper_onnx(Broken(), (torch.ones(2, 8),), io.BytesIO(), hiera=[Leaf], dynamo=False)
+    assert not is_tracing()
+    # The same process can still export.
+    data, _ = export_bytes(_model(), _inputs(), hiera=[Leaf], dynamo=False)
+    assert data
