@@ -50,13 +50,13 @@ def pause_tracing() -> object:
     """Stop the TorchScript tracer recording ops; returns the state to give back to
     :func:`resume_tracing`. Tensors made meanwhile enter the trace as constants."""
     state = torch._C._get_tracing_state()
-    torch._C._set_tracing_state(None)
+    torch._C._set_tracing_state(None)  # type: ignore[attr-defined]
     return state
 
 
 def resume_tracing(state: object) -> None:
     """Undo :func:`pause_tracing`."""
-    torch._C._set_tracing_state(state)  # type: ignore[arg-type]
+    torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str:
