@@ -1,0 +1,106 @@
+"""User symbolics for the TorchScript path, given through ExportOptions.custom_ops."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from hyperexport import CustomOpSymbolic, ExportOptions, ModuleExportError, export_hyper_onnx
+from tests.exporter.conftest import flat_outputs, run_ort
+
+
+@torch.library.custom_op("hyperexport_test::scaled_add", mutates_args=())
+def scaled_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + 2 * y
+
+
+@scaled_add.register_fake
+def _(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def symbolic_scaled_add(g: Any, x: Any, y: Any) -> Any:
+    two = g.op("Constant", value_t=torch.tensor(2.0))
+    return g.op("Add", x, g.op("Mul", y, two))
+
+
+def symbolic_wrong(g: Any, x: Any, y: Any) -> Any:
+    return g.op("Add", x, y)  # forgets the factor 2
+
+
+class Mixer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.hyperexport_test.scaled_add(self.proj(x), x)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixer = Mixer()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mixer(x))
+
+
+def _options(symbolic: str) -> ExportOptions:
+    op = CustomOpSymbolic("hyperexport_test::scaled_add", f"{__name__}:{symbolic}", 18)
+    return ExportOptions(custom_ops=(op,))
+
+
+def test_registered_symbolic_is_used_inside_the_function() -> None:
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 4)
+    buffer = io.BytesIO()
+    export_hyper_onnx(
+        model, (x,), buffer, hiera=[Mixer], dynamo=False, options=_options("symbolic_scaled_add")
+    )
+    proto = onnx.load_from_string(buffer.getvalue())
+    (function,) = proto.functions
+    assert "Mul" in [n.op_type for n in function.node]
+    np.testing.assert_allclose(
+        run_ort(buffer.getvalue(), [x.numpy()])[0], flat_outputs(model(x))[0], atol=1e-5
+    )
+
+
+def test_registration_is_undone_after_the_export() -> None:
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 4)
+    export_hyper_onnx(
+        model,
+        (x,),
+        io.BytesIO(),
+        hiera=[Mixer],
+        dynamo=False,
+        options=_options("symbolic_scaled_add"),
+    )
+    with pytest.raises(ModuleExportError, match="mixer"):
+        export_hyper_onnx(model, (x,), io.BytesIO(), hiera=[Mixer], dynamo=False)
+
+
+def test_a_wrong_symbolic_is_caught_by_the_check_and_blamed_on_its_module(tmp_path) -> None:
+    from hyperexport.api import capture_model, compose_model, export_units, save_model
+    from hyperexport.check import CheckSettings, run_checks
+
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 4)
+    options = _options("symbolic_wrong")
+    capture = capture_model(model, (x,), hiera=[Mixer])
+    export_units(model, capture, opset=18, dynamo=False, options=options, out_dir=tmp_path / "b")
+    onnx_model, manifest = compose_model(tmp_path / "b", options=options)
+    save_model(onnx_model, tmp_path / "m.onnx", external_data=False)
+    report = run_checks(
+        tmp_path / "m.onnx", manifest, capture.record, capture.arrays, CheckSettings()
+    )
+    assert not report.ok
+    assert report.first_divergent_module == "mixer"
