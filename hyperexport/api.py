@@ -6,7 +6,6 @@ build stages call the finer-grained steps (capture, export units, compose, save)
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import shutil
@@ -261,12 +260,5 @@ def export_hyper_onnx(
     else:
         if external_data:
             raise ValueError("external_data=True needs a file path for f, not a file object")
-        import onnx
-
-        proto = ir.serde.serialize_model(onnx_model)
-        f.write(proto.SerializeToString())
-        del onnx
+        f.write(ir.serde.serialize_model(onnx_model).SerializeToString())
     return manifest
-
-
-_ = io  # BytesIO is the documented file-object target

@@ -29,32 +29,15 @@ initializer that the manifest resolves it to.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import onnx_ir as ir
 
 from hyperexport.errors import RewriteError
+from hyperexport.passes.call_sites import call_sites, drop_inputs
 
 log = logging.getLogger(__name__)
 
 FunctionId = tuple[str, str, str]
-
-
-def _graphs(model: ir.Model) -> Iterator[ir.Graph]:
-    yield model.graph
-    for function in model.functions.values():
-        yield function.graph
-
-
-def _call_sites(model: ir.Model) -> dict[FunctionId, list[ir.Node]]:
-    """Function id -> every node calling it, in the main graph, functions and subgraphs."""
-    sites: dict[FunctionId, list[ir.Node]] = {ident: [] for ident in model.functions}
-    for graph in _graphs(model):
-        for node in graph.all_nodes():
-            ident = node.op_identifier()
-            if ident in sites:
-                sites[ident].append(node)
-    return sites
 
 
 def _is_constant_node(node: ir.Node | None) -> bool:
@@ -94,14 +77,6 @@ def _same(a: ir.TensorProtocol, b: ir.TensorProtocol) -> bool:
     return a.tobytes() == b.tobytes()
 
 
-def _drop_input(node: ir.Node, index: int) -> None:
-    inputs = list(node.inputs)
-    del inputs[index]
-    for i, value in enumerate(inputs):
-        node.replace_input_with(i, value)
-    node.resize_inputs(len(inputs))
-
-
 def _discard_if_unused(value: ir.Value) -> None:
     """Remove the initializer or Constant node behind ``value`` once nothing reads it."""
     if value.uses() or value.is_graph_output() or value.is_graph_input():
@@ -130,7 +105,7 @@ class _ConstantSlots:
 
     def __init__(self, model: ir.Model) -> None:
         self.model = model
-        self.sites = _call_sites(model)
+        self.sites = call_sites(model)
         self.owner = {id(f.graph): ident for ident, f in model.functions.items()}
         self._memo: dict[Slot, ir.TensorProtocol | None] = {}
 
@@ -205,7 +180,7 @@ class FuseConstantsIntoFunctionsPass(ir.passes.InPlacePass):
         self.default_opset = default_opset
 
     def requires(self, model: ir.Model) -> None:
-        for ident, nodes in _call_sites(model).items():
+        for ident, nodes in call_sites(model).items():
             expected = len(model.functions[ident].inputs)
             for node in nodes:
                 if len(node.inputs) > expected:
@@ -293,7 +268,7 @@ class FuseConstantsIntoFunctionsPass(ir.passes.InPlacePass):
             graph.opset_imports[""] = opset
         actuals = [node.inputs[index] for node in nodes]
         for node in nodes:
-            _drop_input(node, index)
+            drop_inputs(node, (index,))
         for value in {id(v): v for v in actuals if v is not None}.values():
             _discard_if_unused(value)
         log.debug(

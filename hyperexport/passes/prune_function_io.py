@@ -9,40 +9,14 @@ propagates through nested functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-
-def _graphs(model: ir.Model) -> Iterator[ir.Graph]:
-    yield model.graph
-    for function in model.functions.values():
-        yield function.graph
-
-
-def _call_sites(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Node]]:
-    """Every function's call nodes, found in one walk over the model (main graph, functions and
-    their subgraphs)."""
-    sites: dict[ir.OperatorIdentifier, list[ir.Node]] = {ident: [] for ident in model.functions}
-    for graph in _graphs(model):
-        for node in graph.all_nodes():
-            calls = sites.get(node.op_identifier())
-            if calls is not None:
-                calls.append(node)
-    return sites
+from hyperexport.passes.call_sites import call_sites, drop_inputs
 
 
 def _used(value: ir.Value | None) -> bool:
     return value is not None and (bool(value.uses()) or value.is_graph_output())
-
-
-def _drop_input(node: ir.Node, index: int) -> None:
-    inputs = list(node.inputs)
-    del inputs[index]
-    for i, value in enumerate(inputs):
-        node.replace_input_with(i, value)
-    node.resize_inputs(len(inputs))
 
 
 def _drop_outputs(node: ir.Node, keep: list[int]) -> ir.Node:
@@ -85,21 +59,21 @@ class PruneFunctionIOPass(ir.passes.InPlacePass):
 
     def _prune_inputs(self, model: ir.Model) -> bool:
         changed = False
-        sites = _call_sites(model)
+        sites = call_sites(model)
         for ident, function in model.functions.items():
             inputs = function.graph.inputs
             for index in reversed(range(len(inputs))):
                 if _used(inputs[index]):
                     continue
                 for node in sites[ident]:
-                    _drop_input(node, index)
+                    drop_inputs(node, (index,))
                 inputs.pop(index)
                 changed = True
         return changed
 
     def _prune_outputs(self, model: ir.Model) -> bool:
         changed = False
-        all_sites = _call_sites(model)
+        all_sites = call_sites(model)
         for ident, function in model.functions.items():
             sites = all_sites[ident]
             if not sites:

@@ -20,6 +20,7 @@ import onnx_ir as ir
 from hyperexport.errors import RewriteError
 from hyperexport.manifest import FUNCTION_DOMAIN
 from hyperexport.passes import naming
+from hyperexport.passes.call_sites import drop_inputs
 from hyperexport.passes.compose_functions import CHILD_INDEX
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class SpecializePerInstancePass(ir.passes.InPlacePass):
                     model.functions[clone.identifier()] = clone
                     clones[key] = clone
                     queue.append((clone.graph, path))
-                _drop_inputs(node, positions)
+                drop_inputs(node, positions)
                 node.op_type = clone.name
                 node.meta[MODULE_PATH] = path
                 modified = True
@@ -120,14 +121,6 @@ def _specialize(
     if "" not in graph.opset_imports:
         raise RewriteError(f"specialize: function {shared.name} imports no default opset")
     return ir.Function(FUNCTION_DOMAIN, name, graph=graph, attributes=[])
-
-
-def _drop_inputs(node: ir.Node, positions: list[int]) -> None:
-    drop = set(positions)
-    kept = [v for i, v in enumerate(node.inputs) if i not in drop]
-    for i, value in enumerate(kept):
-        node.replace_input_with(i, value)
-    node.resize_inputs(len(kept))
 
 
 def _order_functions(model: ir.Model) -> None:
