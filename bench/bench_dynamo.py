@@ -4,7 +4,11 @@ Both run in the same process on the same model and inputs, after one warm-up exp
 kind (imports, torch.onnx's registries and torch.export's caches are paid once, as they are in a
 real session). Each timing is the best of ``--repeat`` runs and covers the whole call, from the
 module to serialized bytes. The plain export uses torch's defaults (``optimize=True``); the
-hierarchical one includes capture, per-unit exports, composition and hyperexport's optimizer.
+hierarchical one includes capture, the unit export, composition and hyperexport's passes.
+
+Two clocks are reported: CPU time of this process (``time.process_time``, with torch on one
+thread, so that other load on a shared machine does not count) and wall time. The ratios to the
+plain export are the figures to report; absolute seconds vary with the machine.
 
 Usage::
 
@@ -32,21 +36,29 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Timing:
+    """The best CPU and wall time of several runs, in seconds."""
+
+    cpu: float
+    wall: float
+
+
+@dataclass(frozen=True)
 class Row:
-    """One model's timings in seconds, and the hierarchical/plain ratios."""
+    """One model's timings, and the hierarchical/plain ratios."""
 
     model: str
-    plain: float
-    per_instance: float
-    per_type: float
+    plain: Timing
+    per_instance: Timing
+    per_type: Timing
 
-    @property
-    def ratio_per_instance(self) -> float:
-        return self.per_instance / self.plain
-
-    @property
-    def ratio_per_type(self) -> float:
-        return self.per_type / self.plain
+    def ratios(self) -> dict[str, float]:
+        """``{mode_clock: hierarchical / plain}`` for both modes and both clocks."""
+        return {
+            f"{mode}_{clock}": getattr(getattr(self, mode), clock) / getattr(self.plain, clock)
+            for mode in ("per_instance", "per_type")
+            for clock in ("cpu", "wall")
+        }
 
 
 def plain_export(model: torch.nn.Module, args: tuple[torch.Tensor, ...], opset: int) -> bytes:
@@ -80,14 +92,15 @@ def hyper_export(
     return buffer.getvalue()
 
 
-def best_of(repeat: int, fn: Callable[[], Any]) -> float:
-    """The shortest wall time of ``repeat`` calls of ``fn``."""
-    times = []
+def best_of(repeat: int, fn: Callable[[], Any]) -> Timing:
+    """The shortest CPU and the shortest wall time of ``repeat`` calls of ``fn``."""
+    cpu, wall = [], []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started_cpu, started_wall = time.process_time(), time.perf_counter()
         fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
+        cpu.append(time.process_time() - started_cpu)
+        wall.append(time.perf_counter() - started_wall)
+    return Timing(min(cpu), min(wall))
 
 
 def bench(
@@ -98,19 +111,20 @@ def bench(
     repeat: int,
     opset: int,
 ) -> Row:
-    """Time plain, per-instance and per-type export of one model, interleaved per repeat."""
+    """Time plain, per-instance and per-type export of one model."""
     plain = best_of(repeat, lambda: plain_export(model, args, opset))
     inst = best_of(repeat, lambda: hyper_export(model, args, hiera, "per_instance", opset))
     typ = best_of(repeat, lambda: hyper_export(model, args, hiera, "per_type", opset))
     row = Row(name, plain, inst, typ)
+    ratios = row.ratios()
     log.info(
-        "%s: plain %.2fs, per_instance %.2fs (%.2fx), per_type %.2fs (%.2fx)",
+        "%s: CPU plain %.2fs, per_instance %.2fs (%.2fx), per_type %.2fs (%.2fx)",
         name,
-        plain,
-        inst,
-        row.ratio_per_instance,
-        typ,
-        row.ratio_per_type,
+        plain.cpu,
+        inst.cpu,
+        ratios["per_instance_cpu"],
+        typ.cpu,
+        ratios["per_type_cpu"],
     )
     return row
 
@@ -125,6 +139,22 @@ def warm_up(opset: int) -> None:
     hyper_export(model, (ids,), [LlamaDecoderLayer], "per_instance", opset)
 
 
+def print_table(rows: list[Row]) -> None:
+    """One line per model and clock: seconds of each export and the ratios to plain."""
+    print(
+        f"{'model':<10} {'clock':<5} {'plain':>7} {'per_inst':>9} {'ratio':>6} "
+        f"{'per_type':>9} {'ratio':>6}"
+    )
+    for r in rows:
+        ratios = r.ratios()
+        for clock in ("cpu", "wall"):
+            print(
+                f"{r.model:<10} {clock:<5} {getattr(r.plain, clock):7.2f} "
+                f"{getattr(r.per_instance, clock):9.2f} {ratios[f'per_instance_{clock}']:6.2f} "
+                f"{getattr(r.per_type, clock):9.2f} {ratios[f'per_type_{clock}']:6.2f}"
+            )
+
+
 def main(argv: list[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=16, help="tiny Llama decoder layers")
@@ -134,6 +164,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
+    # The plain export logs "torchvision is not installed" notices on every call.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
 
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
     from transformers.models.resnet.modeling_resnet import ResNetBasicLayer, ResNetStage
@@ -147,21 +180,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
         bench(f"llama-{ns.layers}", llama, (ids,), [LlamaDecoderLayer], ns.repeat, ns.opset),
         bench("resnet", resnet, (pixels,), [ResNetStage, ResNetBasicLayer], ns.repeat, ns.opset),
     ]
-    print(f"{'model':<10} {'plain':>8} {'per_inst':>9} {'ratio':>6} {'per_type':>9} {'ratio':>6}")
-    for r in rows:
-        print(
-            f"{r.model:<10} {r.plain:8.2f} {r.per_instance:9.2f} {r.ratio_per_instance:6.2f} "
-            f"{r.per_type:9.2f} {r.ratio_per_type:6.2f}"
-        )
+    print_table(rows)
     if ns.json:
-        data = [
-            {
-                **asdict(r),
-                "ratio_per_instance": r.ratio_per_instance,
-                "ratio_per_type": r.ratio_per_type,
-            }
-            for r in rows
-        ]
+        data = [{**asdict(r), "ratios": r.ratios()} for r in rows]
         with open(ns.json, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1)
     return rows

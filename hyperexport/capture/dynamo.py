@@ -197,17 +197,12 @@ def export_dynamo(
     """
     started = time.perf_counter()
     input_axes = {k: v for k, v in (dynamic_axes or {}).items() if k in input_names}
-    dynamic_shapes = _dynamic_shapes(inputs, input_names, input_axes)
-    with _quiet_exporter(), torch.no_grad():
+    dynamic_shapes = to_dynamic_shapes(inputs, input_names, input_axes)
+    with quiet_exporter(), torch.no_grad():
         program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
-    placeholder_translations = {op.overload: op.translation for op in _OPS.values()}
-    table = {
-        node.target: placeholder_translations[node.target]
-        for node in program.graph.nodes
-        if node.op == "call_function" and node.target in placeholder_translations
-    }
+    table = placeholder_translation_table(program)
     table.update(translations or {})
-    with _quiet_exporter(), dynamo_export_caches():
+    with quiet_exporter(), dynamo_export_caches():
         onnx_program = torch.onnx.export(
             program,
             inputs,
@@ -221,12 +216,22 @@ def export_dynamo(
     if onnx_program is None:  # only the TorchScript path returns None
         raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
     model = onnx_program.model
-    _name_graph_values(model.graph, input_names, output_names)
-    _name_dynamic_dims(model.graph, input_names, input_axes)
+    name_graph_values(model.graph, input_names, output_names)
+    name_dynamic_dims(model.graph, input_names, input_axes)
     _name_initializers(model.graph, module)
     data = ir.to_proto(model).SerializeToString()
     log.debug("dynamo export: %d placeholders, %.2fs", len(specs), time.perf_counter() - started)
     return data
+
+
+def placeholder_translation_table(program: torch.export.ExportedProgram) -> dict[Any, Any]:
+    """The ``custom_translation_table`` entries of the placeholder ops that ``program`` calls."""
+    translations = {op.overload: op.translation for op in _OPS.values()}
+    return {
+        node.target: translations[node.target]
+        for node in program.graph.nodes
+        if node.op == "call_function" and node.target in translations
+    }
 
 
 #: The logger of torch.onnx's op registry (a logger name only; nothing is imported from it).
@@ -241,7 +246,7 @@ class _DropTorchvisionNotice(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
+def quiet_exporter() -> Iterator[None]:
     """Silence the per-call notices of torch.export and torch.onnx for the duration.
 
     A hierarchical export makes one call per unit, so each notice would repeat per module.
@@ -258,7 +263,7 @@ def _quiet_exporter() -> Iterator[None]:
         logger.removeFilter(notice)
 
 
-def _dynamic_shapes(
+def to_dynamic_shapes(
     inputs: tuple[torch.Tensor, ...],
     input_names: Sequence[str],
     dynamic_axes: Mapping[str, Mapping[int, str]] | None,
@@ -285,7 +290,7 @@ def _dynamic_shapes(
     return (tuple(shapes),)  # type: ignore[return-value]
 
 
-def _name_graph_values(
+def name_graph_values(
     graph: ir.Graph, input_names: Sequence[str], output_names: Sequence[str]
 ) -> None:
     """Name the graph's inputs and outputs as asked.
@@ -351,7 +356,7 @@ def _name_initializers(graph: ir.Graph, module: torch.nn.Module) -> None:
         graph.initializers[target] = value
 
 
-def _name_dynamic_dims(
+def name_dynamic_dims(
     graph: ir.Graph,
     input_names: Sequence[str],
     dynamic_axes: Mapping[str, Mapping[int, str]] | None,

@@ -9,7 +9,7 @@ supplies the op that stands in the graph: see ``torchscript.py`` and ``dynamo.py
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,42 +100,97 @@ def replace_children(
         apply: The export path's placeholder op.
     """
     # Output tensors are made before the trace starts (see torchscript.apply_placeholder).
-    outputs = {
-        spec.call.call_id: [capture.tensor(k) for k in tree_tensor_keys(spec.call.outputs)]
-        for spec in specs
-    }
-    by_path: dict[str, list[PlaceholderSpec]] = {}
-    for spec in specs:
-        by_path.setdefault(spec.call.path, []).append(spec)
-    patched: list[torch.nn.Module] = []
-    try:
-        for path, path_specs in by_path.items():
-            module = modules[path]
-            module.forward = _placeholder_forward(module, path_specs, outputs, apply)  # type: ignore[method-assign]
-            patched.append(module)
+    router = PlaceholderRouter(specs, capture, apply)
+    with router.patched(modules), router.unit(specs):
         yield
-    finally:
-        for module in patched:
-            del module.forward
 
 
-def _placeholder_forward(
-    module: torch.nn.Module,
-    specs: list[PlaceholderSpec],
-    outputs_by_call: dict[str, list[torch.Tensor]],
-    apply: ApplyPlaceholder,
-) -> Callable[..., Any]:
-    original = type(module).forward.__get__(module)
-    calls = iter(specs)
+class PlaceholderRouter:
+    """Decides, call by call, whether a patched module runs for real or emits its placeholder.
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        spec = next(calls, None)
-        if spec is None:
-            raise ModuleExportError(
-                specs[0].call.path,
-                False,
-                RuntimeError("called more often during export than during capture"),
-            )
+    Several units can be traced in one export (the dynamo path's batch): the same module is a
+    placeholder while its parent unit is traced and runs its real forward while its own unit is
+    traced. Inside :meth:`unit`, a patched module that is a direct child of that unit consumes
+    the unit's next placeholder spec for its path; any other patched module runs for real.
+
+    Args:
+        specs: Every placeholder spec of every unit that will be traced (their captured outputs
+            are read now, before any trace starts).
+        capture: Where the children's captured outputs come from.
+        apply: The export path's placeholder op.
+    """
+
+    def __init__(
+        self, specs: Iterable[PlaceholderSpec], capture: Capture, apply: ApplyPlaceholder
+    ) -> None:
+        self._apply = apply
+        self._outputs: dict[str, list[torch.Tensor]] = {}
+        self._paths: set[str] = set()
+        for spec in specs:
+            self._paths.add(spec.call.path)
+            if spec.call.call_id not in self._outputs:
+                keys = tree_tensor_keys(spec.call.outputs)
+                self._outputs[spec.call.call_id] = [capture.tensor(k) for k in keys]
+        self._pending: dict[str, Iterator[PlaceholderSpec]] = {}
+
+    @contextlib.contextmanager
+    def unit(self, specs: Sequence[PlaceholderSpec]) -> Iterator[None]:
+        """Trace one unit: its direct children (``specs``, in call order) become placeholders."""
+        by_path: dict[str, list[PlaceholderSpec]] = {}
+        for spec in specs:
+            by_path.setdefault(spec.call.path, []).append(spec)
+        previous = self._pending
+        self._pending = {path: iter(path_specs) for path, path_specs in by_path.items()}
+        try:
+            yield
+        finally:
+            self._pending = previous
+
+    @contextlib.contextmanager
+    def patched(self, modules: Mapping[str, torch.nn.Module]) -> Iterator[None]:
+        """Patch the ``forward`` of every module that some spec stands for; restore on exit."""
+        patched: list[tuple[torch.nn.Module, Any]] = []
+        try:
+            for path in sorted(self._paths):
+                module = modules[path]
+                own = module.__dict__.get("forward", _NOT_SET)
+                module.forward = self._forward(module, path)  # type: ignore[method-assign]
+                patched.append((module, own))
+            yield
+        finally:
+            for module, own in patched:
+                if own is _NOT_SET:
+                    del module.forward
+                else:
+                    module.forward = own  # type: ignore[method-assign]
+
+    def _forward(self, module: torch.nn.Module, path: str) -> Callable[..., Any]:
+        real = module.forward
+        original = type(module).forward.__get__(module)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            calls = self._pending.get(path)
+            if calls is None:  # not a child of the unit being traced: its own unit, or none
+                return real(*args, **kwargs)
+            spec = next(calls, None)
+            if spec is None:
+                raise ModuleExportError(
+                    path,
+                    False,
+                    RuntimeError("called more often during export than during capture"),
+                )
+            return self._emit(module, original, spec, args, kwargs)
+
+        return forward
+
+    def _emit(
+        self,
+        module: torch.nn.Module,
+        original: Callable[..., Any],
+        spec: PlaceholderSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         call = spec.call
         live: list[torch.Tensor] = []
         tree.flatten(signature.bind(original, args, kwargs), f"module {call.path!r} input", live)
@@ -149,10 +204,12 @@ def _placeholder_forward(
         weights = dict(module_weights(module))
         extra = [weights[n] for n in spec.weight_names]
         out_keys = list(tree_tensor_keys(call.outputs))
-        results = apply(
-            spec.op_type, [*live, *extra], outputs_by_call[call.call_id], spec.output_dims
+        results = self._apply(
+            spec.op_type, [*live, *extra], self._outputs[call.call_id], spec.output_dims
         )
         position = {k: i for i, k in enumerate(out_keys)}
         return tree.unflatten(call.outputs, lambda k: results[position[k]])
 
-    return forward
+
+#: Marks a module without a ``forward`` of its own in its instance dict.
+_NOT_SET = object()

@@ -1,8 +1,10 @@
 """Export a captured model unit by unit: the root, and each distinct hiera call body.
 
-A *unit* is one ``torch.onnx.export`` call: a module exported on its own with its direct hiera
-children replaced by placeholders. The result is an :class:`ExportBundle`: one ONNX file per
-unit plus ``bundle.json``, which the compose pass turns into one model with local functions.
+A *unit* is a module exported on its own with its direct hiera children replaced by
+placeholders: one ``torch.onnx.export`` call per unit on the TorchScript path, one call for all
+units on the dynamo path (``dynamo_batch.py``). The result is an :class:`ExportBundle`: one ONNX
+file per unit plus ``bundle.json``, which the compose pass turns into one model with local
+functions.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.placeholders import (
-    ApplyPlaceholder,
+    PlaceholderRouter,
     PlaceholderSpec,
     module_weights,
     replace_children,
@@ -111,6 +113,36 @@ class ExportBundle:
         )
 
 
+@dataclass(frozen=True)
+class UnitJob:
+    """One unit to export: its wrapper module, example inputs and names.
+
+    Attributes:
+        name: The unit's name (``root``, ``u003``).
+        module_path: Path of the unit's module, for error messages (``""`` for the root).
+        wrapper: The module to trace: takes the flat inputs, returns the flat outputs.
+        inputs: Flat example inputs.
+        input_names: Graph input names of the unit's model.
+        output_names: Graph output names of the unit's model.
+        dynamic_axes: ``{input name: {axis: dim name}}`` (outputs' entries are ignored).
+        specs: The unit's direct hiera children, in call order.
+    """
+
+    name: str
+    module_path: str
+    wrapper: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    dynamic_axes: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    specs: tuple[PlaceholderSpec, ...] = ()
+
+    @property
+    def input_axes(self) -> dict[str, Mapping[int, str]]:
+        """The dynamic axes of the graph inputs."""
+        return {k: v for k, v in self.dynamic_axes.items() if k in self.input_names}
+
+
 class _UnitModule(torch.nn.Module):
     """Calls the exported module from flat tensors, and returns its tensors flat.
 
@@ -169,14 +201,18 @@ def export_units(
     check_opset(opset, dynamo)
     record = capture.record
     modules = dict(model.named_modules())
-    plan = plan_units(record, modules, options.functions)
-    per_type = options.functions == "per_type"
+    # Bodies are always exported once per module *structure*, with weights as inputs. In
+    # per-instance mode, the SpecializePerInstancePass later clones a body for each instance and
+    # bakes that instance's weights in, which costs far less than exporting every instance.
+    plan = plan_units(record, modules, "per_type")
     units_dir = out_dir / "units"
     units_dir.mkdir(parents=True, exist_ok=True)
     in_names = input_names or tuple(tree.leaf_names(record.inputs))
     out_names = output_names or _root_output_names(record.outputs)
 
     entries: list[UnitEntry] = []
+    jobs: list[UnitJob] = []
+    names = (in_names, out_names)
     op_names = {c.call_id: f"P{c.order}" for c in record.calls}
     started = time.perf_counter()
     for unit in plan:
@@ -186,14 +222,12 @@ def export_units(
             PlaceholderSpec(
                 op_names[c.call_id],
                 c,
-                tuple(n for n, _ in module_weights(modules[c.path])) if per_type else (),
+                tuple(n for n, _ in module_weights(modules[c.path])),
                 symbolic_output_dims(record, c),
             )
             for c in children
         ]
-        weights = (
-            tuple(n for n, _ in module_weights(modules[call.path])) if per_type and call else ()
-        )
+        weights = tuple(n for n, _ in module_weights(modules[call.path])) if call else ()
         entry = UnitEntry(
             name=unit.name,
             call_ids=unit.call_ids,
@@ -204,11 +238,20 @@ def export_units(
             exported=unit.exported,
         )
         if unit.exported:
-            data = _export_one(
-                model, modules, capture, call, specs, opset, dynamo, options, in_names, out_names
+            jobs.append(
+                _unit_job(model, modules, capture, unit.name, call, specs, options, names, dynamo)
             )
-            (units_dir / f"{unit.name}.onnx").write_bytes(data)
         entries.append(entry)
+    if dynamo:
+        # One torch.export and one torch.onnx.export for all units (see dynamo_batch.py).
+        exported = _export_dynamo(model, modules, capture, jobs, opset, options)
+    else:
+        exported = {
+            job.name: _export_torchscript(model, modules, capture, job, opset, options)
+            for job in jobs
+        }
+    for name, data in exported.items():
+        (units_dir / f"{name}.onnx").write_bytes(data)
     log.info(
         "exported %d of %d units (dynamo=%s) in %.2fs",
         sum(e.exported for e in entries),
@@ -243,23 +286,23 @@ def _write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _export_one(
+def _unit_job(
     model: torch.nn.Module,
     modules: Mapping[str, torch.nn.Module],
     capture: Capture,
+    name: str,
     call: ModuleCall | None,
     specs: list[PlaceholderSpec],
-    opset: int,
-    dynamo: bool,
     options: ExportOptions,
-    in_names: tuple[str, ...],
-    out_names: tuple[str, ...],
-) -> bytes:
+    root_names: tuple[tuple[str, ...], tuple[str, ...]],
+    dynamo: bool,
+) -> UnitJob:
+    """What one unit's export takes: its wrapper module, example inputs and names."""
     record = capture.record
     if call is None:
         inner, fn, inputs = model, getattr(model, options.method), record.inputs
         sig = fn
-        names_in, names_out = list(in_names), list(out_names)
+        names_in, names_out = list(root_names[0]), list(root_names[1])
         outputs = record.outputs
     else:
         inner = modules[call.path]
@@ -267,59 +310,81 @@ def _export_one(
         sig = type(inner).forward.__get__(inner)
         names_in = [f"in.{i}" for i, _ in enumerate(tree_tensor_keys(inputs))]
         names_out = [f"out.{i}" for i, _ in enumerate(tree_tensor_keys(outputs))]
-    dynamic = dynamic_axes_of(record, inputs, outputs, names_in, names_out, options)
+    path = call.path if call else ""
     if not names_out:
-        raise ModuleExportError(call.path if call else "", dynamo, ValueError("returns no tensor"))
+        raise ModuleExportError(path, dynamo, ValueError("returns no tensor"))
     # The wrapper takes the module's mode: the exporter sets and then restores the mode of the
     # module it is given, recursively, which must not flip the user's model to training.
-    wrapper = _UnitModule(inner, fn, inputs, sig).train(inner.training)
-    flat = tuple(capture.tensor(k) for k in tree_tensor_keys(inputs))
-    apply = _placeholder_op(dynamo)
-    per_type = options.functions == "per_type"
+    return UnitJob(
+        name=name,
+        module_path=path,
+        wrapper=_UnitModule(inner, fn, inputs, sig).train(inner.training),
+        inputs=tuple(capture.tensor(k) for k in tree_tensor_keys(inputs)),
+        input_names=tuple(names_in),
+        output_names=tuple(names_out),
+        dynamic_axes=dynamic_axes_of(record, inputs, outputs, names_in, names_out, options),
+        specs=tuple(specs),
+    )
+
+
+def _export_dynamo(
+    model: torch.nn.Module,
+    modules: Mapping[str, torch.nn.Module],
+    capture: Capture,
+    jobs: list[UnitJob],
+    opset: int,
+    options: ExportOptions,
+) -> dict[str, bytes]:
+    """Every unit in one batched dynamo export."""
+    from hyperexport.capture.dynamo import apply_placeholder
+    from hyperexport.capture.dynamo_batch import export_batch
+
+    router = PlaceholderRouter([s for job in jobs for s in job.specs], capture, apply_placeholder)
+    with export_context(model, True, options.attention.implementation) as translations:
+        return export_batch(
+            jobs,
+            modules=modules,
+            router=router,
+            model=model,
+            opset=opset,
+            translations=translations,
+        )
+
+
+def _export_torchscript(
+    model: torch.nn.Module,
+    modules: Mapping[str, torch.nn.Module],
+    capture: Capture,
+    job: UnitJob,
+    opset: int,
+    options: ExportOptions,
+) -> bytes:
+    """One unit through ``torch.onnx.export(dynamo=False)``."""
+    from hyperexport.capture.torchscript import (
+        apply_placeholder,
+        custom_op_symbolics,
+        export_torchscript,
+    )
+
     try:
         with (
-            export_context(model, dynamo, options.attention.implementation) as translations,
-            replace_children(modules, specs, capture, apply),
+            export_context(model, False, options.attention.implementation),
+            replace_children(modules, job.specs, capture, apply_placeholder),
+            custom_op_symbolics(options.custom_ops),
         ):
-            if dynamo:
-                from hyperexport.capture.dynamo import export_dynamo
-
-                return export_dynamo(
-                    wrapper,
-                    flat,
-                    opset=opset,
-                    input_names=names_in,
-                    output_names=names_out,
-                    dynamic_axes=dynamic,
-                    specs=specs,
-                    translations=translations,
-                )
-            from hyperexport.capture.torchscript import custom_op_symbolics, export_torchscript
-
-            with custom_op_symbolics(options.custom_ops):
-                return export_torchscript(
-                    wrapper,
-                    flat,
-                    opset=opset,
-                    input_names=names_in,
-                    output_names=names_out,
-                    weights_as_inputs=per_type,
-                    dynamic_axes=dynamic,
-                )
+            return export_torchscript(
+                job.wrapper,
+                job.inputs,
+                opset=opset,
+                input_names=list(job.input_names),
+                output_names=list(job.output_names),
+                weights_as_inputs=True,
+                dynamic_axes=job.dynamic_axes,
+            )
     except HyperExportError:
         raise
     except Exception as e:
-        raise ModuleExportError(call.path if call else "", dynamo, e) from e
-
-
-def _placeholder_op(dynamo: bool) -> ApplyPlaceholder:
-    if dynamo:
-        from hyperexport.capture.dynamo import apply_placeholder as apply_dynamo
-
-        return apply_dynamo
-    from hyperexport.capture.torchscript import apply_placeholder
-
-    return apply_placeholder
+        raise ModuleExportError(job.module_path, False, e) from e
 
 
 def _dim_names(record: CaptureRecord, options: ExportOptions) -> dict[tuple[int, int], str]:

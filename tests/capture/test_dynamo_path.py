@@ -1,4 +1,4 @@
-"""The dynamo path's placeholder ops and unit export (hyperexport.capture.dynamo)."""
+"""The dynamo path's placeholder ops and unit export (hyperexport.capture.dynamo, dynamo_batch)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch import nn
 
 from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
-from hyperexport.capture import dynamo
+from hyperexport.capture import dynamo, dynamo_batch
 from hyperexport.errors import ModuleExportError
 from hyperexport.manifest import META_EXPORT_PATH, META_FALLBACK, PLACEHOLDER_DOMAIN
 from hyperexport.options import ExportOptions
@@ -108,16 +108,14 @@ def test_unit_graphs_carry_one_placeholder_node_and_state_dict_names(
     assert len(node.outputs) == 2
     assert node.inputs[0] is root.graph.inputs[0]
     assert [v.name for v in root.graph.inputs] == ["x"]
+    # In both modes the child's weights are extra placeholder inputs, as initializers by
+    # state-dict name (per-instance mode bakes them in later, in SpecializePerInstancePass).
+    assert [v.name for v in node.inputs[1:]] == [
+        "inner.block.linear.weight",
+        "inner.block.linear.bias",
+    ]
     expected_root = {"inner.out.weight", "inner.out.bias"}
-    if mode == "per_type":
-        # The child's weights are extra placeholder inputs, as initializers by state-dict name.
-        assert [v.name for v in node.inputs[1:]] == [
-            "inner.block.linear.weight",
-            "inner.block.linear.bias",
-        ]
-        expected_root |= {"inner.block.linear.weight", "inner.block.linear.bias"}
-    else:
-        assert len(node.inputs) == 1
+    expected_root |= {"inner.block.linear.weight", "inner.block.linear.bias"}
     assert set(root.graph.initializers) == expected_root
     (child,) = (m for name, m in units.items() if name != "root")
     assert [v.name for v in child.graph.inputs] == ["in.0"]
@@ -208,3 +206,182 @@ def test_no_fallback_unless_asked() -> None:
         export_hyper_onnx(
             DataDependent().eval(), (torch.randn(2, 4),), io.BytesIO(), hiera=[Block], dynamo=True
         )
+
+
+class Outer(nn.Module):
+    """Calls two blocks (one of them twice) and reads a block's weight itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Block()
+        self.second = Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.first(x)
+        h, s = self.second(h)
+        h, _ = self.second(h + s.unsqueeze(-1))
+        return h @ self.first.linear.weight.T
+
+
+class Nested(nn.Module):
+    """Root -> Outer -> Block, with a weight tied between the root and a block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outer = Outer()
+        self.head = nn.Linear(4, 4, bias=False)
+        self.head.weight = self.outer.second.linear.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.outer(x))
+
+
+def _export_nested(out: Path, dynamic: bool) -> dict[str, onnx.ModelProto]:
+    torch.manual_seed(0)
+    model = Nested().eval()
+    axes = (("x", ((0, "batch"),)),) if dynamic else ()
+    capture = capture_model(
+        model,
+        (torch.randn(3, 4),),
+        hiera=[Outer, Block],
+        dynamic_axes={"x": {0: "batch"}} if dynamic else None,
+    )
+    options = ExportOptions(functions="per_type", dynamic_axes=axes)
+    bundle = export_units(model, capture, opset=18, dynamo=True, options=options, out_dir=out)
+    return {u.name: onnx.load(out / "units" / f"{u.name}.onnx") for u in bundle.units if u.exported}
+
+
+def _interface(proto: onnx.ModelProto) -> dict[str, object]:
+    def dims(values: object) -> list[tuple[str, list[object]]]:
+        return [
+            (v.name, [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+            for v in values  # type: ignore[attr-defined]
+        ]
+
+    return {
+        "inputs": dims(proto.graph.input),
+        "outputs": dims(proto.graph.output),
+        "initializers": sorted(i.name for i in proto.graph.initializer),
+        "opsets": sorted(o.domain for o in proto.opset_import),
+        "placeholders": sorted(
+            n.op_type for n in proto.graph.node if n.domain == PLACEHOLDER_DOMAIN
+        ),
+    }
+
+
+def test_all_units_are_one_torch_export(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[object] = []
+    export = torch.export.export
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(args[0])
+        return export(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.export, "export", counting)
+    units = _export_nested(tmp_path, dynamic=False)
+    assert len(units) == 3  # root, Outer, Block
+    assert len(calls) == 1
+    for proto in units.values():
+        onnx.checker.check_model(proto, full_check=True)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_batched_units_match_units_exported_alone(
+    dynamic: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    batched = _export_nested(tmp_path / "batched", dynamic)
+
+    def fail(*args: object) -> None:
+        raise RuntimeError("batch disabled by the test")
+
+    monkeypatch.setattr(dynamo_batch, "_export", fail)
+    alone = _export_nested(tmp_path / "alone", dynamic)
+    assert set(batched) == set(alone)
+    for name in batched:
+        assert _interface(batched[name]) == _interface(alone[name]), name
+    root = _interface(batched["root"])
+    # The weight tied between the root's head and a block is named by its first path in the
+    # root, and the Outer unit names the block weight it reads by its path under Outer.
+    assert "inner.outer.second.linear.weight" in root["initializers"]  # type: ignore[operator]
+    outer = next(
+        m
+        for m in batched.values()
+        if any(i.name == "inner.first.linear.weight" for i in m.graph.initializer)
+    )
+    assert PLACEHOLDER_DOMAIN in _interface(outer)["opsets"]  # type: ignore[operator]
+    block = next(m for m in batched.values() if not _interface(m)["placeholders"])
+    assert _interface(block)["opsets"] == [""]
+    assert sorted(i.name for i in block.graph.initializer) == [
+        "inner.linear.bias",
+        "inner.linear.weight",
+    ]
+    if dynamic:
+        for proto in batched.values():
+            assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+def test_batched_export_runs_in_onnxruntime_at_another_shape(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = Nested().eval()
+    buffer = io.BytesIO()
+    export_hyper_onnx(
+        model,
+        (torch.randn(3, 4),),
+        buffer,
+        hiera=[Outer, Block],
+        dynamo=True,
+        dynamic_axes={"x": {0: "batch"}},
+        options=ExportOptions(functions="per_type"),
+    )
+    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    x = torch.randn(6, 4)
+    (got,) = session.run(None, {"x": x.numpy()})
+    with torch.no_grad():
+        want = model(x).numpy()
+    assert abs(got - want).max() <= 1e-5
+
+
+class BadBlock(Block):
+    """Branches on a tensor value inside a hiera child."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.linear(x)
+        if h.sum() > 0:
+            h = h * 2
+        return h, h.sum(-1)
+
+
+class BadNet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = BadBlock()
+
+
+def test_a_failing_unit_is_named_without_a_rerun(caplog: pytest.LogCaptureFixture) -> None:
+    model = BadNet().eval()
+    with (
+        caplog.at_level(logging.INFO, logger="hyperexport"),
+        pytest.raises(ModuleExportError, match=r"module 'block' \(dynamo=True\)"),
+    ):
+        export_hyper_onnx(model, (torch.randn(2, 4),), io.BytesIO(), hiera=[BadBlock], dynamo=True)
+    assert not [r for r in caplog.records if "unit by unit" in r.getMessage()]
+    # Every patched forward is restored.
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_a_failure_outside_the_units_reruns_them_one_by_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fail(*args: object) -> None:
+        raise RuntimeError("translation failed")
+
+    monkeypatch.setattr(dynamo_batch, "_export", fail)
+    torch.manual_seed(0)
+    model = Net().eval()
+    buffer = io.BytesIO()
+    with caplog.at_level(logging.WARNING, logger="hyperexport"):
+        export_hyper_onnx(model, (torch.randn(2, 4),), buffer, hiera=[Block], dynamo=True)
+    assert [r for r in caplog.records if "one by one" in r.getMessage()]
+    onnx.checker.check_model(onnx.load_from_string(buffer.getvalue()), full_check=True)
