@@ -175,6 +175,39 @@ def apply_placeholder(
     return tuple(op.overload(list(inputs), op_type))
 
 
+def export_program(
+    module: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    dynamic_shapes: Any,
+    opset: int,
+    translations: Mapping[Any, Any] | None,
+) -> ir.Model:
+    """``torch.export`` (non-strict) then ``torch.onnx.export(dynamo=True)``, into onnx_ir.
+
+    The program is captured first, so that every placeholder op it calls is defined by the time
+    its translation table is built. torch's optimizer is off: it would fold and rename
+    initializers, and our own pass pipeline optimizes the composed model.
+    """
+    with quiet_exporter(), torch.no_grad():
+        program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
+    table = placeholder_translation_table(program)
+    table.update(translations or {})
+    with quiet_exporter(), dynamo_export_caches():
+        onnx_program = torch.onnx.export(
+            program,
+            inputs,
+            dynamo=True,
+            verbose=False,
+            opset_version=opset,
+            custom_translation_table=table,
+            optimize=False,
+            external_data=False,
+        )
+    if onnx_program is None:  # only the TorchScript path returns None
+        raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
+    return onnx_program.model
+
+
 def export_dynamo(
     module: torch.nn.Module,
     inputs: tuple[torch.Tensor, ...],
@@ -198,24 +231,7 @@ def export_dynamo(
     started = time.perf_counter()
     input_axes = {k: v for k, v in (dynamic_axes or {}).items() if k in input_names}
     dynamic_shapes = to_dynamic_shapes(inputs, input_names, input_axes)
-    with quiet_exporter(), torch.no_grad():
-        program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
-    table = placeholder_translation_table(program)
-    table.update(translations or {})
-    with quiet_exporter(), dynamo_export_caches():
-        onnx_program = torch.onnx.export(
-            program,
-            inputs,
-            dynamo=True,
-            verbose=False,
-            opset_version=opset,
-            custom_translation_table=table,
-            optimize=False,
-            external_data=False,
-        )
-    if onnx_program is None:  # only the TorchScript path returns None
-        raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
-    model = onnx_program.model
+    model = export_program(module, inputs, dynamic_shapes, opset, translations)
     name_graph_values(model.graph, input_names, output_names)
     name_dynamic_dims(model.graph, input_names, input_axes)
     _name_initializers(model.graph, module)

@@ -37,14 +37,12 @@ import torch
 
 from hyperexport.capture.dynamo import (
     export_dynamo,
+    export_program,
     name_dynamic_dims,
     name_graph_values,
-    placeholder_translation_table,
-    quiet_exporter,
     to_dynamic_shapes,
 )
 from hyperexport.capture.placeholders import PlaceholderRouter
-from hyperexport.capture.torch_bridge import dynamo_export_caches
 from hyperexport.errors import HyperExportError, ModuleExportError
 
 if TYPE_CHECKING:
@@ -165,24 +163,7 @@ def _export(
     flat = tuple(t for job in jobs for t in job.inputs)
     names, axes = _batch_axes(jobs)
     shapes = to_dynamic_shapes(flat, names, axes)
-    with quiet_exporter(), torch.no_grad():
-        program = torch.export.export(batch, flat, dynamic_shapes=shapes, strict=False)
-    table = placeholder_translation_table(program)
-    table.update(translations or {})
-    with quiet_exporter(), dynamo_export_caches():
-        onnx_program = torch.onnx.export(
-            program,
-            flat,
-            dynamo=True,
-            verbose=False,
-            opset_version=opset,
-            custom_translation_table=table,
-            optimize=False,
-            external_data=False,
-        )
-    if onnx_program is None:  # only the TorchScript path returns None
-        raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
-    return onnx_program.model
+    return export_program(batch, flat, shapes, opset, translations)
 
 
 def _batch_axes(jobs: Sequence[UnitJob]) -> tuple[list[str], dict[str, dict[int, str]]]:
