@@ -28,11 +28,10 @@ from hyperexport.options import FunctionMode
 
 @dataclass(frozen=True)
 class PlannedUnit:
-    """A group of calls that one exported body serves. The first call is exported."""
+    """A group of calls that one exported body serves; the first call is the one exported."""
 
     name: str
     call_ids: tuple[str, ...]
-    exported: bool = True
 
 
 def _shape_tree(t: Tree, meta: Mapping[str, TensorMeta]) -> Any:

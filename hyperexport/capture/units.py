@@ -54,7 +54,6 @@ class UnitEntry:
         class_name: Qualified class name of the module.
         weights: Per-type mode: local state names passed as extra inputs after the data inputs.
         placeholders: ``(op_type, child call_id)`` of each placeholder node in the graph.
-        exported: False when the body was proven identical to another unit's and not exported.
     """
 
     name: str
@@ -63,7 +62,6 @@ class UnitEntry:
     class_name: str
     weights: tuple[str, ...]
     placeholders: tuple[tuple[str, str], ...]
-    exported: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,6 @@ class ExportBundle:
                 class_name=u["class_name"],
                 weights=tuple(u["weights"]),
                 placeholders=tuple((a, b) for a, b in u["placeholders"]),
-                exported=u["exported"],
             )
             for u in data["units"]
         )
@@ -235,12 +232,10 @@ def export_units(
             class_name=call.class_name if call else record.model_class,
             weights=weights,
             placeholders=tuple((s.op_type, s.call.call_id) for s in specs),
-            exported=unit.exported,
         )
-        if unit.exported:
-            jobs.append(
-                _unit_job(model, modules, capture, unit.name, call, specs, options, names, dynamo)
-            )
+        jobs.append(
+            _unit_job(model, modules, capture, unit.name, call, specs, options, names, dynamo)
+        )
         entries.append(entry)
     if dynamo:
         # One torch.export and one torch.onnx.export for all units (see dynamo_batch.py).
@@ -253,9 +248,9 @@ def export_units(
     for name, data in exported.items():
         (units_dir / f"{name}.onnx").write_bytes(data)
     log.info(
-        "exported %d of %d units (dynamo=%s) in %.2fs",
-        sum(e.exported for e in entries),
+        "exported %d units for %d hiera calls (dynamo=%s) in %.2fs",
         len(entries),
+        len(record.calls),
         dynamo,
         time.perf_counter() - started,
     )

@@ -75,9 +75,7 @@ def compose_model(
     if record is None:
         record = CaptureRecord.loads((bundle_dir / CAPTURE_RECORD).read_text(encoding="utf-8"))
     bundle = ExportBundle.loads((bundle_dir / BUNDLE_JSON).read_text(encoding="utf-8"))
-    units = {
-        u.name: ir.load(bundle_dir / "units" / f"{u.name}.onnx") for u in bundle.units if u.exported
-    }
+    units = {u.name: ir.load(bundle_dir / "units" / f"{u.name}.onnx") for u in bundle.units}
     for unit_model in units.values():
         # Per-type units are exported with initializers as graph inputs (see torchscript.py).
         graph = unit_model.graph

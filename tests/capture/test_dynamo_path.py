@@ -74,7 +74,7 @@ def _export_bundle(model: nn.Module, x: torch.Tensor, mode: str, out: Path) -> d
         options=ExportOptions(functions=mode),  # type: ignore[arg-type]
         out_dir=out,
     )
-    return {u.name: ir.load(out / "units" / f"{u.name}.onnx") for u in bundle.units if u.exported}
+    return {u.name: ir.load(out / "units" / f"{u.name}.onnx") for u in bundle.units}
 
 
 def test_apply_placeholder_returns_captured_shapes_and_reuses_the_op() -> None:
@@ -248,7 +248,7 @@ def _export_nested(out: Path, dynamic: bool) -> dict[str, onnx.ModelProto]:
     )
     options = ExportOptions(functions="per_type", dynamic_axes=axes)
     bundle = export_units(model, capture, opset=18, dynamo=True, options=options, out_dir=out)
-    return {u.name: onnx.load(out / "units" / f"{u.name}.onnx") for u in bundle.units if u.exported}
+    return {u.name: onnx.load(out / "units" / f"{u.name}.onnx") for u in bundle.units}
 
 
 def _interface(proto: onnx.ModelProto) -> dict[str, object]:
