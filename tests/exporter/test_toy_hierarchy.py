@@ -226,3 +226,30 @@ def test_tracer_state_is_restored_after_a_forward_that_raises_inside_a_hiera_cal
     # The same process can still export.
     data, _ = export_bytes(_model(), _inputs(), hiera=[Leaf], dynamo=False)
     assert data
+
+
+class TwoHeads(nn.Module):
+    """A model whose useful entry point is a method other than forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Leaf()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("not the entry point")
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * 3
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_a_method_other_than_forward_is_exported(dynamo: bool) -> None:
+    torch.manual_seed(0)
+    model, x = TwoHeads().eval(), torch.randn(2, 8)
+    data, manifest = export_bytes(
+        model, (x,), hiera=[Leaf], dynamo=dynamo, options=ExportOptions(method="encode")
+    )
+    assert [c.call_id for c in manifest.calls] == ["encoder#0"]
+    np.testing.assert_allclose(
+        run_ort(data, [x.numpy()])[0], model.encode(x).detach().numpy(), atol=1e-5
+    )
