@@ -240,6 +240,12 @@ def capture_model(
     """
     if not isinstance(args, tuple):
         args = (args,)
+    if model.training:
+        log.warning(
+            "%s is in training mode: dropout and batch-norm statistics make the captured "
+            "reference outputs differ from the eval-mode export; call model.eval() first",
+            type(model).__name__,
+        )
     classes = resolve_hiera(hiera)
     fn = getattr(model, method)
     names = {id(m): name for name, m in model.named_modules()}

@@ -253,3 +253,22 @@ def test_a_method_other_than_forward_is_exported(dynamo: bool) -> None:
     np.testing.assert_allclose(
         run_ort(data, [x.numpy()])[0], model.encode(x).detach().numpy(), atol=1e-5
     )
+
+
+def test_training_mode_is_warned_about(caplog) -> None:
+    import logging
+
+    model = _model().train()
+    with caplog.at_level(logging.WARNING, logger="hyperexport"):
+        export_hyper_onnx(model, _inputs(), io.BytesIO(), hiera=[Leaf], dynamo=False)
+    assert any("training mode" in r.getMessage() for r in caplog.records)
+    assert model.training  # the export does not change the model's mode
+
+
+def test_no_hiera_gives_a_flat_model_that_matches_torch() -> None:
+    model, args = _model(), _inputs()
+    data, manifest = export_bytes(model, args, dynamo=False)
+    assert manifest.calls == () and not onnx.load_from_string(data).functions
+    np.testing.assert_allclose(
+        run_ort(data, [a.numpy() for a in args])[0], flat_outputs(model(*args))[0], atol=1e-5
+    )
