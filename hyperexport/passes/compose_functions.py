@@ -1,8 +1,9 @@
 """Splice exported unit graphs into the root graph as ONNX local functions.
 
 Each placeholder node (domain ``hyperexport.placeholder``) left by the export becomes a call of
-the function made from its unit's graph. Unit initializers become Constant nodes inside the
-function (per-instance mode) or function inputs fed with each instance's weights (per-type mode).
+the function made from its unit's graph. A unit's weights become function inputs, fed at each
+call site with that instance's weights (per-instance mode then bakes them into per-instance
+clones: ``specialize_instances.py``); any other initializer becomes a Constant node in the body.
 """
 
 from __future__ import annotations
