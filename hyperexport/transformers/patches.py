@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 import torch
 from packaging.specifiers import SpecifierSet
@@ -55,6 +56,17 @@ class ExportPatch:
         )
 
 
+@contextmanager
+def _swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """Set ``owner.name`` to ``value`` for the duration; restore the original in ``finally``."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
 def _find_packed_sequence_indices(position_ids: torch.Tensor) -> torch.Tensor | None:
     """``find_packed_sequence_indices`` without ``torch.diff`` and without a boolean ``cumsum``.
 
@@ -87,12 +99,8 @@ def packed_sequence_without_diff() -> Iterator[None]:
     """
     from transformers import masking_utils
 
-    original = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = _find_packed_sequence_indices
-    try:
+    with _swapped(masking_utils, "find_packed_sequence_indices", _find_packed_sequence_indices):
         yield
-    finally:
-        masking_utils.find_packed_sequence_indices = original
 
 
 @contextmanager
@@ -106,12 +114,8 @@ def sdpa_without_enable_gqa() -> Iterator[None]:
     """
     from transformers.integrations import sdpa_attention
 
-    original = sdpa_attention.use_gqa_in_sdpa
-    sdpa_attention.use_gqa_in_sdpa = lambda attention_mask, key, value: False
-    try:
+    with _swapped(sdpa_attention, "use_gqa_in_sdpa", lambda attention_mask, key, value: False):
         yield
-    finally:
-        sdpa_attention.use_gqa_in_sdpa = original
 
 
 @contextmanager
@@ -125,12 +129,8 @@ def masks_as_under_torch_export() -> Iterator[None]:
     """
     from transformers import masking_utils
 
-    original = masking_utils.is_torchdynamo_exporting
-    masking_utils.is_torchdynamo_exporting = lambda: True
-    try:
+    with _swapped(masking_utils, "is_torchdynamo_exporting", lambda: True):
         yield
-    finally:
-        masking_utils.is_torchdynamo_exporting = original
 
 
 PATCHES: tuple[ExportPatch, ...] = (
