@@ -16,6 +16,7 @@ from hyperexport import ExportOptions, export_hyper_onnx
 from hyperexport.manifest import FUNCTION_DOMAIN
 from hyperexport.options import RewriteOptions
 from hyperexport.passes.fold_leftovers import FoldLeftoversPass
+from tests.passes.harness import apply_preserving, parse, run_checked
 
 HEADER = '<ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>'
 SCALE = """
@@ -97,27 +98,9 @@ Leftover_0 (v) => (out) {
 FEEDS = {"x": np.array([1.0, -5.0], dtype=np.float32)}
 
 
-def _model(text: str) -> ir.Model:
-    return ir.from_proto(onnx.parser.parse_model(text))
-
-
-def _run(model: ir.Model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    proto = ir.to_proto(model)
-    onnx.checker.check_model(proto, full_check=True)
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
 def _fold(text: str, feeds: dict[str, np.ndarray] = FEEDS) -> tuple[ir.Model, bool]:
     """Run the pass, check the model and ORT parity, and that a second run is a no-op."""
-    model = _model(text)
-    before = _run(model, feeds)
-    modified = FoldLeftoversPass()(model).modified
-    after = _run(model, feeds)
-    for a, b in zip(before, after, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert not FoldLeftoversPass()(model).modified
-    return model, modified
+    return apply_preserving(FoldLeftoversPass, text, feeds)
 
 
 def _function(model: ir.Model, name: str) -> ir.Function:
@@ -158,7 +141,7 @@ def test_only_calls_is_untouched():
 def test_subgraph_reads_from_outside_become_inputs():
     feeds = {**FEEDS, "c": np.array(False)}
     model, modified = _fold(SUBGRAPH, feeds)
-    _run(model, {**feeds, "c": np.array(True)})
+    run_checked(model, {**feeds, "c": np.array(True)})
     assert modified
     assert [node.op_type for node in model.graph] == ["Scale", "Leftover_0"]
     leftover = _function(model, "Leftover_0")
@@ -168,11 +151,11 @@ def test_subgraph_reads_from_outside_become_inputs():
 
 
 def test_true_branch_matches_after_folding():
-    model = _model(SUBGRAPH)
+    model = parse(SUBGRAPH)
     feeds = {**FEEDS, "c": np.array(True)}
-    before = _run(model, feeds)
+    before = run_checked(model, feeds)
     FoldLeftoversPass()(model)
-    np.testing.assert_array_equal(before[0], _run(model, feeds)[0])
+    np.testing.assert_array_equal(before[0], run_checked(model, feeds)[0])
 
 
 def test_dead_run_is_left_for_dead_code_removal():
@@ -190,7 +173,7 @@ def test_names_already_taken_are_skipped():
 
 
 def test_unsorted_graph_fails_precondition():
-    model = _model(BASIC)
+    model = parse(BASIC)
     relu = model.graph[1]
     model.graph.remove(relu)
     model.graph.append(relu)

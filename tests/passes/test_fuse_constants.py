@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 
 from hyperexport.passes.fuse_constants import FuseConstantsIntoFunctionsPass
+from tests.passes.harness import apply_preserving, parse
 
 HEADER = '<ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>'
 SCALE = """
@@ -155,28 +154,9 @@ Pass (a, s) => (a_out, s_out) {
 FEEDS = {"x": np.array([1.0, -2.0], dtype=np.float32)}
 
 
-def _model(text: str) -> ir.Model:
-    return ir.from_proto(onnx.parser.parse_model(text))
-
-
-def _run(model: ir.Model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    proto = ir.to_proto(model)
-    onnx.checker.check_model(proto, full_check=True)
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
-    return session.run(None, {k: v for k, v in feeds.items() if k in names})
-
-
 def _fuse(text: str, feeds: dict[str, np.ndarray] = FEEDS) -> tuple[ir.Model, bool]:
     """Run the pass, check the model and ORT parity, and that a second run is a no-op."""
-    model = _model(text)
-    before = _run(model, feeds)
-    modified = FuseConstantsIntoFunctionsPass()(model).modified
-    after = _run(model, feeds)
-    for a, b in zip(before, after, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert not FuseConstantsIntoFunctionsPass()(model).modified
-    return model, modified
+    return apply_preserving(FuseConstantsIntoFunctionsPass, text, feeds)
 
 
 def _function(model: ir.Model, name: str) -> ir.Function:
@@ -284,11 +264,11 @@ agraph (float[2] x) => (float[2] y) <float[2] w = {1.0, 2.0}> {
         + SCALE
     )
     with pytest.raises(ir.passes.PreconditionError, match="passes 3 inputs"):
-        FuseConstantsIntoFunctionsPass()(_model(text))
+        FuseConstantsIntoFunctionsPass()(parse(text))
 
 
 def test_model_without_functions_is_untouched():
-    model = _model(HEADER + "\nagraph (float[2] x) => (float[2] y) { y = Relu (x) }\n")
+    model = parse(HEADER + "\nagraph (float[2] x) => (float[2] y) { y = Relu (x) }\n")
     assert not FuseConstantsIntoFunctionsPass()(model).modified
 
 
