@@ -28,6 +28,11 @@ from hyperexport.passes import naming
 
 log = logging.getLogger(__name__)
 
+#: Function ``metadata_props`` key: qualified class of the module a function was made from.
+META_MODULE_CLASS = "hyperexport.module_class"
+#: Function ``metadata_props`` key: module path of the instance (per-instance functions only).
+META_MODULE_PATH = "hyperexport.module_path"
+
 #: ``node.meta`` key: position of a call node's module call among its parent's child calls.
 CHILD_INDEX = "hyperexport.child_index"
 
@@ -142,7 +147,11 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
         if unit.placeholders:
             graph.opset_imports[FUNCTION_DOMAIN] = 1
         graph.name = name
-        return ir.Function(FUNCTION_DOMAIN, name, graph=graph, attributes=[])
+        function = ir.Function(FUNCTION_DOMAIN, name, graph=graph, attributes=[])
+        # For tools that work one block at a time: which module class the function is.
+        function.doc_string = f"hyperexport: {unit.class_name}"
+        function.metadata_props[META_MODULE_CLASS] = unit.class_name
+        return function
 
     def _replace_placeholders(
         self, unit: UnitEntry, graph: ir.Graph, fn_names: dict[str, str]

@@ -21,7 +21,7 @@ from hyperexport.errors import RewriteError
 from hyperexport.manifest import FUNCTION_DOMAIN
 from hyperexport.passes import naming
 from hyperexport.passes.call_sites import drop_inputs
-from hyperexport.passes.compose_functions import CHILD_INDEX
+from hyperexport.passes.compose_functions import CHILD_INDEX, META_MODULE_PATH
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,9 @@ class SpecializePerInstancePass(ir.passes.InPlacePass):
                     variants[path] = variant + 1
                     name = naming.instance_function_name(self.classes[shared.name], path, variant)
                     clone = _specialize(shared, name, positions, tensors)
+                    clone.doc_string = f"{shared.doc_string} at {path}".strip()
+                    clone.metadata_props.update(shared.metadata_props)
+                    clone.metadata_props[META_MODULE_PATH] = path
                     model.functions[clone.identifier()] = clone
                     clones[key] = clone
                     queue.append((clone.graph, path))

@@ -272,3 +272,13 @@ def test_no_hiera_gives_a_flat_model_that_matches_torch() -> None:
     np.testing.assert_allclose(
         run_ort(data, [a.numpy() for a in args])[0], flat_outputs(model(*args))[0], atol=1e-5
     )
+
+
+def test_functions_say_which_module_they_are() -> None:
+    model, args = _model(), _inputs()
+    data, _ = export_bytes(model, args, hiera=[Block, Leaf], dynamo=False)
+    functions = {f.name: f for f in onnx.load_from_string(data).functions}
+    props = {p.key: p.value for p in functions["Leaf_block_first"].metadata_props}
+    assert props["hyperexport.module_class"].endswith("test_toy_hierarchy.Leaf")
+    assert props["hyperexport.module_path"] == "block.first"
+    assert "block.first" in functions["Leaf_block_first"].doc_string
