@@ -284,7 +284,13 @@ def to_dynamic_shapes(
     input_names: Sequence[str],
     dynamic_axes: Mapping[str, Mapping[int, str]] | None,
 ) -> tuple[dict[int, Any] | None, ...] | None:
-    """``dynamic_axes`` (by input name) as ``torch.export`` dynamic shapes (by position)."""
+    """``dynamic_axes`` (by input name) as ``torch.export`` dynamic shapes (by position).
+
+    Every dynamic axis is ``Dim.AUTO``: torch.export then works out how the dimensions relate
+    (a mask of ``past_len + new_len`` positions, say) instead of refusing names it was not told
+    the relation of. A dimension it had to specialise instead is caught after the export
+    (:func:`name_dynamic_dims`), never silently kept static.
+    """
     if not dynamic_axes:
         return None
     unknown = sorted(set(dynamic_axes) - set(input_names))
@@ -299,7 +305,7 @@ def to_dynamic_shapes(
             continue
         shapes.append(
             {
-                axis % tensor.dim(): dims.setdefault(dim, torch.export.Dim(dim))
+                axis % tensor.dim(): dims.setdefault(dim, torch.export.Dim.AUTO)
                 for axis, dim in axes.items()
             }
         )
@@ -387,6 +393,13 @@ def name_dynamic_dims(
             continue
         for axis, name in axes.items():
             dim = value.shape[axis % len(value.shape)]
+            if isinstance(dim, int):
+                raise InputError(
+                    f"dynamic_axes[{value.name!r}][{axis}]",
+                    f"torch.export specialised dimension {name!r} to {dim} (a traced size of 1, "
+                    "or a size the model's code fixes); trace with another size, or keep the "
+                    "dimension static",
+                )
             if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
                 names[dim.value] = name
     values = [*graph.inputs, *graph.outputs, *(v for node in graph for v in node.outputs)]

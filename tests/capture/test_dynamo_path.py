@@ -16,7 +16,7 @@ from torch import nn
 from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
 from hyperexport.capture import dynamo, dynamo_batch
-from hyperexport.errors import ModuleExportError
+from hyperexport.errors import InputError, ModuleExportError
 from hyperexport.manifest import META_EXPORT_PATH, META_FALLBACK, PLACEHOLDER_DOMAIN
 from hyperexport.options import ExportOptions
 
@@ -385,3 +385,17 @@ def test_a_failure_outside_the_units_reruns_them_one_by_one(
         export_hyper_onnx(model, (torch.randn(2, 4),), buffer, hiera=[Block], dynamo=True)
     assert [r for r in caplog.records if "one by one" in r.getMessage()]
     onnx.checker.check_model(onnx.load_from_string(buffer.getvalue()), full_check=True)
+
+
+def test_a_specialised_dynamic_dim_is_an_error_not_a_silent_static_dim() -> None:
+    # torch.export specialises a traced size of 1; the exported model would then only run at
+    # batch 1, so hyperexport refuses and says so.
+    with pytest.raises(InputError, match=r"specialised dimension 'batch' to 1"):
+        export_hyper_onnx(
+            Net().eval(),
+            (torch.randn(1, 4),),
+            io.BytesIO(),
+            hiera=[Block],
+            dynamo=True,
+            dynamic_axes={"x": {0: "batch"}},
+        )
