@@ -75,3 +75,35 @@ def test_vit_layers() -> None:
     model = zoo.tiny_vit()
     pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     _check(model, (pixels,), [ViTLayer], {"ViTLayer": 2})
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize(
+    ("factory", "hiera", "expected"),
+    [
+        (
+            zoo.tiny_bert,
+            [
+                "transformers.models.bert.modeling_bert.BertLayer",
+                "transformers.models.bert.modeling_bert.BertAttention",
+            ],
+            ["BertLayer", "BertAttention"],
+        ),
+        (zoo.tiny_gpt2, ["transformers.models.gpt2.modeling_gpt2.GPT2Block"], ["GPT2Block"]),
+        (
+            zoo.tiny_qwen2,
+            ["transformers.models.qwen2.modeling_qwen2.Qwen2DecoderLayer"],
+            ["Qwen2DecoderLayer"],
+        ),
+    ],
+    ids=["bert-nested", "gpt2", "qwen2"],
+)
+def test_more_families_per_type_on_both_paths(factory, hiera, expected, dynamo: bool) -> None:
+    model = factory()
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    data, manifest = export_bytes(
+        model, (ids,), hiera=hiera, dynamo=dynamo, options=ExportOptions(functions="per_type")
+    )
+    assert [f.name for f in manifest.functions] == expected
+    want = model(input_ids=ids).last_hidden_state.detach().numpy()
+    np.testing.assert_allclose(run_ort(data, [ids.numpy()])[0], want, atol=1e-4)
