@@ -6,6 +6,7 @@ build stages call the finer-grained steps (capture, export units, compose, save)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -172,6 +173,31 @@ def _axes_by_leaf_name(
     )
 
 
+_HYPERONNX_REWRITES = {
+    "do_optimization": "optimize",
+    "fold_nodes_to_functions": "fold_leftovers",
+    "fuse_constants_to_function": "fuse_constants",
+}
+
+
+def _hyperonnx_keywords(
+    options: ExportOptions, given: Mapping[str, Any]
+) -> tuple[ExportOptions, Path | None]:
+    """Map HyperONNX's keywords onto ExportOptions; reject anything else by name."""
+    given = dict(given)
+    rewrite = {
+        _HYPERONNX_REWRITES[k]: bool(given.pop(k)) for k in list(given) if k in _HYPERONNX_REWRITES
+    }
+    if rewrite:
+        options = replace(options, rewrite=replace(options.rewrite, **rewrite))
+    if given.pop("module_spec", None) is not None:
+        log.warning("export_hyper_onnx: module_spec (HyperONNX's internal cache) is ignored")
+    directory = given.pop("external_directory", None)
+    if given:
+        raise TypeError(f"export_hyper_onnx: unsupported argument(s) {sorted(given)}")
+    return options, Path(directory) if directory is not None else None
+
+
 def export_hyper_onnx(
     model: Any,
     args: Any,
@@ -186,7 +212,7 @@ def export_hyper_onnx(
     external_data: bool = False,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
     options: ExportOptions | None = None,
-    **unsupported: Any,
+    **hyperonnx: Any,
 ) -> ExportManifest:
     """Export ``model`` to ONNX with every call of a ``hiera`` class as a local function.
 
@@ -203,13 +229,16 @@ def export_hyper_onnx(
         external_data: Store large tensors in ``<f>.data`` (needs a path ``f``).
         dynamic_axes: ``{input name: {axis: dim name}}``.
         options: Everything else: function mode, fallback, rewrites, attention, custom ops.
+        **hyperonnx: HyperONNX's own keywords, so that its users can switch by changing the
+            import: ``do_optimization``, ``fold_nodes_to_functions`` and
+            ``fuse_constants_to_function`` set the matching rewrite options;
+            ``external_directory`` keeps the per-module ONNX files there; ``module_spec`` (its
+            internal cache) is ignored with a WARNING. Any other keyword is a TypeError.
 
     Returns:
         The export manifest (functions and call sites).
     """
-    if unsupported:
-        raise TypeError(f"export_hyper_onnx: unsupported argument(s) {sorted(unsupported)}")
-    options = options or ExportOptions()
+    options, keep_units = _hyperonnx_keywords(options or ExportOptions(), hyperonnx)
     if dynamic_axes:
         options = replace(
             options,
@@ -237,8 +266,13 @@ def export_hyper_onnx(
         "input_names": tuple(input_names) if input_names else None,
         "output_names": tuple(output_names) if output_names else None,
     }
-    with tempfile.TemporaryDirectory(prefix="hyperexport-") as tmp:
-        bundle_dir = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if keep_units is None:
+            bundle_dir = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="hyperexport-"))
+            )
+        else:
+            bundle_dir = keep_units
         _, capture = export_units_with_fallback(
             model,
             capture,

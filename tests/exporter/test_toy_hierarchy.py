@@ -282,3 +282,32 @@ def test_functions_say_which_module_they_are() -> None:
     assert props["hyperexport.module_class"].endswith("test_toy_hierarchy.Leaf")
     assert props["hyperexport.module_path"] == "block.first"
     assert "block.first" in functions["Leaf_block_first"].doc_string
+
+
+def test_hyperonnx_keywords_are_understood(tmp_path, caplog) -> None:
+    """A HyperONNX user switches by changing the import: its keywords keep working."""
+    import logging
+
+    model, args = _model(), _inputs()
+    buffer = io.BytesIO()
+    with caplog.at_level(logging.WARNING, logger="hyperexport"):
+        export_hyper_onnx(
+            model,
+            args,
+            buffer,
+            hiera=[Block, Leaf],
+            dynamo=False,
+            do_optimization=False,
+            fold_nodes_to_functions=True,
+            fuse_constants_to_function=False,
+            external_directory=tmp_path,
+            module_spec={},
+        )
+    proto = onnx.load_from_string(buffer.getvalue())
+    # fold_nodes_to_functions: every top-level node is a function call.
+    assert all(n.domain == "hyperexport.fn" for n in proto.graph.node)
+    assert (tmp_path / "units" / "root.onnx").is_file()  # external_directory keeps the units
+    assert any("module_spec" in r.getMessage() for r in caplog.records)
+    got = run_ort(buffer.getvalue(), [a.numpy() for a in args])
+    for g, w in zip(got, flat_outputs(model(*args))):
+        np.testing.assert_allclose(g, w, atol=1e-5)
