@@ -139,6 +139,8 @@ def export_batch(
         if isinstance(e.cause, HyperExportError):
             raise e.cause from e.cause.__cause__
         raise ModuleExportError(e.job.module_path, True, e.cause) from e.cause
+    except HyperExportError:
+        raise  # already names what is wrong (e.g. a dynamic axis torch specialised)
     except Exception as e:  # torch's errors are of many types; the rerun names the unit
         log.info(
             "batched dynamo export failed (%s: %s); exporting unit by unit", type(e).__name__, e
