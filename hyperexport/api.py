@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import onnx_ir as ir
 
+from hyperexport.atomic import atomic_write_text
 from hyperexport.capture.hooks import Capture, capture_model
 from hyperexport.capture.units import BUNDLE_JSON, ExportBundle, export_units
 from hyperexport.errors import InputError, ModuleExportError
@@ -146,9 +147,7 @@ def export_units_with_fallback(
     except (ModuleExportError, InputError) as e:
         raise e from first
     bundle = replace(bundle, fallback_from=f"dynamo={dynamo}: {type(first).__name__}: {first}")
-    tmp = out_dir / f".{BUNDLE_JSON}.tmp"
-    tmp.write_text(bundle.dumps(), encoding="utf-8")
-    os.replace(tmp, out_dir / BUNDLE_JSON)
+    atomic_write_text(out_dir / BUNDLE_JSON, bundle.dumps())
     return bundle, capture
 
 
@@ -240,9 +239,14 @@ def export_hyper_onnx(
     """
     options, keep_units = _hyperonnx_keywords(options or ExportOptions(), hyperonnx)
     if dynamic_axes:
+        # As with torch.onnx.export, entries may name outputs too; which output dims are dynamic
+        # follows from the inputs' (found by the probe run), so only the inputs' entries count.
+        outputs = set(output_names or ())
         options = replace(
             options,
-            dynamic_axes=tuple((k, tuple(sorted(v.items()))) for k, v in dynamic_axes.items()),
+            dynamic_axes=tuple(
+                (k, tuple(sorted(v.items()))) for k, v in dynamic_axes.items() if k not in outputs
+            ),
         )
     if options.dynamic_axes and input_names:
         options = _axes_by_leaf_name(model, args, kwargs, options, list(input_names))

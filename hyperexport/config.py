@@ -326,10 +326,6 @@ def _suggest(word: str, options: Sequence[str]) -> str:
     return f"; did you mean {matches[0]!r}?" if matches else ""
 
 
-def _is_missing(value: Any) -> bool:
-    return value is None or value == "???"
-
-
 class _Checker:
     """Checks a recipe against a schema dataclass, raising RecipeError on the first problem."""
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from hyperexport.atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -35,26 +34,6 @@ def sha256_file(path: Path) -> str:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def digest_files(root: Path, files: Iterable[Path]) -> str:
-    """One digest over several files: their paths relative to ``root`` and their contents."""
-    entries = sorted((p.relative_to(root).as_posix(), sha256_file(p)) for p in files)
-    return sha256_text(canonical_json(entries))
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_json(path: Path, value: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hyperexport.atomic import atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.attribute_reads import ReadLog, original_class, record_reads
 from hyperexport.capture.model_patches import export_context
@@ -69,18 +70,11 @@ class Capture:
     def _meta(self) -> dict[str, TensorMeta]:
         return {t.key: t for t in self.record.tensors}
 
-    def value(self, t: Tree) -> Any:
-        """Rebuild the live value a tree describes."""
-        meta = self._meta
-        return tree.unflatten(t, lambda k: from_array(self.arrays[k], meta[k].dtype))
-
     def save(self, directory: Path) -> None:
         """Write ``capture.json`` and ``tensors.npz`` into ``directory`` (atomically each)."""
         directory.mkdir(parents=True, exist_ok=True)
         save_arrays(directory / TENSORS_NPZ, self.arrays)
-        tmp = directory / f".{CAPTURE_JSON}.tmp"
-        tmp.write_text(self.record.dumps(), encoding="utf-8")
-        tmp.replace(directory / CAPTURE_JSON)
+        atomic_write_text(directory / CAPTURE_JSON, self.record.dumps())
 
     @classmethod
     def load(cls, directory: Path) -> Capture:

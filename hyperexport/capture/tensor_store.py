@@ -6,27 +6,20 @@ taken from the capture record when loading.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+
+from hyperexport.atomic import atomic_write_with
 
 _RAW_BITS = {"bfloat16": np.uint16}
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     """Write ``arrays`` to ``path`` atomically, in sorted key order (byte-stable)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **{k: arrays[k] for k in sorted(arrays)})  # type: ignore[arg-type]
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    ordered = {k: arrays[k] for k in sorted(arrays)}
+    atomic_write_with(path, lambda fh: np.savez(fh, **ordered))  # type: ignore[arg-type]
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:

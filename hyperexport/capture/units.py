@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from hyperexport.atomic import atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
 from hyperexport.capture.model_patches import export_context
@@ -262,8 +263,8 @@ def export_units(
         root_input_names=in_names,
         root_output_names=out_names,
     )
-    _write_text(out_dir / CAPTURE_RECORD, record.dumps())
-    _write_text(out_dir / BUNDLE_JSON, bundle.dumps())
+    atomic_write_text(out_dir / CAPTURE_RECORD, record.dumps())
+    atomic_write_text(out_dir / BUNDLE_JSON, bundle.dumps())
     return bundle
 
 
@@ -273,12 +274,6 @@ def _root_output_names(outputs: Tree) -> tuple[str, ...]:
     if any(not n[0].isalpha() or n == "value" for n in names):
         names = tree.leaf_names(outputs, "output")
     return tuple(names)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def _unit_job(

@@ -33,7 +33,7 @@ def test_layer_functions_serve_prefill_and_decode(mode: str, dynamo: bool) -> No
     model = zoo.tiny_llama(num_layers=2)
     wrapper = ExplicitKVCacheModel(model).eval()
     inputs, outputs = wrapper.io_names()
-    axes = {k: v for k, v in wrapper.dynamic_axes().items() if k in inputs}
+    axes = wrapper.dynamic_axes()  # names outputs too, as torch.onnx.export allows
     # The second shape must keep total_len = past_len + new_len, so it is given explicitly.
     probe = tuple((n, tuple(t.shape)) for n, t in zip(inputs, _step(3, 5, 1, 1)))
     # torch.export specialises a traced size of 1, so the dynamo path traces batch 2; the
