@@ -25,7 +25,6 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hyperexport.build.session import run_build, variant_dir
 from hyperexport.config import (
     BUILD_KEYS,
     CONF_DIR,
@@ -36,6 +35,7 @@ from hyperexport.config import (
     validate_recipe,
 )
 from hyperexport.errors import RecipeError
+from hyperexport.runner.session import run_build, variant_dir
 from hyperexport.stages import PIPELINE, model_loader
 
 log = logging.getLogger("hyperexport")

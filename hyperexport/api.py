@@ -20,9 +20,10 @@ import onnx_ir as ir
 
 from hyperexport.atomic import atomic_write_text
 from hyperexport.capture.hooks import Capture, capture_model
-from hyperexport.capture.units import BUNDLE_JSON, ExportBundle, export_units
+from hyperexport.contracts.bundle import BUNDLE_JSON, ExportBundle
+from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.errors import InputError, ModuleExportError
-from hyperexport.manifest import ExportManifest
+from hyperexport.export.units import export_units
 from hyperexport.options import ExportOptions
 from hyperexport.passes.pipeline import compose_model
 

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
+
+def did_you_mean(word: str, options: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``options``, or ``""`` when none is close."""
+    matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"; did you mean {matches[0]!r}?" if matches else ""
+
 
 class HyperExportError(Exception):
     """Base class of every error hyperexport raises on purpose."""

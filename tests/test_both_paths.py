@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from hyperexport import export_hyper_onnx
-from hyperexport.manifest import FUNCTION_DOMAIN, META_EXPORT_PATH, PLACEHOLDER_DOMAIN
+from hyperexport.contracts.manifest import FUNCTION_DOMAIN, META_EXPORT_PATH, PLACEHOLDER_DOMAIN
 from hyperexport.options import ExportOptions
 
 TOLERANCE = 1e-5

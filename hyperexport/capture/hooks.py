@@ -20,7 +20,6 @@ from hyperexport.atomic import atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.attribute_reads import ReadLog, original_class, record_reads
 from hyperexport.capture.model_patches import export_context
-from hyperexport.capture.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.capture.tensor_store import load_arrays, raw_dtype, save_arrays
 from hyperexport.capture.torch_bridge import (
     is_tracing,
@@ -30,6 +29,7 @@ from hyperexport.capture.torch_bridge import (
     torch_dtype,
     torch_dtype_name,
 )
+from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.errors import HieraError, InputError, ModelForwardError
 
 log = logging.getLogger(__name__)

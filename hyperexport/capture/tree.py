@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hyperexport.capture.records import Tree
+from hyperexport.contracts.records import Tree
 from hyperexport.errors import InputError
 
 _CONSTANT_TYPES = (bool, int, float, str, type(None))

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from hyperexport.capture.records import CaptureRecord
 from hyperexport.check.compare import compare_arrays
 from hyperexport.check.ort_session import OrtRunner
 from hyperexport.check.report import FunctionResult, TensorResult
 from hyperexport.check.settings import CheckSettings
 from hyperexport.check.standalone import build_standalone, input_signature
 from hyperexport.check.tensors import CapturedArrays
+from hyperexport.contracts.manifest import CallSite, ExportManifest
+from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import CheckError
-from hyperexport.manifest import CallSite, ExportManifest
 
 logger = logging.getLogger(__name__)
 

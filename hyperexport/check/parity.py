@@ -10,8 +10,8 @@ from hyperexport.check.ort_session import OrtRunner
 from hyperexport.check.report import TensorResult
 from hyperexport.check.settings import CheckSettings
 from hyperexport.check.tensors import CapturedArrays
+from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.errors import CheckError
-from hyperexport.manifest import ExportManifest
 
 logger = logging.getLogger(__name__)
 

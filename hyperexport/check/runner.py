@@ -11,7 +11,6 @@ import numpy as np
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from hyperexport.capture.records import CaptureRecord
 from hyperexport.check.function_parity import (
     FunctionChecker,
     first_divergent,
@@ -23,8 +22,9 @@ from hyperexport.check.report import CheckReport, TensorResult
 from hyperexport.check.settings import CheckSettings
 from hyperexport.check.structure import check_structure
 from hyperexport.check.tensors import CapturedArrays
+from hyperexport.contracts.manifest import ExportManifest
+from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import CheckError
-from hyperexport.manifest import ExportManifest
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
+from hyperexport.contracts.manifest import CallSite
 from hyperexport.errors import CheckError
-from hyperexport.manifest import CallSite
 
 FunctionId = tuple[str, str, str]
 

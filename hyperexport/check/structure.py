@@ -12,7 +12,7 @@ import onnx_ir as ir
 
 from hyperexport.check.report import StructuralResult
 from hyperexport.check.settings import CheckSettings
-from hyperexport.manifest import (
+from hyperexport.contracts.manifest import (
     FUNCTION_DOMAIN,
     META_EXPORT_PATH,
     PLACEHOLDER_DOMAIN,

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 
-from hyperexport.capture.records import CaptureRecord
 from hyperexport.capture.tensor_store import raw_dtype
+from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import CheckError
 
 

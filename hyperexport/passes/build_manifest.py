@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from hyperexport.capture.records import CaptureRecord, ModuleCall, tree_tensor_keys
 from hyperexport.capture.tree import leaf_names
-from hyperexport.capture.units import ExportBundle
+from hyperexport.contracts.bundle import ExportBundle
+from hyperexport.contracts.manifest import FUNCTION_DOMAIN, CallSite, ExportManifest, FunctionEntry
+from hyperexport.contracts.records import CaptureRecord, ModuleCall, tree_tensor_keys
 from hyperexport.errors import RewriteError
-from hyperexport.manifest import FUNCTION_DOMAIN, CallSite, ExportManifest, FunctionEntry
 from hyperexport.passes.compose_functions import CHILD_INDEX
 
 

@@ -13,17 +13,17 @@ from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
-from hyperexport.capture.records import CaptureRecord, ModuleCall
 from hyperexport.capture.tree import leaf_names
-from hyperexport.capture.units import ExportBundle, UnitEntry
-from hyperexport.errors import RewriteError
-from hyperexport.manifest import (
+from hyperexport.contracts.bundle import ExportBundle, UnitEntry
+from hyperexport.contracts.manifest import (
     FUNCTION_DOMAIN,
     META_EXPORT_PATH,
     META_FALLBACK,
     META_FUNCTION_MODE,
     PLACEHOLDER_DOMAIN,
 )
+from hyperexport.contracts.records import CaptureRecord, ModuleCall
+from hyperexport.errors import RewriteError
 from hyperexport.passes import naming
 
 log = logging.getLogger(__name__)

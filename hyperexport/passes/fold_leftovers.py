@@ -35,8 +35,8 @@ from collections.abc import Iterator, Sequence
 
 import onnx_ir as ir
 
+from hyperexport.contracts.manifest import FUNCTION_DOMAIN
 from hyperexport.errors import RewriteError
-from hyperexport.manifest import FUNCTION_DOMAIN
 
 log = logging.getLogger(__name__)
 

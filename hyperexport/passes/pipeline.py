@@ -13,9 +13,9 @@ from onnx_ir.passes.common import (
     TopologicalSortPass,
 )
 
-from hyperexport.capture.records import CaptureRecord
-from hyperexport.capture.units import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
-from hyperexport.manifest import ExportManifest
+from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
+from hyperexport.contracts.manifest import ExportManifest
+from hyperexport.contracts.records import CaptureRecord
 from hyperexport.options import ExportOptions
 from hyperexport.passes.build_manifest import build_manifest
 from hyperexport.passes.compose_functions import ComposeFunctionsPass

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.build.hashing import atomic_write_bytes
-from hyperexport.build.stage import StageInputs
+from hyperexport.runner.hashing import atomic_write_bytes
+from hyperexport.runner.stage import StageInputs
 from hyperexport.stages.rewrite import MANIFEST_FILE, MODEL_FILE
 
 CHECK_FILE = "check.json"
@@ -45,7 +45,7 @@ class CheckStage:
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.api import Capture
         from hyperexport.check import run_checks
-        from hyperexport.manifest import ExportManifest
+        from hyperexport.contracts.manifest import ExportManifest
         from hyperexport.stages.export import FALLBACK_CAPTURE
 
         # After a fallback, the model was exported from a capture made for the other path.

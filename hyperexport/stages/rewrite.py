@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.build.hashing import atomic_write_bytes
-from hyperexport.build.stage import StageInputs
+from hyperexport.runner.hashing import atomic_write_bytes
+from hyperexport.runner.stage import StageInputs
 
 MODEL_FILE = "model.onnx"
 MANIFEST_FILE = "manifest.json"

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.build.stage import StageInputs
+from hyperexport.runner.stage import StageInputs
 
 
 class TraceStage:

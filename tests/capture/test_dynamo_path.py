@@ -1,4 +1,4 @@
-"""The dynamo path's placeholder ops and unit export (hyperexport.capture.dynamo, dynamo_batch)."""
+"""The dynamo path's placeholder ops and unit export (hyperexport.export.dynamo, dynamo_batch)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from torch import nn
 
 from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
-from hyperexport.capture import dynamo, dynamo_batch
+from hyperexport.export import dynamo, dynamo_batch
+from hyperexport.contracts.manifest import META_EXPORT_PATH, META_FALLBACK, PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError, ModuleExportError
-from hyperexport.manifest import META_EXPORT_PATH, META_FALLBACK, PLACEHOLDER_DOMAIN
 from hyperexport.options import ExportOptions
 
 

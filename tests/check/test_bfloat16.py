@@ -10,12 +10,12 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
-from hyperexport.capture.records import CaptureRecord, ModuleCall, TensorMeta
 from hyperexport.check import CheckSettings, run_checks
 from hyperexport.check.tensors import CapturedArrays
+from hyperexport.contracts.manifest import FUNCTION_DOMAIN as FN
+from hyperexport.contracts.manifest import META_EXPORT_PATH, CallSite, ExportManifest, FunctionEntry
+from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta
 from hyperexport.errors import CheckError
-from hyperexport.manifest import FUNCTION_DOMAIN as FN
-from hyperexport.manifest import META_EXPORT_PATH, CallSite, ExportManifest, FunctionEntry
 
 TEXT = f"""
 <ir_version: 10, opset_import: ["": 18, "{FN}": 1]>

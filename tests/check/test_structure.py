@@ -11,8 +11,8 @@ from check_toys import BLOCK, FN, LINEAR, Toy, make_toy
 
 from hyperexport.check import CheckSettings, StructuralResult, run_checks
 from hyperexport.check.structure import executed_op_counts
+from hyperexport.contracts.manifest import META_EXPORT_PATH, PLACEHOLDER_DOMAIN, FunctionEntry
 from hyperexport.errors import CheckError
-from hyperexport.manifest import META_EXPORT_PATH, PLACEHOLDER_DOMAIN, FunctionEntry
 
 
 def structural(

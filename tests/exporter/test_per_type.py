@@ -81,7 +81,7 @@ def test_check_stage_catches_a_wrong_reuse(tmp_path, monkeypatch) -> None:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from hyperexport.api import capture_model, compose_model, export_units, save_model
-    from hyperexport.capture import unit_identity
+    from hyperexport.export import unit_identity
     from hyperexport.check import CheckSettings, run_checks
 
     model = zoo.tiny_llama(num_layers=3)

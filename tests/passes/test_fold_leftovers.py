@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from hyperexport import ExportOptions, export_hyper_onnx
-from hyperexport.manifest import FUNCTION_DOMAIN
+from hyperexport.contracts.manifest import FUNCTION_DOMAIN
 from hyperexport.options import RewriteOptions
 from hyperexport.passes.fold_leftovers import FoldLeftoversPass
 from tests.passes.harness import apply_preserving, parse, run_checked

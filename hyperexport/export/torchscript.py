@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from hyperexport.capture.placeholders import Dim
 from hyperexport.capture.torch_bridge import quiet_torchscript_exporter, set_symbolic_output_type
-from hyperexport.manifest import PLACEHOLDER_DOMAIN
+from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
+from hyperexport.export.placeholders import Dim
 from hyperexport.options import CustomOpSymbolic
 
 

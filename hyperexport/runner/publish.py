@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hyperexport.build.hashing import atomic_write_bytes, atomic_write_json
-from hyperexport.build.runner import BuildRequest, BuildResult
-from hyperexport.build.stage import Stage
-from hyperexport.build.store import CacheStore
-from hyperexport.build.summary import function_tree, render_summary
+from hyperexport.runner.hashing import atomic_write_bytes, atomic_write_json
+from hyperexport.runner.runner import BuildRequest, BuildResult
+from hyperexport.runner.stage import Stage
+from hyperexport.runner.store import CacheStore
+from hyperexport.runner.summary import function_tree, render_summary
 
 log = logging.getLogger(__name__)
 

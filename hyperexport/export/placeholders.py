@@ -17,7 +17,7 @@ import torch
 
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
-from hyperexport.capture.records import CaptureRecord, ModuleCall, tree_tensor_keys
+from hyperexport.contracts.records import CaptureRecord, ModuleCall, tree_tensor_keys
 from hyperexport.errors import InputError, ModuleExportError
 
 #: One output dimension of a placeholder: a fixed size, or ``(input index, input axis)`` when the

@@ -9,11 +9,9 @@ functions.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,122 +21,24 @@ from hyperexport.atomic import atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
 from hyperexport.capture.model_patches import export_context
-from hyperexport.capture.placeholders import (
+from hyperexport.capture.torch_bridge import max_opset
+from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle, UnitEntry
+from hyperexport.contracts.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys
+from hyperexport.errors import HyperExportError, ModuleExportError, OpsetError
+from hyperexport.export.jobs import UnitJob
+from hyperexport.export.placeholders import (
     PlaceholderRouter,
     PlaceholderSpec,
     module_weights,
     replace_children,
     symbolic_output_dims,
 )
-from hyperexport.capture.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys
-from hyperexport.capture.torch_bridge import max_opset
-from hyperexport.capture.unit_identity import plan_units
-from hyperexport.errors import HyperExportError, ModuleExportError, OpsetError
+from hyperexport.export.unit_identity import plan_units
 from hyperexport.options import ExportOptions
 
 log = logging.getLogger(__name__)
 
-BUNDLE_JSON = "bundle.json"
-#: A copy of the capture record, so that the bundle composes on its own.
-CAPTURE_RECORD = "capture.json"
 ROOT = "root"
-
-
-@dataclass(frozen=True)
-class UnitEntry:
-    """One exported unit.
-
-    Attributes:
-        name: File stem under ``units/`` (``root``, ``u003``).
-        call_ids: The module calls whose function this unit's graph is (empty for the root).
-        module_path: Path of the exported module (representative instance).
-        class_name: Qualified class name of the module.
-        weights: Per-type mode: local state names passed as extra inputs after the data inputs.
-        placeholders: ``(op_type, child call_id)`` of each placeholder node in the graph.
-    """
-
-    name: str
-    call_ids: tuple[str, ...]
-    module_path: str
-    class_name: str
-    weights: tuple[str, ...]
-    placeholders: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class ExportBundle:
-    """The export stage's result: unit files and how they fit together."""
-
-    dynamo: bool
-    opset: int
-    function_mode: str
-    units: tuple[UnitEntry, ...]
-    root_input_names: tuple[str, ...]
-    root_output_names: tuple[str, ...]
-    fallback_from: str | None = None
-
-    def unit_for(self, call_id: str) -> UnitEntry:
-        for unit in self.units:
-            if call_id in unit.call_ids:
-                return unit
-        raise KeyError(call_id)
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, indent=1)
-
-    @classmethod
-    def loads(cls, text: str) -> ExportBundle:
-        data = json.loads(text)
-        units = tuple(
-            UnitEntry(
-                name=u["name"],
-                call_ids=tuple(u["call_ids"]),
-                module_path=u["module_path"],
-                class_name=u["class_name"],
-                weights=tuple(u["weights"]),
-                placeholders=tuple((a, b) for a, b in u["placeholders"]),
-            )
-            for u in data["units"]
-        )
-        return cls(
-            dynamo=data["dynamo"],
-            opset=data["opset"],
-            function_mode=data["function_mode"],
-            units=units,
-            root_input_names=tuple(data["root_input_names"]),
-            root_output_names=tuple(data["root_output_names"]),
-            fallback_from=data.get("fallback_from"),
-        )
-
-
-@dataclass(frozen=True)
-class UnitJob:
-    """One unit to export: its wrapper module, example inputs and names.
-
-    Attributes:
-        name: The unit's name (``root``, ``u003``).
-        module_path: Path of the unit's module, for error messages (``""`` for the root).
-        wrapper: The module to trace: takes the flat inputs, returns the flat outputs.
-        inputs: Flat example inputs.
-        input_names: Graph input names of the unit's model.
-        output_names: Graph output names of the unit's model.
-        dynamic_axes: ``{input name: {axis: dim name}}`` (outputs' entries are ignored).
-        specs: The unit's direct hiera children, in call order.
-    """
-
-    name: str
-    module_path: str
-    wrapper: torch.nn.Module
-    inputs: tuple[torch.Tensor, ...]
-    input_names: tuple[str, ...]
-    output_names: tuple[str, ...]
-    dynamic_axes: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
-    specs: tuple[PlaceholderSpec, ...] = ()
-
-    @property
-    def input_axes(self) -> dict[str, Mapping[int, str]]:
-        """The dynamic axes of the graph inputs."""
-        return {k: v for k, v in self.dynamic_axes.items() if k in self.input_names}
 
 
 class _UnitModule(torch.nn.Module):
@@ -326,8 +226,8 @@ def _export_dynamo(
     options: ExportOptions,
 ) -> dict[str, bytes]:
     """Every unit in one batched dynamo export."""
-    from hyperexport.capture.dynamo import apply_placeholder
-    from hyperexport.capture.dynamo_batch import export_batch
+    from hyperexport.export.dynamo import apply_placeholder
+    from hyperexport.export.dynamo_batch import export_batch
 
     router = PlaceholderRouter([s for job in jobs for s in job.specs], capture, apply_placeholder)
     with export_context(model, True, options.attention.implementation) as translations:
@@ -350,7 +250,7 @@ def _export_torchscript(
     options: ExportOptions,
 ) -> bytes:
     """One unit through ``torch.onnx.export(dynamo=False)``."""
-    from hyperexport.capture.torchscript import (
+    from hyperexport.export.torchscript import (
         apply_placeholder,
         custom_op_symbolics,
         export_torchscript,

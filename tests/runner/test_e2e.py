@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from hyperexport.build.session import BuildOutcome, run_build
 from hyperexport.config import BuildSettings, Recipe, validate_recipe
+from hyperexport.runner.session import BuildOutcome, run_build
 from hyperexport.stages import PIPELINE, model_loader
 
 TOY_SOURCE = """

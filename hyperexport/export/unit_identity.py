@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from hyperexport.capture.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.capture.tree import qualified_name
+from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.options import FunctionMode
 
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from hyperexport.build.runner import BuildRequest, BuildResult, Runner
-from hyperexport.build.stage import recipe_slice
-from hyperexport.build.store import CacheStore
 from hyperexport.errors import StageError
-from tests.build.fakes import FakeStage, StageBoom, pipeline
+from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
+from hyperexport.runner.stage import recipe_slice
+from hyperexport.runner.store import CacheStore
+from tests.runner.fakes import FakeStage, StageBoom, pipeline
 
 RECIPE: dict[str, Any] = {
     "model": {"_target_": "m.f", "seed": 0},

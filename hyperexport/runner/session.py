@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyperexport.build.fingerprint import (
+from hyperexport.config import BuildSettings, Recipe
+from hyperexport.runner.fingerprint import (
     code_fingerprint,
     environment_fingerprint,
     weights_fingerprint,
 )
-from hyperexport.build.hashing import FileDigestIndex
-from hyperexport.build.report import artifact_text, build_report, publish_outputs, write_report
-from hyperexport.build.runner import BuildRequest, BuildResult, Runner
-from hyperexport.build.stage import Stage
-from hyperexport.build.store import CacheStore, default_cache_dir
-from hyperexport.config import BuildSettings, Recipe
+from hyperexport.runner.hashing import FileDigestIndex
+from hyperexport.runner.publish import artifact_text, build_report, publish_outputs, write_report
+from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
+from hyperexport.runner.stage import Stage
+from hyperexport.runner.store import CacheStore, default_cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.build.session import run_build, variant_dir
 from hyperexport.config import BuildSettings
-from tests.build.fakes import FakeStage, StageBoom, pipeline, recipe
+from hyperexport.runner.session import run_build, variant_dir
+from tests.runner.fakes import FakeStage, StageBoom, pipeline, recipe
 
 
 def _settings(tmp_path: Path, cache: str = "cache", **kw: object) -> BuildSettings:

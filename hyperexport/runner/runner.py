@@ -1,6 +1,6 @@
 """The staged runner: key every stage, reuse cache hits, run the rest, and say why.
 
-The runner is generic: it knows stages only through :class:`~hyperexport.build.stage.Stage`.
+The runner is generic: it knows stages only through :class:`~hyperexport.runner.stage.Stage`.
 A stage that raises is reported as failed and leaves nothing in the cache.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.build.keys import explain, key_material, stage_key
-from hyperexport.build.stage import Stage, StageInputs, recipe_slice
-from hyperexport.build.store import ActionEntry, CacheStore
 from hyperexport.errors import StageError
+from hyperexport.runner.keys import explain, key_material, stage_key
+from hyperexport.runner.stage import Stage, StageInputs, recipe_slice
+from hyperexport.runner.store import ActionEntry, CacheStore
 
 log = logging.getLogger(__name__)
 

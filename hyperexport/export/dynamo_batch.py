@@ -35,18 +35,18 @@ from typing import TYPE_CHECKING, Any
 import onnx_ir as ir
 import torch
 
-from hyperexport.capture.dynamo import (
+from hyperexport.errors import HyperExportError, ModuleExportError
+from hyperexport.export.dynamo import (
     export_dynamo,
     export_program,
     name_dynamic_dims,
     name_graph_values,
     to_dynamic_shapes,
 )
-from hyperexport.capture.placeholders import PlaceholderRouter
-from hyperexport.errors import HyperExportError, ModuleExportError
+from hyperexport.export.placeholders import PlaceholderRouter
 
 if TYPE_CHECKING:
-    from hyperexport.capture.units import UnitJob
+    from hyperexport.export.jobs import UnitJob
 
 log = logging.getLogger(__name__)
 

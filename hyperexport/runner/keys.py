@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hyperexport.build.hashing import canonical_json, sha256_text
+from hyperexport.runner.hashing import canonical_json, sha256_text
 
 _MAX_CHANGES = 3
 _MAX_VALUE = 40

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.build.store import CacheStore
+from hyperexport.runner.store import CacheStore
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.build.hashing import FileDigestIndex, canonical_json, sha256_text
+from hyperexport.runner.hashing import FileDigestIndex, canonical_json, sha256_text
 
 log = logging.getLogger(__name__)
 

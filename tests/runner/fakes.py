@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.build.stage import StageInputs
 from hyperexport.config import Recipe, validate_recipe
+from hyperexport.runner.stage import StageInputs
 
 
 class StageBoom(RuntimeError):

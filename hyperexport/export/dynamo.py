@@ -29,10 +29,10 @@ import onnx_ir as ir
 import onnxscript
 import torch
 
-from hyperexport.capture.placeholders import Dim, PlaceholderSpec
 from hyperexport.capture.torch_bridge import dynamo_export_caches, torch_dtype, torch_dtype_name
+from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError
-from hyperexport.manifest import PLACEHOLDER_DOMAIN
+from hyperexport.export.placeholders import Dim, PlaceholderSpec
 
 log = logging.getLogger(__name__)
 

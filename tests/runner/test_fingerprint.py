@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.build.fingerprint import (
+from hyperexport.runner.fingerprint import (
     code_fingerprint,
     environment_fingerprint,
     module_fingerprint,
     weights_fingerprint,
 )
-from hyperexport.build.hashing import FileDigestIndex
+from hyperexport.runner.hashing import FileDigestIndex
 
 
 def test_environment_fingerprint_reads_versions_without_importing() -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from hyperexport.build.hashing import FileDigestIndex, atomic_write_json, sha256_file
+from hyperexport.runner.hashing import FileDigestIndex, atomic_write_json, sha256_file
 
 log = logging.getLogger(__name__)
 

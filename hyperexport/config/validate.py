@@ -1,0 +1,346 @@
+"""Validation of a composed recipe and of the build settings: one RecipeError naming the file and the field, with close matches."""
+
+from __future__ import annotations
+
+import logging
+import re
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING as DC_MISSING
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, OmegaConf
+
+from hyperexport.config.imports import _locate_module, _top_level_names, split_import_path
+from hyperexport.config.schema import (
+    BUILTIN_ATTENTION,
+    DTYPES,
+    FUNCTION_MODES,
+    FUNCTION_SCOPES,
+    OPSET_RANGES,
+    PROMOTE_MIN_OPSET,
+    AttentionSpec,
+    BuildConfig,
+    BuildSettings,
+    CheckSpec,
+    Recipe,
+    RecipeConfig,
+    RewriteSpec,
+    _outputs_root,
+    _schema,
+)
+from hyperexport.errors import RecipeError, did_you_mean
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+class _Checker:
+    """Checks a recipe against a schema dataclass, raising RecipeError on the first problem."""
+
+    def __init__(self, recipe_file: str) -> None:
+        self.file = recipe_file
+
+    def fail(self, where: str, reason: str) -> typing.NoReturn:
+        raise RecipeError(self.file, where, reason)
+
+    def dataclass_(self, schema: type, data: Any, where: str) -> None:
+        if not isinstance(data, Mapping):
+            self.fail(where or "<recipe>", f"must be a mapping, got {type(data).__name__}")
+        hints = typing.get_type_hints(schema)
+        names = [f.name for f in fields(schema)]
+        for key in data:
+            if key not in names:
+                path = f"{where}.{key}" if where else str(key)
+                self.fail(path, f"unknown key{did_you_mean(str(key), names)}")
+        for f in fields(schema):
+            path = f"{where}.{f.name}" if where else f.name
+            required = f.default is MISSING or (
+                f.default is DC_MISSING and f.default_factory is DC_MISSING
+            )
+            if f.name not in data or data[f.name] == "???":
+                if required:
+                    self.fail(path, "missing required field")
+                continue
+            self.value(hints[f.name], data[f.name], path)
+
+    def value(self, tp: Any, value: Any, where: str) -> None:
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+            if value is None and type(None) in args:
+                return
+            tp = next(a for a in args if a is not type(None))
+            origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if isinstance(tp, type) and is_dataclass(tp):
+            self.dataclass_(tp, value, where)
+        elif origin is list:
+            if not isinstance(value, list):
+                self.fail(where, f"must be a list, got {value!r}")
+            for i, item in enumerate(value):
+                self.value(args[0], item, f"{where}[{i}]")
+        elif origin is dict:
+            if not isinstance(value, Mapping):
+                self.fail(where, f"must be a mapping, got {value!r}")
+            for k, item in value.items():
+                self.value(args[0], k, f"{where} key {k!r}")
+                self.value(args[1], item, f"{where}.{k}")
+        elif tp is bool:
+            if not isinstance(value, bool):
+                self.fail(where, f"must be true or false, got {value!r}")
+        elif tp is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.fail(where, f"must be an integer, got {value!r}")
+        elif tp is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                self.fail(where, f"must be a number, got {value!r}")
+        elif tp is str and not isinstance(value, str):
+            self.fail(where, f"must be a string, got {value!r}")
+
+
+def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
+    """Validate a composed recipe and fill in its defaults.
+
+    Args:
+        data: The recipe fields (top-level keys of the composed config, build keys removed).
+        recipe_file: Recipe file named in errors; relative checkpoints resolve against its folder.
+
+    Returns:
+        The validated recipe.
+
+    Raises:
+        RecipeError: On the first problem found, naming ``recipe_file`` and the field.
+    """
+    check = _Checker(recipe_file)
+    check.dataclass_(RecipeConfig, data, "")
+    container = OmegaConf.to_container(OmegaConf.merge(_schema(), dict(data)))
+    assert isinstance(container, dict)
+    merged = typing.cast("dict[str, Any]", container)
+    _check_semantics(check, merged)
+    checkpoint = None
+    if merged.get("checkpoint"):
+        checkpoint = Path(merged["checkpoint"]).expanduser()
+        if not checkpoint.is_absolute():
+            checkpoint = Path(recipe_file).resolve().parent / checkpoint
+        if not checkpoint.exists():
+            check.fail("checkpoint", f"{checkpoint} does not exist")
+    return Recipe(name=merged["name"], file=recipe_file, data=merged, checkpoint=checkpoint)
+
+
+def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", r["name"]):
+        check.fail("name", f"{r['name']!r} may only contain letters, digits, '_', '.', '-'")
+    low, high = OPSET_RANGES[r["dynamo"]]
+    if not low <= r["opset"] <= high:
+        path = "dynamo=True" if r["dynamo"] else "dynamo=False (TorchScript)"
+        check.fail("opset", f"{r['opset']} is out of range for {path}: supported {low}..{high}")
+    if r["functions"] not in FUNCTION_MODES:
+        check.fail(
+            "functions",
+            f"must be one of {FUNCTION_MODES}{did_you_mean(r['functions'], FUNCTION_MODES)}",
+        )
+    target = r["model"].get("_target_")
+    if not isinstance(target, str) or not target:
+        check.fail("model._target_", "missing required field (import path of the model factory)")
+    _check_import(check, "model._target_", target)
+    if not r["inputs"]:
+        check.fail("inputs", "at least one input is required")
+    for name, spec in r["inputs"].items():
+        _check_input(check, f"inputs.{name}", spec)
+    _check_dim_names(check, r["inputs"])
+    if not r["hiera"]:
+        check.fail("hiera", "at least one class is required")
+    for i, path in enumerate(r["hiera"]):
+        _check_import(check, f"hiera[{i}]", path)
+    c = r["check"]
+    for key in ("atol", "rtol"):
+        if c[key] <= 0:
+            check.fail(f"check.{key}", f"must be > 0, got {c[key]}")
+    for out, tol in c["per_output"].items():
+        for key in ("atol", "rtol"):
+            if tol[key] is not None and tol[key] <= 0:
+                check.fail(f"check.per_output.{out}.{key}", f"must be > 0, got {tol[key]}")
+    if c["function_scope"] not in FUNCTION_SCOPES:
+        check.fail(
+            "check.function_scope",
+            f"must be one of {FUNCTION_SCOPES}{did_you_mean(c['function_scope'], FUNCTION_SCOPES)}",
+        )
+    for op, count in c["expect_ops"].items():
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", op):
+            check.fail(f"check.expect_ops.{op}", f"{op!r} is not an ONNX op type")
+        if count < 0:
+            check.fail(f"check.expect_ops.{op}", f"must be >= 0, got {count}")
+    _check_attention(check, r["attention"])
+    if r["attention"]["promote_opset24"] and r["opset"] < PROMOTE_MIN_OPSET:
+        check.fail(
+            "opset",
+            f"{r['opset']} is too old for attention.promote_opset24: the export opset must be "
+            f">= {PROMOTE_MIN_OPSET} (promotion re-declares the model at 24 without converting "
+            "ops such as ReduceMean, whose signature changed at 18)",
+        )
+    for i, op in enumerate(r["custom_ops"]):
+        if "::" not in op["name"]:
+            check.fail(f"custom_ops[{i}].name", f"{op['name']!r} must look like 'domain::op'")
+        _check_import(check, f"custom_ops[{i}].symbolic", op["symbolic"])
+    if r["external_data_threshold"] < 0:
+        check.fail("external_data_threshold", "must be >= 0")
+
+
+def _check_input(check: _Checker, where: str, spec: Mapping[str, Any]) -> None:
+    if spec["dtype"] not in DTYPES:
+        check.fail(
+            f"{where}.dtype",
+            f"unknown dtype {spec['dtype']!r}{did_you_mean(spec['dtype'], DTYPES)}",
+        )
+    if any(d <= 0 for d in spec["shape"]):
+        check.fail(f"{where}.shape", f"dimensions must be positive, got {spec['shape']}")
+    if not spec["low"] < spec["high"]:
+        check.fail(f"{where}.high", f"must be greater than low ({spec['low']}), got {spec['high']}")
+    shape, dynamic, second = spec["shape"], spec["dynamic"], spec["check_shape"]
+    for axis, dim in dynamic.items():
+        if not 0 <= axis < len(shape):
+            check.fail(
+                f"{where}.dynamic",
+                f"axis {axis} is outside the rank of shape {shape} (axes 0..{len(shape) - 1})",
+            )
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", dim):
+            check.fail(f"{where}.dynamic.{axis}", f"dim name {dim!r} must be an identifier")
+    if second is None:
+        return
+    field_ = f"{where}.check_shape"
+    if not dynamic:
+        check.fail(field_, "needs dynamic axes (the second shape differs on dynamic axes only)")
+    if len(second) != len(shape):
+        check.fail(field_, f"{second} has rank {len(second)}, shape {shape} has {len(shape)}")
+    if any(d <= 0 for d in second):
+        check.fail(field_, f"dimensions must be positive, got {second}")
+    for axis, (a, b) in enumerate(zip(shape, second, strict=True)):
+        if axis not in dynamic and a != b:
+            check.fail(field_, f"axis {axis} is not dynamic, so it must stay {a}, got {b}")
+        if axis in dynamic and a == b:
+            check.fail(
+                field_,
+                f"dynamic axis {axis} ({dynamic[axis]}) must differ from the traced size {a}, "
+                "or the second run cannot tell it is dynamic",
+            )
+
+
+def _check_dim_names(check: _Checker, inputs: Mapping[str, Mapping[str, Any]]) -> None:
+    """A dim name shared by several inputs has one size in the trace and one at check_shape."""
+    traced: dict[str, tuple[str, int]] = {}
+    second: dict[str, tuple[str, int | None]] = {}
+    for name, spec in inputs.items():
+        for axis, dim in sorted(spec["dynamic"].items()):
+            size = spec["shape"][axis]
+            other = traced.setdefault(dim, (name, size))
+            if other[1] != size:
+                check.fail(
+                    f"inputs.{name}.shape",
+                    f"dim {dim!r} is {size} on axis {axis} but {other[1]} in inputs.{other[0]}",
+                )
+            probe = spec["check_shape"][axis] if spec["check_shape"] is not None else None
+            first = second.setdefault(dim, (name, probe))
+            if first[1] != probe:
+                check.fail(
+                    f"inputs.{name}.check_shape",
+                    f"dim {dim!r} is {probe} here but {first[1]} in inputs.{first[0]}.check_shape"
+                    " (give every input sharing a dim the same check size)",
+                )
+
+
+def _check_attention(check: _Checker, attention: Mapping[str, Any]) -> None:
+    implementation = attention["implementation"]
+    if attention["promote_opset24"] and implementation is None:
+        check.fail(
+            "attention.implementation",
+            "missing: attention.promote_opset24 needs an implementation to promote "
+            "(e.g. 'hyperexport')",
+        )
+    if implementation in BUILTIN_ATTENTION:
+        check.fail(
+            "attention.implementation",
+            f"{implementation!r} is a transformers built-in; hyperexport registers its "
+            "attention under another name (e.g. 'hyperexport')",
+        )
+
+
+def _check_import(check: _Checker, where: str, path: str) -> None:
+    module, attr = split_import_path(path)
+    if not module or not attr or not all(p.isidentifier() for p in [*module.split("."), attr]):
+        check.fail(where, f"{path!r} is not an import path like 'package.module.Name'")
+    located = _locate_module(module)
+    if isinstance(located, str):
+        check.fail(where, f"cannot import {path!r}: {located}")
+    if located is None:  # not statically resolvable (extension module, ...): checked at import
+        return
+    names = _top_level_names(located)
+    if attr in names:
+        return
+    hint = did_you_mean(attr, sorted(names))
+    if hint:
+        check.fail(where, f"cannot import {path!r}: module {module} has no {attr!r}{hint}")
+    log.debug("%s: %r not found statically in %s; checked at import time", where, attr, located)
+
+
+def validate_build(
+    data: Mapping[str, Any] | None, recipe_file: str, stage_names: Sequence[str]
+) -> BuildSettings:
+    """Validate the ``build:`` section; ``force`` may be a name, a list, or ``all``."""
+    data = dict(data or {})
+    check = _Checker(recipe_file)
+    check.dataclass_(
+        BuildConfig,
+        {k: v for k, v in data.items() if not (k == "force" and isinstance(v, str))},
+        "build",
+    )
+    force = data.get("force") or []
+    if isinstance(force, str):
+        force = [force]
+    if "all" in force:
+        force = list(stage_names)
+    for name in force:
+        if name not in stage_names:
+            check.fail("build.force", f"unknown stage {name!r}{did_you_mean(name, stage_names)}")
+    return BuildSettings(
+        cache_dir=data.get("cache_dir"),
+        outputs_dir=Path(_outputs_root(data.get("outputs_dir"))),
+        dry_run=bool(data.get("dry_run", False)),
+        force=tuple(force),
+    )
+
+
+def check_override_keys(overrides: Sequence[str], recipe_file: str) -> None:
+    """Reject a command-line override of an unknown recipe field before Hydra sees it.
+
+    Hydra would refuse it too, but with a generic message and exit code 1; this names the field
+    and the close match. ``+key=`` (append), ``~key`` (delete), ``hydra.*`` and free-form
+    sections (``model.*``, ``inputs.*``, ``check.per_output.*``) are left to Hydra.
+
+    Raises:
+        RecipeError: The key is not a recipe field, a build setting or ``recipe``/``recipe_file``.
+    """
+    top = {f.name for f in fields(RecipeConfig)} | {"build", "recipe", "recipe_file", "hydra"}
+    nested: dict[str, type] = {
+        "build": BuildConfig,
+        "check": CheckSpec,
+        "attention": AttentionSpec,
+        "rewrite": RewriteSpec,
+    }
+    for item in overrides:
+        if item.startswith(("-", "+", "~")) or "=" not in item:
+            continue
+        key = item.split("=", 1)[0]
+        head, _, rest = key.partition(".")
+        if head not in top:
+            raise RecipeError(recipe_file, key, f"unknown key{did_you_mean(head, sorted(top))}")
+        schema = nested.get(head)
+        if schema is not None and rest:
+            names = [f.name for f in fields(schema)]
+            sub = rest.split(".", 1)[0]
+            if sub not in names:
+                raise RecipeError(recipe_file, key, f"unknown key{did_you_mean(sub, names)}")

@@ -1,0 +1,1 @@
+"""Records that flow between stages: plain data, no torch."""
