@@ -9,8 +9,15 @@ Examples::
     python -m hyperexport build.dry_run=true              # what would run, and why
     python -m hyperexport build.force=[export]            # rerun named stages
 
-The ``hyperexport`` console script is the same entry point. Exit codes: 0 built, 1 a stage
-failed, 2 the recipe is invalid.
+Subcommands (``python -m hyperexport <command> ...``) that are not builds:
+
+    python -m hyperexport cache status|ls|show|verify|gc|clean ...   # hyperexport.cli.cache
+    python -m hyperexport show model.onnx                            # hyperexport.cli.show
+    python -m hyperexport --version
+
+The ``hyperexport`` console script is the same entry point. Exit codes are those of
+:mod:`hyperexport.exit_codes`: 0 built, 1 a stage failed, 2 the recipe or an override is invalid,
+3 the cache or outputs cannot be used, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hyperexport import exit_codes
 from hyperexport.config import (
     BUILD_KEYS,
     CONF_DIR,
@@ -40,7 +48,7 @@ from hyperexport.stages import PIPELINE, model_loader
 
 log = logging.getLogger("hyperexport")
 
-EXIT_OK, EXIT_FAILED, EXIT_RECIPE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_RECIPE = exit_codes.OK, exit_codes.FAILED, exit_codes.INVALID
 _exit_codes: list[int] = []
 
 
@@ -113,9 +121,32 @@ def _hydra_entry(cfg: DictConfig) -> None:
     _exit_codes.append(build_from_config(cfg))
 
 
+#: Subcommands: ``{name: module}``; each module has ``main(argv: list[str]) -> int``.
+SUBCOMMANDS = {"cache": "hyperexport.cli.cache", "show": "hyperexport.cli.show"}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hyperexport")
+    except PackageNotFoundError:
+        from hyperexport import __version__
+
+        return __version__
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python -m hyperexport`` and of the ``hyperexport`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--version"]:
+        print(f"hyperexport {_version()}")
+        sys.exit(EXIT_OK)
+    if args and args[0] in SUBCOMMANDS:
+        import importlib
+
+        command = importlib.import_module(SUBCOMMANDS[args[0]])
+        sys.exit(command.main(args[1:]))
     try:
         args, extra = prepare_argv(args)
         files = register_configs(extra)
