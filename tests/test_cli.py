@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runner.test_e2e import TOY_SOURCE
+from tests.helpers.builds import TOY_SOURCE
 
 HEAVY = ("torch", "onnx", "onnxruntime", "onnxscript", "onnx_ir", "transformers")
 

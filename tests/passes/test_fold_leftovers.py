@@ -7,7 +7,6 @@ import io
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
@@ -16,7 +15,8 @@ from hyperexport import ExportOptions, export_hyper_onnx
 from hyperexport.contracts.manifest import FUNCTION_DOMAIN
 from hyperexport.options import RewriteOptions
 from hyperexport.passes.fold_leftovers import FoldLeftoversPass
-from tests.passes.harness import apply_preserving, parse, run_checked
+from tests.helpers.ort import run_ort
+from tests.helpers.passes import apply_preserving, parse, run_checked
 
 HEADER = '<ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>'
 SCALE = """
@@ -267,8 +267,7 @@ def test_export_with_fused_constants_and_folded_leftovers(functions: str) -> Non
         assert weights["tail"] == ("tail.proj.weight", "tail.proj.bias")
         assert weights["block.a"] == ("block.a.proj.weight", "block.a.proj.bias")
     assert {c.name for c in manifest.calls}.isdisjoint({"Leftover_0", "Leftover_1", "Leftover_2"})
-    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
-    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    got = run_ort(buffer.getvalue(), [x.numpy()])
     with torch.no_grad():
         expected = model(x)
     for a, b in zip(got, expected, strict=True):

@@ -7,7 +7,7 @@ import onnx_ir as ir
 import pytest
 
 from hyperexport.passes.fuse_constants import FuseConstantsIntoFunctionsPass
-from tests.passes.harness import apply_preserving, parse
+from tests.helpers.passes import apply_preserving, parse
 
 HEADER = '<ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>'
 SCALE = """

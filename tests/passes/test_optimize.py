@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 
 from hyperexport.passes.optimize import OptimizeKeepFunctionsPass, _materialize_orphan_constants
+from tests.helpers.passes import run_checked
 
 TEXT = """
 <ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>
@@ -24,9 +24,7 @@ Block (x) => (y) {
 
 
 def _run(model: ir.Model) -> np.ndarray:
-    data = ir.to_proto(model).SerializeToString()
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": np.array([1.0, 3.0], dtype=np.float32)})[0]
+    return run_checked(model, {"x": np.array([1.0, 3.0], dtype=np.float32)})[0]
 
 
 def test_folds_inside_functions_and_keeps_them() -> None:

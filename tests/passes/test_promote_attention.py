@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 import torch
 
 from hyperexport.errors import RewriteError
 from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.transformers.attention_op import attention_reference
+from tests.helpers.passes import run_checked
 
 HEADER = '<ir_version: 8, opset_import: ["" : 18, "hyperexport.attention" : 1]>'
 
@@ -65,10 +65,7 @@ def _attrs(node: ir.Node) -> dict[str, object]:
 
 
 def _run(model: ir.Model, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    proto = ir.to_proto(model)
-    onnx.checker.check_model(proto, full_check=True)
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)[0]
+    return run_checked(model, feeds)[0]
 
 
 def _rand(*shape: int, seed: int = 0) -> np.ndarray:

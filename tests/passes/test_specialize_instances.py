@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 
 from hyperexport.passes.compose_functions import CHILD_INDEX
 from hyperexport.passes.specialize_instances import SpecializePerInstancePass
+from tests.helpers.passes import run_checked
 
 TEXT = """
 <ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>
@@ -32,9 +32,7 @@ def _model() -> ir.Model:
 
 
 def _run(model: ir.Model) -> np.ndarray:
-    data = ir.to_proto(model).SerializeToString()
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": np.array([1.0, 1.0], dtype=np.float32)})[0]
+    return run_checked(model, {"x": np.array([1.0, 1.0], dtype=np.float32)})[0]
 
 
 def _pass() -> SpecializePerInstancePass:

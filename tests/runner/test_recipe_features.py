@@ -18,7 +18,7 @@ import onnx
 import pytest
 
 from hyperexport.config import compose_recipe, validate_recipe
-from tests.runner.test_e2e import build, statuses
+from tests.helpers.builds import build, statuses
 
 FALLBACK_SOURCE = """
 import torch

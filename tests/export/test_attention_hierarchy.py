@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hyperexport import AttentionOptions, ExportOptions, zoo
-from tests.exporter.conftest import export_bytes, run_ort
+from tests.helpers.exports import export_bytes
+from tests.helpers.ort import run_ort
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])

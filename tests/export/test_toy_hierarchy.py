@@ -1,4 +1,4 @@
-"""Toy nested modules through the TorchScript path: structure, ORT parity, errors."""
+"""The toy hierarchy exported end to end (mostly TorchScript): structure, ORT parity, options."""
 
 from __future__ import annotations
 
@@ -12,67 +12,16 @@ from torch import nn
 
 from hyperexport import (
     ExportOptions,
-    HieraError,
-    InputError,
-    ModelForwardError,
     OpsetError,
     export_hyper_onnx,
 )
-from tests.exporter.conftest import export_bytes, flat_outputs, run_ort
-
-
-class Leaf(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(8, 8)
-
-    def forward(
-        self, x: torch.Tensor, gate: torch.Tensor | None = None, scale: float = 1.0
-    ) -> torch.Tensor:
-        y = self.proj(x) * scale
-        return y if gate is None else y * torch.sigmoid(gate)
-
-
-class Block(nn.Module):
-    """Two levels of hiera: Block contains Leaf; returns a dict."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first = Leaf()
-        self.second = Leaf()
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> dict[str, torch.Tensor]:
-        h = self.first(x)
-        h = self.second(h, scale=2.0, gate=gate)  # kwargs out of order
-        return {"hidden": h, "skip": x + 1}
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.block = Block()
-        self.shared = Leaf()
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        for _ in range(3):  # a module called in a loop
-            x = self.shared(x)
-        out = self.block(x, gate)
-        return self.head(out["hidden"]), out["skip"]
-
-
-def _model() -> Net:
-    torch.manual_seed(0)
-    return Net().eval()
-
-
-def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(2, 8, generator=g), torch.randn(2, 8, generator=g)
+from tests.helpers.exports import export_bytes
+from tests.helpers.ort import flat_outputs, run_ort
+from tests.helpers.toys import Block, Leaf, toy_inputs, toy_net
 
 
 def test_nested_loop_kwargs_dict_outputs_match_torch(function_mode: str) -> None:
-    model, args = _model(), _inputs()
+    model, args = toy_net(), toy_inputs()
     data, manifest = export_bytes(
         model,
         args,
@@ -104,14 +53,14 @@ def test_nested_loop_kwargs_dict_outputs_match_torch(function_mode: str) -> None
 
 
 def test_same_model_exported_twice_is_byte_identical() -> None:
-    model, args = _model(), _inputs()
+    model, args = toy_net(), toy_inputs()
     first, _ = export_bytes(model, args, hiera=[Block, Leaf], dynamo=False)
     second, _ = export_bytes(model, args, hiera=[Block, Leaf], dynamo=False)
     assert first == second
 
 
 def test_external_data_with_low_threshold(tmp_path) -> None:
-    model, args = _model(), _inputs()
+    model, args = toy_net(), toy_inputs()
     path = tmp_path / "model.onnx"
     export_hyper_onnx(
         model,
@@ -124,59 +73,20 @@ def test_external_data_with_low_threshold(tmp_path) -> None:
     )
     assert (tmp_path / "model.onnx.data").stat().st_size > 0
     onnx.checker.check_model(str(path), full_check=True)
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)})
+    got = run_ort(path, [a.numpy() for a in args])
     np.testing.assert_allclose(got[0], flat_outputs(model(*args))[0], atol=1e-5)
-
-
-class TakesObject(nn.Module):
-    def forward(self, x: torch.Tensor, cfg: object) -> torch.Tensor:
-        return x * 2
-
-
-def test_plain_python_object_input_is_rejected_with_its_name() -> None:
-    with pytest.raises(InputError, match="cfg"):
-        export_hyper_onnx(TakesObject(), (torch.ones(2), object()), io.BytesIO(), dynamo=False)
-
-
-def test_hiera_class_that_never_runs_is_named() -> None:
-    with pytest.raises(HieraError, match="TakesObject"):
-        export_hyper_onnx(_model(), _inputs(), io.BytesIO(), hiera=[TakesObject], dynamo=False)
-
-
-def test_unimportable_hiera_path() -> None:
-    with pytest.raises(HieraError, match="cannot be imported"):
-        export_hyper_onnx(_model(), _inputs(), io.BytesIO(), hiera=["no.such.Module"], dynamo=False)
 
 
 def test_opset_beyond_torchscript_path() -> None:
     with pytest.raises(OpsetError, match="21"):
         export_hyper_onnx(
-            _model(), _inputs(), io.BytesIO(), hiera=[Leaf], opset_version=21, dynamo=False
+            toy_net(), toy_inputs(), io.BytesIO(), hiera=[Leaf], opset_version=21, dynamo=False
         )
-
-
-class Broken(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = Leaf()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x[:, :5])  # Leaf's Linear(8, 8) cannot take 5 features
-
-
-def test_forward_that_raises_names_the_module() -> None:
-    with pytest.raises(ModelForwardError) as info:
-        export_hyper_onnx(Broken(), (torch.ones(2, 8),), io.BytesIO(), hiera=[Leaf], dynamo=False)
-    assert info.value.module_path == "inner.proj"
-    assert "'inner.proj'" in str(info.value)
 
 
 def test_unknown_keyword_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="verbose_mode"):
-        export_hyper_onnx(_model(), _inputs(), io.BytesIO(), dynamo=False, verbose_mode=True)
+        export_hyper_onnx(toy_net(), toy_inputs(), io.BytesIO(), dynamo=False, verbose_mode=True)
 
 
 def test_fallback_captures_again_for_the_other_path(monkeypatch, caplog) -> None:
@@ -217,17 +127,6 @@ def test_fallback_captures_again_for_the_other_path(monkeypatch, caplog) -> None
     )
 
 
-def test_tracer_state_is_restored_after_a_forward_that_raises_inside_a_hiera_call() -> None:
-    from hyperexport.capture.torch_bridge import is_tracing
-
-    with pytest.raises(ModelForwardError):
-        export_hyper_onnx(Broken(), (torch.ones(2, 8),), io.BytesIO(), hiera=[Leaf], dynamo=False)
-    assert not is_tracing()
-    # The same process can still export.
-    data, _ = export_bytes(_model(), _inputs(), hiera=[Leaf], dynamo=False)
-    assert data
-
-
 class TwoHeads(nn.Module):
     """A model whose useful entry point is a method other than forward."""
 
@@ -255,18 +154,8 @@ def test_a_method_other_than_forward_is_exported(dynamo: bool) -> None:
     )
 
 
-def test_training_mode_is_warned_about(caplog) -> None:
-    import logging
-
-    model = _model().train()
-    with caplog.at_level(logging.WARNING, logger="hyperexport"):
-        export_hyper_onnx(model, _inputs(), io.BytesIO(), hiera=[Leaf], dynamo=False)
-    assert any("training mode" in r.getMessage() for r in caplog.records)
-    assert model.training  # the export does not change the model's mode
-
-
 def test_no_hiera_gives_a_flat_model_that_matches_torch() -> None:
-    model, args = _model(), _inputs()
+    model, args = toy_net(), toy_inputs()
     data, manifest = export_bytes(model, args, dynamo=False)
     assert manifest.calls == () and not onnx.load_from_string(data).functions
     np.testing.assert_allclose(
@@ -275,11 +164,11 @@ def test_no_hiera_gives_a_flat_model_that_matches_torch() -> None:
 
 
 def test_functions_say_which_module_they_are() -> None:
-    model, args = _model(), _inputs()
+    model, args = toy_net(), toy_inputs()
     data, _ = export_bytes(model, args, hiera=[Block, Leaf], dynamo=False)
     functions = {f.name: f for f in onnx.load_from_string(data).functions}
     props = {p.key: p.value for p in functions["Leaf_block_first"].metadata_props}
-    assert props["hyperexport.module_class"].endswith("test_toy_hierarchy.Leaf")
+    assert props["hyperexport.module_class"] == "tests.helpers.toys.Leaf"
     assert props["hyperexport.module_path"] == "block.first"
     assert "block.first" in functions["Leaf_block_first"].doc_string
 
@@ -288,7 +177,7 @@ def test_hyperonnx_keywords_are_understood(tmp_path, caplog) -> None:
     """A HyperONNX user switches by changing the import: its keywords keep working."""
     import logging
 
-    model, args = _model(), _inputs()
+    model, args = toy_net(), toy_inputs()
     buffer = io.BytesIO()
     with caplog.at_level(logging.WARNING, logger="hyperexport"):
         export_hyper_onnx(

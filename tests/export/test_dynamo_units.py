@@ -15,10 +15,11 @@ from torch import nn
 
 from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
-from hyperexport.export import dynamo, dynamo_batch
 from hyperexport.contracts.manifest import META_EXPORT_PATH, META_FALLBACK, PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError, ModuleExportError
+from hyperexport.export import dynamo, dynamo_batch
 from hyperexport.options import ExportOptions
+from tests.helpers.ort import run_ort
 
 
 class Block(nn.Module):
@@ -148,8 +149,6 @@ def test_dynamic_axes_without_placeholders_are_named() -> None:
 
 def test_dynamic_axes_flow_through_placeholders() -> None:
     # The placeholder op computes its dynamic output sizes from its inputs' symbolic sizes.
-    import onnxruntime as ort
-
     torch.manual_seed(0)
     model = Net().eval()
     buffer = io.BytesIO()
@@ -161,9 +160,8 @@ def test_dynamic_axes_flow_through_placeholders() -> None:
         dynamo=True,
         dynamic_axes={"x": {0: "batch"}},
     )
-    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
     x = torch.randn(5, 4)
-    (got,) = session.run(None, {"x": x.numpy()})
+    (got,) = run_ort(buffer.getvalue(), {"x": x.numpy()})
     with torch.no_grad():
         want = model(x).numpy()
     assert got.shape == (5, 2)
@@ -321,8 +319,6 @@ def test_batched_units_match_units_exported_alone(
 
 
 def test_batched_export_runs_in_onnxruntime_at_another_shape(tmp_path: Path) -> None:
-    import onnxruntime as ort
-
     torch.manual_seed(0)
     model = Nested().eval()
     buffer = io.BytesIO()
@@ -335,9 +331,8 @@ def test_batched_export_runs_in_onnxruntime_at_another_shape(tmp_path: Path) -> 
         dynamic_axes={"x": {0: "batch"}},
         options=ExportOptions(functions="per_type"),
     )
-    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
     x = torch.randn(6, 4)
-    (got,) = session.run(None, {"x": x.numpy()})
+    (got,) = run_ort(buffer.getvalue(), {"x": x.numpy()})
     with torch.no_grad():
         want = model(x).numpy()
     assert abs(got - want).max() <= 1e-5

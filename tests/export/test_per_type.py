@@ -7,7 +7,8 @@ import onnx
 import torch
 
 from hyperexport import ExportOptions, zoo
-from tests.exporter.conftest import export_bytes, run_ort
+from tests.helpers.exports import export_bytes
+from tests.helpers.ort import run_ort
 
 PER_TYPE = ExportOptions(functions="per_type")
 
@@ -81,8 +82,8 @@ def test_check_stage_catches_a_wrong_reuse(tmp_path, monkeypatch) -> None:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from hyperexport.api import capture_model, compose_model, export_units, save_model
-    from hyperexport.export import unit_identity
     from hyperexport.check import CheckSettings, run_checks
+    from hyperexport.export import unit_identity
 
     model = zoo.tiny_llama(num_layers=3)
     model.layers[1].input_layernorm.variance_epsilon = 0.5

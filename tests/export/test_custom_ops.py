@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hyperexport import CustomOpSymbolic, ExportOptions, ModuleExportError, export_hyper_onnx
-from tests.exporter.conftest import flat_outputs, run_ort
+from tests.helpers.ort import flat_outputs, run_ort
 
 
 @torch.library.custom_op("hyperexport_test::scaled_add", mutates_args=())

@@ -8,9 +8,10 @@ import onnx
 import pytest
 import torch
 
-from hyperexport import ExportOptions, InputError, zoo
+from hyperexport import ExportOptions, zoo
 from hyperexport.api import capture_model
-from tests.exporter.conftest import export_bytes, run_ort
+from tests.helpers.exports import export_bytes
+from tests.helpers.ort import run_ort
 
 
 @pytest.mark.parametrize(
@@ -45,32 +46,6 @@ def test_llama_dynamic_batch_and_sequence(mode: str, dynamo: bool) -> None:
         want = model(input_ids=x).last_hidden_state.detach().numpy()
         np.testing.assert_allclose(run_ort(data, [x.numpy()])[0], want, atol=1e-4)
     assert manifest.probe_inputs and manifest.probe_outputs
-
-
-def test_probe_run_finds_the_dynamic_dims_of_module_inputs() -> None:
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    model = zoo.tiny_llama(num_layers=1)
-    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
-    capture = capture_model(
-        model, (ids,), hiera=[LlamaDecoderLayer], dynamic_axes={"input_ids": {1: "seq"}}
-    )
-    record = capture.record
-    assert record.dynamic_dims("in.0") == (1,)
-    assert record.dynamic_dims("layers.0#0/in.0") == (1,)  # hidden_states (1, seq, 64)
-    assert record.dynamic_dims("out.0") == (1,)
-    assert record.probe_inputs is not None
-
-
-def test_dynamic_axis_on_an_unknown_input_is_named() -> None:
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    model = zoo.tiny_llama(num_layers=1)
-    ids = torch.randint(0, 128, (1, 8))
-    with pytest.raises(InputError, match="input_idz"):
-        capture_model(
-            model, (ids,), hiera=[LlamaDecoderLayer], dynamic_axes={"input_idz": {1: "s"}}
-        )
 
 
 def test_check_stage_compares_at_the_second_shape(tmp_path) -> None:

@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
+
+from tests.helpers.ort import session_for
 
 
 def parse(text: str) -> ir.Model:
@@ -19,7 +20,7 @@ def run_checked(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> list[np.nda
     """Full-check the model, then run it in ORT on the feeds it takes."""
     proto = ir.to_proto(model)
     onnx.checker.check_model(proto, full_check=True)
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = session_for(proto)
     names = {i.name for i in session.get_inputs()}
     return session.run(None, {k: v for k, v in feeds.items() if k in names})
 

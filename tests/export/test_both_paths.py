@@ -6,19 +6,18 @@ run on ONNX Runtime against torch, and its function set is asserted by name.
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
 
-from hyperexport import export_hyper_onnx
 from hyperexport.contracts.manifest import FUNCTION_DOMAIN, META_EXPORT_PATH, PLACEHOLDER_DOMAIN
 from hyperexport.options import ExportOptions
+from tests.helpers.exports import export_bytes
+from tests.helpers.ort import assert_outputs_close, run_ort
 
 TOLERANCE = 1e-5
 PATHS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
@@ -96,14 +95,6 @@ class FlagsModel(nn.Module):
         return {"h": h2, "parts": (r1 + r2, d1)}
 
 
-def _flat_outputs(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _flat_outputs(v)]
-    return [t for v in value for t in _flat_outputs(v)]
-
-
 def export_and_run(
     model: nn.Module,
     args: tuple[torch.Tensor, ...],
@@ -113,28 +104,19 @@ def export_and_run(
     mode: str,
 ) -> tuple[onnx.ModelProto, list[np.ndarray]]:
     """Export hierarchically to bytes, full-check, and run on ORT with ``args``."""
-    buffer = io.BytesIO()
-    export_hyper_onnx(
+    data, _ = export_bytes(
         model,
         args,
-        buffer,
         hiera=hiera,
         dynamo=dynamo,
         opset_version=18,
         options=ExportOptions(functions=mode),  # type: ignore[arg-type]
     )
-    proto = onnx.load_from_string(buffer.getvalue())
-    onnx.checker.check_model(proto, full_check=True)
-    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
-    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
-    return proto, session.run(None, feeds)
+    return onnx.load_from_string(data), run_ort(data, [a.numpy() for a in args])
 
 
 def assert_close(outputs: list[np.ndarray], expected: Any) -> None:
-    reference = [t.detach().numpy() for t in _flat_outputs(expected)]
-    assert len(outputs) == len(reference)
-    for got, want in zip(outputs, reference):
-        np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
+    assert_outputs_close(outputs, expected, TOLERANCE)
 
 
 def assert_hierarchical(proto: onnx.ModelProto, dynamo: bool, names: set[str]) -> None:
@@ -193,97 +175,3 @@ def test_repeated_exports_in_one_process(dynamo: bool) -> None:
     assert {f.name for f in first.functions} == {f.name for f in second.functions}
     for a, b in zip(out1, out2):
         np.testing.assert_array_equal(a, b)
-
-
-# --- transformers models (hyperexport.zoo) -------------------------------------------------
-
-
-def export_model(
-    model: nn.Module, args: tuple[torch.Tensor, ...], *, hiera: list[type], dynamo: bool, mode: str
-) -> tuple[onnx.ModelProto, list[np.ndarray]]:
-    # hyperexport enters its transformers patches itself (capture/model_patches.py).
-    return export_and_run(model, args, hiera=hiera, dynamo=dynamo, mode=mode)
-
-
-def _reference(model: nn.Module, *args: torch.Tensor) -> Any:
-    with torch.no_grad():
-        return list(model(*args).values())
-
-
-def assert_close_1e4(outputs: list[np.ndarray], expected: list[torch.Tensor]) -> None:
-    assert len(outputs) == len(expected)
-    for got, want in zip(outputs, expected):
-        np.testing.assert_allclose(got, want.numpy(), atol=1e-4, rtol=1e-4)
-
-
-def _llama(num_layers: int, dynamo: bool, mode: str) -> None:
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    from hyperexport import zoo
-
-    model = zoo.tiny_llama(num_layers=num_layers)
-    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
-    proto, outputs = export_model(
-        model, (ids,), hiera=[LlamaDecoderLayer], dynamo=dynamo, mode=mode
-    )
-    names = (
-        {"LlamaDecoderLayer"}
-        if mode == "per_type"
-        else {f"LlamaDecoderLayer_layers_{i}" for i in range(num_layers)}
-    )
-    assert_hierarchical(proto, dynamo, names)
-    calls = [n for n in proto.graph.node if n.domain == FUNCTION_DOMAIN]
-    assert [n.name for n in calls] == [f"layers.{i}" for i in range(num_layers)]
-    assert_close_1e4(outputs, _reference(model, ids))
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dynamo", PATHS)
-def test_llama_4_layers(dynamo: bool, mode: str) -> None:
-    _llama(4, dynamo, mode)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dynamo", PATHS)
-def test_llama_16_layers(dynamo: bool, mode: str) -> None:
-    _llama(16, dynamo, mode)
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dynamo", PATHS)
-def test_resnet_stages_and_layers(dynamo: bool, mode: str) -> None:
-    from transformers.models.resnet.modeling_resnet import ResNetBasicLayer, ResNetStage
-
-    from hyperexport import zoo
-
-    model = zoo.tiny_resnet()
-    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    proto, outputs = export_model(
-        model, (pixels,), hiera=[ResNetStage, ResNetBasicLayer], dynamo=dynamo, mode=mode
-    )
-    if mode == "per_type":
-        # Every stage has other channel counts: four variants of each class.
-        suffixes = ["", "_v2", "_v3", "_v4"]
-        names = {f"ResNetStage{s}" for s in suffixes} | {f"ResNetBasicLayer{s}" for s in suffixes}
-    else:
-        names = {f"ResNetStage_encoder_stages_{i}" for i in range(4)} | {
-            f"ResNetBasicLayer_encoder_stages_{i}_layers_0" for i in range(4)
-        }
-    assert_hierarchical(proto, dynamo, names)
-    assert_close_1e4(outputs, _reference(model, pixels))
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dynamo", PATHS)
-def test_vit_layers(dynamo: bool, mode: str) -> None:
-    from transformers.models.vit.modeling_vit import ViTLayer
-
-    from hyperexport import zoo
-
-    model = zoo.tiny_vit(num_layers=2)
-    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    proto, outputs = export_model(model, (pixels,), hiera=[ViTLayer], dynamo=dynamo, mode=mode)
-    names = {"ViTLayer"} if mode == "per_type" else {"ViTLayer_layers_0", "ViTLayer_layers_1"}
-    assert_hierarchical(proto, dynamo, names)
-    assert_close_1e4(outputs, _reference(model, pixels))

@@ -1,0 +1,82 @@
+"""Builds through the real stages, in process, and what their reports say.
+
+``TOY_SOURCE`` is a small model package's source: tests write it to a temporary directory, where
+it stands in for user code they can edit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hyperexport.config import BuildSettings, Recipe
+from hyperexport.runner.session import BuildOutcome, run_build
+from hyperexport.stages import PIPELINE, model_loader
+
+TOY_SOURCE = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int, broken: bool = False) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+        self.broken = broken
+
+    def forward(self, x):
+        if self.broken:
+            raise ValueError("this block is broken")
+        return torch.relu(self.fc(x)) + x
+
+
+class Net(torch.nn.Module):
+    def __init__(self, dim: int, layers: int, broken_layer: int) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(dim, i == broken_layer) for i in range(layers))
+        self.head = torch.nn.Linear(dim, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def make(dim: int = 8, layers: int = 2, seed: int = 0, broken_layer: int = -1):
+    torch.manual_seed(seed)
+    return Net(dim, layers, broken_layer).eval()
+"""
+
+
+def build(
+    recipe: Recipe,
+    tmp_path: Path,
+    *,
+    cache: str = "cache",
+    loads: list[int] | None = None,
+    **kw: Any,
+) -> BuildOutcome:
+    settings = BuildSettings(
+        cache_dir=str(tmp_path / cache),
+        outputs_dir=tmp_path / "outputs",
+        dry_run=bool(kw.get("dry_run", False)),
+        force=tuple(kw.get("force", ())),
+    )
+    loader = model_loader(recipe)
+    counter = loads if loads is not None else []
+
+    def counting() -> Any:
+        counter.append(1)
+        return loader()
+
+    return run_build(recipe, settings, stages=PIPELINE, load_model=counting)
+
+
+def statuses(outcome: BuildOutcome) -> dict[str, str]:
+    report = outcome.report
+    assert report is not None
+    return {s["name"]: s["status"] for s in report["stages"]}
+
+
+def reasons(outcome: BuildOutcome) -> dict[str, str]:
+    assert outcome.report is not None
+    return {s["name"]: s["reason"] for s in outcome.report["stages"]}
