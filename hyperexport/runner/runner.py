@@ -265,7 +265,9 @@ class Runner:
                 result.failed_files = _small_text_files(out_dir)
                 status = "failed"
             else:
-                result.entries[stage.name] = self.store.commit(key, stage.name, out_dir)
+                result.entries[stage.name] = self.store.commit(
+                    key, stage.name, out_dir, recipe=request.recipe_name
+                )
                 status = "ok"
         self.store.record_run(request.recipe_name, stage.name, _record(key, material, status))
         if result.error is not None and result.error.stage == stage.name:

@@ -3,7 +3,8 @@
 Layout under the cache root::
 
     blobs/<aa>/<sha256>          file contents, named by their digest (read-only)
-    actions/<aa>/<key>.json      one committed stage run: its output files and their digests
+    actions/<aa>/<key>.json      one committed stage run: its output files and their digests;
+                                 the file's mtime is the entry's last use (refreshed on every hit)
     runs/<recipe>/<stage>.json   the key material of the last build of a recipe (for reasons)
     index/files.json             size/mtime -> digest fast path
     tmp/                         scratch directories of running stages (same filesystem)
@@ -67,18 +68,23 @@ class ActionEntry:
     key: str
     stage: str
     outputs: tuple[OutputFile, ...]
+    # The recipe whose build computed the entry (shown by ``cache ls``; not part of the key).
+    recipe: str | None = None
 
     def digests(self) -> dict[str, str]:
         """``{relative path: digest}``: what later stages' keys include."""
         return {f.path: f.digest for f in self.outputs}
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "format": ENTRY_FORMAT,
             "key": self.key,
             "stage": self.stage,
             "outputs": [[f.path, f.digest, f.size] for f in self.outputs],
         }
+        if self.recipe is not None:
+            data["recipe"] = self.recipe
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> ActionEntry:
@@ -88,7 +94,13 @@ class ActionEntry:
         for f in outputs:
             if not re.fullmatch(r"[0-9a-f]{64}", f.digest) or _unsafe_relpath(f.path):
                 raise ValueError(f"bad output record {f}")
-        return cls(key=str(data["key"]), stage=str(data["stage"]), outputs=outputs)
+        recipe = data.get("recipe")
+        return cls(
+            key=str(data["key"]),
+            stage=str(data["stage"]),
+            outputs=outputs,
+            recipe=recipe if isinstance(recipe, str) else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,9 @@ class Lookup:
     status: Literal["hit", "missing", "corrupt"]
     entry: ActionEntry | None = None
     detail: str = ""
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def _unsafe_relpath(path: str) -> bool:
@@ -117,6 +132,7 @@ class CacheStore:
         self.root = root
         self.read_only = read_only
         self.index = FileDigestIndex(None if read_only else root / "index" / "files.json")
+        self._use_warned = False
 
     # -- paths -------------------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
@@ -147,6 +163,8 @@ class CacheStore:
             if not self.read_only:
                 path.unlink(missing_ok=True)
             return Lookup("corrupt", detail=detail)
+        if not self.mark_used(key):  # removed meanwhile (cache gc): its blobs may go too
+            return Lookup("missing")
         return Lookup("hit", entry)
 
     def _verify_blob(self, f: OutputFile, *, full: bool) -> None:
@@ -175,8 +193,13 @@ class CacheStore:
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
-    def commit(self, key: str, stage: str, out_dir: Path) -> ActionEntry:
-        """Move every file of ``out_dir`` into the blob store, then write the entry (last)."""
+    def commit(
+        self, key: str, stage: str, out_dir: Path, *, recipe: str | None = None
+    ) -> ActionEntry:
+        """Move every file of ``out_dir`` into the blob store, then write the entry (last).
+
+        ``recipe`` (the building recipe's name) is recorded in the entry for ``cache ls``.
+        """
         if self.read_only:
             raise RuntimeError("cannot commit to a read-only cache")
         outputs = []
@@ -188,13 +211,13 @@ class CacheStore:
             size = path.stat().st_size
             self._put_blob(path, digest, size)
             outputs.append(OutputFile(rel, digest, size))
-        entry = ActionEntry(key=key, stage=stage, outputs=tuple(outputs))
+        entry = ActionEntry(key=key, stage=stage, outputs=tuple(outputs), recipe=recipe)
         atomic_write_json(self.action_path(key), entry.to_json())
         return entry
 
     def _put_blob(self, src: Path, digest: str, size: int) -> None:
         blob = self.blob_path(digest)
-        if blob.is_file() and blob.stat().st_size == size:
+        if self._reusable(blob, size):
             return
         blob.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=blob.parent, prefix=f".{digest[:12]}.", suffix=".tmp")
@@ -268,3 +291,77 @@ class CacheStore:
     def save_index(self) -> None:
         if not self.read_only:
             self.index.save()
+
+    # -- inventory (for the ``cache`` commands: ls, show, verify, gc) ----------------------
+    def mark_used(self, key: str) -> bool:
+        """Record a use of ``key``'s entry (its file's mtime) for least-recently-used eviction.
+
+        ``cache gc`` re-reads an entry's time after taking it out of place and puts it back if
+        it was used meanwhile, so a hit recorded here is never evicted under a running build.
+
+        Returns:
+            False if the entry file is gone (evicted meanwhile); True otherwise, also when the
+            time cannot be written (read-only store or filesystem; logged once).
+        """
+        if self.read_only:
+            return True
+        try:
+            os.utime(self.action_path(key))
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            if not self._use_warned:
+                log.warning("cannot record the last use of cache entries in %s (%s)", self.root, e)
+                self._use_warned = True
+        return True
+
+    def _reusable(self, blob: Path, size: int) -> bool:
+        """Whether ``blob`` is there with ``size`` bytes; if so, give it a fresh mtime, so that
+        ``cache gc`` (which never deletes a blob younger than its grace period, and re-reads the
+        time after taking a blob out of place) keeps it for the entry being committed.
+
+        False when it is missing or gone meanwhile: the caller writes it (again).
+        """
+        try:
+            st = blob.stat()
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return False
+        try:
+            os.utime(blob)
+        except FileNotFoundError:
+            return False
+        except OSError as e:  # e.g. a shared cache where another user owns the blob
+            log.warning("cannot refresh the time of %s (%s); a concurrent gc may drop it", blob, e)
+        return True
+
+    def entry_paths(self) -> Iterator[tuple[str, Path]]:
+        """``(key, path)`` of every action entry file (by name; contents not read)."""
+        for path in sorted((self.root / "actions").glob("??/*.json")):
+            key = path.name.removesuffix(".json")
+            if _DIGEST.fullmatch(key) and path.parent.name == key[:2]:
+                yield key, path
+
+    def blob_paths(self) -> Iterator[tuple[str, Path]]:
+        """``(digest, path)`` of every blob (temporary files of running writes excluded)."""
+        for path in sorted((self.root / "blobs").glob("??/*")):
+            if _DIGEST.fullmatch(path.name) and path.parent.name == path.name[:2]:
+                yield path.name, path
+
+    def read_entry(self, key: str) -> ActionEntry:
+        """Parse ``key``'s entry without checking its blobs.
+
+        Raises:
+            OSError: It cannot be read (FileNotFoundError: there is none).
+            ValueError: It is not a valid entry of ``key``.
+        """
+        try:
+            entry = ActionEntry.from_json(
+                json.loads(self.action_path(key).read_text(encoding="utf-8"))
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{type(e).__name__}: {e}") from e
+        if entry.key != key:
+            raise ValueError(f"entry records key {entry.key[:12]}")
+        return entry
