@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
@@ -19,12 +19,14 @@ from typing import IO, Any
 import onnx_ir as ir
 
 from hyperexport.atomic import atomic_write_text
-from hyperexport.capture.hooks import Capture, capture_model
+from hyperexport.capture.hooks import Capture, capture_model, resolve_hiera
+from hyperexport.capture.root import root_as_function
 from hyperexport.contracts.bundle import BUNDLE_JSON, ExportBundle
 from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.errors import InputError, ModuleExportError
+from hyperexport.contracts.records import CaptureRecord, tree_tensor_keys
+from hyperexport.errors import InputError, ModuleExportError, OptionsError
 from hyperexport.export.units import export_units
-from hyperexport.options import ExportOptions
+from hyperexport.options import ExportOptions, ExportRequest
 from hyperexport.passes.pipeline import compose_model
 
 log = logging.getLogger(__name__)
@@ -46,32 +48,54 @@ def save_model(model: ir.Model, path: Path, *, external_data: bool, threshold: i
 
     With ``external_data``, every tensor of at least ``threshold`` bytes goes to
     ``<name>.data`` beside the model: initializers, and also the Constant tensors inside
-    functions (per-instance weights), which onnx's external-data writer covers. The data file is
-    moved into place first and the model last, so a reader never sees a model without its data.
+    functions (per-instance weights). The data file is moved into place first and the model
+    last, so a reader never sees a model without its data. Nothing depends on the working
+    directory, and an earlier export's files at ``path`` are replaced.
     """
     import onnx
+    from onnx.external_data_helper import set_external_data, write_external_data_tensors
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     proto = ir.serde.serialize_model(model)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         staged = Path(tmp) / path.name
+        data = Path(tmp) / f"{path.name}.data"
         if external_data:
-            onnx.save_model(
-                proto,
-                staged,
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=f"{path.name}.data",
-                size_threshold=threshold,
-                convert_attribute=True,
-            )
-            data = Path(tmp) / f"{path.name}.data"
-            if data.exists():
-                os.replace(data, path.parent / data.name)
-        else:
-            onnx.save_model(proto, staged)
+            moved = 0
+            for tensor in _all_tensors(proto):
+                if tensor.HasField("raw_data") and len(tensor.raw_data) >= threshold:
+                    set_external_data(tensor, data.name)
+                    moved += 1
+            if moved:
+                write_external_data_tensors(proto, tmp)
+        onnx.save_model(proto, staged)
+        if data.exists():
+            os.replace(data, path.parent / data.name)
         os.replace(staged, path)
+
+
+def _all_tensors(proto: Any) -> Iterator[Any]:
+    """Every TensorProto of a model: initializers and tensor attributes, in graphs and functions."""
+
+    def of_nodes(nodes: Any) -> Iterator[Any]:
+        for node in nodes:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                if attr.HasField("g"):
+                    yield from of_graph(attr.g)
+                for graph in attr.graphs:
+                    yield from of_graph(graph)
+
+    def of_graph(graph: Any) -> Iterator[Any]:
+        yield from graph.initializer
+        yield from of_nodes(graph.node)
+
+    yield from of_graph(proto.graph)
+    for function in proto.functions:
+        yield from of_nodes(function.node)
 
 
 def export_units_with_fallback(
@@ -198,6 +222,68 @@ def _hyperonnx_keywords(
     return options, Path(directory) if directory is not None else None
 
 
+def split_trailing_kwargs(
+    args: Any, kwargs: Mapping[str, Any] | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args``/``kwargs`` as ``torch.onnx.export`` reads them: a trailing dict is keywords.
+
+    A tuple ``args`` whose last element is a dict passes that dict as keyword arguments (an empty
+    trailing dict is dropped, which is how a dict is passed as the last *positional* argument).
+    A non-tuple ``args`` is one positional argument.
+
+    Raises:
+        OptionsError: A keyword is given both in the trailing dict and in ``kwargs``.
+    """
+    if not isinstance(args, tuple):
+        return (args,), dict(kwargs or {})
+    merged = dict(kwargs or {})
+    if args and isinstance(args[-1], dict) and not _is_model_output(args[-1]):
+        trailing = args[-1]
+        both = sorted(set(trailing) & set(merged))
+        if both:
+            raise OptionsError("args", f"keyword(s) {both} given in args' trailing dict and kwargs")
+        merged = {**trailing, **merged}
+        args = args[:-1]
+    return args, merged
+
+
+def _is_model_output(value: Any) -> bool:
+    import dataclasses
+
+    return dataclasses.is_dataclass(value)
+
+
+def complete_output_names(
+    given: tuple[str, ...] | None, record: CaptureRecord
+) -> tuple[str, ...] | None:
+    """The user's output names, with numbered names for outputs beyond them.
+
+    As with ``torch.onnx.export``, fewer names than outputs name the first outputs; the rest get
+    ``output_<i>`` (``i`` is the output's position).
+
+    Raises:
+        OptionsError: More names than the model has tensor outputs.
+    """
+    if given is None:
+        return None
+    count = len(list(tree_tensor_keys(record.outputs)))
+    if len(given) > count:
+        raise OptionsError(
+            "output_names", f"{len(given)} names for {count} tensor output(s): {list(given)}"
+        )
+    taken = set(given)
+    rest = []
+    for i in range(len(given), count):
+        name = f"output_{i}"
+        while name in taken:
+            name = f"_{name}"
+        taken.add(name)
+        rest.append(name)
+    if rest:
+        log.info("output_names names %d of %d outputs; the rest are numbered", len(given), count)
+    return (*given, *rest)
+
+
 def export_hyper_onnx(
     model: Any,
     args: Any,
@@ -216,41 +302,63 @@ def export_hyper_onnx(
 ) -> ExportManifest:
     """Export ``model`` to ONNX with every call of a ``hiera`` class as a local function.
 
+    Every argument is checked before the model runs (:class:`~hyperexport.options.ExportRequest`).
+
     Args:
         model: The torch module (exported in its current mode; call ``eval()`` first).
-        args: Positional example inputs (tuple or single tensor).
+        args: Positional example inputs (tuple or single tensor). As in ``torch.onnx.export``,
+            a dict as the tuple's last element holds keyword inputs.
         f: Destination path, or a binary file object such as ``io.BytesIO``.
         kwargs: Keyword example inputs.
         input_names: Names of the flattened graph inputs (default: from the signature).
         output_names: Names of the flattened graph outputs (default: from the output structure).
+            Fewer names than outputs name the first ones; the rest are numbered ``output_<i>``.
         opset_version: Default-domain opset. TorchScript path: up to 20 on torch 2.13.
         dynamo: Which torch exporter to use. Always explicit; torch's own default changed in 2.9.
-        hiera: Module classes (or import paths) whose calls become functions.
-        external_data: Store large tensors in ``<f>.data`` (needs a path ``f``).
+        hiera: Module classes (or import paths) whose calls become functions. The root model's
+            own class makes the whole model one function (the main graph calls it once). A
+            class that never runs is a WARNING naming it (a build's recipe is stricter).
+        external_data: Store large tensors in ``<f>.data`` beside ``f`` (needs a path ``f``).
         dynamic_axes: ``{input name: {axis: dim name}}``.
         options: Everything else: function mode, fallback, rewrites, attention, custom ops.
         **hyperonnx: HyperONNX's own keywords, so that its users can switch by changing the
             import: ``do_optimization``, ``fold_nodes_to_functions`` and
             ``fuse_constants_to_function`` set the matching rewrite options;
             ``external_directory`` keeps the per-module ONNX files there; ``module_spec`` (its
-            internal cache) is ignored with a WARNING. Any other keyword is a TypeError.
+            internal cache) is ignored with a WARNING. Any other keyword is a TypeError (see
+            :mod:`hyperexport.compat.hyperonnx` for HyperONNX's lenient defaults).
 
     Returns:
         The export manifest (functions and call sites).
+
+    Raises:
+        OptionsError: An argument or option is invalid (before anything runs).
     """
-    options, keep_units = _hyperonnx_keywords(options or ExportOptions(), hyperonnx)
+    request = ExportRequest(
+        f=f,
+        opset_version=opset_version,
+        dynamo=dynamo,
+        external_data=external_data,
+        input_names=input_names,  # type: ignore[arg-type]  # ExportRequest checks, then tuples
+        output_names=output_names,  # type: ignore[arg-type]
+        options=options if options is not None else ExportOptions(),
+    )
+    args, kwargs = split_trailing_kwargs(args, kwargs)
+    options, keep_units = _hyperonnx_keywords(request.options, hyperonnx)
     if dynamic_axes:
         # As with torch.onnx.export, entries may name outputs too; which output dims are dynamic
         # follows from the inputs' (found by the probe run), so only the inputs' entries count.
-        outputs = set(output_names or ())
+        outputs = set(request.output_names or ())
         options = replace(
             options,
             dynamic_axes=tuple(
                 (k, tuple(sorted(v.items()))) for k, v in dynamic_axes.items() if k not in outputs
             ),
         )
-    if options.dynamic_axes and input_names:
-        options = _axes_by_leaf_name(model, args, kwargs, options, list(input_names))
+    classes = resolve_hiera(tuple(hiera or ()))
+    model = root_as_function(model, classes, options.method)
+    if options.dynamic_axes and request.input_names:
+        options = _axes_by_leaf_name(model, args, kwargs, options, list(request.input_names))
     axes = {k: dict(v) for k, v in options.dynamic_axes}
 
     def capture_for(path: bool) -> Capture:
@@ -258,7 +366,7 @@ def export_hyper_onnx(
             model,
             args,
             kwargs,
-            hiera=tuple(hiera or ()),
+            hiera=classes,
             method=options.method,
             dynamo=path,
             attention=options.attention.implementation,
@@ -268,8 +376,8 @@ def export_hyper_onnx(
 
     capture = capture_for(dynamo)
     names = {
-        "input_names": tuple(input_names) if input_names else None,
-        "output_names": tuple(output_names) if output_names else None,
+        "input_names": request.input_names or None,
+        "output_names": complete_output_names(request.output_names or None, capture.record),
     }
     with contextlib.ExitStack() as stack:
         if keep_units is None:
@@ -297,7 +405,5 @@ def export_hyper_onnx(
             threshold=options.external_data_threshold,
         )
     else:
-        if external_data:
-            raise ValueError("external_data=True needs a file path for f, not a file object")
         f.write(ir.serde.serialize_model(onnx_model).SerializeToString())
     return manifest

@@ -79,3 +79,15 @@ class StageError(HyperExportError):
         self.module_path = module_path
         at = f" at module {module_path!r}" if module_path else ""
         super().__init__(f"stage {stage!r} failed{at}: {cause}")
+
+
+class OptionsError(HyperExportError, ValueError):
+    """An export option or argument is invalid. Names the option (``field``) and why.
+
+    Also a ValueError, so callers that caught the untyped errors of earlier releases still do.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"option {field!r}: {reason}")

@@ -1,14 +1,47 @@
-"""The frozen options object of the library API.
+"""The frozen options objects of the library API, validated where they are defined.
 
-Everything beyond HyperONNX's flat signature goes here, not into new keyword flags.
+Everything beyond HyperONNX's flat signature goes into :class:`ExportOptions`, not into new
+keyword flags. :class:`ExportRequest` holds ``export_hyper_onnx``'s own flat arguments once they
+are checked. Every check raises :class:`~hyperexport.errors.OptionsError` naming the option; no
+torch import here (the package import stays cheap).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import io
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, get_args
+
+from hyperexport.errors import OpsetError, OptionsError
 
 FunctionMode = Literal["per_instance", "per_type"]
+FUNCTION_MODES: tuple[str, ...] = get_args(FunctionMode)
+
+#: transformers' own attention implementations; hyperexport registers under another name.
+BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
+
+AxesItems = tuple[tuple[str, tuple[tuple[int, str], ...]], ...]
+ShapeItems = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def _require_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise OptionsError(f"{owner}.{name}", f"must be True or False, got {value!r}")
+
+
+def _require_bools(instance: Any) -> None:
+    for f in fields(instance):
+        _require_bool(type(instance).__name__, f.name, getattr(instance, f.name))
+
+
+def _require_int(where: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionsError(where, f"must be an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        span = f"{low}..{high}" if high is not None else f">= {low}"
+        raise OptionsError(where, f"must be in {span}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -24,6 +57,20 @@ class CustomOpSymbolic:
     name: str
     symbolic: str
     opset: int
+
+    def __post_init__(self) -> None:
+        domain, sep, op = self.name.partition("::") if isinstance(self.name, str) else ("", "", "")
+        if not (sep and domain and op):
+            raise OptionsError("CustomOpSymbolic.name", f"must be 'domain::op', got {self.name!r}")
+        module, sep, function = (
+            self.symbolic.partition(":") if isinstance(self.symbolic, str) else ("", "", "")
+        )
+        if not (sep and module and function):
+            raise OptionsError(
+                "CustomOpSymbolic.symbolic",
+                f"must be 'package.module:function', got {self.symbolic!r}",
+            )
+        _require_int("CustomOpSymbolic.opset", self.opset, 1)
 
 
 @dataclass(frozen=True)
@@ -42,6 +89,9 @@ class RewriteOptions:
     fuse_constants: bool = False
     optimize: bool = False
 
+    def __post_init__(self) -> None:
+        _require_bools(self)
+
 
 @dataclass(frozen=True)
 class AttentionOptions:
@@ -49,12 +99,59 @@ class AttentionOptions:
 
     Attributes:
         implementation: Name registered in transformers' AttentionInterface, or None to leave the
-            model's attention alone.
+            model's attention alone. Not one of transformers' built-ins (``eager``, ``sdpa``...).
         promote_opset24: Rewrite attention nodes to default-domain ONNX ``Attention`` (opset 24).
     """
 
     implementation: str | None = None
     promote_opset24: bool = False
+
+    def __post_init__(self) -> None:
+        impl = self.implementation
+        if impl is not None and (not isinstance(impl, str) or not impl):
+            raise OptionsError("AttentionOptions.implementation", f"must be a name, got {impl!r}")
+        if impl in BUILTIN_ATTENTION:
+            raise OptionsError(
+                "AttentionOptions.implementation",
+                f"{impl!r} is a transformers built-in; name hyperexport's entry otherwise",
+            )
+        _require_bool("AttentionOptions", "promote_opset24", self.promote_opset24)
+
+
+def _axes_items(value: Any) -> AxesItems:
+    """``{name: {axis: dim}}`` or its item tuples, checked, as nested item tuples."""
+    where = "ExportOptions.dynamic_axes"
+    items = value.items() if isinstance(value, Mapping) else value
+    result = []
+    for entry in items:
+        name, axes = entry
+        if not isinstance(name, str) or not name:
+            raise OptionsError(where, f"input names must be strings, got {name!r}")
+        pairs = axes.items() if isinstance(axes, Mapping) else axes
+        checked = []
+        for axis, dim in pairs:
+            _require_int(f"{where}[{name!r}]", axis, 0)
+            if not isinstance(dim, str) or not dim.isidentifier():
+                raise OptionsError(
+                    f"{where}[{name!r}][{axis}]",
+                    f"dim names must be identifiers, got {dim!r}",
+                )
+            checked.append((axis, dim))
+        result.append((name, tuple(sorted(checked))))
+    return tuple(result)
+
+
+def _shape_items(value: Any) -> ShapeItems:
+    where = "ExportOptions.probe_shapes"
+    items = value.items() if isinstance(value, Mapping) else value
+    result = []
+    for name, shape in items:
+        if not isinstance(name, str) or not name:
+            raise OptionsError(where, f"input names must be strings, got {name!r}")
+        for size in shape:
+            _require_int(f"{where}[{name!r}]", size, 0)
+        result.append((name, tuple(shape)))
+    return tuple(result)
 
 
 @dataclass(frozen=True)
@@ -71,12 +168,16 @@ class ExportOptions:
         attention: Attention registration and promotion.
         external_data_threshold: Tensors at least this many bytes go to the external data file
             when external data is on.
-        dynamic_axes: ``{input name: {axis: dim name}}``, on both paths. The model then runs a
-            second time at another shape (the probe) to find which dimensions of every hiera
-            call are dynamic; the check stage compares the export with torch at that shape.
+        dynamic_axes: ``{input name: {axis: dim name}}`` (a mapping, or its item tuples), on
+            both paths; dim names are identifiers. The model then runs a second time at another
+            shape (the probe) to find which dimensions of every hiera call are dynamic; the
+            check stage compares the export with torch at that shape.
         probe_shapes: ``{input name: shape}`` of that second run (default: each dynamic
             dimension grows by a small amount).
         method: Name of the model method to export, when it is not ``forward``.
+
+    Raises:
+        OptionsError: A value has the wrong type or is out of range; names the option.
     """
 
     functions: FunctionMode = "per_instance"
@@ -85,6 +186,108 @@ class ExportOptions:
     rewrite: RewriteOptions = field(default_factory=RewriteOptions)
     attention: AttentionOptions = field(default_factory=AttentionOptions)
     external_data_threshold: int = 1024
-    dynamic_axes: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
-    probe_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    dynamic_axes: AxesItems = ()
+    probe_shapes: ShapeItems = ()
     method: str = "forward"
+
+    def __post_init__(self) -> None:
+        if self.functions not in FUNCTION_MODES:
+            raise OptionsError(
+                "ExportOptions.functions",
+                f"must be one of {FUNCTION_MODES}, got {self.functions!r}",
+            )
+        _require_bool("ExportOptions", "fallback", self.fallback)
+        ops = self.custom_ops
+        if not isinstance(ops, (tuple, list)) or not all(
+            isinstance(op, CustomOpSymbolic) for op in ops
+        ):
+            raise OptionsError("ExportOptions.custom_ops", "must be a tuple of CustomOpSymbolic")
+        for name, kind in (("rewrite", RewriteOptions), ("attention", AttentionOptions)):
+            if not isinstance(getattr(self, name), kind):
+                got = type(getattr(self, name)).__name__
+                raise OptionsError(f"ExportOptions.{name}", f"must be a {kind.__name__}, got {got}")
+        _require_int("ExportOptions.external_data_threshold", self.external_data_threshold, 0)
+        if not isinstance(self.method, str) or not self.method.isidentifier():
+            raise OptionsError(
+                "ExportOptions.method", f"must be a method name, got {self.method!r}"
+            )
+        # Normalised in place (the dataclass is frozen): mappings and lists become item tuples.
+        object.__setattr__(self, "custom_ops", tuple(ops))
+        object.__setattr__(self, "dynamic_axes", _axes_items(self.dynamic_axes))
+        object.__setattr__(self, "probe_shapes", _shape_items(self.probe_shapes))
+
+
+def _check_names(where: str, names: Any) -> tuple[str, ...] | None:
+    if names is None:
+        return None
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise OptionsError(where, f"must be a list of names, got {names!r}")
+    if not all(isinstance(n, str) and n for n in names):
+        raise OptionsError(where, f"must hold non-empty strings, got {list(names)!r}")
+    if len(set(names)) != len(names):
+        raise OptionsError(where, f"holds a name twice: {list(names)!r}")
+    return tuple(names)
+
+
+def _is_binary_writer(f: Any) -> bool:
+    return callable(getattr(f, "write", None)) and not isinstance(f, io.TextIOBase)
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """``export_hyper_onnx``'s flat arguments, checked before anything runs.
+
+    Attributes:
+        f: Destination: a path, or a binary file object (``io.BytesIO``, a file opened ``"wb"``).
+        opset_version: Default-domain opset, within what the chosen path supports.
+        dynamo: The export path; a bool, always given explicitly by the caller.
+        external_data: Large tensors go to ``<f>.data`` beside ``f`` (needs a path ``f``).
+        input_names: Names of the flattened graph inputs, or None.
+        output_names: Names of the flattened graph outputs, or None (fewer names than outputs:
+            the rest are numbered).
+        options: Everything else.
+
+    Raises:
+        OptionsError: Names the argument and what is wrong with it.
+        OpsetError: ``opset_version`` is outside what the chosen path supports.
+    """
+
+    f: Any
+    opset_version: int
+    dynamo: bool
+    external_data: bool = False
+    input_names: tuple[str, ...] | None = None
+    output_names: tuple[str, ...] | None = None
+    options: ExportOptions = field(default_factory=ExportOptions)
+
+    def __post_init__(self) -> None:
+        from hyperexport.config.schema import OPSET_RANGES
+
+        _require_bool("export_hyper_onnx", "dynamo", self.dynamo)
+        _require_bool("export_hyper_onnx", "external_data", self.external_data)
+        low, high = OPSET_RANGES[self.dynamo]
+        path = f"dynamo={self.dynamo}"
+        if isinstance(self.opset_version, bool) or not isinstance(self.opset_version, int):
+            raise OptionsError(
+                "opset_version", f"must be an int, got {type(self.opset_version).__name__}"
+            )
+        if not low <= self.opset_version <= high:
+            raise OpsetError(
+                f"opset {self.opset_version} is outside what the {path} path supports "
+                f"({low}..{high})"
+            )
+        if not isinstance(self.options, ExportOptions):
+            raise OptionsError(
+                "options", f"must be an ExportOptions, got {type(self.options).__name__}"
+            )
+        is_path = isinstance(self.f, (str, os.PathLike))
+        if not is_path and not _is_binary_writer(self.f):
+            raise OptionsError(
+                "f", f"must be a path or a binary file object, got {type(self.f).__name__}"
+            )
+        if self.external_data and not is_path:
+            raise OptionsError(
+                "external_data", "needs a file path for f (the data file goes beside it)"
+            )
+        object.__setattr__(self, "input_names", _check_names("input_names", self.input_names))
+        object.__setattr__(self, "output_names", _check_names("output_names", self.output_names))

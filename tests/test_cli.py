@@ -62,7 +62,9 @@ def toy(tmp_path: Path) -> Path:
 def run(
     args: list[str], tmp_path: Path, *, probe: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "user")}
+    # Keep an existing PYTHONPATH (a worktree's checkout) after the user's package.
+    paths = [str(tmp_path / "user"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("HYPEREXPORT_CACHE_DIR", None)
     cwd = tmp_path / "elsewhere"
     cwd.mkdir(exist_ok=True)
@@ -178,6 +180,19 @@ def test_hiera_typo_exits_2_with_close_match(toy: Path, tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "field 'hiera[0]'" in proc.stderr
     assert "did you mean 'Block'?" in proc.stderr
+
+
+def test_hiera_class_that_never_runs_exits_2(toy: Path, tmp_path: Path) -> None:
+    """The library only warns about a hiera class that never runs; a build is strict."""
+    toy.write_text(
+        toy.read_text().replace(
+            "  - hx_toy.net.Block\n", "  - hx_toy.net.Block\n  - torch.nn.Conv2d\n"
+        )
+    )
+    proc = run([f"recipe_file={toy}"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "field 'hiera'" in proc.stderr
+    assert "torch.nn.modules.conv.Conv2d never ran in forward" in proc.stderr
 
 
 def test_in_repo_recipe_override_out_of_range(tmp_path: Path) -> None:

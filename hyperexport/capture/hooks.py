@@ -7,6 +7,7 @@ as numpy arrays. Nothing in it refers to live modules, so it can be saved, hashe
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from hyperexport.atomic import atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.attribute_reads import ReadLog, original_class, record_reads
 from hyperexport.capture.model_patches import export_context
+from hyperexport.capture.root import RootHolder
 from hyperexport.capture.tensor_store import load_arrays, raw_dtype, save_arrays
 from hyperexport.capture.torch_bridge import (
     is_tracing,
@@ -30,7 +32,14 @@ from hyperexport.capture.torch_bridge import (
     torch_dtype_name,
 )
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
-from hyperexport.errors import HieraError, InputError, ModelForwardError
+from hyperexport.errors import (
+    HieraError,
+    InputError,
+    ModelForwardError,
+    OptionsError,
+    RecipeError,
+    did_you_mean,
+)
 
 log = logging.getLogger(__name__)
 
@@ -185,11 +194,23 @@ def resolve_hiera(hiera: Sequence[type | str]) -> tuple[type, ...]:
             try:
                 cls = tree._import_class(item)
             except (ImportError, AttributeError) as e:
-                raise HieraError(f"hiera class {item!r} cannot be imported: {e}") from e
+                raise HieraError(
+                    f"hiera class {item!r} cannot be imported: {e}{_close_match(item)}"
+                ) from e
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
             raise HieraError(f"hiera entry {item!r} is not a torch.nn.Module subclass")
         classes.append(cls)
     return tuple(classes)
+
+
+def _close_match(path: str) -> str:
+    """``"; did you mean 'x'?"`` for the last part of ``path`` among its module's names."""
+    module, _, name = path.rpartition(".")
+    try:
+        owner = importlib.import_module(module) if module else None
+    except ImportError:
+        return ""
+    return did_you_mean(name, [n for n in dir(owner) if not n.startswith("_")]) if owner else ""
 
 
 def capture_model(
@@ -203,6 +224,7 @@ def capture_model(
     attention: str | None = None,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
     probe_shapes: Mapping[str, Sequence[int]] | None = None,
+    strict_hiera: str | None = None,
 ) -> Capture:
     """Run ``model`` once and record its inputs, outputs and every hiera module call.
 
@@ -225,11 +247,16 @@ def capture_model(
         dynamic_axes: ``{input leaf name: {axis: dim name}}`` of the root inputs.
         probe_shapes: ``{input leaf name: shape}`` of the second run; by default each dynamic
             dimension grows by 1 + the rank of its name in sorted order.
+        strict_hiera: The recipe file, for a build: a hiera class that never runs is then a
+            RecipeError (there it is almost always a mistake). None (the library): a WARNING
+            naming the class, and the export goes on without it.
 
     Raises:
         InputError: An example input cannot cross the ONNX boundary, or a dynamic axis names
             an unknown input.
-        HieraError: A hiera class is unknown, or no instance of it runs in forward.
+        OptionsError: A dynamic axis is beyond its input's rank.
+        HieraError: A hiera class cannot be imported or is not a module class.
+        RecipeError: With ``strict_hiera``, a hiera class never runs in forward.
         ModelForwardError: The forward raised; names the innermost module that was running.
     """
     if not isinstance(args, tuple):
@@ -238,7 +265,7 @@ def capture_model(
         log.warning(
             "%s is in training mode: dropout and batch-norm statistics make the captured "
             "reference outputs differ from the eval-mode export; call model.eval() first",
-            type(model).__name__,
+            type(model.root if isinstance(model, RootHolder) else model).__name__,
         )
     classes = resolve_hiera(hiera)
     fn = getattr(model, method)
@@ -247,7 +274,7 @@ def capture_model(
     run = _Run(model, fn, classes, dynamo, attention)
     rec, inputs, outputs, instances = run.record(bound, _Recorder(names))
     calls = tuple(c for c in rec.calls if c is not None)
-    _require_every_class_ran(classes, calls, instances)
+    _require_every_class_ran(classes, calls, instances, strict_hiera)
     probe_inputs = probe_outputs = None
     if dynamic_axes:
         probe_bound = resize_inputs(bound, dynamic_axes, probe_shapes)
@@ -329,6 +356,13 @@ def resize_inputs(
     resized = []
     for name, tensor in zip(leaves, tensors):
         axes = dynamic_axes.get(name, {})
+        beyond = sorted(a for a in axes if a >= tensor.dim())
+        if beyond:
+            raise OptionsError(
+                f"dynamic_axes[{name!r}]",
+                f"axis {beyond[0]} is beyond the input's rank {tensor.dim()} "
+                f"(shape {tuple(tensor.shape)})",
+            )
         target = list(tensor.shape)
         for axis, dim in axes.items():
             target[axis] = tensor.shape[axis] + grow[dim]
@@ -401,13 +435,18 @@ def _weights_without_grad(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _require_every_class_ran(
-    classes: tuple[type, ...], calls: tuple[ModuleCall, ...], instances: int
+    classes: tuple[type, ...],
+    calls: tuple[ModuleCall, ...],
+    instances: int,
+    strict_recipe: str | None,
 ) -> None:
+    """Report hiera classes that never ran: a WARNING, or with a recipe a RecipeError."""
     seen = {c.class_name for c in calls}
     for cls in classes:
         name = tree.qualified_name(cls)
-        if name not in seen:
-            raise HieraError(
-                f"hiera class {name} never ran in forward"
-                + ("" if instances else " (the model has no instance of it)")
-            )
+        if name in seen:
+            continue
+        why = "" if instances else " (the model has no instance of any hiera class)"
+        if strict_recipe is not None:
+            raise RecipeError(strict_recipe, "hiera", f"class {name} never ran in forward{why}")
+        log.warning("hiera class %s never ran in forward%s; it is ignored", name, why)

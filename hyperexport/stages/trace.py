@@ -52,5 +52,6 @@ class TraceStage:
             attention=params["attention"]["implementation"],
             dynamic_axes=axes or None,
             probe_shapes=dict(probe_shapes(params["inputs"])) or None,
+            strict_hiera=str(inputs.recipe_file),  # a build: a hiera class never run is exit 2
         )
         capture.save(out_dir)

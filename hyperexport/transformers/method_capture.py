@@ -48,6 +48,40 @@ def _resolve(model: torch.nn.Module, target: str) -> tuple[Any, str]:
     return owner, last
 
 
+def _detached_copy(value: Any) -> Any:
+    """``copy.deepcopy(value)`` with every tensor copied as ``detach().clone()``.
+
+    Tensors may sit anywhere (a transformers ``Cache`` holds them in lists of layer objects), so
+    the deep copy runs with a memo that already maps each tensor reachable through containers
+    and object attributes to its detached copy; deepcopy then never copies a tensor itself.
+    """
+    memo: dict[int, Any] = {}
+    _seed_tensors(value, memo, set())
+    return copy.deepcopy(value, memo)
+
+
+def _seed_tensors(value: Any, memo: dict[int, Any], seen: set[int]) -> None:
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        memo[id(value)] = value.detach().clone()
+        return
+    if isinstance(value, dict):
+        children: Any = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        children = list(value)
+    elif isinstance(value, torch.nn.Module):
+        return  # modules are shared, not copied: deepcopy copies their tensors' values itself
+    else:
+        children = list(getattr(value, "__dict__", {}).values())
+        children += [
+            getattr(value, s) for s in getattr(type(value), "__slots__", ()) if hasattr(value, s)
+        ]
+    for child in children:
+        _seed_tensors(child, memo, seen)
+
+
 def capture_inner_call(
     model: torch.nn.Module,
     target: str,
@@ -70,6 +104,8 @@ def capture_inner_call(
         call_index: Which call to capture (0 is the first).
         stop: End ``run`` right after the captured call, instead of letting it finish.
         copy_args: Deep-copy the arguments at call time (a cache object is mutated later).
+            Tensors are copied detached (``detach().clone()``): an export needs values, and a
+            tensor with autograd history cannot be deep-copied.
 
     Returns:
         ``(args, kwargs)`` of the captured call, without ``self``.
@@ -88,7 +124,7 @@ def capture_inner_call(
     def recorder(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         if calls == call_index:
-            seen.append(copy.deepcopy((args, kwargs)) if copy_args else (args, kwargs))
+            seen.append(_detached_copy((args, kwargs)) if copy_args else (args, kwargs))
             if stop:
                 calls += 1
                 raise _CaptureDone

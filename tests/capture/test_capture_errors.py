@@ -9,7 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from hyperexport import HieraError, InputError, ModelForwardError, export_hyper_onnx
+from hyperexport import (
+    HieraError,
+    InputError,
+    ModelForwardError,
+    RecipeError,
+    export_hyper_onnx,
+)
 from hyperexport.capture.hooks import capture_model
 from hyperexport.capture.torch_bridge import is_tracing
 from tests.helpers.toys import Leaf, toy_inputs, toy_net
@@ -34,9 +40,24 @@ def test_plain_python_object_input_is_rejected_with_its_name() -> None:
         capture_model(TakesObject(), (torch.ones(2), object()))
 
 
-def test_hiera_class_that_never_runs_is_named() -> None:
-    with pytest.raises(HieraError, match="TakesObject"):
-        capture_model(toy_net(), toy_inputs(), hiera=[TakesObject])
+def test_hiera_class_that_never_runs_is_a_warning_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="hyperexport"):
+        capture = capture_model(toy_net(), toy_inputs(), hiera=[Leaf, TakesObject])
+    assert "TakesObject never ran in forward" in caplog.text
+    assert capture.record.calls  # the classes that ran are captured
+
+
+def test_hiera_class_that_never_runs_is_a_recipe_error_in_a_build() -> None:
+    with pytest.raises(RecipeError, match="TakesObject never ran") as info:
+        capture_model(toy_net(), toy_inputs(), hiera=[Leaf, TakesObject], strict_hiera="r.yaml")
+    assert (info.value.recipe, info.value.field) == ("r.yaml", "hiera")
+
+
+def test_hiera_path_with_a_typo_is_an_error_with_a_close_match() -> None:
+    with pytest.raises(HieraError, match="did you mean 'Linear'"):
+        capture_model(toy_net(), toy_inputs(), hiera=["torch.nn.Linaer"])
 
 
 def test_unimportable_hiera_path() -> None:

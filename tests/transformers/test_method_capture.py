@@ -61,3 +61,35 @@ def test_missing_call_and_bad_path_are_input_errors(causal_lm):
         capture_inner_call(causal_lm, "model", lambda: causal_lm(input_ids=ids), call_index=5)
     with pytest.raises(InputError, match="no attribute 'nope'"):
         capture_inner_call(causal_lm, "model.nope", lambda: None)
+
+
+def test_arguments_with_autograd_history_are_copied_detached() -> None:
+    """Outside no_grad, the inner call's arguments carry autograd history; deepcopy refuses
+    those, so they are copied as detached clones (a cache object's tensors included)."""
+    from transformers import DynamicCache
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pre = torch.nn.Linear(4, 4)
+            self.inner = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+            h = self.pre(x)  # has grad_fn
+            cache.update(h.unsqueeze(1), h.unsqueeze(1), 0)  # a cache holding non-leaf tensors
+            return self.inner_call(h, cache)
+
+        def inner_call(self, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+            return self.inner(h) + cache.layers[0].keys.sum()
+
+    model = Outer()
+    x = torch.randn(2, 4)
+    args, kwargs = capture_inner_call(model, "inner_call", lambda: model(x, DynamicCache()))
+    h, cache = args
+    assert h.grad_fn is None and not h.requires_grad
+    torch.testing.assert_close(h, model.pre(x).detach())
+    keys = cache.layers[0].keys
+    assert keys.grad_fn is None
+    torch.testing.assert_close(keys, h.unsqueeze(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model.inner_call(*args, **kwargs), model(x, DynamicCache()))
