@@ -9,23 +9,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
 import onnx_ir as ir
 
-from hyperexport.atomic import atomic_write_text
 from hyperexport.capture.hooks import Capture, capture_model, resolve_hiera
 from hyperexport.capture.root import root_as_function
-from hyperexport.contracts.bundle import BUNDLE_JSON, ExportBundle
+from hyperexport.contracts.bundle import ExportBundle
 from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.contracts.records import CaptureRecord, tree_tensor_keys
-from hyperexport.errors import InputError, ModuleExportError, OptionsError
+from hyperexport.errors import OptionsError
+from hyperexport.export.fallback import export_units_with_fallback
 from hyperexport.export.units import export_units
+from hyperexport.model_file import save_model
 from hyperexport.options import ExportOptions, ExportRequest
 from hyperexport.passes.pipeline import compose_model
 
@@ -41,139 +41,6 @@ __all__ = [
     "export_units_with_fallback",
     "save_model",
 ]
-
-
-def save_model(model: ir.Model, path: Path, *, external_data: bool, threshold: int = 1024) -> None:
-    """Write ``model`` to ``path`` atomically.
-
-    With ``external_data``, every tensor of at least ``threshold`` bytes goes to
-    ``<name>.data`` beside the model: initializers, and also the Constant tensors inside
-    functions (per-instance weights). The data file is moved into place first and the model
-    last, so a reader never sees a model without its data. Nothing depends on the working
-    directory, and an earlier export's files at ``path`` are replaced.
-    """
-    import onnx
-    from onnx.external_data_helper import set_external_data, write_external_data_tensors
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    proto = ir.serde.serialize_model(model)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        staged = Path(tmp) / path.name
-        data = Path(tmp) / f"{path.name}.data"
-        if external_data:
-            moved = 0
-            for tensor in _all_tensors(proto):
-                if tensor.HasField("raw_data") and len(tensor.raw_data) >= threshold:
-                    set_external_data(tensor, data.name)
-                    moved += 1
-            if moved:
-                write_external_data_tensors(proto, tmp)
-        onnx.save_model(proto, staged)
-        if data.exists():
-            os.replace(data, path.parent / data.name)
-        os.replace(staged, path)
-
-
-def _all_tensors(proto: Any) -> Iterator[Any]:
-    """Every TensorProto of a model: initializers and tensor attributes, in graphs and functions."""
-
-    def of_nodes(nodes: Any) -> Iterator[Any]:
-        for node in nodes:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
-                yield from attr.tensors
-                if attr.HasField("g"):
-                    yield from of_graph(attr.g)
-                for graph in attr.graphs:
-                    yield from of_graph(graph)
-
-    def of_graph(graph: Any) -> Iterator[Any]:
-        yield from graph.initializer
-        yield from of_nodes(graph.node)
-
-    yield from of_graph(proto.graph)
-    for function in proto.functions:
-        yield from of_nodes(function.node)
-
-
-def export_units_with_fallback(
-    model: Any,
-    capture: Capture,
-    *,
-    opset: int,
-    dynamo: bool,
-    options: ExportOptions,
-    out_dir: Path,
-    input_names: tuple[str, ...] | None = None,
-    output_names: tuple[str, ...] | None = None,
-    recapture: Callable[[bool], Capture] | None = None,
-) -> tuple[ExportBundle, Capture]:
-    """:func:`export_units`, retried once on the other path if ``options.fallback`` allows it.
-
-    What a capture records depends on the path (the TorchScript path captures under
-    ``torch.jit.trace``), so the retry first captures again for the other path with
-    ``recapture(dynamo)``; the capture the export used is returned with the bundle, and the
-    bundle's copy of the record is that capture's.
-
-    Only an export failure falls back: :class:`ModuleExportError` (torch.onnx.export failed) or
-    :class:`InputError` (the path cannot take these inputs, e.g. dynamic axes through
-    placeholders on the dynamo path). The fallback is logged at WARNING with its cause, and
-    ``bundle.fallback_from`` (hence the model's metadata and the manifest) records it.
-
-    Args:
-        model: The live model.
-        capture: Its capture.
-        opset: Default-domain opset of the export.
-        dynamo: The export path tried first.
-        options: Export options; ``options.fallback`` enables the retry.
-        out_dir: The bundle directory (a failed attempt's unit files are removed before the
-            retry).
-        input_names: Names of the flattened root inputs, if given by the user.
-        output_names: Names of the flattened root outputs, if given by the user.
-        recapture: Captures the model for a given path; without it the retry reuses
-            ``capture`` (fine for models whose forward does not depend on tracing).
-
-    Returns:
-        The bundle, and the capture it was exported from.
-
-    Raises:
-        ModuleExportError: The export failed; with fallback, on both paths (the retry's error,
-            whose ``__cause__`` is the first path's).
-        InputError: The inputs cannot be exported on the path(s) tried.
-    """
-    kwargs: dict[str, Any] = {
-        "opset": opset,
-        "options": options,
-        "out_dir": out_dir,
-        "input_names": input_names,
-        "output_names": output_names,
-    }
-    try:
-        return export_units(model, capture, dynamo=dynamo, **kwargs), capture
-    except (ModuleExportError, InputError) as e:
-        if not options.fallback:
-            raise
-        log.warning(
-            "export with dynamo=%s failed (%s); falling back to dynamo=%s as asked",
-            dynamo,
-            e,
-            not dynamo,
-        )
-        first = e
-    units = out_dir / "units"
-    if units.is_dir():
-        shutil.rmtree(units)
-    try:
-        if recapture is not None:
-            capture = recapture(not dynamo)
-        bundle = export_units(model, capture, dynamo=not dynamo, **kwargs)
-    except (ModuleExportError, InputError) as e:
-        raise e from first
-    bundle = replace(bundle, fallback_from=f"dynamo={dynamo}: {type(first).__name__}: {first}")
-    atomic_write_text(out_dir / BUNDLE_JSON, bundle.dumps())
-    return bundle, capture
 
 
 def _axes_by_leaf_name(

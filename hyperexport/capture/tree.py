@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hyperexport.contracts.records import Tree
+from hyperexport.contracts.records import leaf_names as leaf_names  # moved; re-exported
 from hyperexport.errors import InputError
 
 _CONSTANT_TYPES = (bool, int, float, str, type(None))
@@ -123,17 +124,3 @@ def rekey(tree: Tree, prefix: str) -> Tree:
     if kind == "dict":
         return (kind, tuple((k, rekey(c, prefix)) for k, c in tree[1]))
     return (kind, tree[1], tuple((k, rekey(c, prefix)) for k, c in tree[2]))
-
-
-def leaf_names(tree: Tree, root: str = "") -> list[str]:
-    """Readable dotted names of the tensor leaves, in flattening order (``past.0.key``)."""
-    kind = tree[0]
-    if kind == "tensor":
-        return [root or "value"]
-    if kind == "const":
-        return []
-    join = (lambda k: f"{root}.{k}") if root else (lambda k: str(k))
-    if kind in ("tuple", "list"):
-        return [n for i, c in enumerate(tree[1]) for n in leaf_names(c, join(i))]
-    items = tree[1] if kind == "dict" else tree[2]
-    return [n for k, c in items for n in leaf_names(c, join(k))]

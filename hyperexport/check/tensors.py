@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 
-from hyperexport.capture.tensor_store import raw_dtype
+from hyperexport.contracts.arrays import raw_dtype
 from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import CheckError
 

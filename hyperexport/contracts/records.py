@@ -36,6 +36,20 @@ def tree_tensor_keys(tree: Tree) -> Iterator[str]:
             yield from tree_tensor_keys(child)
 
 
+def leaf_names(tree: Tree, root: str = "") -> list[str]:
+    """Readable dotted names of the tensor leaves, in flattening order (``past.0.key``)."""
+    kind = tree[0]
+    if kind == "tensor":
+        return [root or "value"]
+    if kind == "const":
+        return []
+    join = (lambda k: f"{root}.{k}") if root else (lambda k: str(k))
+    if kind in ("tuple", "list"):
+        return [n for i, c in enumerate(tree[1]) for n in leaf_names(c, join(i))]
+    items = tree[1] if kind == "dict" else tree[2]
+    return [n for k, c in items for n in leaf_names(c, join(k))]
+
+
 def tree_to_json(tree: Tree) -> Any:
     """Convert a tree to JSON-compatible lists."""
     kind = tree[0]

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from hyperexport.capture.tree import leaf_names
 from hyperexport.contracts.bundle import ExportBundle
 from hyperexport.contracts.manifest import FUNCTION_DOMAIN, CallSite, ExportManifest, FunctionEntry
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, tree_tensor_keys
+from hyperexport.contracts.records import CaptureRecord, ModuleCall, leaf_names, tree_tensor_keys
 from hyperexport.errors import RewriteError
 from hyperexport.passes.compose_functions import CHILD_INDEX
 

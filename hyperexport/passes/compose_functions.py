@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
-from hyperexport.capture.tree import leaf_names
 from hyperexport.contracts.bundle import ExportBundle, UnitEntry
 from hyperexport.contracts.manifest import (
     FUNCTION_DOMAIN,
@@ -22,7 +21,7 @@ from hyperexport.contracts.manifest import (
     META_FUNCTION_MODE,
     PLACEHOLDER_DOMAIN,
 )
-from hyperexport.contracts.records import CaptureRecord, ModuleCall
+from hyperexport.contracts.records import CaptureRecord, ModuleCall, leaf_names
 from hyperexport.errors import RewriteError
 from hyperexport.passes import naming
 

@@ -17,7 +17,12 @@ class Stage(Protocol):
         upstream: Names of the stages whose outputs this stage reads.
         reads: Dotted recipe paths this stage depends on (its *recipe slice*). ``run`` receives
             exactly this slice as ``params``, so a stage cannot read what it did not declare.
-        needs_model: Whether ``run`` calls ``inputs.model()`` (the live model).
+        needs_model: Whether ``run`` calls ``inputs.model()`` (the live model). Such a stage
+            runs user code: its key also covers the model's code and weights, and the modules
+            it had loaded when it finished (discovered dependencies, validated on lookup).
+        libraries: Distributions whose versions shape the stage's result (``"onnxruntime"``);
+            their versions, and Python's, are part of its key. The hyperexport code it runs
+            is found from its module's imports (:mod:`hyperexport.runner.code_closure`).
         publish: Glob patterns of output files copied to the build's outputs directory.
         artifacts: ``{artifact name: output file}`` listed in the report (e.g. ``model``).
     """
@@ -27,6 +32,7 @@ class Stage(Protocol):
     upstream: tuple[str, ...]
     reads: tuple[str, ...]
     needs_model: bool
+    libraries: tuple[str, ...]
     publish: tuple[str, ...]
     artifacts: Mapping[str, str]
 

@@ -1,4 +1,7 @@
-"""Stage ``check``: structural and numerical checks of the final model against the trace."""
+"""Stage ``check``: structural and numerical checks of the final model against the capture.
+
+Torch-free: it reads the export's reference capture with numpy and runs ONNX Runtime.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.runner.hashing import atomic_write_bytes
+from hyperexport.atomic import atomic_write_bytes
+from hyperexport.contracts.names import (
+    CHECK_JSON,
+    CHECK_SUMMARY,
+    MANIFEST_JSON,
+    MODEL_FILE,
+    REFERENCE_DIR,
+)
 from hyperexport.runner.stage import StageInputs
-from hyperexport.stages.rewrite import MANIFEST_FILE, MODEL_FILE
-
-CHECK_FILE = "check.json"
-CHECK_SUMMARY = "check.txt"
 
 
 class CheckStage:
@@ -29,8 +35,10 @@ class CheckStage:
     """
 
     name: str = "check"
-    version: int = 3
-    upstream: tuple[str, ...] = ("trace", "export", "rewrite")
+    version: int = 4
+    #: The reference capture comes from the export (``reference/``): the capture its bundle was
+    #: exported from, which after a fallback is not the trace's.
+    upstream: tuple[str, ...] = ("export", "rewrite")
     reads: tuple[str, ...] = (
         "check",
         "opset",
@@ -39,26 +47,24 @@ class CheckStage:
         "attention.promote_opset24",
     )
     needs_model: bool = False
-    publish: tuple[str, ...] = (CHECK_FILE, CHECK_SUMMARY)
-    artifacts: Mapping[str, str] = {"check": CHECK_FILE, "check_summary": CHECK_SUMMARY}
+    libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxruntime", "numpy", "ml-dtypes")
+    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY)
+    artifacts: Mapping[str, str] = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.api import Capture
         from hyperexport.check import run_checks
+        from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
-        from hyperexport.stages.export import FALLBACK_CAPTURE
 
-        # After a fallback, the model was exported from a capture made for the other path.
-        fallback = inputs.dir("export") / FALLBACK_CAPTURE
-        capture = Capture.load(fallback if fallback.is_dir() else inputs.dir("trace"))
+        capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
         rewrite_dir = inputs.dir("rewrite")
-        manifest = ExportManifest.loads((rewrite_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+        manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
         settings = check_settings(params, capture.record.hiera, manifest.fallback_from)
         report = run_checks(
             rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays, settings
         )
         text = json.dumps(report.to_json(), sort_keys=True, indent=1) + "\n"
-        atomic_write_bytes(out_dir / CHECK_FILE, text.encode("utf-8"))
+        atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
         atomic_write_bytes(
             out_dir / CHECK_SUMMARY, ("\n".join(report.summary_lines()) + "\n").encode("utf-8")
         )

@@ -6,23 +6,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperexport.contracts.names import BUNDLE_JSON, CAPTURE_JSON, REFERENCE_DIR, TENSORS_NPZ
 from hyperexport.runner.stage import StageInputs
-
-#: Where the export stage keeps the capture it re-made for the other path after a fallback.
-FALLBACK_CAPTURE = "fallback_capture"
 
 
 class ExportStage:
     """``export_units`` on the live model and the trace's capture.
 
-    With ``fallback: true`` a failed export is retried once on the other path (logged at
-    WARNING) on a capture re-made for that path (saved under ``fallback_capture/``, which the
-    check stage then compares against); ``bundle.json`` records it, and from there the model's
-    metadata and the report.
+    Besides the bundle, the stage writes the capture its bundle was exported from under
+    ``reference/``: the check stage's reference, so that check reads only its declared inputs.
+    It is a copy of the trace's capture (the cache stores its bytes once), or, with
+    ``fallback: true`` after a failed export retried on the other path (logged at WARNING), the
+    capture re-made for that path; ``bundle.json`` records the fallback, and from there the
+    model's metadata and the report.
     """
 
     name: str = "export"
-    version: int = 3
+    version: int = 4
     upstream: tuple[str, ...] = ("trace",)
     reads: tuple[str, ...] = (
         "model",
@@ -34,14 +34,18 @@ class ExportStage:
         "fallback",
         "functions",
         "custom_ops",
-        "attention",
+        # Only the implementation: promotion to opset 24 is the rewrite stage's.
+        "attention.implementation",
     )
     needs_model: bool = True
+    libraries: tuple[str, ...] = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir")
     publish: tuple[str, ...] = ()
-    artifacts: Mapping[str, str] = {"bundle": "bundle.json"}
+    artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.api import Capture, export_units_with_fallback
+        from hyperexport.capture.hooks import Capture
+        from hyperexport.export.fallback import export_units_with_fallback
+        from hyperexport.runner.files import clone_or_copy
         from hyperexport.stages.options import export_options
 
         capture = Capture.load(inputs.dir("trace"))
@@ -50,8 +54,8 @@ class ExportStage:
         first = capture
 
         def recapture(dynamo: bool) -> Capture:
-            # The other path's capture semantics (see api.export_units_with_fallback).
-            from hyperexport.api import capture_model
+            # The other path's capture semantics (see export_units_with_fallback).
+            from hyperexport.capture.hooks import capture_model
             from hyperexport.stages.model import make_inputs, resolve_classes
 
             return capture_model(
@@ -75,6 +79,10 @@ class ExportStage:
             out_dir=out_dir,
             recapture=recapture,
         )
-        if used is not first:
-            # The check stage compares against the capture the model was exported from.
-            used.save(out_dir / FALLBACK_CAPTURE)
+        reference = out_dir / REFERENCE_DIR
+        if used is first:
+            reference.mkdir()
+            for name in (CAPTURE_JSON, TENSORS_NPZ):
+                clone_or_copy(inputs.dir("trace") / name, reference / name)
+        else:
+            used.save(reference)

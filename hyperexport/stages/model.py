@@ -6,10 +6,14 @@ import importlib
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hyperexport.config import Recipe, recipe_file_of, split_import_path
+from hyperexport.config.hydra import recipe_file_of
+from hyperexport.config.imports import split_import_path
 from hyperexport.errors import RecipeError
+
+if TYPE_CHECKING:
+    from hyperexport.config.schema import Recipe
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperexport.contracts.names import CAPTURE_JSON
 from hyperexport.runner.stage import StageInputs
 
 
@@ -20,7 +21,7 @@ class TraceStage:
     """
 
     name: str = "trace"
-    version: int = 2
+    version: int = 3
     upstream: tuple[str, ...] = ()
     reads: tuple[str, ...] = (
         "model",
@@ -31,11 +32,12 @@ class TraceStage:
         "attention.implementation",
     )
     needs_model: bool = True
+    libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
     publish: tuple[str, ...] = ()
-    artifacts: Mapping[str, str] = {"capture": "capture.json"}
+    artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.api import capture_model
+        from hyperexport.capture.hooks import capture_model
         from hyperexport.stages.model import make_inputs, resolve_classes
         from hyperexport.stages.options import dynamic_axes, probe_shapes
 

@@ -96,16 +96,17 @@ def test_fallback_captures_again_for_the_other_path(monkeypatch, caplog) -> None
 
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from hyperexport import ModuleExportError, api, zoo
+    from hyperexport import ModuleExportError, zoo
+    from hyperexport.export import fallback
 
-    real = api.export_units
+    real = fallback.export_units
 
     def dynamo_fails(model, capture, *, dynamo, **kwargs):
         if dynamo:
             raise ModuleExportError("", True, RuntimeError("simulated dynamo failure"))
         return real(model, capture, dynamo=dynamo, **kwargs)
 
-    monkeypatch.setattr(api, "export_units", dynamo_fails)
+    monkeypatch.setattr(fallback, "export_units", dynamo_fails)
     model = zoo.tiny_llama(num_layers=2)
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
     buffer = io.BytesIO()

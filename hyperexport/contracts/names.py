@@ -1,0 +1,58 @@
+"""Names that several packages must agree on, defined once: files, keys, domains, opsets.
+
+Every stage's output files, the key prefixes of a capture's tensor store, the ONNX domains and
+metadata keys hyperexport writes, and the opset ranges of the two export paths. No imports:
+any package may depend on this module.
+"""
+
+from __future__ import annotations
+
+# -- files of the stages' outputs ---------------------------------------------------------------
+#: The trace: the capture record and its tensors (numpy ``.npz``, never pickles).
+CAPTURE_JSON = "capture.json"
+TENSORS_NPZ = "tensors.npz"
+#: The export: the bundle record and one ONNX file per unit under ``units/``.
+BUNDLE_JSON = "bundle.json"
+UNITS_DIR = "units"
+#: The export: a copy of the capture record beside the bundle, so that it composes on its own.
+CAPTURE_RECORD = CAPTURE_JSON
+#: The export: the capture (record + tensors) its bundle was exported from, the check stage's
+#: reference (the trace's, or after a fallback the one re-made for the other path).
+REFERENCE_DIR = "reference"
+#: The rewrite: the final model (+ ``<model>.data`` with external data) and its manifest.
+MODEL_FILE = "model.onnx"
+MANIFEST_JSON = "manifest.json"
+#: The check: its report and the report's summary lines.
+CHECK_JSON = "check.json"
+CHECK_SUMMARY = "check.txt"
+
+# -- tensor keys of a capture -------------------------------------------------------------------
+#: Prefix of the tensors recorded by the second run at ``check_shape`` (dynamic axes).
+PROBE_PREFIX = "probe/"
+
+
+def probe_key(key: str) -> str:
+    """The key of tensor ``key``'s counterpart in the run at the second shape."""
+    return f"{PROBE_PREFIX}{key}"
+
+
+# -- ONNX domains and metadata keys -------------------------------------------------------------
+FUNCTION_DOMAIN = "hyperexport.fn"
+PLACEHOLDER_DOMAIN = "hyperexport.placeholder"
+ATTENTION_DOMAIN = "hyperexport.attention"
+META_EXPORT_PATH = "hyperexport.export_path"  # "dynamo=False" | "dynamo=True"
+META_FALLBACK = "hyperexport.fallback_from"
+META_FUNCTION_MODE = "hyperexport.function_mode"
+META_MODULE_CLASS = "hyperexport.module_class"
+META_MODULE_PATH = "hyperexport.module_path"
+
+# -- opsets -------------------------------------------------------------------------------------
+MIN_OPSET = 7
+TORCHSCRIPT_MAX_OPSET = 20
+DYNAMO_MAX_OPSET = 24
+#: ``{dynamo: (lowest, highest)}`` default-domain opset an export path supports.
+OPSET_RANGES = {False: (MIN_OPSET, TORCHSCRIPT_MAX_OPSET), True: (MIN_OPSET, DYNAMO_MAX_OPSET)}
+#: Attention promotion re-declares the model at this opset ...
+PROMOTED_OPSET = 24
+#: ... and needs an export opset of at least this.
+PROMOTE_MIN_OPSET = 18

@@ -1,0 +1,10 @@
+"""The build pipeline, in dependency order: trace → export → rewrite → check."""
+
+from __future__ import annotations
+
+from hyperexport.stages.check import CheckStage
+from hyperexport.stages.export import ExportStage
+from hyperexport.stages.rewrite import RewriteStage
+from hyperexport.stages.trace import TraceStage
+
+PIPELINE = (TraceStage(), ExportStage(), RewriteStage(), CheckStage())
