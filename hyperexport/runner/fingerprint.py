@@ -1,11 +1,18 @@
 """Environment and model fingerprints, computed without importing the libraries they describe.
 
-* The environment fingerprint is the Python version and the installed versions of the libraries
-  whose behaviour shapes an export (read from package metadata, never by importing them).
-* The model fingerprint covers the model's *code* (installed distributions by name, version and a
-  digest of their RECORD file; local, non-installed modules by a digest of their source files;
-  hyperexport's own sources always) and its *weights* (the seed, or checkpoint file digests, with
-  a size/mtime fast path so a no-op build does not re-hash large files).
+* The environment fingerprint is the Python version and the installed versions of libraries
+  (read from package metadata, never by importing them). A stage's key holds only the libraries
+  it declares (:attr:`~hyperexport.runner.stage.Stage.libraries`).
+* The model fingerprint covers the model's *declared code*: the top-level modules the recipe
+  names (installed distributions by name, version and a digest of their RECORD file; local,
+  non-installed packages by a digest of their source files, names relative); names inside
+  hyperexport (a factory in ``hyperexport.zoo``) join the code the stage runs
+  (:func:`package_modules`). The code those modules import in turn is found when the stage runs
+  (:mod:`hyperexport.runner.discovered`). It also covers the model's *weights and files*: the
+  seed, the checkpoint's file digests, and the digests of every file or directory a string
+  argument of ``model:`` names (a ``from_pretrained`` directory, a config file). Digests go
+  through a stat-keyed fast path so a no-op build does not re-hash large files. Nothing is keyed
+  by an absolute path, so a cache moved to another checkout or machine still hits.
 """
 
 from __future__ import annotations
@@ -14,11 +21,14 @@ import functools
 import importlib.metadata as metadata
 import importlib.util
 import logging
+import os
+import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperexport.runner.code_closure import PACKAGE
 from hyperexport.runner.hashing import FileDigestIndex, canonical_json, sha256_text
 
 log = logging.getLogger(__name__)
@@ -36,15 +46,49 @@ ENV_DISTRIBUTIONS = (
 _SITE_DIRS = ("site-packages", "dist-packages")
 
 
-def environment_fingerprint() -> dict[str, Any]:
-    """Python major.minor and the versions of :data:`ENV_DISTRIBUTIONS` (None if absent)."""
-    versions: dict[str, str | None] = {}
-    for name in ENV_DISTRIBUTIONS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
+def environment_fingerprint(names: Iterable[str] = ENV_DISTRIBUTIONS) -> dict[str, Any]:
+    """Python major.minor and the versions of the distributions ``names`` (None if absent).
+
+    The default, :data:`ENV_DISTRIBUTIONS`, is what the build report lists; a stage's key holds
+    only its own :attr:`~hyperexport.runner.stage.Stage.libraries`.
+    """
+    versions = {name: distribution_version(name) for name in names}
     return {"python": f"{sys.version_info.major}.{sys.version_info.minor}", "packages": versions}
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+@functools.lru_cache(maxsize=1)
+def _dist_info_versions() -> dict[str, str]:
+    """``{normalized name: version}`` from the ``<name>-<version>.dist-info`` folder names on
+    ``sys.path`` (first one wins, as for importlib.metadata): one directory listing per path
+    entry instead of reading every distribution's METADATA."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for folder in names:
+            if folder.endswith(".dist-info"):
+                name, sep, version = folder.removesuffix(".dist-info").rpartition("-")
+                if sep and name and version:
+                    found.setdefault(_normalized(name), version)
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or None (read once per process)."""
+    version = _dist_info_versions().get(_normalized(name))
+    if version is not None:
+        return version
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def top_level_module(import_path: str) -> str:
@@ -120,18 +164,26 @@ def module_fingerprint(top: str, index: FileDigestIndex) -> dict[str, Any]:
     return {"kind": "local", "digest": _local_digest(root, index)}
 
 
-@functools.lru_cache(maxsize=1)
-def _own_fingerprint() -> dict[str, Any]:
-    # Hashed once per process: the hyperexport code a process runs cannot change while it runs.
-    return module_fingerprint("hyperexport", FileDigestIndex(None))
-
-
 def code_fingerprint(import_paths: Iterable[str], index: FileDigestIndex) -> dict[str, Any]:
-    """Fingerprints of the top-level modules behind ``import_paths``, plus hyperexport's own."""
-    tops = sorted({top_level_module(p) for p in import_paths} - {"hyperexport"})
-    found = {top: module_fingerprint(top, index) for top in tops}
-    found["hyperexport"] = _own_fingerprint()
-    return dict(sorted(found.items()))
+    """Fingerprints of the top-level modules behind ``import_paths``, hyperexport excepted.
+
+    The hyperexport code a stage runs is in its key already; modules a recipe names inside
+    hyperexport (:func:`package_modules`) are added to that code by the runner.
+    """
+    tops = sorted({top_level_module(p) for p in import_paths} - {PACKAGE})
+    return {top: module_fingerprint(top, index) for top in tops}
+
+
+def package_modules(import_paths: Iterable[str]) -> tuple[str, ...]:
+    """The hyperexport modules that ``import_paths`` name (``hyperexport.zoo.tiny_llama`` ->
+    ``hyperexport.zoo``): code a stage running the model runs besides its own."""
+    return tuple(sorted({_module_of(p) for p in import_paths if top_level_module(p) == PACKAGE}))
+
+
+def _module_of(import_path: str) -> str:
+    if ":" in import_path:
+        return import_path.split(":", 1)[0]
+    return import_path.rpartition(".")[0] or import_path
 
 
 def weights_fingerprint(
@@ -140,13 +192,72 @@ def weights_fingerprint(
     """The seed and, when a checkpoint is used, the digests of its file(s) (names relative)."""
     if checkpoint is None:
         return {"seed": seed, "checkpoint": None}
-    files = _checkpoint_files(checkpoint)
-    base = checkpoint.parent if checkpoint.is_file() else checkpoint
-    digests = {p.relative_to(base).as_posix(): index.digest(p) for p in files}
-    return {"seed": seed, "checkpoint": digests}
+    return {"seed": seed, "checkpoint": path_digests(checkpoint, index)}
 
 
-def _checkpoint_files(checkpoint: Path) -> list[Path]:
-    if checkpoint.is_file():
-        return [checkpoint]
-    return sorted(p for p in checkpoint.rglob("*") if p.is_file())
+def path_digests(path: Path, index: FileDigestIndex) -> dict[str, str]:
+    """``{relative name: digest}`` of a file, or of every file under a directory."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    base = path.parent if path.is_file() else path
+    return {p.relative_to(base).as_posix(): index.digest(p) for p in files}
+
+
+def _strings(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            if not str(key).startswith("_"):  # _target_, _convert_, ...: Hydra's, not data
+                yield from _strings(value[key], f"{prefix}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{prefix}.{i}")
+    elif isinstance(value, str):
+        yield prefix, value
+
+
+def model_argument_files(model_cfg: Mapping[str, Any], recipe_file: str) -> dict[str, Path]:
+    """``{dotted field: path}`` of the string arguments of ``model:`` that name a file or folder.
+
+    A relative value is looked up beside the recipe file, then in the working directory (where
+    a factory opening it would look). Values that are only dots (``.``, ``..``) name no data.
+    """
+    base = Path(recipe_file).resolve().parent if recipe_file else None
+    found: dict[str, Path] = {}
+    for field, value in _strings(model_cfg, "model"):
+        if not value or not value.strip(".") or "\0" in value:
+            continue
+        path = Path(value).expanduser()
+        candidates = [path] if path.is_absolute() else [c / path for c in (base, Path.cwd()) if c]
+        for candidate in candidates:
+            try:
+                exists = candidate.exists()
+            except OSError:  # a name too long for the filesystem, for example: not a path
+                exists = False
+            if exists:
+                found[field] = candidate
+                break
+    return found
+
+
+def model_imports(data: Mapping[str, Any]) -> list[str]:
+    """The import paths a recipe names for its model: factory, hiera classes, symbolics."""
+    return [
+        data["model"]["_target_"],
+        *data.get("hiera", ()),
+        *(op["symbolic"] for op in data.get("custom_ops", ())),
+    ]
+
+
+def model_fingerprint(
+    data: Mapping[str, Any], recipe_file: str, checkpoint: Path | None, index: FileDigestIndex
+) -> dict[str, Any]:
+    """The declared code, the weights and the argument files of a validated recipe's model.
+
+    Returns:
+        ``{"code": ..., "weights": ..., "files": {dotted field: {name: digest}}}``.
+    """
+    files = model_argument_files(data["model"], recipe_file)
+    return {
+        "code": code_fingerprint(model_imports(data), index),
+        "weights": weights_fingerprint(data["model"].get("seed"), checkpoint, index),
+        "files": {field: path_digests(path, index) for field, path in sorted(files.items())},
+    }

@@ -1,10 +1,11 @@
-"""Canonical JSON, content digests, atomic writes, and a size/mtime fast path for file digests."""
+"""Canonical JSON, content digests, atomic writes, and a stat-keyed fast path for file digests."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,22 @@ def atomic_write_json(path: Path, value: Any) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+#: What an index entry keys on besides the path: a file replaced by other bytes changes at least
+#: one of these, even when its size and mtime were restored (``cp -p``, ``rsync -t``): the
+#: inode changes when it is replaced, and ctime, which no user can set back, when it is written.
+_STAT_FIELDS = ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [int(getattr(st, name)) for name in _STAT_FIELDS]
+
+
 class FileDigestIndex:
-    """Digests of files keyed by absolute path, reused while size and mtime are unchanged.
+    """Digests of files keyed by absolute path, reused while the file's stat is unchanged.
 
     This is the fast path that keeps a no-op build from re-hashing large checkpoints: a file is
-    re-hashed only when its size or modification time differs from the recorded one.
+    re-hashed when its device, inode, size, mtime_ns or ctime_ns differs from the recorded
+    one. Entries of an older format (size and mtime only) are ignored, so they re-hash once.
 
     Args:
         path: Where the index is persisted (JSON), or None to keep it in memory only.
@@ -67,29 +79,32 @@ class FileDigestIndex:
                     log.warning("ignoring unreadable digest index %s: %s", self._path, e)
                     data = {}
                 if isinstance(data, dict):
+                    width = len(_STAT_FIELDS) + 1
                     self._entries = {
-                        k: v for k, v in data.items() if isinstance(v, list) and len(v) == 3
+                        k: v for k, v in data.items() if isinstance(v, list) and len(v) == width
                     }
         return self._entries
 
     def digest(self, path: Path) -> str:
-        """The sha256 of ``path``, from the index when size and mtime_ns still match."""
+        """The sha256 of ``path``, from the index when its stat key still matches."""
         path = path.resolve()
-        st = path.stat()
+        stat_key = _stat_key(path.stat())
         entries = self._load()
         known = entries.get(str(path))
-        if known is not None and known[0] == st.st_size and known[1] == st.st_mtime_ns:
-            return str(known[2])
+        if known is not None and known[:-1] == stat_key:
+            return str(known[-1])
         value = sha256_file(path)
-        entries[str(path)] = [st.st_size, st.st_mtime_ns, value]
-        self._dirty = True
+        # Stat again after reading: a file written while it was hashed must not be remembered
+        # under the new stat with the old content's digest.
+        if _stat_key(path.stat()) == stat_key:
+            entries[str(path)] = [*stat_key, value]
+            self._dirty = True
         return value
 
     def remember(self, path: Path, digest: str) -> None:
         """Record that ``path`` (as it is now on disk) has content ``digest``."""
         path = path.resolve()
-        st = path.stat()
-        self._load()[str(path)] = [st.st_size, st.st_mtime_ns, digest]
+        self._load()[str(path)] = [*_stat_key(path.stat()), digest]
         self._dirty = True
 
     def save(self) -> None:

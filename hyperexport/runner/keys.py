@@ -1,14 +1,17 @@
 """Stage keys and the human reason a stage has to run (doit-style).
 
 A key is the full sha256 of the canonical JSON of the stage's *key material*: its name and
-version, its recipe slice, the digests of its upstream outputs, and the environment and model
-fingerprints. The material of the last build of each recipe is kept, so that a rerun can say
+version, its recipe slice, the digests of its upstream outputs, the versions of the libraries it
+declares, the digests of the hyperexport modules it runs (computed from the import graph), and,
+for a stage that runs user code, the model fingerprint. Such a stage's outputs are stored under a
+second-level key that adds the modules it loaded (:mod:`hyperexport.runner.discovered`). The material of the last build of each recipe is kept, so that a rerun can say
 what changed (``opset 18→17``) instead of only that something did.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hyperexport.runner.hashing import canonical_json, sha256_text
@@ -25,8 +28,19 @@ def key_material(
     upstream: Mapping[str, Mapping[str, str]],
     env: Mapping[str, Any],
     model: Mapping[str, Any],
+    code: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Everything a stage's result depends on, as JSON-compatible data."""
+    """Everything a stage declares its result depends on, as JSON-compatible data.
+
+    Args:
+        stage: Stage name.
+        version: Stage version.
+        params: The stage's recipe slice (as keyed: see :func:`key_params`).
+        upstream: ``{stage: {file: digest}}`` of the upstream outputs it reads.
+        env: Python version and the versions of the stage's libraries.
+        model: The model fingerprint (empty for stages that do not run user code).
+        code: ``{relative path: digest}`` of the hyperexport modules the stage runs.
+    """
     return {
         "stage": stage,
         "version": version,
@@ -34,7 +48,37 @@ def key_material(
         "upstream": {name: dict(digests) for name, digests in upstream.items()},
         "env": dict(env),
         "model": dict(model),
+        "code": dict(code or {}),
     }
+
+
+#: What replaces a path-valued param in the key: the file's digests are keyed instead (under
+#: ``model.files``), so moving a checkpoint directory is no change.
+FILE_PARAM = "<file: keyed by content>"
+
+
+def key_params(params: Mapping[str, Any], file_fields: Iterable[str]) -> dict[str, Any]:
+    """``params`` with the dotted fields ``file_fields`` (``model.path``) replaced by
+    :data:`FILE_PARAM`; list items are addressed by index (``model.files.0``)."""
+    out: Any = copy.deepcopy(dict(params))
+    for dotted in file_fields:
+        *parents, last = dotted.split(".")
+        target: Any = out
+        for part in parents:
+            target = _child(target, part)
+        if isinstance(target, dict) and last in target:
+            target[last] = FILE_PARAM
+        elif isinstance(target, list) and last.isdigit() and int(last) < len(target):
+            target[int(last)] = FILE_PARAM
+    return dict(out)
+
+
+def _child(value: Any, part: str) -> Any:
+    if isinstance(value, dict):
+        return value.get(part)
+    if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+        return value[int(part)]
+    return None
 
 
 def stage_key(material: Mapping[str, Any]) -> str:
@@ -96,6 +140,7 @@ def explain(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> s
     if prev_env != cur_env:
         reasons += [c.removeprefix("packages.") for c in diff_values(prev_env, cur_env)]
     reasons += _model_reasons(previous.get("model", {}), current.get("model", {}))
+    reasons += _code_reasons(previous.get("code", {}), current.get("code", {}))
     if not reasons:
         return "same inputs as the last build"
     shown = reasons[:_MAX_CHANGES]
@@ -114,4 +159,17 @@ def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
         reasons += diff_values(old.get("weights"), new.get("weights"), label="weights") or [
             "weights changed"
         ]
+    old_files, new_files = old.get("files", {}), new.get("files", {})
+    for name in sorted(set(old_files) | set(new_files)):
+        if old_files.get(name) != new_files.get(name):
+            reasons.append(f"files of {name} changed")
     return reasons
+
+
+def _code_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    changed = sorted(m for m in set(old) | set(new) if old.get(m) != new.get(m))
+    if not changed:
+        return []
+    shown = [c.removeprefix("hyperexport/") for c in changed[:_MAX_CHANGES]]
+    more = f", +{len(changed) - _MAX_CHANGES} more" if len(changed) > _MAX_CHANGES else ""
+    return [f"hyperexport code changed ({', '.join(shown)}{more})"]

@@ -2,6 +2,12 @@
 
 The runner is generic: it knows stages only through :class:`~hyperexport.runner.stage.Stage`.
 A stage that raises is reported as failed and leaves nothing in the cache.
+
+Keys (:mod:`hyperexport.runner.keys`): a stage's *declared* key covers its params, upstream
+outputs, libraries, the hyperexport code it runs and, if it runs user code, the model. A stage
+that runs user code (``needs_model``) stores its outputs under a *full* key that also covers the
+modules it had loaded (:mod:`hyperexport.runner.discovered`); a lookup first checks that one of
+the recorded module sets still holds.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.errors import StageError
-from hyperexport.runner.keys import explain, key_material, stage_key
+from hyperexport.runner.code_closure import ImportMemo, package_sources, stage_code
+from hyperexport.runner.discovered import DiscoveredDeps
+from hyperexport.runner.fingerprint import environment_fingerprint
+from hyperexport.runner.keys import explain, key_material, key_params, stage_key
 from hyperexport.runner.stage import Stage, StageInputs, recipe_slice
-from hyperexport.runner.store import ActionEntry, CacheStore
+from hyperexport.runner.store import ActionEntry, CacheStore, Lookup
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +80,13 @@ class BuildRequest:
         recipe: The validated recipe as JSON-compatible data.
         recipe_file: The recipe file, for messages.
         stages: Stages in dependency order.
-        env: Environment fingerprint.
-        model: Model fingerprint.
+        env: Environment fingerprint (for the report; each stage keys its own libraries).
+        model: Model fingerprint (code, weights, argument files), keyed by stages that run user
+            code.
         force: Names of stages to rerun even on a hit.
         dry_run: Only report what would happen; write nothing.
+        code_roots: hyperexport modules the recipe names for its model (a factory in
+            ``hyperexport.zoo``): code that the stages running the model run besides their own.
     """
 
     recipe_name: str
@@ -85,6 +97,7 @@ class BuildRequest:
     model: Mapping[str, Any]
     force: frozenset[str] = frozenset()
     dry_run: bool = False
+    code_roots: tuple[str, ...] = ()
 
 
 @dataclass
@@ -150,6 +163,8 @@ class Runner:
     def __init__(self, store: CacheStore, load_model: Callable[[], Any] | None = None) -> None:
         self.store = store
         self.load_model = load_model
+        self.discovered = DiscoveredDeps(store.root, store.index, read_only=store.read_only)
+        self.imports = ImportMemo(store.root / "index" / "imports.json", read_only=store.read_only)
 
     def run(self, request: BuildRequest) -> BuildResult:
         """Run (or, in a dry run, plan) every stage in order; stop at the first failure."""
@@ -182,7 +197,43 @@ class Runner:
                 if outcome.status == "failed":
                     break
         self.store.save_index()
+        self.imports.save()
         return result
+
+    def _material(
+        self,
+        request: BuildRequest,
+        stage: Stage,
+        params: Mapping[str, Any],
+        upstream: Mapping[str, Mapping[str, str]],
+    ) -> dict[str, Any]:
+        """The declared key material of ``stage``: only what it reads and runs."""
+        model = request.model if stage.needs_model else {}
+        return key_material(
+            stage=stage.name,
+            version=stage.version,
+            params=key_params(params, model.get("files", {})),
+            upstream=upstream,
+            env=environment_fingerprint(stage.libraries),
+            model=model,
+            code=stage_code(
+                type(stage).__module__,
+                request.code_roots if stage.needs_model else (),
+                package_sources(memo=self.imports),
+            ),
+        )
+
+    def _resolve(self, stage: Stage, declared: str) -> tuple[str | None, str]:
+        """``(key to look up, why not)``: for a stage that runs user code, the full key of a
+        recorded module set that still holds (None, and what changed, if none does)."""
+        if not stage.needs_model:
+            return declared, ""
+        resolution = self.discovered.resolve(declared)
+        return resolution.key, resolution.reason
+
+    def _output_key(self, stage: Stage, declared: str) -> str:
+        """The key a successful run is stored under; records the modules it loaded."""
+        return self.discovered.record(declared) if stage.needs_model else declared
 
     def _one(
         self,
@@ -198,35 +249,24 @@ class Runner:
         previous = self.store.previous_run(request.recipe_name, stage.name)
         waiting = [u for u in stage.upstream if u in pending]
         if waiting:  # dry run only: the upstream outputs (and so this key) are not known yet
-            material = key_material(
-                stage=stage.name,
-                version=stage.version,
-                params=params,
-                upstream={},
-                env=request.env,
-                model=request.model,
-            )
+            material = self._material(request, stage, params, {})
             own = explain(_without_upstream(previous), material)
             reason = f"after {', '.join(waiting)}" + ("" if own.startswith("same") else f"; {own}")
             return StageResult(stage.name, "would_run", None, reason, time.perf_counter() - start)
-        material = key_material(
-            stage=stage.name,
-            version=stage.version,
-            params=params,
-            upstream={u: result.entries[u].digests() for u in stage.upstream},
-            env=request.env,
-            model=request.model,
-        )
-        key = stage_key(material)
+        upstream = {u: result.entries[u].digests() for u in stage.upstream}
+        material = self._material(request, stage, params, upstream)
+        declared = stage_key(material)
+        key, stale = self._resolve(stage, declared)
         forced = stage.name in request.force
-        lookup = self.store.lookup(key)
+        lookup = self.store.lookup(key) if key is not None else Lookup("missing")
         if lookup.status == "hit" and not forced:
-            assert lookup.entry is not None
+            assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
             if not request.dry_run and (previous or {}).get("key") != key:
-                self.store.record_run(request.recipe_name, stage.name, _record(key, material, "ok"))
+                record = _record(key, declared, material, "ok")
+                self.store.record_run(request.recipe_name, stage.name, record)
             return StageResult(stage.name, "hit", key, "", time.perf_counter() - start)
-        reason = _reason(forced, lookup.status, previous, key, material)
+        reason = _reason(forced, lookup.status, stale, previous, declared, material)
         if request.dry_run:
             return StageResult(stage.name, "would_run", key, reason, time.perf_counter() - start)
         inputs = StageInputs(
@@ -234,7 +274,9 @@ class Runner:
             model=model if stage.needs_model else _no_model(stage.name),
             recipe_file=request.recipe_file,
         )
-        status, detail = self._execute(request, stage, params, inputs, key, material, result)
+        status, detail, key = self._execute(
+            request, stage, params, inputs, declared, material, result
+        )
         return StageResult(
             stage.name,
             status,
@@ -249,11 +291,16 @@ class Runner:
         stage: Stage,
         params: Mapping[str, Any],
         inputs: StageInputs,
-        key: str,
+        declared: str,
         material: Mapping[str, Any],
         result: BuildResult,
-    ) -> tuple[str, str]:
-        """Run ``stage`` in a fresh directory; commit its outputs, or record its failure."""
+    ) -> tuple[str, str, str]:
+        """Run ``stage`` in a fresh directory; commit its outputs, or record its failure.
+
+        Returns:
+            ``(status, failure detail, key)``: the key the outputs were stored under.
+        """
+        key = declared
         with self.store.scratch(f"{stage.name}-") as scratch:
             out_dir = scratch / "out"
             out_dir.mkdir()
@@ -265,19 +312,22 @@ class Runner:
                 result.failed_files = _small_text_files(out_dir)
                 status = "failed"
             else:
+                key = self._output_key(stage, declared)
                 result.entries[stage.name] = self.store.commit(
                     key, stage.name, out_dir, recipe=request.recipe_name
                 )
                 status = "ok"
-        self.store.record_run(request.recipe_name, stage.name, _record(key, material, status))
+        self.store.record_run(
+            request.recipe_name, stage.name, _record(key, declared, material, status)
+        )
         if result.error is not None and result.error.stage == stage.name:
             cause = result.error.__cause__
-            return "failed", f"{type(cause).__name__}: {cause}"
-        return "ran", ""
+            return "failed", f"{type(cause).__name__}: {cause}", key
+        return "ran", "", key
 
 
-def _record(key: str, material: Mapping[str, Any], status: str) -> dict[str, Any]:
-    return {"key": key, "status": status, "material": dict(material)}
+def _record(key: str, declared: str, material: Mapping[str, Any], status: str) -> dict[str, Any]:
+    return {"key": key, "declared": declared, "status": status, "material": dict(material)}
 
 
 def _without_upstream(previous: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -289,15 +339,18 @@ def _without_upstream(previous: Mapping[str, Any] | None) -> dict[str, Any] | No
 def _reason(
     forced: bool,
     lookup_status: str,
+    stale: str,
     previous: Mapping[str, Any] | None,
-    key: str,
+    declared: str,
     material: Mapping[str, Any],
 ) -> str:
     if forced:
         return "forced"
     if lookup_status == "corrupt":
         return "cache entry corrupt"
-    if previous is not None and previous.get("key") == key:
+    if stale:  # a module the stage loaded last time changed (discovered dependencies)
+        return stale
+    if previous is not None and previous.get("declared", previous.get("key")) == declared:
         return "previous run failed" if previous.get("status") == "failed" else "not in cache"
     prev_material = previous.get("material") if previous else None
     return explain(prev_material if isinstance(prev_material, Mapping) else None, material)

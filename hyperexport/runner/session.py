@@ -13,11 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.config import BuildSettings, Recipe
-from hyperexport.runner.fingerprint import (
-    code_fingerprint,
-    environment_fingerprint,
-    weights_fingerprint,
-)
+from hyperexport.runner import fingerprint
+from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.hashing import FileDigestIndex
 from hyperexport.runner.publish import artifact_text, build_report, publish_outputs, write_report
 from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
@@ -67,17 +64,8 @@ def variant_dir(overrides: Sequence[str]) -> str:
 
 
 def model_fingerprint(recipe: Recipe, index: FileDigestIndex) -> dict[str, Any]:
-    """Code (factory, hiera classes, custom-op symbolics, hyperexport) and weights of a recipe."""
-    data = recipe.data
-    imports = [
-        data["model"]["_target_"],
-        *data["hiera"],
-        *(op["symbolic"] for op in data["custom_ops"]),
-    ]
-    return {
-        "code": code_fingerprint(imports, index),
-        "weights": weights_fingerprint(data["model"].get("seed"), recipe.checkpoint, index),
-    }
+    """Declared code, weights and argument files of a recipe's model (see ``fingerprint``)."""
+    return fingerprint.model_fingerprint(recipe.data, recipe.file, recipe.checkpoint, index)
 
 
 def run_build(
@@ -108,6 +96,7 @@ def run_build(
         model=model_fingerprint(recipe, store.index),
         force=frozenset(settings.force),
         dry_run=settings.dry_run,
+        code_roots=fingerprint.package_modules(fingerprint.model_imports(recipe.data)),
     )
     runner = Runner(store, load_model)
     result = runner.run(request)

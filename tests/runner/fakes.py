@@ -32,6 +32,7 @@ class FakeStage:
     upstream: tuple[str, ...] = ()
     version: int = 1
     needs_model: bool = False
+    libraries: tuple[str, ...] = ()
     publish: tuple[str, ...] = ()
     artifacts: dict[str, str] = field(default_factory=dict)
     fail: Callable[[Mapping[str, Any]], StageBoom | None] | None = None

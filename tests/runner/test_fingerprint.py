@@ -1,15 +1,20 @@
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from hyperexport.runner import hashing
 from hyperexport.runner.fingerprint import (
     code_fingerprint,
     environment_fingerprint,
+    model_argument_files,
+    model_fingerprint,
     module_fingerprint,
+    package_modules,
     weights_fingerprint,
 )
 from hyperexport.runner.hashing import FileDigestIndex
@@ -47,12 +52,16 @@ def test_local_module_digest_follows_its_source(
     index = FileDigestIndex(None)
     before = code_fingerprint(["my_models_fp.net.make"], index)
     assert before["my_models_fp"]["kind"] == "local"
-    assert "hyperexport" in before
+    assert "hyperexport" not in before  # the stages key the hyperexport code they run
     (pkg / "net.py").write_text("SCALE = 2\n")
-    os.utime(pkg / "net.py", ns=(1, 1))  # mtime changed: the fast path re-hashes
     after = code_fingerprint(["my_models_fp.net.make"], index)
     assert after["my_models_fp"] != before["my_models_fp"]
-    assert after["hyperexport"] == before["hyperexport"]
+
+
+def test_a_factory_inside_hyperexport_joins_the_stage_code() -> None:
+    paths = ["hyperexport.zoo.tiny_llama", "transformers.models.llama.X", "hyperexport.a:b"]
+    assert code_fingerprint(paths, FileDigestIndex(None)).keys() == {"transformers"}
+    assert package_modules(paths) == ("hyperexport.a", "hyperexport.zoo")
 
 
 def test_stdlib_and_missing() -> None:
@@ -62,19 +71,66 @@ def test_stdlib_and_missing() -> None:
     assert "no_such_module_xyz" not in sys.modules
 
 
-def test_checkpoint_fast_path_uses_size_and_mtime(tmp_path: Path) -> None:
+def test_checkpoint_fast_path_skips_unchanged_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = tmp_path / "w.safetensors"
+    ckpt.write_bytes(b"a" * 100)
+    index = FileDigestIndex(tmp_path / "index.json")
+    first = weights_fingerprint(None, ckpt, index)
+    index.save()
+    hashed: list[Path] = []
+    real = hashing.sha256_file
+    monkeypatch.setattr(hashing, "sha256_file", lambda p: hashed.append(p) or real(p))
+    again = weights_fingerprint(None, ckpt, FileDigestIndex(tmp_path / "index.json"))
+    assert again == first
+    assert hashed == []  # answered from the persisted index
+
+
+def test_swapped_checkpoint_with_mtime_restored_is_rehashed(tmp_path: Path) -> None:
+    """``cp -p`` / ``rsync -t``: same size, same mtime, other bytes."""
     ckpt = tmp_path / "w.safetensors"
     ckpt.write_bytes(b"a" * 100)
     index = FileDigestIndex(tmp_path / "index.json")
     first = weights_fingerprint(None, ckpt, index)
     index.save()
     stat = ckpt.stat()
-    # Same size and mtime: the index answers without reading (proved by changing the bytes).
-    ckpt.write_bytes(b"b" * 100)
+    ckpt.write_bytes(b"b" * 100)  # in place: same inode, ctime moves
     os.utime(ckpt, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    again = weights_fingerprint(None, ckpt, FileDigestIndex(tmp_path / "index.json"))
-    assert again == first
-    os.utime(ckpt, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
-    touched = weights_fingerprint(None, ckpt, FileDigestIndex(tmp_path / "index.json"))
-    assert touched != first
-    assert list(touched["checkpoint"]) == ["w.safetensors"]
+    in_place = weights_fingerprint(None, ckpt, FileDigestIndex(tmp_path / "index.json"))
+    assert in_place != first
+    other = tmp_path / "other"
+    other.write_bytes(b"c" * 100)
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(other, ckpt)  # replaced: another inode
+    replaced = weights_fingerprint(None, ckpt, FileDigestIndex(tmp_path / "index.json"))
+    assert replaced not in (first, in_place)
+    assert list(replaced["checkpoint"]) == ["w.safetensors"]
+
+
+def test_old_index_entries_are_misses(tmp_path: Path) -> None:
+    ckpt = tmp_path / "w.bin"
+    ckpt.write_bytes(b"x" * 10)
+    stat = ckpt.stat()
+    old = {str(ckpt.resolve()): [stat.st_size, stat.st_mtime_ns, "0" * 64]}
+    (tmp_path / "index.json").write_text(json.dumps(old))
+    digest = FileDigestIndex(tmp_path / "index.json").digest(ckpt)
+    assert digest == hashing.sha256_file(ckpt)
+
+
+def test_model_argument_files_are_keyed_by_content(tmp_path: Path) -> None:
+    pretrained = tmp_path / "pretrained"
+    pretrained.mkdir()
+    (pretrained / "config.json").write_text("{}")
+    (pretrained / "model.safetensors").write_bytes(b"w" * 10)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\n")
+    cfg = {"_target_": "x.y", "path": "pretrained", "name": "relu", "nested": {"f": [str(recipe)]}}
+    files = model_argument_files(cfg, str(recipe))
+    assert files == {"model.path": pretrained, "model.nested.f.0": recipe}
+    index = FileDigestIndex(None)
+    data = {"model": cfg, "hiera": [], "custom_ops": []}
+    fp = model_fingerprint(data, str(recipe), None, index)
+    assert sorted(fp["files"]["model.path"]) == ["config.json", "model.safetensors"]
+    (pretrained / "config.json").write_text('{"a": 1}')
+    assert model_fingerprint(data, str(recipe), None, index) != fp

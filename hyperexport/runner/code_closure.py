@@ -1,0 +1,292 @@
+"""The hyperexport code a stage runs, computed from the import graph of hyperexport's sources.
+
+A stage's key holds the content digests of the hyperexport modules it can execute, found by
+parsing the sources (never importing them): no hand-kept list goes stale. Each module reached
+is either *used* or only *loaded*:
+
+* the stage's own module is used, and so is every hyperexport module a used module imports,
+  at module level or inside a function: the stage may call into it;
+* a parent package of a reached module is only loaded (importing ``a.b.c`` runs ``a`` and
+  ``a.b``), and so is whatever a loaded module imports at module level.
+
+A used module's function-level imports are followed; a loaded module's are not: importing
+``hyperexport.stages.check`` runs ``hyperexport/stages/__init__.py``, which imports the trace
+stage's module, but the check stage never calls ``TraceStage.run`` and its function-level
+imports of torch-side code. Imports under ``if TYPE_CHECKING:`` never run and are skipped.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hyperexport.atomic import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "hyperexport"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+USED, LOADED = "used", "loaded"
+
+
+@dataclass(frozen=True)
+class ModuleSource:
+    """One module of the package: its file, whether it is a package, and what it imports.
+
+    Attributes:
+        name: Dotted module name (``hyperexport.check.report``).
+        relpath: File path relative to the package's parent (``hyperexport/check/report.py``).
+        digest: sha256 of the file's bytes.
+        module_level: Import statements that run when the module is loaded.
+        function_level: Import statements inside its functions.
+    """
+
+    name: str
+    relpath: str
+    digest: str
+    module_level: tuple[Import, ...]
+    function_level: tuple[Import, ...]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+#: One import statement: the module it names and the names it takes from it
+#: (``import a.b`` -> ``("a.b", ())``; ``from a import b, c`` -> ``("a", ("b", "c"))``).
+Import = tuple[str, tuple[str, ...]]
+
+
+def _statement(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[Import]:
+    if isinstance(node, ast.Import):
+        return [(alias.name, ()) for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module if is_package else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    return [(base, tuple(alias.name for alias in node.names))]
+
+
+def _imports(tree: ast.Module, module: str, is_package: bool) -> tuple[list[Import], list[Import]]:
+    """``(module-level, function-level)`` import statements of a parsed module."""
+    module_level: list[Import] = []
+    function_level: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child, in_function)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out = function_level if in_function else module_level
+            out.extend(_statement(node, module, is_package))
+            return
+        inside = in_function or isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        )
+        for sub in ast.iter_child_nodes(node):
+            visit(sub, inside)
+
+    visit(tree, False)
+    return module_level, function_level
+
+
+def _parse(data: bytes, path: Path, name: str) -> tuple[list[Import], list[Import]]:
+    try:
+        tree = ast.parse(data, filename=str(path))
+    except SyntaxError as e:
+        # The module cannot run either; its bytes are still keyed, its imports are unknown.
+        log.warning("cannot parse %s for its imports: %s", path, e)
+        tree = ast.Module(body=[], type_ignores=[])
+    return _imports(tree, name, path.name == "__init__.py")
+
+
+class ImportMemo:
+    """Parsed import statements by file digest, kept in a JSON file (``index/imports.json``).
+
+    Parsing every hyperexport source costs a few hundred milliseconds, a large part of a no-op
+    build; a file whose digest was parsed before is not parsed again. A malformed memo is
+    ignored with a WARNING (it is only a cache of what parsing gives).
+
+    Args:
+        path: The memo file, or None to keep it in memory.
+        read_only: Never write the file.
+    """
+
+    def __init__(self, path: Path | None, *, read_only: bool = False) -> None:
+        self._path = path
+        self._read_only = read_only
+        self._entries: dict[str, Any] | None = None
+        self._dirty = False
+
+    def _load(self) -> dict[str, Any]:
+        if self._entries is None:
+            self._entries = {}
+            if self._path is not None and self._path.is_file():
+                try:
+                    data = json.loads(self._path.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as e:
+                    log.warning("ignoring unreadable import memo %s: %s", self._path, e)
+                    data = None
+                if isinstance(data, dict):
+                    self._entries = data
+        return self._entries
+
+    def get(self, key: str) -> tuple[list[Import], list[Import]] | None:
+        """The ``(module-level, function-level)`` imports recorded for ``key``, if well-formed."""
+        value: Any = self._load().get(key)
+        try:
+            return _statements(value[0]), _statements(value[1])
+        except (TypeError, ValueError, IndexError, KeyError):
+            return None
+
+    def put(self, key: str, imports: tuple[list[Import], list[Import]]) -> None:
+        self._load()[key] = [[[b, list(n)] for b, n in part] for part in imports]
+        self._dirty = True
+
+    def save(self) -> None:
+        """Write the memo if it changed (atomically; never for an in-memory or read-only memo)."""
+        if self._path is not None and self._dirty and not self._read_only:
+            atomic_write_text(self._path, json.dumps(self._load(), sort_keys=True))
+            self._dirty = False
+
+
+def _statements(value: Any) -> list[Import]:
+    out: list[Import] = []
+    for base, names in value:
+        if not isinstance(base, str) or not all(isinstance(n, str) for n in names):
+            raise ValueError("malformed import statement")
+        out.append((base, tuple(names)))
+    return out
+
+
+def read_package(root: Path, memo: ImportMemo | None = None) -> dict[str, ModuleSource]:
+    """Every module of the package at ``root``: file, digest and imports."""
+    sources = {}
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        name = _module_name(path, root)
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        memo_key = f"{name}:{digest}"  # relative imports resolve against the module's name
+        imports = memo.get(memo_key) if memo is not None else None
+        if imports is None:
+            imports = _parse(data, path, name)
+            if memo is not None:
+                memo.put(memo_key, imports)
+        sources[name] = ModuleSource(
+            name=name,
+            relpath=path.relative_to(root.parent).as_posix(),
+            digest=digest,
+            module_level=tuple(imports[0]),
+            function_level=tuple(imports[1]),
+        )
+    return sources
+
+
+_READ: dict[Path, dict[str, ModuleSource]] = {}
+
+
+def package_sources(
+    root: Path = PACKAGE_DIR, memo: ImportMemo | None = None
+) -> dict[str, ModuleSource]:
+    """:func:`read_package`, once per process and package: the code a process runs cannot
+    change while it runs."""
+    if root not in _READ:
+        _READ[root] = read_package(root, memo)
+    return _READ[root]
+
+
+def _parents(name: str) -> Iterator[str]:
+    while "." in name:
+        name = name.rpartition(".")[0]
+        yield name
+
+
+def closure(roots: Iterable[str], sources: dict[str, ModuleSource] | None = None) -> dict[str, str]:
+    """``{relpath: digest}`` of the package modules that running ``roots`` can execute.
+
+    Args:
+        roots: Dotted names of the modules the stage uses (its own module, and any package
+            module a recipe names, such as a model factory in ``hyperexport.zoo``). Names
+            outside the package are ignored.
+        sources: The package's modules (default: hyperexport's own).
+    """
+    sources = package_sources() if sources is None else sources
+    mode: dict[str, str] = {}
+    queue: list[tuple[str, str]] = [(r, USED) for r in roots]
+
+    def follow(statements: Iterable[Import], how: str) -> None:
+        for base, names in statements:
+            submodules = [f"{base}.{n}" for n in names if f"{base}.{n}" in sources]
+            queue.extend((m, how) for m in submodules)
+            # ``from pkg import submodule`` only loads pkg; ``from pkg import name`` uses it.
+            queue.append((base, how if len(submodules) < len(names) or not names else LOADED))
+
+    while queue:
+        name, how = queue.pop()
+        if name not in sources or mode.get(name) in (how, USED):
+            continue
+        mode[name] = how
+        source = sources[name]
+        queue += [(p, LOADED) for p in _parents(name)]
+        follow(source.module_level, how)
+        if how == USED:
+            follow(source.function_level, USED)
+    return {sources[n].relpath: sources[n].digest for n in sorted(mode)}
+
+
+def stage_code(
+    stage_module: str,
+    extra_roots: Iterable[str] = (),
+    sources: dict[str, ModuleSource] | None = None,
+) -> dict[str, str]:
+    """The code digest material of a stage defined in ``stage_module``.
+
+    Args:
+        stage_module: The module defining the stage's class.
+        extra_roots: Other package modules the stage runs (a model factory the recipe names
+            inside hyperexport, for a stage that runs the model).
+        sources: The package's modules (default: hyperexport's own).
+
+    A stage defined outside hyperexport (a test's or a user's) contributes its own imports of
+    hyperexport, found the same way from its source file.
+    """
+    roots = [stage_module, *extra_roots]
+    if not stage_module.startswith(PACKAGE):
+        roots += _outside_imports(stage_module)
+    return closure(roots, sources)
+
+
+def _outside_imports(module: str) -> list[str]:
+    import sys
+
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if not file or not file.endswith(".py"):
+        return []
+    path = Path(file)
+    tree = ast.parse(path.read_bytes(), filename=file)
+    module_level, function_level = _imports(tree, module, path.name == "__init__.py")
+    found = []
+    for base, names in (*module_level, *function_level):
+        found += [base, *(f"{base}.{n}" for n in names)]
+    return [m for m in found if m.startswith(PACKAGE)]

@@ -1,0 +1,113 @@
+"""The hyperexport code each stage's key covers, computed from the import graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hyperexport.runner import code_closure
+from hyperexport.runner.code_closure import (
+    ImportMemo,
+    closure,
+    package_sources,
+    read_package,
+    stage_code,
+)
+
+
+def _files(stage: str) -> set[str]:
+    return {p.removeprefix("hyperexport/") for p in stage_code(f"hyperexport.stages.{stage}")}
+
+
+def _under(files: set[str], *folders: str) -> set[str]:
+    return {f for f in files if f.startswith(folders)}
+
+
+def test_check_runs_check_and_contracts_only() -> None:
+    files = _files("check")
+    assert {"check/report.py", "check/runner.py", "contracts/capture_files.py"} <= files
+    assert not _under(files, "capture/", "export/", "passes/", "transformers/", "api.py")
+    assert "stages/trace.py" not in files  # stages/__init__ loads no sibling stage
+
+
+def test_rewrite_runs_the_passes_not_the_exporter_or_the_check() -> None:
+    files = _files("rewrite")
+    assert {"passes/pipeline.py", "passes/promote_attention.py", "model_file.py"} <= files
+    assert not _under(files, "capture/", "export/", "check/", "api.py")
+
+
+def test_export_and_trace_do_not_run_passes_or_check() -> None:
+    export, trace = _files("export"), _files("trace")
+    assert {"export/units.py", "export/fallback.py", "capture/hooks.py"} <= export
+    assert "capture/hooks.py" in trace
+    for files in (export, trace):
+        assert not _under(files, "passes/", "check/")
+    assert not _under(trace, "export/")
+
+
+def test_digests_follow_file_contents() -> None:
+    sources = package_sources()
+    files = stage_code("hyperexport.stages.check")
+    assert files["hyperexport/check/report.py"] == sources["hyperexport.check.report"].digest
+
+
+def _package(root: Path, files: dict[str, str]) -> dict[str, object]:
+    for rel, text in files.items():
+        path = root / "hyperexport" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return dict(read_package(root / "hyperexport"))
+
+
+def test_used_and_loaded_modules(tmp_path: Path) -> None:
+    """Function-level imports of used modules count; a loaded module's do not; TYPE_CHECKING
+    imports never run; ``from pkg import submodule`` only loads ``pkg``."""
+    sources = _package(
+        tmp_path,
+        {
+            "__init__.py": "def __getattr__(n):\n    from hyperexport import heavy\n",
+            "heavy.py": "",
+            "stages/__init__.py": "from hyperexport.stages import a, b\n",
+            "stages/a.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from hyperexport import typed_only\n"
+                "def run():\n    from .helper import f\n"
+            ),
+            "stages/b.py": "def run():\n    import hyperexport.other\n",
+            "stages/helper.py": "from hyperexport import util\n",
+            "util.py": "",
+            "other.py": "",
+            "typed_only.py": "",
+        },
+    )
+    found = closure(["hyperexport.stages.a"], sources)  # type: ignore[arg-type]
+    assert sorted(found) == [
+        "hyperexport/__init__.py",
+        "hyperexport/stages/__init__.py",
+        "hyperexport/stages/a.py",
+        "hyperexport/stages/b.py",
+        "hyperexport/stages/helper.py",
+        "hyperexport/util.py",
+    ]
+
+
+def test_import_memo_skips_parsing_known_files(tmp_path: Path) -> None:
+    memo = ImportMemo(tmp_path / "imports.json")
+    parsed = read_package(code_closure.PACKAGE_DIR, memo)
+    memo.save()
+    again = ImportMemo(tmp_path / "imports.json")
+    with_memo = read_package(code_closure.PACKAGE_DIR, again)
+    assert with_memo == parsed
+    assert not again._dirty  # every file was known: nothing parsed
+
+
+def test_malformed_memo_entries_are_parsed_again(tmp_path: Path) -> None:
+    memo = ImportMemo(tmp_path / "imports.json")
+    read_package(code_closure.PACKAGE_DIR, memo)
+    memo.save()
+    data = json.loads((tmp_path / "imports.json").read_text())
+    key = next(k for k in data if k.startswith("hyperexport.stages.check:"))
+    data[key] = [[["x", [1]]], "garbage"]
+    (tmp_path / "imports.json").write_text(json.dumps(data))
+    again = read_package(code_closure.PACKAGE_DIR, ImportMemo(tmp_path / "imports.json"))
+    assert again == read_package(code_closure.PACKAGE_DIR)

@@ -1,0 +1,287 @@
+"""What the keys cover, end to end through the real stages, in process.
+
+A user folder outside the repository holds a recipe, a model module that imports a helper module
+and a local package, and weights. Each test edits one thing and checks which stages rerun, and
+that the artifact follows. Between builds the user's modules are dropped from ``sys.modules``, as
+a new process would not have them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hyperexport.config import BuildSettings, Recipe, validate_recipe
+from hyperexport.runner import code_closure
+from hyperexport.runner.session import BuildOutcome, run_build
+from hyperexport.stages import PIPELINE, model_loader
+
+MODEL = """
+import torch
+from safetensors.torch import load_file
+
+from hxk_helpers import act
+from hxk_lib.scale import SCALE
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return act(self.fc(x)) * SCALE + x
+
+
+class Net(torch.nn.Module):
+    def __init__(self, dim: int, layers: int) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(dim) for _ in range(layers))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def make(dim: int = 8, layers: int = 2, seed: int = 0, pretrained: str | None = None):
+    torch.manual_seed(seed)
+    net = Net(dim, layers)
+    if pretrained is not None:  # a from_pretrained-style folder, relative to the working dir
+        net.load_state_dict(load_file(f"{pretrained}/weights.safetensors"))
+    return net.eval()
+"""
+HELPERS = "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n"
+RECIPE = """\
+name: keys
+model: {_target_: hxk_model.make, seed: 0}
+inputs:
+  x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}
+hiera: [hxk_model.Block]
+rewrite: {optimize: false, fuse_constants: false}
+"""
+USER_MODULES = ("hxk_model", "hxk_helpers", "hxk_lib")
+ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "check": "ran"}
+ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "hit"}
+
+
+def _forget_user_modules() -> None:
+    for name in [m for m in sys.modules if m.split(".")[0] in USER_MODULES]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+def _write_user_folder(root: Path) -> Path:
+    (root / "hxk_lib").mkdir(parents=True)
+    (root / "hxk_lib" / "__init__.py").write_text("")
+    (root / "hxk_lib" / "scale.py").write_text("SCALE = 1.0\n")
+    (root / "hxk_helpers.py").write_text(HELPERS)
+    (root / "hxk_model.py").write_text(MODEL)
+    recipe = root / "keys.yaml"
+    recipe.write_text(RECIPE)
+    return recipe
+
+
+@pytest.fixture
+def user(tmp_path: Path) -> Iterator[Path]:
+    """The user folder (on sys.path); returns the recipe file."""
+    recipe = _write_user_folder(tmp_path / "user")
+    sys.path.insert(0, str(recipe.parent))
+    _forget_user_modules()
+    yield recipe
+    sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp_path))]
+    _forget_user_modules()
+
+
+def load(recipe_file: Path, **changes: Any) -> Recipe:
+    data = yaml.safe_load(recipe_file.read_text())
+    for dotted, value in changes.items():
+        target = data
+        *parents, last = dotted.split("__")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[last] = value
+    return validate_recipe(data, str(recipe_file))
+
+
+def build(recipe: Recipe, cache: Path, outputs: Path, **kw: Any) -> BuildOutcome:
+    _forget_user_modules()
+    settings = BuildSettings(
+        cache_dir=str(cache),
+        outputs_dir=outputs,
+        dry_run=bool(kw.get("dry_run", False)),
+        force=(),
+    )
+    return run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+
+
+def statuses(outcome: BuildOutcome) -> dict[str, str]:
+    return {s.name: s.status for s in outcome.result.stages}
+
+
+def reasons(outcome: BuildOutcome) -> dict[str, str]:
+    return {s.name: s.reason for s in outcome.result.stages}
+
+
+def model_bytes(outcome: BuildOutcome) -> bytes:
+    assert outcome.exit_code == 0, outcome.lines
+    assert outcome.model_path is not None
+    return outcome.model_path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("edited", "old", "new"),
+    [
+        ("hxk_helpers.py", "torch.relu(x)", "torch.sigmoid(x)"),
+        ("hxk_lib/scale.py", "SCALE = 1.0", "SCALE = 2.0"),
+    ],
+)
+def test_edited_module_imported_by_the_model_reruns(
+    user: Path, tmp_path: Path, edited: str, old: str, new: str
+) -> None:
+    """A helper module, and a local package, that the model's module imports: neither is named
+    in the recipe; both are discovered when the trace runs, and validated on lookup."""
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    cold = build(load(user), cache, outputs)
+    before = model_bytes(cold)
+    assert statuses(build(load(user), cache, outputs)) == ALL_HIT
+    source = user.parent / edited
+    source.write_text(source.read_text().replace(old, new))
+    plan = build(load(user), cache, outputs, dry_run=True)
+    assert plan.lines[1] == f"trace: would run (model code changed ({edited}))"
+    again = build(load(user), cache, outputs)
+    assert statuses(again) == ALL_RAN
+    assert reasons(again)["trace"] == f"model code changed ({edited})"
+    assert model_bytes(again) != before  # the artifact follows the code
+    assert again.report is not None and again.report["check"]["ok"] is True  # ORT vs torch
+
+
+def test_swapped_checkpoint_with_mtime_restored_reruns(user: Path, tmp_path: Path) -> None:
+    import hxk_model  # type: ignore[import-not-found]
+    from safetensors.torch import save_file
+
+    ckpt = user.parent / "w.safetensors"
+    save_file(hxk_model.make(seed=1).state_dict(), str(ckpt))
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    before = model_bytes(build(load(user, checkpoint="w.safetensors"), cache, outputs))
+    stat = ckpt.stat()
+    other = user.parent / "other.safetensors"
+    save_file(hxk_model.make(seed=2).state_dict(), str(other))
+    assert other.stat().st_size == stat.st_size
+    shutil.copyfile(other, ckpt)  # same size; then mtime set back, as cp -p / rsync -t do
+    os.utime(ckpt, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert ckpt.stat().st_mtime_ns == stat.st_mtime_ns
+    again = build(load(user, checkpoint="w.safetensors"), cache, outputs)
+    assert statuses(again) == ALL_RAN
+    assert reasons(again)["trace"].startswith("weights.checkpoint.w.safetensors")
+    assert model_bytes(again) != before
+
+
+def test_pretrained_folder_argument_is_hashed(
+    user: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hxk_model  # type: ignore[import-not-found]
+    from safetensors.torch import save_file
+
+    folder = user.parent / "pretrained"
+    folder.mkdir()
+    save_file(hxk_model.make(seed=3).state_dict(), str(folder / "weights.safetensors"))
+    (folder / "config.json").write_text('{"dim": 8}')
+    monkeypatch.chdir(user.parent)  # the factory opens the relative path from here
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    recipe = load(user, model__pretrained="pretrained")
+    before = model_bytes(build(recipe, cache, outputs))
+    assert statuses(build(recipe, cache, outputs)) == ALL_HIT
+    (folder / "config.json").write_text('{"dim": 8, "note": "edited"}')
+    again = build(recipe, cache, outputs)
+    assert statuses(again)["trace"] == "ran" and statuses(again)["export"] == "ran"
+    assert reasons(again)["trace"] == "files of model.pretrained changed"
+    save_file(hxk_model.make(seed=4).state_dict(), str(folder / "weights.safetensors"))
+    third = build(recipe, cache, outputs)
+    assert statuses(third) == ALL_RAN
+    assert model_bytes(third) != before
+
+
+def test_cache_and_checkout_moved_still_hit(user: Path, tmp_path: Path) -> None:
+    """No absolute path in any key: another checkout of the user's code, another cache dir."""
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    model_bytes(build(load(user), cache, outputs))
+    moved_user = tmp_path / "checkout2"
+    shutil.copytree(user.parent, moved_user)
+    sys.path.remove(str(user.parent))
+    sys.path.insert(0, str(moved_user))
+    shutil.copytree(cache, tmp_path / "cache2")
+    again = build(load(moved_user / user.name), tmp_path / "cache2", tmp_path / "out2")
+    assert statuses(again) == ALL_HIT
+
+
+def test_check_code_edit_reruns_only_check(
+    user: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A docstring edited in check/ (in a copy of the package tree): only check reruns; an edit
+    in passes/ reruns rewrite (and check only if the model changed)."""
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    model_bytes(build(load(user), cache, outputs))
+    tree = tmp_path / "tree" / "hyperexport"
+    shutil.copytree(code_closure.PACKAGE_DIR, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    report = tree / "check" / "report.py"
+    report.write_text(report.read_text().replace('"""', '"""Edited. ', 1))
+    monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
+    again = build(load(user), cache, outputs)
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
+    assert reasons(again)["check"] == "hyperexport code changed (check/report.py)"
+    compose = tree / "passes" / "compose_functions.py"
+    compose.write_text(compose.read_text() + "\n# edited\n")
+    monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
+    third = build(load(user), cache, outputs)
+    assert statuses(third)["trace"] == statuses(third)["export"] == "hit"
+    assert statuses(third)["rewrite"] == "ran"
+    assert reasons(third)["rewrite"] == "hyperexport code changed (passes/compose_functions.py)"
+
+
+def _sources(tree: Path) -> dict[str, code_closure.ModuleSource]:
+    return code_closure.read_package(tree)
+
+
+def test_promote_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
+    """Export reads attention.implementation only; promotion is the rewrite's and check's."""
+    from hyperexport.config import compose_recipe
+    from hyperexport.runner.keys import stage_key
+    from hyperexport.runner.runner import BuildRequest, Runner
+    from hyperexport.runner.stage import recipe_slice
+    from hyperexport.runner.store import CacheStore
+
+    runner = Runner(CacheStore(tmp_path / "cache"))
+    keys: dict[bool, dict[str, str]] = {}
+    for promote in (False, True):
+        recipe, _ = compose_recipe(
+            ["recipe=llama_attention", f"attention.promote_opset24={str(promote).lower()}"]
+        )
+        request = BuildRequest(
+            recipe_name=recipe.name,
+            recipe=recipe.data,
+            recipe_file=recipe.file,
+            stages=PIPELINE,
+            env={},
+            model={"code": {}, "weights": {"seed": 0}},
+        )
+        keys[promote] = {
+            stage.name: stage_key(
+                runner._material(
+                    request, stage, recipe_slice(recipe.data, stage.reads), {"u": {"f": "0"}}
+                )
+            )
+            for stage in PIPELINE
+        }
+    assert keys[False]["trace"] == keys[True]["trace"]
+    assert keys[False]["export"] == keys[True]["export"]
+    assert keys[False]["rewrite"] != keys[True]["rewrite"]
+    assert keys[False]["check"] != keys[True]["check"]
