@@ -15,8 +15,8 @@ from typing import Any
 from hyperexport.config import BuildSettings, Recipe
 from hyperexport.runner import fingerprint
 from hyperexport.runner.fingerprint import environment_fingerprint
-from hyperexport.runner.hashing import FileDigestIndex
-from hyperexport.runner.publish import artifact_text, build_report, publish_outputs, write_report
+from hyperexport.runner.hashing import FileDigestIndex, sha256_text
+from hyperexport.runner.publish import CorruptBlobError, publish_build
 from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
 from hyperexport.runner.stage import Stage
 from hyperexport.runner.store import CacheStore, default_cache_dir
@@ -25,7 +25,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_VARIANT = "default"
 # Overrides that select *where* or *whether* to build, not *what*: not part of the outputs path.
-_PATH_EXCLUDED = re.compile(r"^(build\.|hydra\.|recipe$|recipe_file$)")
+_PATH_EXCLUDED = re.compile(r"^(build\.|hydra[./]|recipe$|recipe_file$)")
+# A variant folder name longer than this is cut and given a digest suffix: with the publication
+# id and ".failed" added (publish.py), a folder name stays well under the 255-byte limit.
+MAX_VARIANT_BYTES = 160
+_DIGEST_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,9 @@ class BuildOutcome:
 
     Attributes:
         exit_code: 0 on success, 1 when a stage failed.
-        out_dir: The outputs directory of this build.
-        model_path: The final model, if the build made one.
+        out_dir: Where this build's report is: ``<recipe>/<variant>`` for a good build,
+            ``<recipe>/<variant>.failed`` for a failed one.
+        model_path: The model this build made, if any (under ``out_dir``).
         report: The report written (None in a dry run).
         result: The runner's result.
         lines: The summary (or, in a dry run, the plan) printed for the user.
@@ -53,14 +58,21 @@ def variant_dir(overrides: Sequence[str]) -> str:
     """The swept-values part of the outputs path: ``"opset=17,dynamo=true"`` or ``"default"``.
 
     Overrides of build settings, Hydra settings and the recipe choice are left out; the rest are
-    sorted so that the order on the command line does not matter.
+    sorted so that the order on the command line does not matter. Separators and whitespace
+    become ``_``, so the name is one path component; a name over :data:`MAX_VARIANT_BYTES` is
+    cut and ends with ``~`` and a digest of the full name (the report keeps every override).
     """
     kept = []
     for item in overrides:
         key = item.lstrip("+~").split("=", 1)[0]
         if not _PATH_EXCLUDED.match(key):
-            kept.append(re.sub(r"[/\\\s]+", "_", item.lstrip("+~")))
-    return ",".join(sorted(kept)) or DEFAULT_VARIANT
+            kept.append(re.sub(r"[/\\\s\x00]+", "_", item.lstrip("+~")))
+    name = ",".join(sorted(kept)) or DEFAULT_VARIANT
+    raw = name.encode("utf-8")
+    if len(raw) <= MAX_VARIANT_BYTES:
+        return name
+    head = raw[: MAX_VARIANT_BYTES - _DIGEST_CHARS - 1].decode("utf-8", errors="ignore")
+    return f"{head}~{sha256_text(name)[:_DIGEST_CHARS]}"
 
 
 def model_fingerprint(recipe: Recipe, index: FileDigestIndex) -> dict[str, Any]:
@@ -75,8 +87,9 @@ def run_build(
     stages: Sequence[Stage],
     load_model: Callable[[], Any] | None,
     variant: str = DEFAULT_VARIANT,
+    overrides: Sequence[str] = (),
 ) -> BuildOutcome:
-    """Build ``recipe`` (or plan it, in a dry run) and materialise its outputs.
+    """Build ``recipe`` (or plan it, in a dry run) and publish its outputs.
 
     Args:
         recipe: The validated recipe.
@@ -84,9 +97,10 @@ def run_build(
         stages: The pipeline, in dependency order.
         load_model: Loads the live model (called at most once, only if a stage needs it).
         variant: The swept-values directory name (see :func:`variant_dir`).
+        overrides: The command-line overrides, recorded in full in the report.
     """
     store = CacheStore(default_cache_dir(settings.cache_dir), read_only=settings.dry_run)
-    out_dir = settings.outputs_dir / recipe.name / variant
+    recipe_dir = settings.outputs_dir / recipe.name
     request = BuildRequest(
         recipe_name=recipe.name,
         recipe=recipe.data,
@@ -104,29 +118,33 @@ def run_build(
         lines = (
             f"recipe: {recipe.name} ({recipe.file})",
             *(s.line() for s in result.stages),
-            f"outputs: {out_dir} (dry run: nothing written)",
+            f"outputs: {recipe_dir / variant} (dry run: nothing written)",
         )
-        return BuildOutcome(0, out_dir, None, None, result, lines)
+        return BuildOutcome(0, recipe_dir / variant, None, None, result, lines)
     for attempt in range(2):
         try:
-            files = publish_outputs(store, stages, result, out_dir)
+            publication = publish_build(
+                store, request, result, recipe_dir, variant, overrides=overrides
+            )
             break
-        except ValueError as e:  # a large blob was found corrupt while copied out: rebuild
+        except CorruptBlobError as e:  # found while cloned out: rebuild the affected stage
             if attempt:
                 raise
             log.warning("%s; rebuilding the affected stages", e)
             result = runner.run(request)
-    report = build_report(request, result, store, out_dir, files, recipe_file=recipe.file)
-    check_text = artifact_text(store, stages, result, "check_summary")
-    summary = write_report(out_dir, report, check_text.splitlines() if check_text else ())
     if result.error is not None:
-        log.error("%s", result.error)
-    model = report["artifacts"].get("model")
+        log.error("%s", publication.report["error"])
+        log.error(
+            "the failed build is kept in %s; %s is unchanged",
+            publication.link,
+            recipe_dir / variant,
+        )
+    model = publication.report["artifacts"].get("model")
     return BuildOutcome(
         0 if result.ok else 1,
-        out_dir,
+        publication.link,
         Path(model) if model else None,
-        report,
+        publication.report,
         result,
-        tuple(summary),
+        publication.summary,
     )
