@@ -7,7 +7,6 @@ from an unrelated working directory: nothing may depend on it.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,72 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.builds import TOY_SOURCE
-
-HEAVY = ("torch", "onnx", "onnxruntime", "onnxscript", "onnx_ir", "transformers")
-
-TOY_RECIPE = """\
-# @package _global_
-name: toy
-model:
-  _target_: hx_toy.net.make
-  seed: 0
-inputs:
-  x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}
-hiera:
-  - hx_toy.net.Block
-rewrite: {optimize: false, fuse_constants: false}
-"""
-
-# Runs main() and then reports which heavy modules the process imported.
-PROBE = f"""
-import json, sys
-from hyperexport.__main__ import main
-try:
-    main(sys.argv[1:])
-    code = 0
-except SystemExit as e:
-    code = e.code
-heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)
-print("PROBE " + json.dumps({{"code": code, "heavy": heavy}}))
-"""
-
-
-@pytest.fixture
-def toy(tmp_path: Path) -> Path:
-    """A directory with the toy package and ``toy.yaml``; returns the recipe file."""
-    pkg = tmp_path / "user" / "hx_toy"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "net.py").write_text(TOY_SOURCE)
-    recipe = tmp_path / "user" / "toy.yaml"
-    recipe.write_text(TOY_RECIPE)
-    return recipe
-
-
-def run(
-    args: list[str], tmp_path: Path, *, probe: bool = False
-) -> subprocess.CompletedProcess[str]:
-    # Keep an existing PYTHONPATH (a worktree's checkout) after the user's package.
-    paths = [str(tmp_path / "user"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    env.pop("HYPEREXPORT_CACHE_DIR", None)
-    cwd = tmp_path / "elsewhere"
-    cwd.mkdir(exist_ok=True)
-    build = [f"build.cache_dir={tmp_path / 'cache'}", f"build.outputs_dir={tmp_path / 'outputs'}"]
-    cmd = [sys.executable, "-c", PROBE] if probe else [sys.executable, "-m", "hyperexport"]
-    return subprocess.run(
-        [*cmd, *args, *build], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-
-
-def probe_result(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE "))
-    return json.loads(line.removeprefix("PROBE "))
-
-
-def report(tmp_path: Path, variant: str = "default", name: str = "toy") -> dict[str, object]:
-    return json.loads((tmp_path / "outputs" / name / variant / "report.json").read_text())
+from tests.cli_support import REPO, probe_result, report, run
 
 
 def test_build_then_noop_without_torch(toy: Path, tmp_path: Path) -> None:
@@ -244,3 +178,97 @@ def test_unknown_override_exits_2_with_close_match(tmp_path: Path) -> None:
     proc = run(["opsett=17"], tmp_path, probe=True)
     assert probe_result(proc) == {"code": 2, "heavy": []}
     assert "tiny_llama.yaml: field 'opsett': unknown key; did you mean 'opset'?" in proc.stderr
+
+
+REFUSALS = [
+    (["recipe=nope"], "field 'recipe': no recipe named 'nope'"),
+    (["recipe=../../etc/passwd"], "no recipe named '../../etc/passwd'"),
+    (["-m", "recipe=tiny_llama,nope"], "no recipe named 'nope'"),
+    (["model.newkey=1"], "Could not override 'model.newkey'. To append to your config use +model"),
+    (["name=.."], "field 'name': '..' must not start with '.'"),
+    (["name=a/b"], "field 'name': 'a/b' may only contain"),
+    (["hydra/launcher=nope"], "hydra/launcher"),
+    (["opset=17,18"], "opset=17,18"),  # a sweep value without -m
+]
+
+
+@pytest.mark.parametrize(("args", "message"), REFUSALS, ids=[" ".join(a) for a, _ in REFUSALS])
+def test_refusals_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    """Hyperexport's and Hydra's refusals alike: exit 2, one line naming the value, no traceback."""
+    proc = run([*args, "build.dry_run=true"], tmp_path, probe=True)
+    assert probe_result(proc)["code"] == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("[ERROR] ") and message in lines[0], lines[0]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_version_is_hyperexports(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    proc = run(["--version"], tmp_path, probe=True)
+    assert probe_result(proc)["code"] == 0
+    assert proc.stdout.splitlines()[0] == f"hyperexport {version('hyperexport')}"
+
+
+def test_hydra_launcher_group_passes_the_override_check(tmp_path: Path) -> None:
+    proc = run(["--cfg", "hydra", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "joblib_launcher.JoblibLauncher" in proc.stdout and "n_jobs: 2" in proc.stdout
+
+
+# main() with publishing paused just before the link swap (the marker file says where).
+PAUSED = """
+import sys, time
+from pathlib import Path
+from hyperexport.runner import publish
+
+marker = Path(sys.argv.pop(1))
+swap = publish._swap_link
+
+def paused(link, directory):
+    marker.write_text(str(directory))
+    time.sleep(600)
+    swap(link, directory)
+
+publish._swap_link = paused
+from hyperexport.__main__ import main
+main(sys.argv[1:])
+"""
+
+
+def test_ctrl_c_exits_130_with_one_line_and_nothing_half_written(toy: Path, tmp_path: Path) -> None:
+    import signal
+
+    marker = tmp_path / "paused"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "user"), str(REPO)])}
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    outputs, cache = tmp_path / "outputs", tmp_path / "cache"
+    build_args = [f"build.cache_dir={cache}", f"build.outputs_dir={outputs}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PAUSED, str(marker), f"recipe_file={toy}", *build_args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    staged = Path(marker.read_text())
+    assert (staged / "model.onnx").is_file()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr
+    assert stderr.rstrip().splitlines()[-1] == (
+        "[ERROR] interrupted (Ctrl-C): stopped; nothing half-written was published"
+    )
+    assert not staged.exists()  # the unfinished publication was removed
+    assert not (outputs / "toy" / "default").exists()
+    assert list((outputs / "toy" / ".builds").iterdir()) == []
+    assert list((cache / "tmp").iterdir()) == []  # no scratch left behind

@@ -48,7 +48,12 @@ from hyperexport.config.schema import (
     RewriteSpec,
     ToleranceSpec,
 )
-from hyperexport.config.validate import check_override_keys, validate_build, validate_recipe
+from hyperexport.config.validate import (
+    check_override_keys,
+    check_recipe_choice,
+    validate_build,
+    validate_recipe,
+)
 
 __all__ = [
     "BUILD_KEYS",
@@ -73,6 +78,7 @@ __all__ = [
     "RewriteSpec",
     "ToleranceSpec",
     "check_override_keys",
+    "check_recipe_choice",
     "compose_recipe",
     "load_recipe_yaml",
     "recipe_defaults",

@@ -36,7 +36,8 @@ def _hydra_dir(outputs_dir: str | None, dry_run: Any, sub: str = "") -> str:
     if str(dry_run).lower() == "true":
         import tempfile
 
-        return str(Path(tempfile.gettempdir()) / "hyperexport-dry-run")
+        base = Path(tempfile.gettempdir()) / "hyperexport-dry-run"
+        return str(base / sub if sub else base)
     root = Path(_outputs_root(outputs_dir))
     return str(root / sub if sub else root)
 
@@ -53,8 +54,7 @@ def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
     """
     from hydra.core.config_store import ConfigStore
 
-    if not OmegaConf.has_resolver("hx_hydra_dir"):
-        OmegaConf.register_new_resolver("hx_hydra_dir", _hydra_dir)
+    register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="recipe_schema", node=_schema())
     cs.store(name="build_schema", node=BuildConfig)
@@ -68,10 +68,27 @@ def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
     return dict(_RECIPE_FILES)
 
 
+def register_resolvers() -> None:
+    """Register the OmegaConf resolvers conf/config.yaml uses (``hx_hydra_dir``); idempotent.
+
+    Called by :func:`register_configs`, and when the build command's module is imported: a
+    launcher's worker process resolves ``hydra.sweep.dir`` before it runs the job.
+    """
+    if not OmegaConf.has_resolver("hx_hydra_dir"):
+        OmegaConf.register_new_resolver("hx_hydra_dir", _hydra_dir)
+
+
 def recipe_file_of(option: str | None) -> str:
-    """The file registered for recipe option ``option`` (the option itself if unknown)."""
+    """The file of recipe option ``option``: as registered, else ``recipes/<option>.yaml``.
+
+    A launcher's worker process may not have registered anything itself (the ConfigStore
+    travels to it, this module's table does not), so the recipes folder is looked up directly.
+    Returns the option itself if no file is known.
+    """
     if option and option in _RECIPE_FILES:
         return str(_RECIPE_FILES[option])
+    if option and "/" not in option and (RECIPES_DIR / f"{option}.yaml").is_file():
+        return str(RECIPES_DIR / f"{option}.yaml")
     return str(option or "<no recipe>")
 
 

@@ -35,6 +35,9 @@ from hyperexport.errors import RecipeError, did_you_mean
 
 log = logging.getLogger(__name__)
 
+#: Longest recipe ``name``: it is a folder name under the outputs root.
+MAX_NAME_LENGTH = 64
+
 
 # --------------------------------------------------------------------------------------------
 # Validation
@@ -132,9 +135,18 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     return Recipe(name=merged["name"], file=recipe_file, data=merged, checkpoint=checkpoint)
 
 
+def _check_name(check: _Checker, name: str) -> None:
+    """``name`` is one folder under the outputs root: no separators, no ``.``/``..``, bounded."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        check.fail("name", f"{name!r} may only contain letters, digits, '_', '.', '-'")
+    if name.startswith("."):
+        check.fail("name", f"{name!r} must not start with '.' (it names a folder of the outputs)")
+    if len(name) > MAX_NAME_LENGTH:
+        check.fail("name", f"is {len(name)} characters long; at most {MAX_NAME_LENGTH}")
+
+
 def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", r["name"]):
-        check.fail("name", f"{r['name']!r} may only contain letters, digits, '_', '.', '-'")
+    _check_name(check, r["name"])
     low, high = OPSET_RANGES[r["dynamo"]]
     if not low <= r["opset"] <= high:
         path = "dynamo=True" if r["dynamo"] else "dynamo=False (TorchScript)"
@@ -317,9 +329,11 @@ def validate_build(
 def check_override_keys(overrides: Sequence[str], recipe_file: str) -> None:
     """Reject a command-line override of an unknown recipe field before Hydra sees it.
 
-    Hydra would refuse it too, but with a generic message and exit code 1; this names the field
-    and the close match. ``+key=`` (append), ``~key`` (delete), ``hydra.*`` and free-form
-    sections (``model.*``, ``inputs.*``, ``check.per_output.*``) are left to Hydra.
+    Hydra would refuse it too, but with a generic message; this names the field and the close
+    match. Left to Hydra (whose refusals the CLI also turns into exit code 2): ``+key=``
+    (append), ``~key`` (delete), ``hydra.*`` settings, Hydra's own config groups
+    (``hydra/launcher=joblib``, ``hydra/sweeper=...``) and free-form sections (``model.*``,
+    ``inputs.*``, ``check.per_output.*``).
 
     Raises:
         RecipeError: The key is not a recipe field, a build setting or ``recipe``/``recipe_file``.
@@ -335,6 +349,8 @@ def check_override_keys(overrides: Sequence[str], recipe_file: str) -> None:
         if item.startswith(("-", "+", "~")) or "=" not in item:
             continue
         key = item.split("=", 1)[0]
+        if key.startswith("hydra/"):
+            continue  # a Hydra config group (launcher, sweeper, ...): Hydra checks the option
         head, _, rest = key.partition(".")
         if head not in top:
             raise RecipeError(recipe_file, key, f"unknown key{did_you_mean(head, sorted(top))}")
@@ -344,3 +360,30 @@ def check_override_keys(overrides: Sequence[str], recipe_file: str) -> None:
             sub = rest.split(".", 1)[0]
             if sub not in names:
                 raise RecipeError(recipe_file, key, f"unknown key{did_you_mean(sub, names)}")
+
+
+def check_recipe_choice(overrides: Sequence[str], recipes: Mapping[str, Path]) -> None:
+    """Reject ``recipe=NAME`` (or a sweep ``recipe=a,b``) naming no registered recipe.
+
+    Args:
+        overrides: The command-line overrides.
+        recipes: ``{recipe option: file}`` as registered (``recipes/`` and ``recipe_file=``).
+
+    Raises:
+        RecipeError: A value is not a recipe name (``recipe=nope``, ``recipe=../x``); the
+            message lists the close match or the known recipes.
+    """
+    for item in overrides:
+        if not item.startswith("recipe="):
+            continue
+        value = item.split("=", 1)[1]
+        if "(" in value:
+            continue  # a sweep function (choice(), glob()): Hydra expands and checks it
+        for name in (v.strip() for v in value.split(",")):
+            if name not in recipes:
+                hint = did_you_mean(name, sorted(recipes)) or (
+                    f"; known recipes: {', '.join(sorted(recipes))}"
+                )
+                raise RecipeError(
+                    "<command line>", "recipe", f"no recipe named {name!r} in recipes/{hint}"
+                )

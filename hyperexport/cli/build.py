@@ -1,0 +1,199 @@
+"""The build command: Hydra composes the recipe, this module validates it and runs the build.
+
+``python -m hyperexport [recipe=NAME] [FIELD=VALUE ...] [build.*=...]`` ends up in :func:`main`.
+The Hydra task function lives here (not in ``__main__``) so that launchers running jobs in other
+processes (joblib/loky, submitit, Ray) pickle it by reference: a worker imports this module,
+which registers the resolvers and finds the recipe files the same way the launching process did.
+
+Refusals are exit code 2 (:data:`hyperexport.exit_codes.INVALID`) with one line naming the field
+or value, whether hyperexport or Hydra refuses; Ctrl-C is one line and exit code 130.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hyperexport import exit_codes
+from hyperexport.config import (
+    BUILD_KEYS,
+    CONF_DIR,
+    check_override_keys,
+    check_recipe_choice,
+    recipe_file_of,
+    register_configs,
+    validate_build,
+    validate_recipe,
+)
+from hyperexport.config.hydra import register_resolvers
+from hyperexport.errors import RecipeError
+from hyperexport.runner import sweep
+from hyperexport.runner.session import BuildOutcome, run_build, variant_dir
+from hyperexport.stages import PIPELINE, model_loader
+
+log = logging.getLogger("hyperexport")
+
+_FULL_ERROR = "HYDRA_FULL_ERROR"
+# Exit codes of the jobs run in this process, and of the sweeps that ended in it.
+_exit_codes: list[int] = []
+
+# Workers of process-based launchers unpickle the task function, importing this module: the
+# resolvers used in hydra.run.dir / hydra.sweep.dir must exist before Hydra resolves them.
+register_resolvers()
+
+
+def prepare_argv(argv: Sequence[str]) -> tuple[list[str], Path | None]:
+    """Turn ``recipe_file=/abs/path.yaml`` into a recipe option Hydra can select.
+
+    The file is registered (by :func:`register_configs`) as recipe option ``<file stem>``; the
+    argument list gets ``recipe=<stem>`` and keeps ``recipe_file=<absolute path>`` for messages.
+
+    Raises:
+        RecipeError: The file does not exist, or ``recipe=`` is given too.
+    """
+    out: list[str] = []
+    extra: Path | None = None
+    for arg in argv:
+        if arg.startswith("recipe_file="):
+            value = arg.split("=", 1)[1]
+            path = Path(value).expanduser().resolve()
+            if "," in value or not path.is_file():
+                raise RecipeError(
+                    value, "recipe_file", "must be the path of one existing YAML file"
+                )
+            extra = path
+            out += [f"recipe={path.stem}", f"recipe_file={path}"]
+        else:
+            out.append(arg)
+    if extra is not None and any(a.startswith("recipe=") for a in argv):
+        raise RecipeError(str(extra), "recipe", "give either recipe= or recipe_file=, not both")
+    return out, extra
+
+
+def build_from_config(cfg: DictConfig) -> int:
+    """Validate the composed config and build it; returns the exit code.
+
+    In a multirun the job also leaves its record in the sweep folder (see
+    :mod:`hyperexport.runner.sweep`).
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    sweep_dir = Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    num = int(hydra_cfg.job.num) if sweep_dir is not None else 0
+    if sweep_dir is not None:
+        sweep.write_job_record(sweep_dir, sweep.started_record(num, overrides))
+    code, outcome, error = _validate_and_build(cfg, hydra_cfg.runtime.choices.get("recipe"))
+    if sweep_dir is not None:
+        report = outcome.report if outcome is not None else None
+        record = sweep.job_record(num, overrides, code, report, error=error)
+        sweep.write_job_record(sweep_dir, record)
+    return code
+
+
+def _validate_and_build(
+    cfg: DictConfig, choice: str | None
+) -> tuple[int, BuildOutcome | None, str | None]:
+    """Validate and build one composed config: (exit code, outcome, refusal message)."""
+    recipe_file = cfg.get("recipe_file") or recipe_file_of(choice)
+    try:
+        try:
+            container: Any = OmegaConf.to_container(cfg, resolve=True)
+        except OmegaConfBaseException as e:
+            raise RecipeError(
+                recipe_file, str(getattr(e, "full_key", "") or "<config>"), str(e)
+            ) from e
+        recipe = validate_recipe(
+            {k: v for k, v in container.items() if k not in BUILD_KEYS}, recipe_file
+        )
+        settings = validate_build(container.get("build"), recipe_file, [s.name for s in PIPELINE])
+    except RecipeError as e:
+        log.error("%s", e)
+        return exit_codes.INVALID, None, str(e)
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task)
+    outcome = run_build(
+        recipe,
+        settings,
+        stages=PIPELINE,
+        load_model=model_loader(recipe),
+        variant=variant_dir(overrides),
+        overrides=overrides,
+    )
+    for line in outcome.lines:
+        print(line)
+    sys.stdout.flush()
+    error = outcome.result.error
+    if error is not None and isinstance(error.__cause__, RecipeError):
+        return exit_codes.INVALID, outcome, str(error)
+    return outcome.exit_code, outcome, None
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def _hydra_entry(cfg: DictConfig) -> None:
+    _exit_codes.append(build_from_config(cfg))
+
+
+class SweepResult(Callback):
+    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): the table and ``sweep.json``.
+
+    Runs in the launching process when the multirun ends, whatever launcher ran the jobs.
+    """
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        result = sweep.finish(sweep_dir)
+        print(f"sweep: {len(result['jobs'])} jobs, exit code {result['exit_code']}")
+        for line in sweep.render_table(result):
+            print(f"  {line}")
+        print(f"sweep report: {sweep_dir / sweep.SWEEP_JSON}")
+        sys.stdout.flush()
+        _exit_codes.append(int(result["exit_code"]))
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the build command with ``argv`` (overrides and Hydra flags); returns the exit code."""
+    try:
+        args, extra = prepare_argv(argv)
+        files = register_configs(extra)
+        check_recipe_choice(args, files)
+        chosen = next((a.split("=", 1)[1] for a in args if a.startswith("recipe=")), "tiny_llama")
+        check_override_keys(args, str(files.get(chosen.split(",")[0], chosen)))
+    except RecipeError as e:
+        _log_refusal("%s", e)
+        return exit_codes.INVALID
+    saved_argv, saved_full_error = sys.argv, os.environ.get(_FULL_ERROR)
+    sys.argv = [saved_argv[0], *args]
+    # Hydra's refusals then raise (handled below) instead of printing a traceback, exit code 1.
+    os.environ[_FULL_ERROR] = "1"
+    _exit_codes.clear()
+    try:
+        _hydra_entry()
+    except (HydraException, OmegaConfBaseException) as e:
+        _log_refusal("invalid command line: %s", " ".join(str(e).split()))
+        return exit_codes.INVALID
+    finally:
+        sys.argv = saved_argv
+        if saved_full_error is None:
+            os.environ.pop(_FULL_ERROR, None)
+        else:
+            os.environ[_FULL_ERROR] = saved_full_error
+    return exit_codes.worst(_exit_codes)
+
+
+def _log_refusal(message: str, *args: object) -> None:
+    logging.basicConfig(format="[%(levelname)s] %(message)s")
+    log.error(message, *args)

@@ -1,0 +1,79 @@
+"""Running ``python -m hyperexport`` as users do, for the CLI and sweep tests.
+
+Builds use a small local model package (written to a temporary directory by the ``toy``
+fixture in tests/conftest.py) and a recipe file outside the repository. Every subprocess runs
+from an unrelated working directory: nothing may depend on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.runner.test_e2e import TOY_SOURCE
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "onnx", "onnxruntime", "onnxscript", "onnx_ir", "transformers")
+
+TOY_RECIPE = """\
+# @package _global_
+name: toy
+model:
+  _target_: hx_toy.net.make
+  seed: 0
+inputs:
+  x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}
+hiera:
+  - hx_toy.net.Block
+rewrite: {optimize: false, fuse_constants: false}
+"""
+
+# Runs main() and then reports which heavy modules the process imported.
+PROBE = f"""
+import json, sys
+from hyperexport.__main__ import main
+try:
+    main(sys.argv[1:])
+    code = 0
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)
+print("PROBE " + json.dumps({{"code": code, "heavy": heavy}}))
+"""
+
+
+def write_toy(tmp_path: Path) -> Path:
+    """A directory with the toy package and ``toy.yaml``; returns the recipe file."""
+    pkg = tmp_path / "user" / "hx_toy"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "net.py").write_text(TOY_SOURCE)
+    recipe = tmp_path / "user" / "toy.yaml"
+    recipe.write_text(TOY_RECIPE)
+    return recipe
+
+
+def run(
+    args: list[str], tmp_path: Path, *, probe: bool = False
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "user"), str(REPO)])}
+    env.pop("HYPEREXPORT_CACHE_DIR", None)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir(exist_ok=True)
+    build = [f"build.cache_dir={tmp_path / 'cache'}", f"build.outputs_dir={tmp_path / 'outputs'}"]
+    cmd = [sys.executable, "-c", PROBE] if probe else [sys.executable, "-m", "hyperexport"]
+    return subprocess.run(
+        [*cmd, *args, *build], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def probe_result(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE "))
+    return json.loads(line.removeprefix("PROBE "))
+
+
+def report(tmp_path: Path, variant: str = "default", name: str = "toy") -> dict[str, object]:
+    return json.loads((tmp_path / "outputs" / name / variant / "report.json").read_text())

@@ -1,0 +1,78 @@
+"""Sweeps through Hydra's launchers: one record per job, one table, sweep.json, the worst code.
+
+The fast test runs the basic launcher on the toy model; the slow one is the acceptance sweep of
+the tiny Llama recipe through the joblib launcher (parallel worker processes, one cache).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli_support import run
+
+
+def sweep_json(tmp_path: Path) -> dict[str, Any]:
+    (found,) = (tmp_path / "outputs" / ".sweeps").glob("*/sweep.json")
+    data: dict[str, Any] = json.loads(found.read_text())
+    return data
+
+
+def test_sweep_reports_every_job_and_exits_with_the_worst_code(toy: Path, tmp_path: Path) -> None:
+    proc = run(["-m", f"recipe_file={toy}", "opset=17,99"], tmp_path)
+    assert proc.returncode == 2, proc.stderr  # one job is invalid
+    sweep = sweep_json(tmp_path)
+    assert sweep["exit_code"] == 2
+    good, bad = sweep["jobs"]
+    assert good["exit_code"] == 0 and good["check"] == "passed" and "opset=17" in good["overrides"]
+    assert [s["status"] for s in good["stages"]] == ["ran"] * 4
+    assert all(len(s["key"]) == 64 for s in good["stages"])
+    model = tmp_path / "outputs" / "toy" / "opset=17" / "model.onnx"
+    assert good["artifact"] == str(model) and model.is_file()
+    assert bad["exit_code"] == 2 and bad["status"] == "invalid" and bad["artifact"] is None
+    assert "field 'opset': 99 is out of range" in bad["error"]
+    # one table at the end, one line per job
+    table = proc.stdout[proc.stdout.index("sweep: 2 jobs, exit code 2") :].splitlines()
+    assert table[1].split()[:3] == ["job", "exit", "check"]
+    assert table[2].split()[:7] == ["0", "0", "passed", "ran", "ran", "ran", "ran"]
+    assert table[3].split()[:3] == ["1", "2", "-"] and "out of range" in table[3]
+    assert (
+        table[4]
+        == f"sweep report: {tmp_path / 'outputs' / '.sweeps'}/{sweep_dir_name(tmp_path)}/sweep.json"
+    )
+
+
+def sweep_dir_name(tmp_path: Path) -> str:
+    (found,) = (tmp_path / "outputs" / ".sweeps").iterdir()
+    return found.name
+
+
+@pytest.mark.slow
+def test_joblib_sweep_of_tiny_llama_computes_each_trace_once(tmp_path: Path) -> None:
+    """The acceptance sweep: 2 opsets x 2 export paths, 2 worker processes, one cache."""
+    import onnx
+
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "recipe=tiny_llama"]
+    proc = run([*args, "opset=17,18", "dynamo=false,true"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sweep = sweep_json(tmp_path)
+    assert len(sweep["jobs"]) == 4
+    for job in sweep["jobs"]:
+        assert job["exit_code"] == 0 and job["check"] == "passed", job
+        assert onnx.load(job["artifact"], load_external_data=False).graph.node
+    traces = [s for job in sweep["jobs"] for s in job["stages"] if s["name"] == "trace"]
+    ran = Counter(s["key"] for s in traces if s["status"] == "ran")
+    assert len({s["key"] for s in traces}) == 2  # trace keys depend on dynamo, not on opset
+    assert ran == Counter({key: 1 for key in ran}) and len(ran) == 2, traces
+
+
+@pytest.mark.slow
+def test_joblib_sweep_with_an_invalid_job_exits_2(tmp_path: Path) -> None:
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "recipe=tiny_llama"]
+    proc = run([*args, "opset=18,99"], tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert [j["exit_code"] for j in sweep_json(tmp_path)["jobs"]] == [0, 2]
