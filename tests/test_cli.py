@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import REPO, probe_result, report, run
+from tests.helpers.cli import REPO, probe_result, report, run, write_toy
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    """The toy model package and its recipe ``toy.yaml`` (outside the repository)."""
+    return write_toy(tmp_path)
 
 
 def test_build_then_noop_without_torch(toy: Path, tmp_path: Path) -> None:

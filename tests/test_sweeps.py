@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import run
+from tests.helpers.cli import run, write_toy
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    """The toy model package and its recipe ``toy.yaml`` (outside the repository)."""
+    return write_toy(tmp_path)
 
 
 def sweep_json(tmp_path: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Running ``python -m hyperexport`` as users do, for the CLI and sweep tests.
 
-Builds use a small local model package (written to a temporary directory by the ``toy``
-fixture in tests/conftest.py) and a recipe file outside the repository. Every subprocess runs
+Builds use a small local model package (written to a temporary directory by
+:func:`write_toy`) and a recipe file outside the repository. Every subprocess runs
 from an unrelated working directory: nothing may depend on it.
 """
 
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.runner.test_e2e import TOY_SOURCE
+from tests.helpers.builds import TOY_SOURCE
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "onnx", "onnxruntime", "onnxscript", "onnx_ir", "transformers")
