@@ -5,6 +5,7 @@ Examples::
     python -m hyperexport                                 # the embedded tiny Llama recipe
     python -m hyperexport recipe=llama opset=17           # short overrides of recipe fields
     python -m hyperexport -m recipe=llama opset=17,18     # a sweep: one build per value
+    python -m hyperexport -m hydra/launcher=joblib hydra.launcher.n_jobs=2 recipe=llama opset=17,18
     python -m hyperexport recipe_file=/abs/my_recipe.yaml # a recipe outside the repository
     python -m hyperexport build.dry_run=true              # what would run, and why
     python -m hyperexport build.force=[export]            # rerun named stages
@@ -15,7 +16,8 @@ Subcommands (``python -m hyperexport <command> ...``) that are not builds:
     python -m hyperexport show model.onnx                            # hyperexport.cli.show
     python -m hyperexport --version
 
-The ``hyperexport`` console script is the same entry point. Exit codes are those of
+The build itself is :mod:`hyperexport.cli.build`. The ``hyperexport`` console script is the same
+entry point. Exit codes are those of
 :mod:`hyperexport.exit_codes`: 0 built, 1 a stage failed, 2 the recipe or an override is invalid,
 3 the cache or outputs cannot be used, 130 interrupted.
 """

@@ -82,3 +82,25 @@ def test_joblib_sweep_with_an_invalid_job_exits_2(tmp_path: Path) -> None:
     proc = run([*args, "opset=18,99"], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert [j["exit_code"] for j in sweep_json(tmp_path)["jobs"]] == [0, 2]
+
+
+def test_submitit_launcher_config_composes(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    proc = run(["--cfg", "hydra", "hydra/launcher=submitit_local"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "submitit_launcher.LocalLauncher" in proc.stdout
+    assert "submitit_folder: ${hydra.sweep.dir}/.submitit/%j" in proc.stdout
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep(toy: Path, tmp_path: Path) -> None:
+    """Two jobs as separate processes through submitit (about 20 s)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    proc = run(
+        ["-m", "hydra/launcher=submitit_local", f"recipe_file={toy}", "opset=17,18"], tmp_path
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = sweep_json(tmp_path)["jobs"]
+    assert [(j["exit_code"], j["check"]) for j in jobs] == [(0, "passed"), (0, "passed")]
+    assert all(Path(j["artifact"]).is_file() for j in jobs)
+    assert all(j["stages"][0]["status"] in ("ran", "hit") for j in jobs)

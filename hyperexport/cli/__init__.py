@@ -1,1 +1,1 @@
-"""Command-line subcommands other than the build itself (``python -m hyperexport <command>``)."""
+"""Command-line commands: the build (``build``), and subcommands ``python -m hyperexport <command>``."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.helpers.builds import TOY_SOURCE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "onnx", "onnxruntime", "onnxscript", "onnx_ir", "transformers")
 
 TOY_RECIPE = """\
