@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from hyperexport.cli.quantities import human_size
 from hyperexport.cli.table import render_table
 from hyperexport.cli.usage import UsageError, check_dir
 from hyperexport.config import DEFAULT_OUTPUTS_DIR, RECIPES_DIR
+from hyperexport.runner.publish import remove_publication
 
 REPORT = "report.json"
 
@@ -111,8 +111,8 @@ def select(
 
 
 def remove(variant: Variant) -> None:
-    """Delete one variant folder, and its recipe folder when that is left empty."""
-    shutil.rmtree(variant.path)
+    """Delete one variant (its link and publication), and its recipe folder when left empty."""
+    remove_publication(variant.path)
     parent = variant.path.parent
     if not any(parent.iterdir()):
         parent.rmdir()

@@ -136,7 +136,7 @@ def publish_build(
     else:
         directory = _publish_new(store, link, files, report, summary)
     if result.ok:  # a good build makes an earlier failure of this variant outdated
-        _remove_link(recipe_dir / (variant + FAILED_SUFFIX))
+        remove_publication(recipe_dir / (variant + FAILED_SUFFIX))
     remove_stale_builds(recipe_dir)
     return Publication(link, directory, report, tuple(summary))
 
@@ -258,14 +258,21 @@ def _swap_link(link: Path, directory: Path) -> None:
         raise
 
 
-def _remove_link(link: Path) -> None:
-    """Remove a publication link (e.g. an outdated ``.failed``) and the directory it names."""
-    if not link.is_symlink():
-        return
-    target = link.resolve()
-    link.unlink(missing_ok=True)
-    if target.parent.name == BUILDS:
-        shutil.rmtree(target, ignore_errors=True)
+def remove_publication(link: Path) -> None:
+    """Remove a published variant: the link, the directory it names, and ``.builds`` if empty.
+
+    A real directory (the layout of older versions) is removed as a whole.
+    """
+    if link.is_symlink():
+        target = link.resolve()
+        link.unlink(missing_ok=True)
+        if target.parent.name == BUILDS:
+            shutil.rmtree(target, ignore_errors=True)
+    elif link.is_dir():
+        shutil.rmtree(link)
+    builds = link.parent / BUILDS
+    if builds.is_dir() and not any(builds.iterdir()):
+        builds.rmdir()
 
 
 def remove_stale_builds(recipe_dir: Path) -> list[Path]:

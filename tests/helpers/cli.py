@@ -59,7 +59,9 @@ def write_toy(tmp_path: Path) -> Path:
 def run(
     args: list[str], tmp_path: Path, *, probe: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "user"), str(REPO)])}
+    # The user's package, then the checkout under test, then an existing PYTHONPATH.
+    paths = [str(tmp_path / "user"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("HYPEREXPORT_CACHE_DIR", None)
     cwd = tmp_path / "elsewhere"
     cwd.mkdir(exist_ok=True)
