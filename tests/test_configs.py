@@ -31,17 +31,19 @@ def test_recipe_composes_and_validates(name: str) -> None:
 def test_recipe_instantiates(name: str) -> None:
     import torch
 
+    from hyperexport.models.auto import resolve_auto
     from hyperexport.stages.model import load_model, make_inputs, resolve_classes
 
     recipe, _ = compose_recipe([f"recipe={name}"])
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
     assert isinstance(model, torch.nn.Module)
-    classes = resolve_classes(recipe.data["hiera"], recipe.file)
-    assert all(any(isinstance(m, c) for m in model.modules()) for c in classes)
-    inputs = make_inputs(recipe.data["inputs"])
+    data = resolve_auto(recipe.data, model, recipe.file)  # hiera: auto, inputs: auto
+    classes = resolve_classes(data["hiera"], recipe.file)
+    assert classes and all(any(isinstance(m, c) for m in model.modules()) for c in classes)
+    inputs = make_inputs(data["inputs"])
     with torch.no_grad():
         model(**inputs)
-    again = make_inputs(recipe.data["inputs"])
+    again = make_inputs(data["inputs"])
     assert all(torch.equal(inputs[k], again[k]) for k in inputs)
 
 

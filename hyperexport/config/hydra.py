@@ -65,6 +65,11 @@ def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
     for path in files:
         cs.store(group="recipe", name=path.stem, node=load_recipe_yaml(path), package="_global_")
         _RECIPE_FILES[path.stem] = path
+    # Shared bases (recipes/base/<name>.yaml): a recipe starts from one with
+    # `defaults: [{/recipe_base: decoder}, _self_]` and overrides only what differs.
+    for path in sorted((RECIPES_DIR / "base").glob("*.yaml")):
+        node = load_recipe_yaml(path)
+        cs.store(group="recipe_base", name=path.stem, node=node, package="_global_")
     return dict(_RECIPE_FILES)
 
 

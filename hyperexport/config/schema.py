@@ -50,6 +50,12 @@ BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
 BUILD_KEYS = ("build", "recipe_file")
 
 
+# ``hiera: auto`` / ``inputs: auto`` / ``dynamic: auto``: resolved on the live model inside the
+# trace and export stages (hyperexport.models.auto); validation only checks the spelling.
+AUTO = "auto"
+DYNAMIC_MODES = ("none", AUTO)
+
+
 # --------------------------------------------------------------------------------------------
 # Schemas (stored in the ConfigStore; field defaults are the recipe defaults)
 # --------------------------------------------------------------------------------------------
@@ -134,6 +140,10 @@ class RecipeConfig:
     """One model to export. ``model`` is ``{_target_: factory, **kwargs}``; the factory's module
     (and a local ``checkpoint``, if any, resolved relative to the recipe file) define the model.
 
+    ``inputs: auto`` derives example inputs from the model's config and main input (with
+    ``dynamic: auto``, batch and sequence or image size dynamic); ``hiera: auto`` picks the
+    model's main repeated stack. Both are resolved by the stages on the live model.
+
     ``fallback: true`` lets the export stage retry on the other path (``dynamo``) when the chosen
     one fails; it is logged at WARNING and recorded in the model's metadata and the report.
     """
@@ -141,8 +151,10 @@ class RecipeConfig:
     name: str = MISSING
     model: dict[str, Any] = MISSING
     checkpoint: str | None = None
-    inputs: dict[str, InputSpec] = MISSING
-    hiera: list[str] = MISSING
+    # ``auto`` or {name: InputSpec}; ``auto`` or [import path, ...] (see AUTO above).
+    inputs: Any = MISSING
+    hiera: Any = MISSING
+    dynamic: str = "none"
     method: str = "forward"
     opset: int = 18
     dynamo: bool = False

@@ -15,8 +15,10 @@ from omegaconf import MISSING, OmegaConf
 
 from hyperexport.config.imports import _locate_module, _top_level_names, split_import_path
 from hyperexport.config.schema import (
+    AUTO,
     BUILTIN_ATTENTION,
     DTYPES,
+    DYNAMIC_MODES,
     FUNCTION_MODES,
     FUNCTION_SCOPES,
     OPSET_RANGES,
@@ -25,6 +27,7 @@ from hyperexport.config.schema import (
     BuildConfig,
     BuildSettings,
     CheckSpec,
+    InputSpec,
     Recipe,
     RecipeConfig,
     RewriteSpec,
@@ -121,9 +124,11 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     """
     check = _Checker(recipe_file)
     check.dataclass_(RecipeConfig, data, "")
+    _check_auto_fields(check, data)
     container = OmegaConf.to_container(OmegaConf.merge(_schema(), dict(data)))
     assert isinstance(container, dict)
     merged = typing.cast("dict[str, Any]", container)
+    merged["inputs"] = _inputs_with_defaults(merged["inputs"])
     _check_semantics(check, merged)
     checkpoint = None
     if merged.get("checkpoint"):
@@ -160,15 +165,17 @@ def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
     if not isinstance(target, str) or not target:
         check.fail("model._target_", "missing required field (import path of the model factory)")
     _check_import(check, "model._target_", target)
-    if not r["inputs"]:
-        check.fail("inputs", "at least one input is required")
-    for name, spec in r["inputs"].items():
-        _check_input(check, f"inputs.{name}", spec)
-    _check_dim_names(check, r["inputs"])
-    if not r["hiera"]:
-        check.fail("hiera", "at least one class is required")
-    for i, path in enumerate(r["hiera"]):
-        _check_import(check, f"hiera[{i}]", path)
+    if r["inputs"] != AUTO:
+        if not r["inputs"]:
+            check.fail("inputs", "at least one input is required")
+        for name, spec in r["inputs"].items():
+            _check_input(check, f"inputs.{name}", spec)
+        _check_dim_names(check, r["inputs"])
+    if r["hiera"] != AUTO:
+        if not r["hiera"]:
+            check.fail("hiera", "at least one class is required")
+        for i, path in enumerate(r["hiera"]):
+            _check_import(check, f"hiera[{i}]", path)
     c = r["check"]
     for key in ("atol", "rtol"):
         if c[key] <= 0:
@@ -201,6 +208,44 @@ def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
         _check_import(check, f"custom_ops[{i}].symbolic", op["symbolic"])
     if r["external_data_threshold"] < 0:
         check.fail("external_data_threshold", "must be >= 0")
+
+
+# --------------------------------------------------------------------------------------------
+# ``inputs`` / ``hiera`` / ``dynamic``: explicit values, or ``auto`` (resolved by the stages)
+# --------------------------------------------------------------------------------------------
+def _check_auto_fields(check: _Checker, data: Mapping[str, Any]) -> None:
+    """``inputs``: ``auto`` or {name: InputSpec}; ``hiera``: ``auto`` or a list of import paths;
+    ``dynamic``: ``none`` or ``auto``, and ``auto`` only with ``inputs: auto``."""
+    inputs, hiera = data.get("inputs"), data.get("hiera")
+    if isinstance(inputs, str):
+        if inputs != AUTO:
+            check.fail("inputs", f"must be {AUTO!r} or a mapping of input specs, got {inputs!r}")
+    else:
+        check.value(dict[str, InputSpec], inputs, "inputs")
+    if isinstance(hiera, str):
+        if hiera != AUTO:
+            check.fail("hiera", f"must be {AUTO!r} or a list of class import paths, got {hiera!r}")
+    else:
+        check.value(list[str], hiera, "hiera")
+    dynamic = data.get("dynamic", "none")
+    if dynamic not in DYNAMIC_MODES:
+        check.fail("dynamic", f"must be one of {DYNAMIC_MODES}, got {dynamic!r}")
+    if dynamic == AUTO and inputs != AUTO:
+        check.fail(
+            "dynamic",
+            "auto applies to inputs: auto; explicit inputs name their axes in inputs.<name>.dynamic",
+        )
+
+
+def _inputs_with_defaults(inputs: Any) -> Any:
+    """Explicit input specs with InputSpec's defaults filled in (``auto`` as is)."""
+    if inputs == AUTO:
+        return inputs
+    schema = OmegaConf.structured(InputSpec)
+    return {
+        name: OmegaConf.to_container(OmegaConf.merge(schema, dict(spec)))
+        for name, spec in inputs.items()
+    }
 
 
 def _check_input(check: _Checker, where: str, spec: Mapping[str, Any]) -> None:

@@ -242,7 +242,7 @@ def model_imports(data: Mapping[str, Any]) -> list[str]:
     """The import paths a recipe names for its model: factory, hiera classes, symbolics."""
     return [
         data["model"]["_target_"],
-        *data.get("hiera", ()),
+        *(data["hiera"] if isinstance(data.get("hiera"), list) else ()),  # not "auto"
         *(op["symbolic"] for op in data.get("custom_ops", ())),
     ]
 

@@ -28,6 +28,7 @@ class ExportStage:
         "model",
         "inputs",
         "hiera",
+        "dynamic",
         "method",
         "opset",
         "dynamo",
@@ -45,11 +46,13 @@ class ExportStage:
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.hooks import Capture
         from hyperexport.export.fallback import export_units_with_fallback
+        from hyperexport.models.auto import resolve_auto
         from hyperexport.runner.files import clone_or_copy
         from hyperexport.stages.options import export_options
 
         capture = Capture.load(inputs.dir("trace"))
         model = inputs.model()
+        params = resolve_auto(params, model, inputs.recipe_file)  # hiera/inputs: auto
         options = export_options(params)
         first = capture
 

@@ -39,9 +39,10 @@ def load_model(model_cfg: Mapping[str, Any], checkpoint: Path | None, recipe_fil
     try:
         model = instantiate(dict(model_cfg), _convert_="all")
     except Exception as e:
-        raise RecipeError(
-            recipe_file or recipe_file_of(None), "model", f"cannot instantiate: {e}"
-        ) from e
+        file = recipe_file or recipe_file_of(None)
+        if isinstance(e.__cause__, RecipeError):  # the factory named the field (model.path, ...)
+            raise RecipeError(file, e.__cause__.field, e.__cause__.reason) from e
+        raise RecipeError(file, "model", f"cannot instantiate: {e}") from e
     if checkpoint is not None:
         log.info("Loading checkpoint %s", checkpoint)
         model.load_state_dict(_read_state_dict(checkpoint), strict=True)

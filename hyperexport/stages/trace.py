@@ -27,22 +27,25 @@ class TraceStage:
         "model",
         "inputs",
         "hiera",
+        "dynamic",
         "method",
         "dynamo",
         "attention.implementation",
     )
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
-    publish: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ("auto.json",)
     artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.hooks import capture_model
+        from hyperexport.models.auto import resolve_auto
         from hyperexport.stages.model import make_inputs, resolve_classes
         from hyperexport.stages.options import dynamic_axes, probe_shapes
 
-        hiera = resolve_classes(list(params["hiera"]), inputs.recipe_file)
         model = inputs.model()
+        params = resolve_auto(params, model, inputs.recipe_file, out_dir)  # hiera/inputs: auto
+        hiera = resolve_classes(list(params["hiera"]), inputs.recipe_file)
         axes = {name: dict(a) for name, a in dynamic_axes(params["inputs"])}
         capture = capture_model(
             model,

@@ -1,0 +1,142 @@
+"""``hyperexport.models.pretrained``: checkpoints by path, through the stage runner; bad input
+exits 2 with one line naming the recipe field."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyperexport import exit_codes
+from hyperexport.config import BuildSettings, validate_recipe
+from hyperexport.errors import RecipeError
+from hyperexport.models import pretrained
+from hyperexport.runner.session import run_build
+from hyperexport.stages import PIPELINE, model_loader
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _recipe(path: Path | str, **model: Any) -> dict[str, Any]:
+    return {
+        "name": "ckpt",
+        "model": {"_target_": "hyperexport.models.pretrained", "path": str(path), **model},
+        "inputs": "auto",
+        "hiera": "auto",
+    }
+
+
+def test_a_saved_checkpoint_builds_with_auto_hiera_and_inputs(
+    llama_checkpoint: Path, tmp_path: Path
+) -> None:
+    data = _recipe(llama_checkpoint, auto_class="AutoModelForCausalLM")
+    recipe = validate_recipe(data, str(tmp_path / "ckpt.yaml"))
+    settings = BuildSettings(str(tmp_path / "cache"), tmp_path / "out", False, ())
+    outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    assert outcome.exit_code == 0, outcome.result.error
+    report = outcome.report
+    assert report is not None and report["check"]["ok"]
+    logits = report["check"]["end_to_end"]["outputs"][0]
+    assert logits["name"] == "logits" and logits["max_abs"] <= 1e-4
+    auto = json.loads((outcome.out_dir / "auto.json").read_text())
+    assert [h.rsplit(".", 1)[-1] for h in auto["hiera"]] == ["LlamaDecoderLayer"]
+    assert "auto.json" in report["files"]
+    assert {f["class"].rsplit(".", 1)[-1] for f in report["functions"]} == {"LlamaDecoderLayer"}
+
+
+def test_dtype_and_class_are_applied(llama_checkpoint: Path) -> None:
+    import torch
+
+    model = pretrained(str(llama_checkpoint), auto_class="AutoModel", dtype="bfloat16")
+    assert type(model).__name__ == "LlamaModel" and not model.training
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.config.use_cache is False
+
+
+def _error(path: str, **model: Any) -> RecipeError:
+    with pytest.raises(RecipeError) as info:
+        pretrained(path, **model)
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+def test_bad_checkpoints_name_the_field(llama_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert _error(str(tmp_path / "empty")).field == "model.path"
+    weights = next(llama_checkpoint.glob("*.safetensors"))
+    assert "not a checkpoint directory" in _error(str(weights)).reason
+    assert "does not exist" in _error(str(tmp_path / "nowhere")).reason
+    no_type = tmp_path / "no_type"
+    no_type.mkdir()
+    (no_type / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    error = _error(str(no_type))
+    assert error.field == "model.path" and "model_type" in error.reason
+    mismatch = _error(str(llama_checkpoint), auto_class="AutoModelForImageClassification")
+    assert mismatch.field == "model.auto_class" and "does not fit" in mismatch.reason
+    assert (
+        _error(str(llama_checkpoint), auto_class="AutoModelForCasualLM").field == "model.auto_class"
+    )
+    assert _error(str(llama_checkpoint), revision="main").field == "model.revision"
+
+
+def test_remote_code_is_refused_unless_the_recipe_allows_it(
+    llama_checkpoint: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    remote = tmp_path / "remote"
+    shutil.copytree(llama_checkpoint, remote)
+    config = json.loads((remote / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
+    (remote / "config.json").write_text(json.dumps(config))
+    error = _error(str(remote))
+    assert error.field == "model.trust_remote_code" and "auto_map" in error.reason
+
+
+def _cli(recipe: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    from omegaconf import OmegaConf
+
+    file = tmp_path / f"{recipe['name']}.yaml"
+    OmegaConf.save(OmegaConf.create(recipe), file)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hyperexport",
+            f"recipe_file={file}",
+            f"build.cache_dir={tmp_path / 'cache'}",
+            f"build.outputs_dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+
+
+def test_cli_exits_2_with_one_line_naming_the_field(llama_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "notackpt").mkdir()
+    result = _cli(_recipe(tmp_path / "notackpt"), tmp_path)
+    assert result.returncode == exit_codes.INVALID, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if "field 'model.path'" in line]
+    assert errors and all("no config.json" in line for line in errors), result.stderr[-2000:]
+    # hiera: auto on a model without blocks: a plain module, explicit inputs.
+    blocks = {
+        "name": "noblocks",
+        "model": {"_target_": "torch.nn.Linear", "in_features": 4, "out_features": 2},
+        "inputs": {"input": {"shape": [2, 4]}},
+        "hiera": "auto",
+    }
+    result = _cli(blocks, tmp_path)
+    assert result.returncode == exit_codes.INVALID, result.stderr[-2000:]
+    assert any(
+        "field 'hiera'" in line and "no repeated blocks" in line
+        for line in result.stderr.splitlines()
+    ), result.stderr[-2000:]

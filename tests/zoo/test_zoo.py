@@ -1,0 +1,78 @@
+"""The zoo (recipes/zoo_*.yaml): each recipe builds through the stage runner and passes the check
+(ONNX Runtime against torch) on both export paths, or is an expected failure with its reason
+(``hyperexport.zoo.EXPECTED_FAILURES``).
+
+A fast subset runs by default; the whole zoo with ``python -m pytest -m zoo``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hyperexport.config import RECIPES_DIR, compose_recipe
+from hyperexport.runner.session import run_build
+from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.zoo import EXPECTED_FAILURES
+
+ZOO = sorted(p.stem for p in RECIPES_DIR.glob("zoo_*.yaml"))
+
+#: One decoder, one encoder-decoder encoder: the default run's share of the zoo.
+FAST = {("zoo_qwen3", False), ("zoo_whisper_encoder", True)}
+
+
+def _cases() -> list[object]:
+    cases = []
+    for name in ZOO:
+        for dynamo in (False, True):
+            marks: list[pytest.MarkDecorator] = []
+            if (name, dynamo) not in FAST:
+                marks.append(pytest.mark.zoo)
+            reason = EXPECTED_FAILURES.get((name, dynamo))
+            if reason:
+                marks.append(pytest.mark.xfail(reason=reason, strict=True))
+            cases.append(pytest.param(name, dynamo, marks=marks, id=f"{name}-dynamo={dynamo}"))
+    return cases
+
+
+def test_the_zoo_covers_the_families() -> None:
+    families = {
+        "llama",
+        "qwen3",
+        "mistral",
+        "gemma2",
+        "phi3",
+        "gpt2",
+        "bert",
+        "roberta",
+        "vit",
+        "resnet",
+        "convnext",
+        "swin",
+        "whisper_encoder",
+        "t5_encoder",
+    }
+    assert {f"zoo_{f}" for f in families} <= set(ZOO) and len(ZOO) >= 12
+
+
+@pytest.mark.parametrize(("name", "dynamo"), _cases())
+def test_zoo_recipe_builds_and_matches_torch(name: str, dynamo: bool, tmp_path: Path) -> None:
+    recipe, settings = compose_recipe(
+        [
+            f"recipe={name}",
+            f"dynamo={str(dynamo).lower()}",
+            f"build.cache_dir={tmp_path / 'cache'}",
+            f"build.outputs_dir={tmp_path / 'out'}",
+        ]
+    )
+    outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    assert outcome.exit_code == 0, outcome.result.error
+    report = outcome.report
+    assert report is not None and report["check"]["ok"]
+    atol = recipe.data["check"]["atol"]
+    outputs = report["check"]["end_to_end"]["outputs"]
+    assert outputs and all(o["max_abs"] <= max(atol, 1e-4) for o in outputs)
+    assert any(o["name"].endswith("@second_shape") for o in outputs)  # dynamic: auto
+    assert report["functions"] and all(f["calls"] >= 1 for f in report["functions"])
+    assert report["export_path"]["dynamo"] is dynamo
