@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
+from hyperexport import progress
 from hyperexport.check.compare import compare_arrays
 from hyperexport.check.ort_session import OrtRunner
 from hyperexport.check.report import FunctionResult, TensorResult
@@ -103,7 +104,7 @@ class FunctionChecker:
         """Check the given call sites (grouped by shared session), skipping checked ones."""
         todo = [i for i in indices if i not in self.results]
         groups: dict[SessionKey | None, list[int]] = {}
-        for i in todo:
+        for i in progress.track(todo, "checking functions", unit="functions"):
             groups.setdefault(self._key(i), []).append(i)
         for members in groups.values():
             for i in members:

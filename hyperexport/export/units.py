@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hyperexport import progress
 from hyperexport.atomic import atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
@@ -144,7 +145,7 @@ def export_units(
     else:
         exported = {
             job.name: _export_torchscript(model, modules, capture, job, opset, options)
-            for job in jobs
+            for job in progress.track(jobs, "exporting units", unit="units")
         }
     for name, data in exported.items():
         (units_dir / f"{name}.onnx").write_bytes(data)

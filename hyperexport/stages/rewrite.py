@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperexport import progress
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
 from hyperexport.runner.stage import StageInputs
@@ -35,10 +36,11 @@ class RewriteStage:
         from hyperexport.stages.options import export_options
 
         model, manifest = compose_model(inputs.dir("export"), options=export_options(params))
-        save_model(
-            model,
-            out_dir / MODEL_FILE,
-            external_data=bool(params["external_data"]),
-            threshold=int(params["external_data_threshold"]),
-        )
+        with progress.watch_bytes(out_dir, f"writing {MODEL_FILE}"):
+            save_model(
+                model,
+                out_dir / MODEL_FILE,
+                external_data=bool(params["external_data"]),
+                threshold=int(params["external_data_threshold"]),
+            )
         atomic_write_bytes(out_dir / MANIFEST_JSON, (manifest.dumps() + "\n").encode("utf-8"))
