@@ -1,0 +1,252 @@
+"""``python -m hyperexport show model.onnx``: the function tree of any ONNX model.
+
+Prints which module class became which local function, how often each is called and from where,
+node counts, opsets, and the model's and each function's inputs and outputs (with shapes where
+the model declares them). Works on any ONNX file, hierarchical or not; the class comes from the
+function's ``hyperexport.module_class`` metadata when hyperexport wrote it. Reads the graph only
+(external weights are not loaded) and never imports torch.
+
+Exit codes: 0 shown, 2 the path is missing or not an ONNX model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hyperexport import exit_codes
+
+log = logging.getLogger(__name__)
+
+#: Function metadata keys hyperexport writes (as ``passes.compose_functions`` defines them; read
+#: here without importing the passes, which load torch).
+META_MODULE_CLASS = "hyperexport.module_class"
+META_MODULE_PATH = "hyperexport.module_path"
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """One graph or function input/output: name, element type and shape (as text)."""
+
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """One local function.
+
+    Attributes:
+        id: ``domain::name``.
+        module_class: The module class it was made from (metadata), or "".
+        module_path: The module instance (per-instance functions), or "".
+        nodes: Nodes in its body (calls of other functions count as one node each).
+        call_sites: How many nodes call it (main graph and function bodies).
+        runs: How many times it runs when the model runs once (nested calls multiply).
+        callees: Functions its body calls, in first-call order.
+        opsets: ``{domain: version}`` it imports.
+        inputs: Its inputs. Outputs: its outputs.
+    """
+
+    id: str
+    module_class: str
+    module_path: str
+    nodes: int
+    call_sites: int
+    runs: int
+    callees: tuple[str, ...]
+    opsets: dict[str, int]
+    inputs: tuple[ValueInfo, ...]
+    outputs: tuple[ValueInfo, ...]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``show`` prints: the model's header, its main graph and its functions."""
+
+    path: str
+    ir_version: int
+    producer: str
+    opsets: dict[str, int]
+    metadata: dict[str, str]
+    inputs: tuple[ValueInfo, ...]
+    outputs: tuple[ValueInfo, ...]
+    main_nodes: int
+    roots: tuple[str, ...]
+    functions: tuple[FunctionInfo, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _type_text(value: Any) -> str:
+    dtype = getattr(getattr(value, "type", None), "dtype", None)
+    name = dtype.name.lower() if dtype is not None else "?"
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return name
+    dims = [str(d) if isinstance(d, int) else str(getattr(d, "value", d) or "?") for d in shape]
+    return f"{name}[{', '.join(dims)}]"
+
+
+def _values(values: Sequence[Any]) -> tuple[ValueInfo, ...]:
+    return tuple(ValueInfo(v.name or "", _type_text(v)) for v in values)
+
+
+def _calls(nodes: Any, functions: Mapping[tuple[str, str, str], Any]) -> list[str]:
+    out = []
+    for node in nodes:
+        fid = f"{node.domain}::{node.op_type}"
+        if (node.domain, node.op_type, node.overload) in functions:
+            out.append(fid)
+    return out
+
+
+def describe_model(path: Path) -> ModelInfo:
+    """Read ``path`` (graph only) and describe its function tree.
+
+    Raises:
+        ValueError: ``path`` is not a readable ONNX model.
+    """
+    import onnx_ir as ir
+
+    try:
+        model = ir.load(path)
+    except Exception as e:  # protobuf, onnx_ir and OS errors are unrelated types
+        raise ValueError(f"{path} is not a readable ONNX model: {e}") from e
+    functions = dict(model.functions)
+    calls_in = {key: _calls(f, functions) for key, f in functions.items()}
+    roots = _calls(model.graph, functions)
+    by_id = {f"{k[0]}::{k[1]}": k for k in functions}
+    runs: dict[str, int] = dict.fromkeys(by_id, 0)
+    sites: dict[str, int] = dict.fromkeys(by_id, 0)
+
+    def visit(fid: str, depth: int) -> None:
+        runs[fid] += 1
+        if depth > len(by_id):  # a recursive function: ONNX forbids it, do not loop
+            return
+        for callee in calls_in[by_id[fid]]:
+            visit(callee, depth + 1)
+
+    for fid in roots:
+        visit(fid, 0)
+    for ids in [roots, *calls_in.values()]:
+        for fid in ids:
+            sites[fid] += 1
+    infos = []
+    for key, f in functions.items():
+        fid = f"{key[0]}::{key[1]}"
+        infos.append(
+            FunctionInfo(
+                id=fid,
+                module_class=f.metadata_props.get(META_MODULE_CLASS, ""),
+                module_path=f.metadata_props.get(META_MODULE_PATH, ""),
+                nodes=len(f),
+                call_sites=sites[fid],
+                runs=runs[fid],
+                callees=tuple(dict.fromkeys(calls_in[key])),
+                opsets=dict(f.opset_imports),
+                inputs=_values(f.inputs),
+                outputs=_values(f.outputs),
+            )
+        )
+    return ModelInfo(
+        path=str(path),
+        ir_version=int(model.ir_version),
+        producer=f"{model.producer_name or ''} {model.producer_version or ''}".strip(),
+        opsets=dict(model.opset_imports),
+        metadata=dict(model.metadata_props),
+        inputs=_values(model.graph.inputs),
+        outputs=_values(model.graph.outputs),
+        main_nodes=len(model.graph),
+        roots=tuple(dict.fromkeys(roots)),
+        functions=tuple(infos),
+    )
+
+
+def _short_class(f: FunctionInfo) -> str:
+    return f.module_class.rsplit(".", 1)[-1] if f.module_class else "(no class)"
+
+
+def _io(values: Sequence[ValueInfo]) -> str:
+    return ", ".join(f"{v.name}: {v.type}" if v.type != "?" else v.name for v in values) or "-"
+
+
+def render(info: ModelInfo, *, io: bool = True) -> list[str]:
+    """The text ``show`` prints: header, main graph, then the tree of functions."""
+    opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(info.opsets.items()))
+    lines = [
+        f"{info.path}: ONNX IR {info.ir_version}, opsets {opsets}"
+        + (f", producer {info.producer}" if info.producer else ""),
+    ]
+    lines += [f"  {k}: {v}" for k, v in sorted(info.metadata.items())]
+    lines += [
+        f"inputs:  {_io(info.inputs)}",
+        f"outputs: {_io(info.outputs)}",
+        f"main graph: {info.main_nodes} nodes, {len(info.roots)} functions called",
+    ]
+    if not info.functions:
+        lines.append("functions: none (a flat model)")
+        return lines
+    lines.append("functions (class -> function: calls, nodes, opsets):")
+    by_id = {f.id: f for f in info.functions}
+    shown: set[str] = set()
+
+    def walk(fid: str, depth: int) -> None:
+        f = by_id[fid]
+        pad = "  " * depth
+        again = " (shown above)" if fid in shown else ""
+        fops = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(f.opsets.items()))
+        where = f" at {f.module_path}" if f.module_path else ""
+        lines.append(
+            f"{pad}{_short_class(f)} -> {f.id}{where}: x{f.runs} ({f.call_sites} call sites), "
+            f"{f.nodes} nodes, {fops}{again}"
+        )
+        if again:
+            return
+        shown.add(fid)
+        if io:
+            lines.append(f"{pad}    in:  {_io(f.inputs)}")
+            lines.append(f"{pad}    out: {_io(f.outputs)}")
+        for callee in f.callees:
+            walk(callee, depth + 1)
+
+    for root in info.roots:
+        walk(root, 1)
+    for f in info.functions:
+        if f.id not in shown and f.runs == 0:
+            lines.append(f"  {_short_class(f)} -> {f.id}: never called, {f.nodes} nodes")
+    return lines
+
+
+def main(argv: Sequence[str]) -> int:
+    """``show MODEL [--json] [--no-io]``; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="hyperexport show", description="Print the function tree of an ONNX model."
+    )
+    parser.add_argument("model", type=Path, help="an .onnx file")
+    parser.add_argument("--json", action="store_true", help="print the tree as JSON")
+    parser.add_argument("--no-io", action="store_true", help="leave out function inputs/outputs")
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
+        return exit_codes.OK if e.code == 0 else exit_codes.INVALID
+    if not args.model.is_file():
+        print(f"hyperexport show: {args.model}: no such file", file=sys.stderr)
+        return exit_codes.INVALID
+    try:
+        info = describe_model(args.model)
+    except ValueError as e:
+        print(f"hyperexport show: {str(e).splitlines()[0]}", file=sys.stderr)
+        return exit_codes.INVALID
+    if args.json:
+        print(json.dumps(info.to_json(), indent=1, sort_keys=True))
+    else:
+        print("\n".join(render(info, io=not args.no_io)))
+    return exit_codes.OK
