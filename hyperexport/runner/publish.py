@@ -21,7 +21,8 @@ build made (the failing model, its check and report) goes to ``<variant>.failed`
 scratch paths in its messages replaced by the published paths.
 
 A no-op rebuild whose artifacts are already published (same digests) does not copy them again:
-only ``report.json`` and ``summary.txt`` of the current publication are replaced (each atomically);
+only ``report.json``, ``report.html`` and ``summary.txt`` of the current publication are replaced
+(each atomically);
 they describe the same files.
 """
 
@@ -45,6 +46,7 @@ from filelock import FileLock, Timeout
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.runner.files import clone_or_copy
 from hyperexport.runner.hashing import atomic_write_json, sha256_file, sha256_text
+from hyperexport.runner.report_html import write_report_html
 from hyperexport.runner.runner import BuildRequest, BuildResult
 from hyperexport.runner.stage import Stage
 from hyperexport.runner.store import CacheStore, OutputFile
@@ -434,6 +436,7 @@ def build_report(
 
 
 def _write_report_files(directory: Path, report: Mapping[str, Any], summary: Sequence[str]) -> None:
-    """Write ``summary.txt`` then ``report.json`` (each atomically) into ``directory``."""
+    """Write ``summary.txt``, ``report.json`` then ``report.html`` (each atomically)."""
     atomic_write_bytes(directory / SUMMARY, ("\n".join(summary) + "\n").encode("utf-8"))
     atomic_write_json(directory / REPORT, report)
+    write_report_html(directory, report)

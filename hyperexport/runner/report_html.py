@@ -1,0 +1,265 @@
+"""``report.html`` beside ``report.json``: one self-contained page a person can open after a build.
+
+It shows the function tree (built in the browser from the report's data, with a text copy for
+readers without scripts), what ``hiera: auto`` / ``inputs: auto`` chose and why, stage timings
+and the reason each stage ran, the check per output and per function, and a picture of the
+hierarchy: Graphviz SVG where ``dot`` is installed, else the same tree as text. Everything is
+escaped; nothing is fetched from the network.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hyperexport.atomic import atomic_write_text
+from hyperexport.runner.summary import render_tree
+
+log = logging.getLogger(__name__)
+
+REPORT_HTML = "report.html"
+
+#: The resolution of ``auto`` the trace stage publishes (hyperexport.models.auto.AUTO_FILE).
+AUTO_FILE = "auto.json"
+
+_DOT_TIMEOUT = 30.0
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: .4em 0; } td, th { padding: .2em .7em;
+  border-bottom: 1px solid #ddd; text-align: left; vertical-align: top; }
+.ok { color: #176f2c; font-weight: 600; } .bad { color: #b00020; font-weight: 600; }
+.num { font-variant-numeric: tabular-nums; text-align: right; }
+#function-tree ul { list-style: none; padding-left: 1.4em; border-left: 1px dotted #aaa; }
+#function-tree > ul { border-left: none; padding-left: 0; }
+.fn-class { font-weight: 600; } .fn-id { font-family: monospace; color: #555; }
+pre { background: #f6f6f6; padding: .6em; overflow-x: auto; }
+.picture svg { max-width: 100%; height: auto; }
+"""
+
+_SCRIPT = """
+(function () {
+  const data = JSON.parse(document.getElementById("hx-data").textContent);
+  const byParent = new Map();
+  for (const f of data.functions) {
+    const key = f.parent || "";
+    if (!byParent.has(key)) byParent.set(key, []);
+    byParent.get(key).push(f);
+  }
+  function list(parent, seen) {
+    const ul = document.createElement("ul");
+    for (const f of byParent.get(parent) || []) {
+      const li = document.createElement("li");
+      li.className = "fn";
+      li.dataset.function = f.function;
+      const cls = document.createElement("span");
+      cls.className = "fn-class";
+      cls.textContent = (f["class"] || "?").split(".").pop();
+      const id = document.createElement("span");
+      id.className = "fn-id";
+      id.textContent = " \\u2192 " + f.function + " \\u00d7" + f.calls;
+      li.append(cls, id);
+      if (!seen.has(f.function)) {
+        seen.add(f.function);
+        const sub = list(f.function, seen);
+        if (sub.children.length) li.append(sub);
+      }
+      ul.append(li);
+    }
+    return ul;
+  }
+  const root = document.getElementById("function-tree");
+  root.replaceChildren(list("", new Set()));
+  root.dataset.rendered = String(data.functions.length);
+})();
+"""
+
+
+def write_report_html(out_dir: Path, report: Mapping[str, Any]) -> Path:
+    """Write ``out_dir/report.html`` for ``report`` (the content of report.json), atomically."""
+    auto = _read_json(out_dir / AUTO_FILE)
+    path = out_dir / REPORT_HTML
+    atomic_write_text(path, render_report_html(report, auto=auto, picture=hierarchy_svg(report)))
+    return path
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        log.warning("report.html: %s is unreadable (%s); leaving it out", path, e)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def hierarchy_dot(report: Mapping[str, Any]) -> str:
+    """The function hierarchy as Graphviz DOT: the main graph, each function, caller -> callee."""
+    lines = [
+        "digraph hierarchy {",
+        '  rankdir=LR; node [shape=box, style="rounded,filled", fillcolor="#eef3fb", '
+        'fontname="Helvetica", fontsize=11];',
+        '  main [label="main graph", fillcolor="#dde6f5"];',
+    ]
+    ids: dict[str, str] = {}
+    for i, f in enumerate(report.get("functions") or []):
+        ids[f["function"]] = f"f{i}"
+        short = str(f.get("class") or "?").rsplit(".", 1)[-1]
+        label = f"{short}\\n{f['function'].split('::')[-1]}\\nx{f.get('calls', 0)}"
+        lines.append(f'  f{i} [label="{_dot_escape(label)}"];')
+    for f in report.get("functions") or []:
+        parent = ids.get(f.get("parent") or "", "main")
+        lines.append(f"  {parent} -> {ids[f['function']]};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _dot_escape(text: str) -> str:
+    return text.replace('"', '\\"')
+
+
+def hierarchy_svg(report: Mapping[str, Any]) -> str | None:
+    """The hierarchy rendered by Graphviz (``dot -Tsvg``), or None where ``dot`` is absent."""
+    dot = shutil.which("dot")
+    if dot is None or not report.get("functions"):
+        return None
+    try:
+        done = subprocess.run(
+            [dot, "-Tsvg"],
+            input=hierarchy_dot(report),
+            capture_output=True,
+            text=True,
+            timeout=_DOT_TIMEOUT,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("report.html: Graphviz failed (%s); the hierarchy is shown as text", e)
+        return None
+    svg = done.stdout
+    start = svg.find("<svg")
+    return svg[start:] if start >= 0 else None
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _status(ok: Any) -> str:
+    return '<span class="ok">ok</span>' if ok else '<span class="bad">FAILED</span>'
+
+
+def _num(value: Any) -> str:
+    return f'<td class="num">{value:.3g}</td>' if isinstance(value, (int, float)) else "<td>-</td>"
+
+
+def _table(head: Sequence[str], rows: Sequence[str]) -> str:
+    header = "".join(f"<th>{_e(h)}</th>" for h in head)
+    return f"<table><tr>{header}</tr>{''.join(rows)}</table>" if rows else "<p>none</p>"
+
+
+def _stages(report: Mapping[str, Any]) -> str:
+    rows = [
+        f"<tr><td>{_e(s['name'])}</td><td>{_e(s['status'])}</td>"
+        f"<td>{_e(s.get('reason') or '')}</td>{_num(s.get('seconds'))}</tr>"
+        for s in report.get("stages") or []
+    ]
+    return _table(["stage", "status", "why it ran", "seconds"], rows)
+
+
+def _check(report: Mapping[str, Any]) -> str:
+    check = report.get("check")
+    if not check:
+        return "<p>no check ran</p>"
+    outputs = [
+        f"<tr><td>{_e(o['name'])}</td>{_num(o.get('max_abs'))}{_num(o.get('max_rel'))}"
+        f"{_num(o.get('atol'))}{_num(o.get('rtol'))}<td>{_status(o.get('ok'))}"
+        f"{' ' + _e(o['error']) if o.get('error') else ''}</td></tr>"
+        for o in (check.get("end_to_end") or {}).get("outputs", [])
+    ]
+    functions = [
+        f"<tr><td>{_e(f['function'])}</td><td>{_e(f.get('module_path') or '')}</td>"
+        f"{_num(f.get('max_abs'))}<td>{_status(f.get('ok'))}"
+        f"{' ' + _e(f['error']) if f.get('error') else ''}</td></tr>"
+        for f in check.get("functions") or []
+    ]
+    structural = [
+        f"<tr><td>{_e(s['name'])}</td><td>{_e(s.get('detail') or '')}</td>"
+        f"<td>{_status(s.get('ok'))}</td></tr>"
+        for s in check.get("structural") or []
+    ]
+    return (
+        f"<p>verdict: {_status(check.get('ok'))}</p>"
+        "<h3>per output (ONNX Runtime against torch)</h3>"
+        + _table(["output", "max abs", "max rel", "atol", "rtol", ""], outputs)
+        + "<h3>per function (each run alone on its captured inputs)</h3>"
+        + _table(["function", "module", "max abs", ""], functions)
+        + "<h3>structure</h3>"
+        + _table(["check", "detail", ""], structural)
+    )
+
+
+def _auto(auto: Mapping[str, Any] | None) -> str:
+    if not auto:
+        return ""
+    inputs = auto.get("inputs") or {}
+    rows = [
+        f"<tr><td>{_e(name)}</td><td>{_e(spec.get('dtype'))}{_e(spec.get('shape'))}</td>"
+        f"<td>{_e(', '.join(f'{a}: {d}' for a, d in (spec.get('dynamic') or {}).items()))}</td></tr>"
+        for name, spec in inputs.items()
+    ]
+    return (
+        "<h2>auto</h2>"
+        f"<p>hiera: {_e(', '.join(auto.get('hiera') or []) or 'given by the recipe')}<br>"
+        f"why: {_e(auto.get('hiera_reason') or '')}</p>"
+        f"<p>inputs: {_e(auto.get('inputs_reason') or '')}</p>"
+        + (_table(["input", "traced as", "dynamic"], rows) if rows else "")
+    )
+
+
+def render_report_html(
+    report: Mapping[str, Any], *, auto: Mapping[str, Any] | None = None, picture: str | None = None
+) -> str:
+    """The page for ``report`` (report.json's content); ``picture`` is an inline SVG, or None."""
+    recipe = report.get("recipe") or {}
+    functions = list(report.get("functions") or [])
+    tree_text = "\n".join(render_tree(functions)) or "(no functions)"
+    data = json.dumps({"functions": functions}, sort_keys=True).replace("</", "<\\/")
+    model = (report.get("artifacts") or {}).get("model")
+    error = report.get("error")
+    drawing = (
+        f'<div class="picture" id="hierarchy-svg">{picture}</div>'
+        if picture
+        else f'<pre id="hierarchy-text">{_e(tree_text)}</pre>'
+        "<p>(Graphviz is not installed: the hierarchy as text.)</p>"
+    )
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>hyperexport: {_e(recipe.get('name'))}</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        f"<h1>{_e(recipe.get('name'))}: {_status(report.get('status') == 'ok')}</h1>",
+        f"<p>recipe file: {_e(recipe.get('file'))}<br>model: {_e(model or '-')}</p>",
+        f'<p class="bad">error: {_e(error)}</p>' if error else "",
+        "<h2>function tree (class → function &times; calls)</h2>",
+        '<div id="function-tree" data-rendered="0">'
+        f"<noscript><pre>{_e(tree_text)}</pre></noscript></div>",
+        "<h2>hierarchy</h2>",
+        drawing,
+        _auto(auto),
+        "<h2>stages</h2>",
+        _stages(report),
+        "<h2>check</h2>",
+        _check(report),
+        f'<script type="application/json" id="hx-data">{data}</script>',
+        f"<script>{_SCRIPT}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(p for p in parts if p) + "\n"

@@ -1,0 +1,172 @@
+"""report.html: written beside report.json by every build, checked in a real headless browser."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyperexport.config import BuildSettings, validate_recipe
+from hyperexport.runner import report_html
+from hyperexport.runner.session import BuildOutcome, run_build
+from hyperexport.stages import PIPELINE, model_loader
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Chromium is not installed (apt-get install chromium; .ci/run does it)",
+)
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> BuildOutcome:
+    """A 2-layer Llama with nested hiera, its decoder layers found by hiera: auto."""
+    root = tmp_path_factory.mktemp("html")
+    data: dict[str, Any] = {
+        "name": "html",
+        "model": {"_target_": "hyperexport.zoo.tiny_llama", "num_layers": 2, "seed": 0},
+        "inputs": "auto",
+        "hiera": "auto",
+    }
+    recipe = validate_recipe(data, str(root / "html.yaml"))
+    settings = BuildSettings(str(root / "cache"), root / "out", False, ())
+    outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    assert outcome.exit_code == 0, outcome.result.error
+    return outcome
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_page_is_written_beside_the_report(build: BuildOutcome) -> None:
+    page = (build.out_dir / report_html.REPORT_HTML).read_text()
+    assert (build.out_dir / "report.json").is_file()
+    assert build.report is not None
+    for f in build.report["functions"]:
+        assert f["function"] in page  # in the embedded data and the text tree
+    assert "LlamaDecoderLayer" in page and "why it ran" in page
+    assert "last_hidden_state" in page and "per function" in page
+    assert "hiera: transformers.models.llama.modeling_llama.LlamaDecoderLayer" in page
+
+
+@needs_chromium
+def test_the_browser_renders_the_function_tree(build: BuildOutcome) -> None:
+    url = (build.out_dir / report_html.REPORT_HTML).as_uri()
+    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", url).stdout
+    assert build.report is not None
+    functions = build.report["functions"]
+    # Only the page's script makes these <li> (the static page has a <noscript> text copy).
+    rendered = re.findall(r'<li class="fn" data-function="([^"]+)"', dom)
+    assert sorted(rendered) == sorted(f["function"] for f in functions)
+    assert f'data-rendered="{len(functions)}"' in dom
+
+
+@needs_chromium
+def test_the_screenshot_is_not_blank(build: BuildOutcome, tmp_path: Path) -> None:
+    shot = tmp_path / "report.png"
+    url = (build.out_dir / report_html.REPORT_HTML).as_uri()
+    _chromium("--window-size=1200,1400", f"--screenshot={shot}", url)
+    width, height, pixels = _decode_png(shot.read_bytes())
+    assert (width, height) == (1200, 1400)
+    inked = sum(1 for p in pixels if p[:3] != (255, 255, 255))
+    assert inked > 0.01 * len(pixels)  # text, tables and the picture cover > 1% of the page
+    assert len(set(pixels)) > 20  # anti-aliased text and coloured status words
+
+
+def test_without_graphviz_the_hierarchy_is_text(
+    build: BuildOutcome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert build.report is not None
+    monkeypatch.setattr(report_html.shutil, "which", lambda name: None)
+    assert report_html.hierarchy_svg(build.report) is None
+    page = report_html.render_report_html(build.report, picture=None)
+    assert '<pre id="hierarchy-text">' in page and "Graphviz is not installed" in page
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz (dot) is not installed")
+def test_with_graphviz_the_hierarchy_is_a_picture(build: BuildOutcome) -> None:
+    assert build.report is not None
+    svg = report_html.hierarchy_svg(build.report)
+    assert svg is not None and svg.startswith("<svg")
+    assert svg.count('class="node"') == len(build.report["functions"]) + 1  # + main graph
+
+
+def test_a_failed_build_and_hostile_names_are_escaped() -> None:
+    report = {
+        "recipe": {"name": "bad", "file": "x.yaml"},
+        "status": "failed",
+        "error": "stage 'export' failed: <b>boom</b>",
+        "stages": [{"name": "trace", "status": "failed", "reason": "", "seconds": 0.1}],
+        "functions": [
+            {
+                "function": "f::A",
+                "class": "m.<script>alert(1)</script>",
+                "calls": 1,
+                "module_paths": [],
+                "parent": None,
+            },
+        ],
+        "check": None,
+        "artifacts": {},
+    }
+    page = report_html.render_report_html(report)
+    assert "<b>boom</b>" not in page and "&lt;b&gt;boom&lt;/b&gt;" in page
+    assert "<script>alert(1)</script>" not in page
+    assert "FAILED" in page and "no check ran" in page
+
+
+def _decode_png(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
+    """RGB(A) pixels of an 8-bit, non-interlaced PNG (what Chromium writes)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, b"", b""
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        chunk = data[pos + 8 : pos + 8 + length]
+        header = chunk if kind == b"IHDR" else header
+        idat += chunk if kind == b"IDAT" else b""
+        pos += 12 + length
+    width, height, depth, color = struct.unpack(">IIBB", header[:10])
+    assert depth == 8 and color in (2, 6)
+    channels = 3 if color == 2 else 4
+    raw, stride = zlib.decompress(idat), width * channels
+    rows: list[bytearray] = []
+    previous = bytearray(stride)
+    for y in range(height):
+        kind, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up, corner = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 255
+            elif kind == 2:
+                line[i] = (line[i] + up) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 255
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[i] = (
+                    line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)
+                ) & 255
+        rows.append(line)
+        previous = line
+    pixels = [
+        tuple(row[i : i + channels]) for row in rows[::4] for i in range(0, stride, 4 * channels)
+    ]
+    return width, height, pixels
