@@ -9,6 +9,7 @@ escaped; nothing is fetched from the network.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import logging
@@ -29,6 +30,8 @@ REPORT_HTML = "report.html"
 AUTO_FILE = "auto.json"
 
 _DOT_TIMEOUT = 30.0
+
+_PICTURE_END = "</div><!-- /hierarchy-svg -->"
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -83,11 +86,33 @@ _SCRIPT = """
 
 
 def write_report_html(out_dir: Path, report: Mapping[str, Any]) -> Path:
-    """Write ``out_dir/report.html`` for ``report`` (the content of report.json), atomically."""
+    """Write ``out_dir/report.html`` for ``report`` (the content of report.json), atomically.
+
+    The picture is reused from the previous page when the hierarchy is the same (a no-op
+    rebuild does not run Graphviz again).
+    """
     auto = _read_json(out_dir / AUTO_FILE)
     path = out_dir / REPORT_HTML
-    atomic_write_text(path, render_report_html(report, auto=auto, picture=hierarchy_svg(report)))
+    digest = hashlib.sha256(hierarchy_dot(report).encode("utf-8")).hexdigest()
+    picture = _previous_picture(path, digest)
+    if picture is None:
+        picture = hierarchy_svg(report)
+    page = render_report_html(report, auto=auto, picture=picture, picture_key=digest)
+    atomic_write_text(path, page)
     return path
+
+
+def _previous_picture(path: Path, digest: str) -> str | None:
+    """The SVG of the page at ``path`` if it was drawn from the same DOT (same digest)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    start = text.find(f'<div class="picture" id="hierarchy-svg" data-dot="{digest}">')
+    end = text.find(_PICTURE_END, start)
+    if start < 0 or end < 0:
+        return None
+    return text[text.index(">", start) + 1 : end]
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -225,9 +250,20 @@ def _auto(auto: Mapping[str, Any] | None) -> str:
 
 
 def render_report_html(
-    report: Mapping[str, Any], *, auto: Mapping[str, Any] | None = None, picture: str | None = None
+    report: Mapping[str, Any],
+    *,
+    auto: Mapping[str, Any] | None = None,
+    picture: str | None = None,
+    picture_key: str = "",
 ) -> str:
-    """The page for ``report`` (report.json's content); ``picture`` is an inline SVG, or None."""
+    """The page for ``report`` (report.json's content).
+
+    Args:
+        report: The content of report.json.
+        auto: The content of auto.json, if the recipe used ``auto``.
+        picture: The hierarchy as an inline SVG, or None for the text tree.
+        picture_key: Digest of the DOT the picture was drawn from (to reuse it next time).
+    """
     recipe = report.get("recipe") or {}
     functions = list(report.get("functions") or [])
     tree_text = "\n".join(render_tree(functions)) or "(no functions)"
@@ -235,7 +271,8 @@ def render_report_html(
     model = (report.get("artifacts") or {}).get("model")
     error = report.get("error")
     drawing = (
-        f'<div class="picture" id="hierarchy-svg">{picture}</div>'
+        f'<div class="picture" id="hierarchy-svg" data-dot="{_e(picture_key)}">{picture}'
+        + _PICTURE_END
         if picture
         else f'<pre id="hierarchy-text">{_e(tree_text)}</pre>'
         "<p>(Graphviz is not installed: the hierarchy as text.)</p>"

@@ -170,3 +170,17 @@ def _decode_png(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
         tuple(row[i : i + channels]) for row in rows[::4] for i in range(0, stride, 4 * channels)
     ]
     return width, height, pixels
+
+
+def test_a_rebuild_with_the_same_hierarchy_reuses_the_picture(
+    build: BuildOutcome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert build.report is not None
+    before = (build.out_dir / report_html.REPORT_HTML).read_text()
+    monkeypatch.setattr(report_html, "hierarchy_svg", lambda report: pytest.fail("re-rendered"))
+    report_html.write_report_html(build.out_dir, build.report)
+    assert (build.out_dir / report_html.REPORT_HTML).read_text() == before
+    changed = {**build.report, "functions": build.report["functions"][:1]}
+    monkeypatch.setattr(report_html, "hierarchy_svg", lambda report: "<svg>one</svg>")
+    report_html.write_report_html(build.out_dir, changed)
+    assert "<svg>one</svg>" in (build.out_dir / report_html.REPORT_HTML).read_text()
