@@ -22,8 +22,7 @@ scratch paths in its messages replaced by the published paths.
 
 A no-op rebuild whose artifacts are already published (same digests) does not copy them again:
 only ``report.json``, ``report.html`` and ``summary.txt`` of the current publication are replaced
-(each atomically);
-they describe the same files.
+(each atomically); they describe the same files.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def _consistent(variant: Path) -> dict[str, object]:
     for rel, info in report["files"].items():
         assert sha256_file(directory / rel) == info["digest"], rel
     names = sorted(p.name for p in directory.iterdir())
-    assert names == sorted([*report["files"], "report.json", "summary.txt"])
+    assert names == sorted([*report["files"], "report.json", "report.html", "summary.txt"])
     return report
 
 
