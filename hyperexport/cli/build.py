@@ -98,6 +98,8 @@ def build_from_config(cfg: DictConfig) -> int:
     code, outcome, error = _validate_and_build(cfg, hydra_cfg.runtime.choices.get("recipe"))
     if sweep_dir is not None:
         report = outcome.report if outcome is not None else None
+        if outcome is not None and report is None:  # a dry run: what would run
+            report = {"stages": [s.to_json() for s in outcome.result.stages], "status": "dry run"}
         record = sweep.job_record(num, overrides, code, report, error=error)
         sweep.write_job_record(sweep_dir, record)
     return code

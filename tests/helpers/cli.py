@@ -57,18 +57,27 @@ def write_toy(tmp_path: Path) -> Path:
 
 
 def run(
-    args: list[str], tmp_path: Path, *, probe: bool = False
+    args: list[str], tmp_path: Path, *, probe: bool = False, build: bool = True
 ) -> subprocess.CompletedProcess[str]:
+    """``python -m hyperexport *args`` (with ``probe``: ``main()`` under :data:`PROBE`).
+
+    With ``build``, the cache and outputs go to ``tmp_path`` (``build.*`` overrides appended).
+    """
     # The user's package, then the checkout under test, then an existing PYTHONPATH.
     paths = [str(tmp_path / "user"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("HYPEREXPORT_CACHE_DIR", None)
     cwd = tmp_path / "elsewhere"
     cwd.mkdir(exist_ok=True)
-    build = [f"build.cache_dir={tmp_path / 'cache'}", f"build.outputs_dir={tmp_path / 'outputs'}"]
+    where = [f"build.cache_dir={tmp_path / 'cache'}", f"build.outputs_dir={tmp_path / 'outputs'}"]
     cmd = [sys.executable, "-c", PROBE] if probe else [sys.executable, "-m", "hyperexport"]
     return subprocess.run(
-        [*cmd, *args, *build], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [*cmd, *args, *(where if build else [])],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

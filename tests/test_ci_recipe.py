@@ -1,0 +1,103 @@
+"""The CI recipe (examples/ci/): incremental rebuilds through the CLI, and the workflow's commands.
+
+CI restores a cache and builds every recipe; that is only cheap if a rebuild after an unrelated
+change is all hits, and a changed recipe field reruns only the stages that read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hyperexport.config import RECIPES_DIR
+from tests.helpers.cli import REPO, probe_result, report, run, write_toy
+
+WORKFLOW = REPO / "examples" / "ci" / "github-actions.yml"
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    """The toy model package and its recipe ``toy.yaml`` (outside the repository)."""
+    return write_toy(tmp_path)
+
+
+def statuses(tmp_path: Path) -> dict[str, str]:
+    return {s["name"]: s["status"] for s in report(tmp_path)["stages"]}  # type: ignore[attr-defined]
+
+
+def test_incremental_rebuild(toy: Path, tmp_path: Path) -> None:
+    cold = run([f"recipe_file={toy}"], tmp_path)
+    assert cold.returncode == 0, cold.stderr
+    assert set(statuses(tmp_path).values()) == {"ran"}
+
+    # unrelated files: a script and a README beside the model's package (the package itself is
+    # the model's code), and the mtimes of the sources and of the recipe (content unchanged)
+    package = toy.parent / "hx_toy"
+    (toy.parent / "scripts").mkdir()
+    (toy.parent / "scripts" / "unrelated.py").write_text("VALUE = 1\n")
+    (toy.parent / "README.md").write_text("notes\n")
+    later = (package / "net.py").stat().st_mtime + 60
+    for path in (package / "net.py", package / "__init__.py", toy):
+        os.utime(path, (later, later))
+    touched = run([f"recipe_file={toy}"], tmp_path, probe=True)
+    assert probe_result(touched) == {"code": 0, "heavy": []}, touched.stderr
+    assert statuses(tmp_path) == dict.fromkeys(("trace", "export", "rewrite", "check"), "hit")
+
+    # one field that only the check reads
+    toy.write_text(toy.read_text() + "check: {atol: 1.0e-3}\n")
+    tolerance = run([f"recipe_file={toy}"], tmp_path)
+    assert tolerance.returncode == 0, tolerance.stderr
+    assert statuses(tmp_path) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
+    assert "check.atol 0.0001→0.001" in report(tmp_path)["stages"][3]["reason"]  # type: ignore[index]
+
+    # one field that export reads: trace is reused, everything after it reruns
+    toy.write_text(toy.read_text() + "opset: 17\n")
+    opset = run([f"recipe_file={toy}"], tmp_path)
+    assert opset.returncode == 0, opset.stderr
+    assert statuses(tmp_path) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
+
+
+def _workflow_step(name: str) -> dict[str, Any]:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    (job,) = workflow["jobs"].values()
+    return next(s for s in job["steps"] if s.get("name") == name)
+
+
+def test_workflow_builds_every_recipe(tmp_path: Path) -> None:
+    """The workflow's build command, as a dry run: one job per recipe file, all valid."""
+    command = _workflow_step("Build every recipe")["run"]
+    args = shlex.split(command.replace("${{ github.workspace }}", str(tmp_path)))
+    assert args[:3] == ["python", "-m", "hyperexport"]
+    proc = run([*args[3:], "build.dry_run=true"], tmp_path, probe=True)
+    assert probe_result(proc)["code"] == 0, proc.stderr
+    jobs = json.loads(_printed_sweep_file(proc.stdout).read_text())["jobs"]
+    assert sorted(j["overrides"][0] for j in jobs) == sorted(
+        f"recipe={p.stem}" for p in RECIPES_DIR.glob("*.yaml")
+    )
+    assert all(j["exit_code"] == 0 for j in jobs)
+    assert all(s["status"] == "would_run" for j in jobs for s in j["stages"])
+
+
+def _printed_sweep_file(stdout: str) -> Path:
+    line = next(x for x in stdout.splitlines() if x.startswith("sweep report: "))
+    return Path(line.removeprefix("sweep report: "))
+
+
+def test_workflow_cache_commands_exist(tmp_path: Path) -> None:
+    for name in ("Plan", "Trim the build cache"):
+        args = shlex.split(_workflow_step(name)["run"])
+        assert args[:4] == ["python", "-m", "hyperexport", "cache"]
+    gc = shlex.split(_workflow_step("Trim the build cache")["run"])[3:]
+    proc = run(
+        [*gc, "--dry-run", "--cache-dir", str(tmp_path / "cache")],
+        tmp_path,
+        probe=True,
+        build=False,
+    )
+    assert probe_result(proc)["code"] == 0, proc.stderr
