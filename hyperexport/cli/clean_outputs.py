@@ -1,9 +1,12 @@
 """``cache clean``: remove output folders (``<outputs>/<recipe>/<variant>/``) whose recipe is gone,
 or that the user names. Dry run by default: nothing is deleted without ``--yes``.
 
-A variant's recipe is gone when the recipe file its ``report.json`` names no longer exists and
-``recipes/`` has no recipe of that name either. A folder without a readable ``report.json`` is
-listed as unknown and removed only when named.
+A variant (a link ``<variant>`` or ``<variant>.failed`` into ``.builds/``, or a plain folder of
+older versions) can go when the recipe file its ``report.json`` names no longer exists and
+``recipes/`` has no recipe of that name either, or when its link points at nothing. A folder
+without a readable ``report.json`` is listed as unknown and removed only when named. Removal goes
+through :func:`~hyperexport.runner.publish.remove_publication` (the link first, then what it
+names).
 """
 
 from __future__ import annotations
@@ -56,16 +59,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def variants(root: Path) -> list[Variant]:
-    """Every ``<recipe>/<variant>/`` folder under the outputs ``root`` (dot folders skipped)."""
+    """Every ``<recipe>/<variant>`` under the outputs ``root``: links (dangling ones too) and
+    plain folders; dot names (``.builds``, ``.hydra``, temporary links) are skipped."""
     found = []
-    for recipe_dir in sorted(
-        p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
-    ):
-        for path in sorted(
-            p for p in recipe_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
-        ):
-            found.append(Variant(recipe_dir.name, path.name, path, _recipe_file(path)))
+    for recipe_dir in sorted(_children(root)):
+        if recipe_dir.is_dir() and not recipe_dir.is_symlink():
+            for path in sorted(_children(recipe_dir)):
+                if path.is_dir() or path.is_symlink():
+                    found.append(Variant(recipe_dir.name, path.name, path, _recipe_file(path)))
     return found
+
+
+def _children(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if not p.name.startswith(".")]
 
 
 def _recipe_file(path: Path) -> str | None:
@@ -80,6 +86,8 @@ def _recipe_file(path: Path) -> str | None:
 
 def why_stale(variant: Variant, recipes_dir: Path = RECIPES_DIR) -> str | None:
     """Why ``variant`` can go (its recipe is gone), or None if its recipe exists or is unknown."""
+    if variant.path.is_symlink() and not variant.path.exists():
+        return "its link points at nothing"
     if variant.recipe_file is None:
         return None
     if Path(variant.recipe_file).is_file() or (recipes_dir / f"{variant.recipe}.yaml").is_file():
@@ -138,7 +146,7 @@ def run_clean(args: argparse.Namespace) -> int:
         rows.append([verb, variant.label, human_size(size), reason])
     for line in render_table(["ACTION", "OUTPUT", "SIZE", "WHY"], rows)[1:]:
         print(line)
-    unknown = [v.label for v in found if v.recipe_file is None]
+    unknown = [v.label for v in found if v.recipe_file is None and v.path.exists()]
     if unknown:
         print(f"left {len(unknown)} folders without a readable {REPORT}: {', '.join(unknown)}")
     hint = "" if args.yes or not chosen else " (dry run: add --yes to remove)"

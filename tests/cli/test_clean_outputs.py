@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,20 @@ def test_clean_with_an_unusable_outputs_dir_exits_3(
     code = cache_cli.main(["clean", "--outputs-dir", str(tmp_path / "outputs")])
     assert code == 3
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_clean_removes_a_link_that_points_at_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe_file = tmp_path / "mine.yaml"
+    good = build(tmp_path, "mine", recipe_file)
+    broken = build(tmp_path, "mine", recipe_file, "opset=17")
+    assert broken.is_symlink()  # a published variant is a link into .builds/
+    shutil.rmtree(broken.resolve())  # e.g. deleted by hand
+    code, lines = clean(tmp_path, capsys)
+    assert code == 0
+    assert lines[0].split()[:3] == ["would", "remove", "mine/opset=17"]
+    assert lines[0].endswith("its link points at nothing")
+    code, lines = clean(tmp_path, capsys, "--yes")
+    assert not broken.is_symlink()
+    assert (good / "report.json").is_file()
