@@ -15,8 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-import onnx_ir as ir
-
 from hyperexport.capture.hooks import Capture, capture_model, resolve_hiera
 from hyperexport.capture.root import root_as_function
 from hyperexport.contracts.bundle import ExportBundle
@@ -25,7 +23,7 @@ from hyperexport.contracts.records import CaptureRecord, tree_tensor_keys
 from hyperexport.errors import OptionsError
 from hyperexport.export.fallback import export_units_with_fallback
 from hyperexport.export.units import export_units
-from hyperexport.model_file import save_model
+from hyperexport.model_file import save_model, serialize_inline
 from hyperexport.options import ExportOptions, ExportRequest
 from hyperexport.passes.pipeline import compose_model
 
@@ -248,8 +246,13 @@ def export_hyper_onnx(
     }
     with contextlib.ExitStack() as stack:
         if keep_units is None:
+            # Beside the output, so that its weight file can become the output's data file by
+            # a rename (same filesystem): the weights are written once.
+            near = Path(f).parent if isinstance(f, (str, os.PathLike)) else None
+            if near is not None:
+                near.mkdir(parents=True, exist_ok=True)
             bundle_dir = Path(
-                stack.enter_context(tempfile.TemporaryDirectory(prefix="hyperexport-"))
+                stack.enter_context(tempfile.TemporaryDirectory(prefix=".hyperexport-", dir=near))
             )
         else:
             bundle_dir = keep_units
@@ -264,13 +267,15 @@ def export_hyper_onnx(
             **names,
         )
         onnx_model, manifest = compose_model(bundle_dir, options=options, record=capture.record)
-    if isinstance(f, (str, os.PathLike)):
-        save_model(
-            onnx_model,
-            Path(f),
-            external_data=external_data,
-            threshold=options.external_data_threshold,
-        )
-    else:
-        f.write(ir.serde.serialize_model(onnx_model).SerializeToString())
+        # Inside the bundle's lifetime: the model's weights are references into its data file.
+        if isinstance(f, (str, os.PathLike)):
+            save_model(
+                onnx_model,
+                Path(f),
+                external_data=external_data,
+                threshold=options.external_data_threshold,
+                consume_bundle=keep_units is None,
+            )
+        else:
+            f.write(serialize_inline(onnx_model))
     return manifest

@@ -61,6 +61,13 @@ class CheckError(HyperExportError):
     """The exported model is structurally wrong or numerically diverges from torch."""
 
 
+class ResourceError(HyperExportError):
+    """The export would exceed a hard limit (memory, the 2 GiB protobuf limit).
+
+    Raised before the work starts; the message names the estimate and the option that lowers it.
+    """
+
+
 class RecipeError(HyperExportError):
     """A recipe is invalid. Names the recipe file and the field."""
 

@@ -1,66 +1,268 @@
-"""Write the final ONNX model (and its external data) atomically. No torch here."""
+"""Write the final model (and its external data) atomically; its tensors once. No torch here.
+
+The composed model's weights are references into the export's ``units/weights.data`` (see
+``weights.py``), in initializers and, per instance, in the ``Constant`` nodes of function bodies.
+Saving with external data therefore does not rewrite the weights: the data file is a clone of
+that file (a reflink where the filesystem has them, else one sequential copy in the kernel),
+every reference keeps its offset, and only tensors that passes made in memory (folded
+constants) at or above the threshold are appended. No weight passes through this process's
+memory, and the protobuf holds only references, so no size limit applies.
+
+Without external data every tensor is read into the protobuf, which cannot exceed 2 GiB: such a
+model is refused before anything is written.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
+import numpy as np
 import onnx_ir as ir
 
+from hyperexport.errors import ResourceError
+from hyperexport.runner.files import clone_or_copy
 
-def save_model(model: ir.Model, path: Path, *, external_data: bool, threshold: int = 1024) -> None:
-    """Write ``model`` to ``path`` atomically.
+log = logging.getLogger(__name__)
 
-    With ``external_data``, every tensor of at least ``threshold`` bytes goes to
-    ``<name>.data`` beside the model: initializers, and also the Constant tensors inside
-    functions (per-instance weights). The data file is moved into place first and the model
-    last, so a reader never sees a model without its data. Nothing depends on the working
-    directory, and an earlier export's files at ``path`` are replaced.
+#: The protobuf limit of a model without external data, with room for the graph itself.
+PROTOBUF_LIMIT = 2**31 - (64 << 20)
+
+
+@dataclass
+class _Slot:
+    """A place in the model that holds a tensor: an initializer or a tensor attribute."""
+
+    tensor: ir.TensorProtocol
+    put: Callable[[ir.TensorProtocol], None]
+
+
+def _graphs(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
+    yield model.graph
+    yield from model.functions.values()
+
+
+def tensor_slots(model: ir.Model) -> list[_Slot]:
+    """Every tensor of the model: initializers of every graph, and every tensor attribute
+    (``Constant`` values) of every node in the graph, its subgraphs and its functions."""
+    slots: list[_Slot] = []
+
+    def initializer(value: ir.Value) -> Callable[[ir.TensorProtocol], None]:
+        def put(tensor: ir.TensorProtocol) -> None:
+            value.const_value = tensor
+
+        return put
+
+    def attribute(node: ir.Node, name: str) -> Callable[[ir.TensorProtocol], None]:
+        def put(tensor: ir.TensorProtocol) -> None:
+            node.attributes[name] = ir.AttrTensor(name, tensor)
+
+        return put
+
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                slots.append(_Slot(value.const_value, initializer(value)))
+    for owner in _graphs(model):
+        for node in ir.traversal.RecursiveGraphIterator(owner):
+            for name, attr in node.attributes.items():
+                if attr.type == ir.AttributeType.TENSOR and attr.value is not None:
+                    slots.append(_Slot(attr.as_tensor(), attribute(node, name)))
+    return slots
+
+
+def _external_path(tensor: ir.TensorProtocol) -> str | None:
+    if isinstance(tensor, ir.ExternalTensor):
+        return os.path.realpath(tensor.path)
+    return None
+
+
+def _base_file(slots: list[_Slot]) -> str | None:
+    """The external data file that holds the most referenced bytes (the one to clone)."""
+    sizes: dict[str, int] = {}
+    for slot in slots:
+        source = _external_path(slot.tensor)
+        if source is not None:
+            sizes[source] = sizes.get(source, 0) + slot.tensor.nbytes
+    return max(sizes, key=lambda k: sizes[k]) if sizes else None
+
+
+def _swapped(
+    slots: list[_Slot], tensors: list[ir.TensorProtocol], write: Callable[[], None]
+) -> None:
+    """Put ``tensors`` into the slots, call ``write``, and put the originals back."""
+    try:
+        for slot, tensor in zip(slots, tensors, strict=True):
+            slot.put(tensor)
+        write()
+    finally:
+        for slot in slots:
+            slot.put(slot.tensor)
+
+
+def _write_proto(model: ir.Model, path: Path) -> None:
+    path.write_bytes(ir.to_proto(model).SerializeToString())
+
+
+def save_external(model: ir.Model, path: Path, threshold: int, *, consume: bool = False) -> None:
+    """Write ``model`` to ``path`` with its tensors in ``<name>.data`` beside it (atomically).
+
+    Tensors already in an external data file keep their bytes: the largest such file is cloned
+    as the new data file (with ``consume``, moved: for a caller whose bundle is temporary and on
+    the same filesystem, so the weights are written once in all). Tensors in memory of at least
+    ``threshold`` bytes are appended; smaller ones stay in the protobuf. The data file is moved
+    into place first and the model last, so a reader never sees a model without its data.
+    ``model`` is left unchanged (after ``consume`` its references point at the moved file).
     """
-    import onnx
-    from onnx.external_data_helper import set_external_data, write_external_data_tensors
-
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    proto = ir.serde.serialize_model(model)
+    data_name = f"{path.name}.data"
+    slots = tensor_slots(model)
+    base = _base_file(slots)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        staged = Path(tmp) / path.name
-        data = Path(tmp) / f"{path.name}.data"
-        if external_data:
-            moved = 0
-            for tensor in _all_tensors(proto):
-                if tensor.HasField("raw_data") and len(tensor.raw_data) >= threshold:
-                    set_external_data(tensor, data.name)
-                    moved += 1
-            if moved:
-                write_external_data_tensors(proto, tmp)
-        onnx.save_model(proto, staged)
-        if data.exists():
-            os.replace(data, path.parent / data.name)
+        staged, staged_data = Path(tmp) / path.name, Path(tmp) / data_name
+        how = _take(Path(base), staged_data, consume) if base is not None else "new"
+        appended: dict[int, tuple[int, int]] = {}
+        replacements: list[ir.TensorProtocol] = []
+        with open(staged_data, "ab") as data:
+            for slot in slots:
+                tensor = slot.tensor
+                source = _external_path(tensor)
+                if source is not None and source == base:
+                    offset, length = tensor.offset, tensor.length  # type: ignore[attr-defined]
+                elif tensor.nbytes >= threshold:
+                    if id(tensor) not in appended:
+                        appended[id(tensor)] = _append(data, tensor)
+                    offset, length = appended[id(tensor)]
+                else:
+                    replacements.append(_inline(tensor) if source is not None else tensor)
+                    continue
+                replacements.append(
+                    ir.ExternalTensor(
+                        data_name,
+                        offset,
+                        length,
+                        tensor.dtype,
+                        shape=ir.Shape(tensor.shape.numpy()),
+                        name=tensor.name or "",
+                        base_dir=os.fspath(path.parent),
+                    )
+                )
+        _swapped(slots, replacements, lambda: _write_proto(model, staged))
+        if staged_data.stat().st_size:  # no tensor at or over the threshold: no data file
+            os.replace(staged_data, path.parent / data_name)
+        os.replace(staged, path)
+    log.info(
+        "saved %s with external data %s (the export's weight file: %s; %d tensors appended)",
+        path.name,
+        data_name,
+        how,
+        len(appended),
+    )
+
+
+def _take(base: Path, staged: Path, consume: bool) -> str:
+    """Make ``staged`` hold ``base``'s bytes: moved when ``consume`` allows, else cloned."""
+    if consume:
+        try:
+            os.replace(base, staged)
+            return "moved"
+        except OSError as e:  # another filesystem: clone instead
+            log.debug("cannot move %s (%s); cloning", base, e)
+    return clone_or_copy(base, staged)
+
+
+def _append(out: BinaryIO, tensor: ir.TensorProtocol) -> tuple[int, int]:
+    """Append one tensor's bytes (64-byte aligned); return its offset and length."""
+    offset = out.tell()
+    pad = -offset % 64
+    if pad:
+        out.write(b"\0" * pad)
+        offset += pad
+    raw = tensor.tobytes()
+    out.write(raw)
+    return offset, len(raw)
+
+
+def _inline(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+    """An external tensor read into memory (small ones only, or a model without external data)."""
+    array = tensor.numpy()
+    return ir.Tensor(np.array(array), dtype=tensor.dtype, name=tensor.name)
+
+
+def save_inline(model: ir.Model, path: Path) -> None:
+    """Write ``model`` to ``path`` as one protobuf, every tensor inside it (atomically).
+
+    Raises:
+        ResourceError: The tensors exceed the 2 GiB protobuf limit (before anything is
+            written); names ``external_data``, the option that lifts it.
+    """
+    data = serialize_inline(model)
+    with tempfile.TemporaryDirectory(dir=Path(path).parent, prefix=f".{Path(path).name}.") as tmp:
+        staged = Path(tmp) / Path(path).name
+        staged.write_bytes(data)
         os.replace(staged, path)
 
 
-def _all_tensors(proto: Any) -> Iterator[Any]:
-    """Every TensorProto of a model: initializers and tensor attributes, in graphs and functions."""
+def serialize_inline(model: ir.Model) -> bytes:
+    """``model`` as one protobuf with every tensor inside it (external ones read in).
 
-    def of_nodes(nodes: Any) -> Iterator[Any]:
-        for node in nodes:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
-                yield from attr.tensors
-                if attr.HasField("g"):
-                    yield from of_graph(attr.g)
-                for graph in attr.graphs:
-                    yield from of_graph(graph)
+    Raises:
+        ResourceError: The tensors exceed the 2 GiB protobuf limit.
+    """
+    slots = tensor_slots(model)
+    total = sum(slot.tensor.nbytes for slot in {id(s.tensor): s for s in slots}.values())
+    check_inline_size(total)
+    replacements = [_inline(s.tensor) if _external_path(s.tensor) else s.tensor for s in slots]
+    result: list[bytes] = []
+    _swapped(slots, replacements, lambda: result.append(ir.to_proto(model).SerializeToString()))
+    return result[0]
 
-    def of_graph(graph: Any) -> Iterator[Any]:
-        yield from graph.initializer
-        yield from of_nodes(graph.node)
 
-    yield from of_graph(proto.graph)
-    for function in proto.functions:
-        yield from of_nodes(function.node)
+def check_inline_size(weight_bytes: int) -> None:
+    """Refuse a model without external data whose tensors exceed the protobuf limit.
+
+    Raises:
+        ResourceError: Names the size and ``external_data``.
+    """
+    if weight_bytes > PROTOBUF_LIMIT:
+        raise ResourceError(
+            f"the model's tensors take {weight_bytes / 2**30:.2f} GiB, over the 2 GiB limit of a "
+            "single ONNX protobuf; set external_data=True (recipe: external_data: true) to store "
+            "them in <model>.onnx.data"
+        )
+
+
+def save_model(
+    model: ir.Model,
+    path: Path,
+    *,
+    external_data: bool,
+    threshold: int = 1024,
+    consume_bundle: bool = False,
+) -> None:
+    """Write ``model`` to ``path`` atomically.
+
+    With ``external_data``, every tensor of at least ``threshold`` bytes lives in
+    ``<name>.data`` beside the model: initializers, and also the Constant tensors inside
+    functions (per-instance weights). Weights the export already wrote (``units/weights.data``)
+    are not rewritten: that file is cloned (reflink, else a kernel copy) and the references keep
+    their offsets. The data file is moved into place first and the model last, so a reader never
+    sees a model without its data. ``consume_bundle`` moves that file instead (the bundle is
+    temporary and is discarded after the save). Nothing depends on the working directory, and
+    an earlier export's files at ``path`` are replaced.
+
+    Raises:
+        ResourceError: Without ``external_data``, the tensors exceed the 2 GiB protobuf limit
+            (checked before anything is written).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if external_data:
+        save_external(model, path, threshold, consume=consume_bundle)
+    else:
+        save_inline(model, path)

@@ -212,3 +212,97 @@ def describe(model: torch.nn.Module) -> dict[str, Any]:
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+#: Real decoder shapes (random weights): ``name -> (family, config kwargs)``.
+DECODER_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen2_0_5b": (
+        "qwen2",
+        dict(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+        ),
+    ),
+    "llama3_2_1b": (
+        "llama",
+        dict(
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        ),
+    ),
+    "llama2_7b": (
+        "llama",
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+        ),
+    ),
+}
+
+
+def sized_decoder(
+    shape: str,
+    dtype: str = "float32",
+    num_layers: int | None = None,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+) -> torch.nn.Module:
+    """A decoder stack (``LlamaModel`` / ``Qwen2Model``) of a real model's shape, random weights.
+
+    The model is built on the meta device and each parameter is then materialised directly in
+    ``dtype`` and filled from one seeded generator (normal(0, 0.02); norm scales 1, biases 0), so a
+    7B-shaped bf16 model never passes through a float32 copy (which alone would need ~27 GB).
+
+    Args:
+        shape: A key of :data:`DECODER_SHAPES` (``qwen2_0_5b``, ``llama3_2_1b``, ``llama2_7b``).
+        dtype: ``float32``, ``float16`` or ``bfloat16``.
+        num_layers: Fewer layers than the real model (tests); default: the real depth.
+        seed: Seed of the weights.
+        attn_implementation: transformers' attention implementation.
+    """
+    import transformers
+
+    family, sizes = DECODER_SHAPES[shape]
+    kwargs = dict(sizes)
+    if num_layers is not None:
+        kwargs["num_hidden_layers"] = num_layers
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaModel),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2Model),
+    }[family]
+    config = config_cls(  # type: ignore[operator]
+        **kwargs,
+        max_position_embeddings=4096,
+        use_cache=False,
+        attn_implementation=attn_implementation,
+    )
+    torch_dtype = getattr(torch, dtype)
+    with torch.device("meta"):
+        model = model_cls(config).to(torch_dtype)  # type: ignore[operator]
+    model.to_empty(device="cpu")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+    # Non-persistent buffers (rotary frequencies) are computed at construction: make them again
+    # on the CPU, in float32 as transformers keeps them.
+    model.rotary_emb = type(model.rotary_emb)(config=config)
+    log.info("built %s-shaped %s decoder (%s)", shape, family, dtype)
+    return model.eval()

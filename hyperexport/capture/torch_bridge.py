@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from packaging.version import Version
@@ -132,3 +133,35 @@ def dynamo_export_caches() -> Iterator[None]:
     finally:
         _registration.ONNXRegistry.from_torchlib = original  # type: ignore[method-assign]
         exported_program._collect_all_valid_cia_ops = collect  # type: ignore[attr-defined]
+
+
+#: Weights at least this large are kept out of the TorchScript exporter's shape inference.
+_SHAPE_INFERENCE_VALUE_LIMIT = 1 << 20
+
+
+@contextlib.contextmanager
+def weights_out_of_shape_inference() -> Iterator[None]:
+    """Keep large weights' values out of the TorchScript exporter's ONNX shape inference.
+
+    ``_jit_pass_onnx_graph_shape_type_inference`` copies every parameter value it is given
+    into the protobuf of each node that reads it (the embedding table into its Gather node),
+    twice per export: a transient copy of the largest weights. Shape inference needs values
+    only for shape-like constants, never for weights (their shapes and types are on the graph),
+    so tensors of at least 1 MiB are left out of the dict it sees. Restored on exit.
+    """
+    original = torch._C._jit_pass_onnx_graph_shape_type_inference
+
+    def infer(graph: Any, params_dict: dict[str, Any], opset: int) -> None:
+        small = {
+            k: v
+            for k, v in params_dict.items()
+            if not isinstance(v, torch.Tensor)
+            or v.numel() * v.element_size() < _SHAPE_INFERENCE_VALUE_LIMIT
+        }
+        original(graph, small, opset)
+
+    torch._C._jit_pass_onnx_graph_shape_type_inference = infer  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch._C._jit_pass_onnx_graph_shape_type_inference = original

@@ -218,15 +218,15 @@ def export_dynamo(
     dynamic_axes: Mapping[str, Mapping[int, str]] | None,
     specs: Sequence[PlaceholderSpec],
     translations: Mapping[Any, Any] | None = None,
-) -> bytes:
-    """``torch.export`` then ``torch.onnx.export(..., dynamo=True)`` of one unit into bytes.
+) -> ir.Model:
+    """``torch.export`` then ``torch.onnx.export(..., dynamo=True)`` of one unit.
 
     The program is captured first (non-strict), so that every placeholder op it calls is
     defined by the time its translation table is built. torch's optimizer is off: it would fold
     and rename initializers, and our own pass pipeline optimizes the composed model.
 
-    The result is self-contained (no external data); its graph inputs and outputs are named
-    ``input_names``/``output_names`` and its initializers by state-dict name (``inner.<...>``).
+    Its graph inputs and outputs are named ``input_names``/``output_names`` and its initializers
+    by state-dict name (``inner.<...>``); initializers are references to the module's tensors.
     """
     started = time.perf_counter()
     input_axes = {k: v for k, v in (dynamic_axes or {}).items() if k in input_names}
@@ -235,9 +235,8 @@ def export_dynamo(
     name_graph_values(model.graph, input_names, output_names)
     name_dynamic_dims(model.graph, input_names, input_axes)
     _name_initializers(model.graph, module)
-    data = ir.to_proto(model).SerializeToString()
     log.debug("dynamo export: %d placeholders, %.2fs", len(specs), time.perf_counter() - started)
-    return data
+    return model
 
 
 def placeholder_translation_table(program: torch.export.ExportedProgram) -> dict[Any, Any]:

@@ -111,8 +111,11 @@ def export_batch(
     model: torch.nn.Module,
     opset: int,
     translations: Mapping[Any, Any] | None = None,
-) -> dict[str, bytes]:
-    """Export every unit of ``jobs`` in one trace; return each unit's model as bytes.
+) -> dict[str, ir.Model]:
+    """Export every unit of ``jobs`` in one trace; return each unit's model.
+
+    The models' weight initializers are references to the live model's tensors
+    (``ir.TorchTensor``), not copies.
 
     Every module that ``router`` stands in for is patched for the duration, and restored.
 
@@ -188,8 +191,10 @@ def _batch_axes(jobs: Sequence[UnitJob]) -> tuple[list[str], dict[str, dict[int,
 
 def split_units(
     model: ir.Model, jobs: Sequence[UnitJob], batch: torch.nn.Module
-) -> dict[str, bytes]:
-    """Cut the batch model into one self-contained model per unit (serialized).
+) -> dict[str, ir.Model]:
+    """Cut the batch model into one self-contained model per unit.
+
+    Initializers keep their tensors (references to the torch storage): nothing is copied.
 
     Raises:
         RuntimeError: The batch graph does not have the jobs' inputs and outputs, or a unit's
@@ -204,7 +209,7 @@ def split_units(
             f"expected {n_in} and {n_out}"
         )
     tensors = _batch_tensors(batch)
-    result: dict[str, bytes] = {}
+    result: dict[str, ir.Model] = {}
     start_in = start_out = 0
     for job in jobs:
         inputs = list(graph.inputs[start_in : start_in + len(job.inputs)])
@@ -216,7 +221,7 @@ def split_units(
         except ValueError as e:
             raise RuntimeError(f"unit {job.name} is not separable from the batch: {e}") from e
         unit = _unit_model(model, unit_graph, job, tensors)
-        result[job.name] = ir.to_proto(unit).SerializeToString()
+        result[job.name] = unit
     return result
 
 
@@ -310,9 +315,9 @@ def _export_one_by_one(
     router: PlaceholderRouter,
     opset: int,
     translations: Mapping[Any, Any] | None,
-) -> dict[str, bytes]:
+) -> dict[str, ir.Model]:
     """Export each unit alone (the slow path, after the batch failed): errors name the unit."""
-    result: dict[str, bytes] = {}
+    result: dict[str, ir.Model] = {}
     with router.patched(modules):
         for job in jobs:
             try:

@@ -8,11 +8,18 @@ import io
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import onnx
+import onnx_ir as ir
 import torch
 
-from hyperexport.capture.torch_bridge import quiet_torchscript_exporter, set_symbolic_output_type
+from hyperexport.capture.torch_bridge import (
+    quiet_torchscript_exporter,
+    set_symbolic_output_type,
+    weights_out_of_shape_inference,
+)
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.export.placeholders import Dim
+from hyperexport.export.weights import attach_torch_weights
 from hyperexport.options import CustomOpSymbolic
 
 
@@ -86,10 +93,16 @@ def export_torchscript(
     output_names: list[str],
     weights_as_inputs: bool,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None,
-) -> bytes:
-    """``torch.onnx.export(..., dynamo=False)`` of one unit into bytes."""
+) -> ir.Model:
+    """``torch.onnx.export(..., dynamo=False)`` of one unit, into onnx_ir.
+
+    With ``weights_as_inputs`` the weights are exported as graph inputs *without their data*
+    (``export_params=False``): the exporter never copies them into a protobuf. They are given
+    back as references to the module's own tensors (``ir.TorchTensor`` initializers), which
+    the unit export writes once to its external data file (``weights.py``).
+    """
     buffer = io.BytesIO()
-    with quiet_torchscript_exporter(), torch.no_grad():
+    with quiet_torchscript_exporter(), weights_out_of_shape_inference(), torch.no_grad():
         torch.onnx.export(
             module,
             inputs,
@@ -104,6 +117,16 @@ def export_torchscript(
             # initialised norm scales would then be read from one initializer).
             do_constant_folding=not weights_as_inputs,
             keep_initializers_as_inputs=weights_as_inputs,
+            export_params=not weights_as_inputs,
             dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None,
         )
-    return buffer.getvalue()
+    model = ir.serde.deserialize_model(onnx.load_from_string(buffer.getvalue()))
+    if weights_as_inputs:
+        tensors = dict(
+            [
+                *module.named_parameters(remove_duplicate=False),
+                *module.named_buffers(remove_duplicate=False),
+            ]
+        )
+        attach_torch_weights(model.graph, tensors)
+    return model

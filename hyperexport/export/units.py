@@ -15,10 +15,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import onnx_ir as ir
 import torch
 
 from hyperexport import progress
-from hyperexport.atomic import atomic_write_text
+from hyperexport.atomic import atomic_write_bytes, atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
 from hyperexport.capture.model_patches import export_context
@@ -35,6 +36,7 @@ from hyperexport.export.placeholders import (
     symbolic_output_dims,
 )
 from hyperexport.export.unit_identity import plan_units
+from hyperexport.export.weights import WEIGHTS_FILE, WeightFile
 from hyperexport.options import ExportOptions
 
 log = logging.getLogger(__name__)
@@ -139,16 +141,19 @@ def export_units(
             _unit_job(model, modules, capture, unit.name, call, specs, options, names, dynamo)
         )
         entries.append(entry)
-    if dynamo:
-        # One torch.export and one torch.onnx.export for all units (see dynamo_batch.py).
-        exported = _export_dynamo(model, modules, capture, jobs, opset, options)
-    else:
-        exported = {
-            job.name: _export_torchscript(model, modules, capture, job, opset, options)
-            for job in progress.track(jobs, "exporting units", unit="units")
-        }
-    for name, data in exported.items():
-        (units_dir / f"{name}.onnx").write_bytes(data)
+    # Weights go to one external data file, each written once straight from the live model;
+    # the unit files hold only references to it (weights.py).
+    with WeightFile(units_dir / WEIGHTS_FILE) as data_file:
+        if dynamo:
+            # One torch.export and one torch.onnx.export for all units (see dynamo_batch.py).
+            exported = _export_dynamo(model, modules, capture, jobs, opset, options)
+            for name, unit_model in exported.items():
+                _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
+            del exported
+        else:
+            for job in progress.track(jobs, "exporting units", unit="units"):
+                unit_model = _export_torchscript(model, modules, capture, job, opset, options)
+                _write_unit(unit_model, units_dir / f"{job.name}.onnx", data_file)
     log.info(
         "exported %d units for %d hiera calls (dynamo=%s) in %.2fs",
         len(entries),
@@ -167,6 +172,12 @@ def export_units(
     atomic_write_text(out_dir / CAPTURE_RECORD, record.dumps())
     atomic_write_text(out_dir / BUNDLE_JSON, bundle.dumps())
     return bundle
+
+
+def _write_unit(unit_model: ir.Model, path: Path, weights: WeightFile) -> None:
+    """Write one unit: its large tensors to the shared weight file, its graph to ``path``."""
+    weights.externalize(unit_model.graph)
+    atomic_write_bytes(path, ir.to_proto(unit_model).SerializeToString())
 
 
 def _root_output_names(outputs: Tree) -> tuple[str, ...]:
@@ -225,7 +236,7 @@ def _export_dynamo(
     jobs: list[UnitJob],
     opset: int,
     options: ExportOptions,
-) -> dict[str, bytes]:
+) -> dict[str, ir.Model]:
     """Every unit in one batched dynamo export."""
     from hyperexport.export.dynamo import apply_placeholder
     from hyperexport.export.dynamo_batch import export_batch
@@ -249,7 +260,7 @@ def _export_torchscript(
     job: UnitJob,
     opset: int,
     options: ExportOptions,
-) -> bytes:
+) -> ir.Model:
     """One unit through ``torch.onnx.export(dynamo=False)``."""
     from hyperexport.export.torchscript import (
         apply_placeholder,

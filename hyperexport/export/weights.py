@@ -1,0 +1,170 @@
+"""Unit weights as external data: every distinct weight written once, in one file, in one pass.
+
+The unit export never puts weight bytes into a protobuf. The TorchScript path exports with
+``export_params=False`` (weights are graph inputs without data) and the dynamo path's
+initializers are references to the torch storage (``TorchTensor``); :class:`WeightFile` then
+writes each distinct tensor once, straight from the live model's memory, to ``units/weights.data``
+and points the unit's initializers at it (``ir.ExternalTensor``). Units therefore stay small
+(no 2 GiB protobuf limit), and a weight shared by several units (a layer's weights are inputs of
+the root's placeholder and initializers of the layer's body) is written once.
+
+Offsets are aligned so that ONNX Runtime can map large tensors from the file in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from onnx_ir.tensor_adapters import TorchTensor
+
+log = logging.getLogger(__name__)
+
+#: The external data file of a bundle's units, beside them in ``units/``.
+WEIGHTS_FILE = "weights.data"
+
+#: Tensors smaller than this stay inside the unit's protobuf (shape constants, scalars).
+INLINE_LIMIT = 1024
+
+#: Offset alignment of large tensors: 64 KiB, the mapping granularity ONNX Runtime needs to map
+#: a tensor in place rather than copy it (Windows' allocation granularity; a page on Linux).
+ALIGNMENT = 65536
+#: Tensors up to this size are aligned to 64 bytes only (no page-size padding for small ones).
+_ALIGN_ABOVE = 1 << 20
+
+_TensorKey = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype]
+
+
+def _buffer(array: np.ndarray) -> memoryview:
+    return memoryview(array)  # type: ignore[arg-type]
+
+
+def _key(tensor: torch.Tensor) -> _TensorKey:
+    """Identity of a tensor's bytes: the same storage, offset, shape, strides and dtype."""
+    return (
+        tensor.untyped_storage().data_ptr(),
+        int(tensor.storage_offset()),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+
+
+def _bytes_view(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes as a zero-copy view (a copy only if it is not contiguous)."""
+    flat = tensor.detach().reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    return _buffer(flat.view(torch.uint8).numpy())
+
+
+class WeightFile:
+    """Appends tensors to one external-data file and hands out references to them.
+
+    Use as a context manager; the file is flushed and closed on exit.
+
+    Args:
+        path: The data file (created, or truncated).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._file: BinaryIO | None = None
+        self._written: dict[_TensorKey, tuple[int, int]] = {}
+        self._offset = 0
+        self.tensors_written = 0
+
+    def __enter__(self) -> WeightFile:
+        self._file = open(self.path, "wb")  # closed in __exit__
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        log.debug(
+            "wrote %d weight tensors, %d bytes, to %s",
+            self.tensors_written,
+            self._offset,
+            self.path.name,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes written so far (with alignment padding)."""
+        return self._offset
+
+    def _append(self, data: memoryview) -> tuple[int, int]:
+        assert self._file is not None, "WeightFile used outside its context"
+        align = ALIGNMENT if data.nbytes > _ALIGN_ABOVE else 64
+        pad = -self._offset % align
+        if pad:
+            self._file.write(b"\0" * pad)
+        offset = self._offset + pad
+        self._file.write(data)
+        self._offset = offset + data.nbytes
+        self.tensors_written += 1
+        return offset, data.nbytes
+
+    def reference(self, tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
+        """A reference into the file holding ``tensor``'s bytes, written now unless already.
+
+        Tensors below :data:`INLINE_LIMIT` bytes are returned as they are. A tensor backed by
+        torch storage is written from that storage without a copy, and once per storage view.
+        """
+        if tensor.nbytes < INLINE_LIMIT:
+            return tensor
+        # Any tensor over torch storage: onnx_ir's TorchTensor, or torch.onnx's own subclass.
+        raw = getattr(tensor, "raw", None)
+        if isinstance(raw, torch.Tensor):
+            key = _key(raw)
+            where = self._written.get(key)
+            if where is None:
+                where = self._written[key] = self._append(_bytes_view(raw))
+        else:
+            where = self._append(memoryview(tensor.tobytes()))
+        offset, length = where
+        return ir.ExternalTensor(
+            self.path.name,
+            offset,
+            length,
+            tensor.dtype,
+            shape=ir.Shape(tensor.shape.numpy()),
+            name=name,
+            base_dir=os.fspath(self.path.parent),
+        )
+
+    def externalize(self, graph: ir.Graph) -> None:
+        """Point every large initializer of ``graph`` at its bytes in this file."""
+        for name, value in graph.initializers.items():
+            if value.const_value is not None:
+                value.const_value = self.reference(value.const_value, name)
+
+
+def attach_torch_weights(graph: ir.Graph, tensors: dict[str, torch.Tensor]) -> int:
+    """Give graph inputs named like a weight that weight as their initializer (a reference).
+
+    The TorchScript path exports with ``export_params=False``: weights are graph inputs named by
+    their state-dict name, without data. Returns how many were attached.
+    """
+    attached = 0
+    for value in graph.inputs:
+        name = value.name or ""
+        tensor = tensors.get(name)
+        if tensor is None or name in graph.initializers:
+            continue
+        value.const_value = TorchTensor(tensor.detach(), name=name)
+        graph.register_initializer(value)
+        attached += 1
+    return attached
