@@ -18,8 +18,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from hyperexport import ExportOptions, export_hyper_onnx, zoo
-from hyperexport import model_file
+from hyperexport import ExportOptions, export_hyper_onnx, model_file, zoo
 from hyperexport.api import capture_model, compose_model, export_units, save_model
 from hyperexport.errors import ResourceError
 from hyperexport.export.weights import INLINE_LIMIT, WEIGHTS_FILE
