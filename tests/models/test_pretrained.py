@@ -140,3 +140,51 @@ def test_cli_exits_2_with_one_line_naming_the_field(llama_checkpoint: Path, tmp_
         "field 'hiera'" in line and "no repeated blocks" in line
         for line in result.stderr.splitlines()
     ), result.stderr[-2000:]
+
+
+def test_replacing_the_weights_reruns_the_stages_that_read_them(
+    llama_checkpoint: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from hyperexport.zoo import tiny_llama
+
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(llama_checkpoint, checkpoint)
+    data = _recipe(checkpoint, auto_class="AutoModelForCausalLM")
+    recipe = validate_recipe(data, str(tmp_path / "ckpt.yaml"))
+    settings = BuildSettings(str(tmp_path / "cache"), tmp_path / "out", False, ())
+
+    def build() -> dict[str, Any]:
+        outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+        assert outcome.exit_code == 0, outcome.result.error
+        assert outcome.report is not None
+        return {s["name"]: s for s in outcome.report["stages"]}
+
+    build()
+    assert {s["status"] for s in build().values()} == {"hit"}
+    tiny_llama(num_layers=2, causal_lm=True, seed=4).save_pretrained(checkpoint)  # new weights
+    stages = build()
+    assert stages["trace"]["status"] == "ran" and "model.path" in stages["trace"]["reason"]
+    assert stages["export"]["status"] == "ran"
+
+
+def test_a_hub_id_is_loaded_at_the_pinned_revision(
+    llama_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No network here: the auto class's loader is replaced by one that records its arguments
+    and loads the local checkpoint instead."""
+    import transformers
+
+    seen: dict[str, Any] = {}
+    real = transformers.AutoModel.from_pretrained
+
+    def record(name: str, **kwargs: Any) -> Any:
+        seen.update(kwargs, name=name)
+        return real(str(llama_checkpoint), local_files_only=True)
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", record)
+    model = pretrained("someorg/tiny-llama", revision="0123abc")
+    assert seen["name"] == "someorg/tiny-llama" and seen["revision"] == "0123abc"
+    assert seen["trust_remote_code"] is False and "local_files_only" not in seen
+    assert not model.training
