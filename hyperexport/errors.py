@@ -98,3 +98,22 @@ class OptionsError(HyperExportError, ValueError):
         self.field = field
         self.reason = reason
         super().__init__(f"option {field!r}: {reason}")
+
+
+class CorruptRecordError(HyperExportError, ValueError):
+    """Data read back from disk (a cached record, a published file) cannot be used as it is.
+
+    It is malformed, or names a type this process has not registered. Data never decides what
+    code runs, so the build treats the cache entry that holds it as corrupt: a WARNING, the
+    entry discarded, and the stage that made it rebuilt.
+    """
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{what}: {reason}")
+
+
+class CacheUnavailableError(HyperExportError):
+    """The cache cannot serve this build: not a directory, not writable when a stage must run,
+    or its remote unreachable. The message names the directory (or URL); exit code 3."""

@@ -185,6 +185,22 @@ def _hooks(model: torch.nn.Module, hiera: tuple[type, ...], rec: _Recorder) -> I
             handle.remove()
 
 
+def _import_hiera_class(name: str) -> Any:
+    """Import ``package.module.Class`` (the caller's code, never data read back from disk)."""
+    module, _, qual = name.rpartition(".")
+    while module:
+        try:
+            obj: Any = importlib.import_module(module)
+        except ImportError:
+            module, _, head = module.rpartition(".")
+            qual = f"{head}.{qual}"
+            continue
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(name)
+
+
 def resolve_hiera(hiera: Sequence[type | str]) -> tuple[type, ...]:
     """Turn class objects or import paths into module classes, with clear errors."""
     classes = []
@@ -192,7 +208,7 @@ def resolve_hiera(hiera: Sequence[type | str]) -> tuple[type, ...]:
         cls: Any = item
         if isinstance(item, str):
             try:
-                cls = tree._import_class(item)
+                cls = _import_hiera_class(item)
             except (ImportError, AttributeError) as e:
                 raise HieraError(
                     f"hiera class {item!r} cannot be imported: {e}{_close_match(item)}"

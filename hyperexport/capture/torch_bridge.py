@@ -65,12 +65,33 @@ def torch_dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+#: Every dtype torch defines, by :func:`torch_dtype_name`. Looked up in this table, never with
+#: ``getattr(torch, name)``: a name read back from a cached record must not reach torch's lazy
+#: submodule importer.
+_DTYPES = {torch_dtype_name(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
+
+
 def torch_dtype(name: str) -> torch.dtype:
-    """Inverse of :func:`torch_dtype_name`."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
+    """Inverse of :func:`torch_dtype_name`.
+
+    Raises:
+        ValueError: ``name`` is not a torch dtype.
+    """
+    dtype = _DTYPES.get(name)
+    if dtype is None:
         raise ValueError(f"unknown torch dtype {name!r}")
     return dtype
+
+
+def pytree_node_types() -> tuple[type, ...]:
+    """The container classes registered with torch's pytree in this process.
+
+    transformers registers every ``ModelOutput`` subclass there when its module is imported;
+    the capture's tree decoder rebuilds only registered classes (``capture/tree.py``).
+    """
+    from torch.utils import _pytree
+
+    return tuple(_pytree.SUPPORTED_NODES)
 
 
 def set_symbolic_output_type(value: object, like: torch.Tensor, sizes: list[int | None]) -> None:

@@ -2,20 +2,31 @@
 
 ``flatten`` walks a value and returns its tree plus the tensors it met, in flattening order.
 ``unflatten`` rebuilds a value of the same structure from a tree and replacement tensors.
+
+Trees are read back from the cache, which is data: the decoder never imports a module or looks
+up a class by the name a tree gives. An ``object`` node is rebuilt only with a class this
+process has already registered: one that :func:`flatten` met here (see
+:func:`register_object_type`), or one registered with torch's pytree (transformers registers
+every ``ModelOutput`` subclass when its module is imported). It must be a dataclass, called
+with its own field names. Anything else raises :class:`~hyperexport.errors.CorruptRecordError`,
+which the build treats as a corrupt cache entry (a WARNING, a miss, a rebuild).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from hyperexport.contracts.records import Tree
+from hyperexport.capture.torch_bridge import pytree_node_types
+from hyperexport.contracts.records import CaptureRecord, Tree
 from hyperexport.contracts.records import leaf_names as leaf_names  # moved; re-exported
-from hyperexport.errors import InputError
+from hyperexport.errors import CorruptRecordError, InputError
+
+#: Classes of ``object`` nodes met by :func:`flatten` in this process, by qualified name.
+_OBJECT_TYPES: dict[str, type] = {}
 
 _CONSTANT_TYPES = (bool, int, float, str, type(None))
 
@@ -23,6 +34,15 @@ _CONSTANT_TYPES = (bool, int, float, str, type(None))
 def qualified_name(cls: type) -> str:
     """``module.QualName`` of a class."""
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def register_object_type(cls: type) -> None:
+    """Allow :func:`unflatten` to rebuild ``object`` nodes naming ``cls`` (a dataclass).
+
+    :func:`flatten` registers every class it describes as an ``object`` node; callers rarely
+    need this.
+    """
+    _OBJECT_TYPES[qualified_name(cls)] = cls
 
 
 def _is_model_output(value: Any) -> bool:
@@ -53,6 +73,7 @@ def flatten(value: Any, where: str, tensors: list[torch.Tensor]) -> Tree:
         return ("tuple", tuple(("const", int(d)) for d in value))
     if _is_model_output(value):
         fields = tuple((str(k), flatten(v, f"{where}.{k}", tensors)) for k, v in value.items())
+        register_object_type(type(value))
         return ("object", qualified_name(type(value)), fields)
     if isinstance(value, Mapping):
         items = []
@@ -70,6 +91,7 @@ def flatten(value: Any, where: str, tensors: list[torch.Tensor]) -> Tree:
             (f.name, flatten(getattr(value, f.name), f"{where}.{f.name}", tensors))
             for f in dataclasses.fields(value)
         )
+        register_object_type(type(value))
         return ("object", qualified_name(type(value)), fields)
     raise InputError(
         where,
@@ -78,19 +100,70 @@ def flatten(value: Any, where: str, tensors: list[torch.Tensor]) -> Tree:
     )
 
 
-def _import_class(name: str) -> type:
-    module, _, qual = name.rpartition(".")
-    while module:
-        try:
-            obj: Any = importlib.import_module(module)
-        except ImportError:
-            module, _, head = module.rpartition(".")
-            qual = f"{head}.{qual}"
-            continue
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return obj
-    raise ImportError(name)
+def _registered_class(name: str) -> type | None:
+    cls = _OBJECT_TYPES.get(name)
+    if cls is not None:
+        return cls
+    for candidate in pytree_node_types():
+        if qualified_name(candidate) == name:
+            return candidate
+    return None
+
+
+def object_class(name: str, field_names: tuple[str, ...]) -> type:
+    """The registered dataclass called ``name`` that accepts ``field_names``.
+
+    Raises:
+        CorruptRecordError: No such class is registered in this process, it is not a
+            dataclass, or it has no init field of one of those names.
+    """
+    cls = _registered_class(name)
+    if cls is None:
+        raise CorruptRecordError(
+            f"object node {name!r}",
+            "not a type registered in this process (met by flatten, or a torch pytree node); "
+            "data never names code to import",
+        )
+    if not dataclasses.is_dataclass(cls):
+        raise CorruptRecordError(f"object node {name!r}", "the registered type is no dataclass")
+    accepted = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(field_names) - accepted)
+    if unknown:
+        raise CorruptRecordError(f"object node {name!r}", f"unknown fields {unknown}")
+    return cls
+
+
+def _object_nodes(tree: Tree) -> Iterator[tuple[str, tuple[str, ...]]]:
+    kind = tree[0]
+    if kind in ("tuple", "list"):
+        for child in tree[1]:
+            yield from _object_nodes(child)
+    elif kind == "dict":
+        for _, child in tree[1]:
+            yield from _object_nodes(child)
+    elif kind == "object":
+        yield tree[1], tuple(str(k) for k, _ in tree[2])
+        for _, child in tree[2]:
+            yield from _object_nodes(child)
+    elif kind not in ("tensor", "const"):
+        raise CorruptRecordError("tree", f"unknown node kind {kind!r}")
+
+
+def check_rebuildable(record: CaptureRecord) -> None:
+    """Check, before any export starts, that every tree of ``record`` can be rebuilt here.
+
+    Call it after the model is loaded (loading imports the classes its outputs use).
+
+    Raises:
+        CorruptRecordError: A tree names a type :func:`unflatten` may not rebuild.
+    """
+    trees = [record.inputs, record.outputs]
+    trees += [t for t in (record.probe_inputs, record.probe_outputs) if t is not None]
+    for call in record.calls:
+        trees += [call.inputs, call.outputs]
+    for t in trees:
+        for name, field_names in _object_nodes(t):
+            object_class(name, field_names)
 
 
 def unflatten(tree: Tree, tensor: Callable[[str], Any]) -> Any:
@@ -107,9 +180,9 @@ def unflatten(tree: Tree, tensor: Callable[[str], Any]) -> Any:
     if kind == "dict":
         return {k: unflatten(c, tensor) for k, c in tree[1]}
     if kind == "object":
-        cls = _import_class(tree[1])
+        cls = object_class(tree[1], tuple(str(k) for k, _ in tree[2]))
         return cls(**{k: unflatten(c, tensor) for k, c in tree[2]})
-    raise ValueError(f"unknown tree node kind {kind!r}")
+    raise CorruptRecordError("tree", f"unknown node kind {kind!r}")
 
 
 def rekey(tree: Tree, prefix: str) -> Tree:

@@ -48,6 +48,8 @@ BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
 
 
 BUILD_KEYS = ("build", "recipe_file")
+#: ``build.remote_mode`` values.
+REMOTE_MODES = ("read_write", "read_only")
 
 
 # ``hiera: auto`` / ``inputs: auto`` / ``dynamic: auto``: resolved on the live model inside the
@@ -176,6 +178,12 @@ class BuildConfig:
     outputs_dir: str | None = None
     dry_run: bool = False
     force: list[str] = field(default_factory=list)
+    #: A remote cache tier, an fsspec URL (``s3://bucket/prefix``, ``file:///srv/cache``).
+    remote: str | None = None
+    #: ``read_write`` (fetch and upload) or ``read_only`` (fetch only: pull-request CI).
+    remote_mode: str = "read_write"
+    #: fsspec storage options of the remote (credentials, ``endpoint_url``); never reported.
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,6 +214,9 @@ class BuildSettings:
     outputs_dir: Path
     dry_run: bool
     force: tuple[str, ...]
+    remote: str | None = None
+    remote_mode: str = "read_write"
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 def _outputs_root(value: str | None = None) -> str:

@@ -23,6 +23,7 @@ from hyperexport.config.schema import (
     FUNCTION_SCOPES,
     OPSET_RANGES,
     PROMOTE_MIN_OPSET,
+    REMOTE_MODES,
     AttentionSpec,
     BuildConfig,
     BuildSettings,
@@ -363,12 +364,36 @@ def validate_build(
     for name in force:
         if name not in stage_names:
             check.fail("build.force", f"unknown stage {name!r}{did_you_mean(name, stage_names)}")
+    remote = data.get("remote") or None
+    mode = data.get("remote_mode", "read_write")
+    if mode not in REMOTE_MODES:
+        check.fail("build.remote_mode", f"must be one of {list(REMOTE_MODES)}, got {mode!r}")
+    if remote is not None:
+        _check_remote_url(check, remote)
     return BuildSettings(
         cache_dir=data.get("cache_dir"),
         outputs_dir=Path(_outputs_root(data.get("outputs_dir"))),
         dry_run=bool(data.get("dry_run", False)),
         force=tuple(force),
+        remote=remote,
+        remote_mode=mode,
+        storage_options=dict(data.get("storage_options") or {}),
     )
+
+
+def _check_remote_url(check: _Checker, url: str) -> None:
+    """``build.remote`` names a filesystem fsspec knows, whose package is installed."""
+    try:
+        import fsspec
+    except ImportError:
+        check.fail("build.remote", "needs fsspec: pip install 'hyperexport[remote]'")
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        check.fail("build.remote", f"unknown filesystem {protocol!r} in {url!r}")
+    except ImportError as e:
+        check.fail("build.remote", f"{protocol}:// needs a package: {e}")
 
 
 def check_override_keys(overrides: Sequence[str], recipe_file: str) -> None:

@@ -8,6 +8,17 @@ outputs, libraries, the hyperexport code it runs and, if it runs user code, the 
 that runs user code (``needs_model``) stores its outputs under a *full* key that also covers the
 modules it had loaded (:mod:`hyperexport.runner.discovered`); a lookup first checks that one of
 the recorded module sets still holds.
+
+Cache faults heal rather than fail:
+
+* a corrupt entry found on lookup is a miss (the store warns and removes it);
+* a corrupt upstream met while a stage runs (a blob failing its digest on checkout, a record
+  naming a type this process has not registered: :class:`~hyperexport.errors.CorruptRecordError`)
+  discards that upstream entry, with a WARNING, and the build runs once more, rebuilding it;
+* single flight: a stage that misses takes the lock of its declared key and looks again before
+  running, so concurrent builds compute each entry once (``locks.py``);
+* a cache that cannot be written serves hits; a stage that must run stops the build with
+  :class:`~hyperexport.errors.CacheUnavailableError` (exit code 3) before it starts.
 """
 
 from __future__ import annotations
@@ -20,17 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.errors import StageError
+from hyperexport.errors import CorruptRecordError, StageError
 from hyperexport.runner.code_closure import ImportMemo, package_sources, stage_code
 from hyperexport.runner.discovered import DiscoveredDeps
 from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.keys import explain, key_material, key_params, stage_key
 from hyperexport.runner.stage import Stage, StageInputs, recipe_slice
-from hyperexport.runner.store import ActionEntry, CacheStore, Lookup
+from hyperexport.runner.store import ActionEntry, CacheStore, CorruptBlobError, Lookup
 
 log = logging.getLogger(__name__)
 
 _KEEP_FAILED_LIMIT = 1 << 20
+#: Runs of one build: the second after discarding a corrupt upstream entry met mid-build.
+_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -165,9 +178,26 @@ class Runner:
         self.load_model = load_model
         self.discovered = DiscoveredDeps(store.root, store.index, read_only=store.read_only)
         self.imports = ImportMemo(store.root / "index" / "imports.json", read_only=store.read_only)
+        self._final = True
+        self._held = contextlib.ExitStack()  # the single-flight lock of the current stage
 
     def run(self, request: BuildRequest) -> BuildResult:
-        """Run (or, in a dry run, plan) every stage in order; stop at the first failure."""
+        """Run (or, in a dry run, plan) every stage in order; stop at the first failure.
+
+        Raises:
+            CacheUnavailableError: A stage must run and the cache cannot be written.
+        """
+        for attempt in range(_ATTEMPTS):
+            self._final = attempt == _ATTEMPTS - 1
+            try:
+                return self._run_once(request)
+            except _CorruptUpstream as e:
+                log.warning("%s; discarding that cache entry and rebuilding", e)
+                for key in e.keys:
+                    self.store.discard(key)
+        raise AssertionError("unreachable: the last attempt does not raise _CorruptUpstream")
+
+    def _run_once(self, request: BuildRequest) -> BuildResult:
         result = BuildResult()
         model = _Memo(self.load_model)
         with contextlib.ExitStack() as stack:
@@ -178,15 +208,24 @@ class Runner:
                 if name not in checkouts:
                     if not workspace:
                         workspace.append(stack.enter_context(self.store.scratch("build-")))
+                    # Reflinks or copies, never hard links (onnx refuses external data with
+                    # several links), each verified against its digest.
+                    try:
+                        self.store.checkout(result.entries[name], workspace[0] / name)
+                    except CorruptBlobError as e:
+                        raise _CorruptUpstream(str(e), (result.entries[name].key,)) from e
                     checkouts[name] = workspace[0] / name
-                    # Copies, not hard links: onnx refuses external data files with several
-                    # links ("hardlink attack"), and copies are verified against their digest.
-                    self.store.checkout(result.entries[name], checkouts[name], link=False)
                 return checkouts[name]
 
             pending: set[str] = set()
             for stage in request.stages:
-                outcome = self._one(request, stage, result, pending, model, upstream_dir)
+                with contextlib.ExitStack() as self._held:
+                    try:
+                        outcome = self._one(request, stage, result, pending, model, upstream_dir)
+                    except _CorruptUpstream as e:
+                        if not self._final:
+                            raise
+                        outcome = _failed(stage.name, e, result)
                 result.stages.append(outcome)
                 if outcome.status == "would_run":
                     pending.add(stage.name)
@@ -256,9 +295,8 @@ class Runner:
         upstream = {u: result.entries[u].digests() for u in stage.upstream}
         material = self._material(request, stage, params, upstream)
         declared = stage_key(material)
-        key, stale = self._resolve(stage, declared)
         forced = stage.name in request.force
-        lookup = self.store.lookup(key) if key is not None else Lookup("missing")
+        key, stale, lookup = self._lookup(stage, declared, forced, request.dry_run)
         if lookup.status == "hit" and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
@@ -269,6 +307,7 @@ class Runner:
         reason = _reason(forced, lookup.status, stale, previous, declared, material)
         if request.dry_run:
             return StageResult(stage.name, "would_run", key, reason, time.perf_counter() - start)
+        self.store.require_writable(stage.name)
         inputs = StageInputs(
             upstream={u: upstream_dir(u) for u in stage.upstream},
             model=model if stage.needs_model else _no_model(stage.name),
@@ -284,6 +323,27 @@ class Runner:
             detail if status == "failed" else reason,
             time.perf_counter() - start,
         )
+
+    def _lookup(
+        self, stage: Stage, declared: str, forced: bool, dry_run: bool
+    ) -> tuple[str | None, str, Lookup]:
+        """``(key, why stale, lookup)``; to compute the stage, hold the single-flight lock of
+        ``declared`` (until the stage is done, in ``self._held``) and resolve and look again:
+        a concurrent build that computed it meanwhile makes this a hit."""
+        key, stale = self._resolve(stage, declared)
+        lookup = self.store.lookup(key) if key is not None else Lookup("missing")
+        if dry_run or self.store.read_only or (lookup.status == "hit" and not forced):
+            return key, stale, lookup
+        self._held.enter_context(self.store.single_flight(declared, f"stage {stage.name}"))
+        if forced:
+            return key, stale, lookup
+        if stage.needs_model:  # the holder may have recorded a new module set: read it afresh
+            fresh = DiscoveredDeps(self.store.root, self.store.index).resolve(declared)
+            again_key = fresh.key
+        else:
+            again_key = declared
+        again = self.store.lookup(again_key) if again_key is not None else Lookup("missing")
+        return (again_key, "", again) if again.status == "hit" else (key, stale, lookup)
 
     def _execute(
         self,
@@ -307,6 +367,9 @@ class Runner:
             try:
                 stage.run(params, inputs, out_dir)
             except Exception as e:
+                if stage.upstream and not self._final and _is_corrupt_record(e):
+                    keys = tuple(result.entries[u].key for u in stage.upstream)
+                    raise _CorruptUpstream(f"stage {stage.name}: {e}", keys) from e
                 result.error = StageError(stage.name, e, _module_path_of(e))
                 result.error.__cause__ = e
                 result.failed_files = _small_text_files(out_dir)
@@ -324,6 +387,33 @@ class Runner:
             cause = result.error.__cause__
             return "failed", f"{type(cause).__name__}: {cause}", key
         return "ran", "", key
+
+
+class _CorruptUpstream(Exception):
+    """A stage met corrupt data from upstream entries ``keys``: discard them and run again."""
+
+    def __init__(self, message: str, keys: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
+def _is_corrupt_record(error: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, CorruptRecordError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _failed(stage: str, error: _CorruptUpstream, result: BuildResult) -> StageResult:
+    """The outcome of a stage whose upstream is still corrupt after a rebuild."""
+    cause = error.__cause__ or error
+    result.error = StageError(stage, cause)
+    result.error.__cause__ = cause
+    return StageResult(stage, "failed", None, f"{type(cause).__name__}: {cause}", 0.0)
 
 
 def _record(key: str, declared: str, material: Mapping[str, Any], status: str) -> dict[str, Any]:

@@ -12,14 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hyperexport import exit_codes
 from hyperexport.config import BuildSettings, Recipe
+from hyperexport.errors import CacheUnavailableError
 from hyperexport.runner import fingerprint
 from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.hashing import FileDigestIndex, sha256_text
 from hyperexport.runner.publish import CorruptBlobError, publish_build
+from hyperexport.runner.remote import remote_from_settings
 from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
 from hyperexport.runner.stage import Stage
-from hyperexport.runner.store import CacheStore, default_cache_dir
+from hyperexport.runner.store import default_cache_dir, open_store
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +102,19 @@ def run_build(
         variant: The swept-values directory name (see :func:`variant_dir`).
         overrides: The command-line overrides, recorded in full in the report.
     """
-    store = CacheStore(default_cache_dir(settings.cache_dir), read_only=settings.dry_run)
     recipe_dir = settings.outputs_dir / recipe.name
+    try:  # the cache: usable, or one line and exit 3 before any stage runs
+        store = open_store(
+            default_cache_dir(settings.cache_dir),
+            dry_run=settings.dry_run,
+            remote=remote_from_settings(
+                settings.remote,
+                "read_only" if settings.dry_run else settings.remote_mode,
+                settings.storage_options,
+            ),
+        )
+    except CacheUnavailableError as e:
+        return _unavailable(e, recipe_dir / variant)
     request = BuildRequest(
         recipe_name=recipe.name,
         recipe=recipe.data,
@@ -113,7 +127,10 @@ def run_build(
         code_roots=fingerprint.package_modules(fingerprint.model_imports(recipe.data)),
     )
     runner = Runner(store, load_model)
-    result = runner.run(request)
+    try:
+        result = runner.run(request)
+    except CacheUnavailableError as e:  # a stage must run and the cache cannot be written
+        return _unavailable(e, recipe_dir / variant)
     if settings.dry_run:
         lines = (
             f"recipe: {recipe.name} ({recipe.file})",
@@ -128,10 +145,14 @@ def run_build(
             )
             break
         except CorruptBlobError as e:  # found while cloned out: rebuild the affected stage
-            if attempt:
-                raise
+            if attempt or store.read_only:  # a read-only cache cannot heal
+                error = CacheUnavailableError(f"{e} in cache {store.root}")
+                return _unavailable(error, recipe_dir / variant)
             log.warning("%s; rebuilding the affected stages", e)
-            result = runner.run(request)
+            try:
+                result = runner.run(request)
+            except CacheUnavailableError as unavailable:
+                return _unavailable(unavailable, recipe_dir / variant)
     if result.error is not None:
         log.error("%s", publication.report["error"])
         log.error(
@@ -148,3 +169,9 @@ def run_build(
         result,
         publication.summary,
     )
+
+
+def _unavailable(error: CacheUnavailableError, out_dir: Path) -> BuildOutcome:
+    """The outcome of a build the cache cannot serve: one line, exit code 3, nothing published."""
+    log.error("%s", error)
+    return BuildOutcome(exit_codes.UNAVAILABLE, out_dir, None, None, BuildResult(), ())

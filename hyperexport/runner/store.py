@@ -7,11 +7,24 @@ Layout under the cache root::
                                  the file's mtime is the entry's last use (refreshed on every hit)
     runs/<recipe>/<stage>.json   the key material of the last build of a recipe (for reasons)
     index/files.json             size/mtime -> digest fast path
-    tmp/                         scratch directories of running stages (same filesystem)
+    tmp/<name>/                  scratch folders of running builds (same filesystem)
+    locks/                       per-key and per-scratch lock files (see ``locks.py``)
 
-Writes go to a temporary name and are renamed into place; an action entry is written only after
-all its blobs exist, so a crash never leaves an entry pointing at missing data. Only JSON and the
-stage's own files are stored; nothing is ever unpickled.
+Rules other tools (``hyperexport cache ...``) rely on:
+
+* Writes go to a temporary name and are renamed into place. **Blobs are written before the
+  entry that names them**: a reader (or a crash) never meets an entry pointing at missing data.
+  A collector must therefore delete an entry before its blobs, and never a blob that an entry
+  names.
+* Everything read back is data: entries are JSON, checked against their key; blobs are checked
+  against their digest (fully up to :data:`VERIFY_LIMIT` on lookup, always when copied out).
+  A bad entry or blob is a WARNING and a miss, and is removed; nothing is unpickled, imported
+  or called by a name the cache holds.
+* A scratch folder belongs to a live build while its lock is held
+  (:func:`~hyperexport.runner.locks.scratch_is_live`).
+
+A cache the process cannot write to still serves hits (:func:`open_store`); a stage that must
+run then fails with :class:`~hyperexport.errors.CacheUnavailableError` (exit code 3).
 """
 
 from __future__ import annotations
@@ -21,15 +34,21 @@ import json
 import logging
 import os
 import re
-import shutil
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from hyperexport.errors import CacheUnavailableError
+from hyperexport.runner import locks
+from hyperexport.runner.files import clone_or_copy
 from hyperexport.runner.hashing import FileDigestIndex, atomic_write_json, sha256_file
+
+if TYPE_CHECKING:
+    from hyperexport.runner.remote import Remote
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +69,15 @@ def default_cache_dir(configured: str | os.PathLike[str] | None = None) -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return (base / "hyperexport").resolve()
+
+
+class CorruptBlobError(ValueError):
+    """A blob does not match its digest (or is missing) while copied out; it has been removed."""
+
+    def __init__(self, path: str, digest: str) -> None:
+        self.path = path
+        self.digest = digest
+        super().__init__(f"cached blob of {path} ({digest[:12]}) is corrupt")
 
 
 @dataclass(frozen=True)
@@ -120,18 +148,74 @@ def _unsafe_relpath(path: str) -> bool:
     return p.is_absolute() or ".." in p.parts or not path
 
 
+def open_store(root: Path, *, dry_run: bool = False, remote: Remote | None = None) -> CacheStore:
+    """Open the cache at ``root`` for a build, checking first that it can be used.
+
+    A missing cache directory is created. One this process cannot write to (a read-only
+    mount, a restored read-only CI tier) is opened read-only: it serves hits, and a stage that
+    must run raises :class:`CacheUnavailableError` (see :meth:`CacheStore.require_writable`).
+
+    Args:
+        root: The cache directory.
+        dry_run: Plan only: open read-only, create nothing.
+        remote: The remote tier, if any (see ``remote.py``).
+
+    Raises:
+        CacheUnavailableError: ``root`` (or a parent) is not a directory, or cannot be created.
+    """
+    if root.exists() and not root.is_dir():
+        raise CacheUnavailableError(
+            f"cache directory {root} is not a directory (build.cache_dir / ${ENV_CACHE_DIR})"
+        )
+    if dry_run:
+        return CacheStore(root, read_only=True, remote=remote)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CacheUnavailableError(
+            f"cannot create cache directory {root}: {e.strerror or e}"
+        ) from e
+    try:
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        log.warning("cache %s is not writable (%s): serving hits only", root, reason)
+        return CacheStore(root, read_only=True, unwritable=reason)
+    store = CacheStore(root, remote=remote)
+    locks.remove_dead_scratch(root)
+    return store
+
+
 class CacheStore:
-    """The cache at ``root``. With ``read_only`` (dry runs) nothing is created or deleted.
+    """The cache at ``root``.
+
+    Read-only stores never create, write or delete anything: a dry run's store, and a cache
+    this process cannot write to (``unwritable`` says why), which still serves hits.
 
     Args:
         root: Cache directory (created lazily on the first write).
         read_only: Never write, delete or create anything.
+        unwritable: Why the cache cannot be written (implies ``read_only``); None if it can.
+        remote: A remote tier: a local miss is looked up there, and committed entries are
+            uploaded to it (see ``remote.py``). Used only by stores that can write, and by dry
+            runs (which read remote entries without downloading their blobs).
     """
 
-    def __init__(self, root: Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        read_only: bool = False,
+        unwritable: str | None = None,
+        remote: Remote | None = None,
+    ) -> None:
         self.root = root
-        self.read_only = read_only
-        self.index = FileDigestIndex(None if read_only else root / "index" / "files.json")
+        self.unwritable = unwritable
+        self.read_only = read_only or unwritable is not None
+        self.remote = remote if unwritable is None else None
+        self.index = FileDigestIndex(None if self.read_only else root / "index" / "files.json")
         self._use_warned = False
 
     # -- paths -------------------------------------------------------------------------------
@@ -147,7 +231,25 @@ class CacheStore:
 
     # -- lookups -----------------------------------------------------------------------------
     def lookup(self, key: str) -> Lookup:
-        """Find and validate the entry of ``key``. A corrupt entry is warned about and removed."""
+        """Find and validate the entry of ``key``; on a local miss, try the remote tier.
+
+        A corrupt entry (bad JSON, wrong key, a blob missing or not matching its digest) is
+        warned about, removed (unless read-only) and reported as ``corrupt``.
+        """
+        found = self.lookup_local(key)
+        if found.status == "hit" or self.remote is None:
+            return found
+        if self.read_only:  # a dry run: the remote entry says what would be fetched
+            entry = self.remote.read_entry(key)
+            return Lookup("hit", entry, detail="remote") if entry is not None else found
+        if self.remote.fetch(key, self):
+            fetched = self.lookup_local(key)
+            if fetched.status == "hit":
+                return Lookup("hit", fetched.entry, detail="remote")
+        return found
+
+    def lookup_local(self, key: str) -> Lookup:
+        """Like :meth:`lookup`, in the local store only."""
         path = self.action_path(key)
         if not path.is_file():
             return Lookup("missing")
@@ -167,6 +269,24 @@ class CacheStore:
             return Lookup("missing")
         return Lookup("hit", entry)
 
+    def discard(self, key: str) -> None:
+        """Drop the entry of ``key`` (its blobs stay until collected); no-op when read-only."""
+        if not self.read_only:
+            self.action_path(key).unlink(missing_ok=True)
+
+    def require_writable(self, stage: str) -> None:
+        """Raise :class:`CacheUnavailableError` when ``stage`` must run and the cache is read-only.
+
+        The policy for a miss in a cache that cannot be written: fail before the stage runs,
+        with one line naming the directory (exit code 3), rather than build uncached.
+        """
+        if self.unwritable is not None:
+            raise CacheUnavailableError(
+                f"cache directory {self.root} is read-only ({self.unwritable}) and stage "
+                f"{stage!r} must run: make it writable, or set build.cache_dir to a writable "
+                "directory"
+            )
+
     def _verify_blob(self, f: OutputFile, *, full: bool) -> None:
         blob = self.blob_path(f.digest)
         try:
@@ -182,16 +302,24 @@ class CacheStore:
     # -- writes ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def scratch(self, prefix: str) -> Iterator[Path]:
-        """A fresh directory on the cache's filesystem, removed on exit."""
+        """A fresh directory on the cache's filesystem, removed on exit.
+
+        It is tied to a lock held while the block runs, so a later build (or ``cache gc``) can
+        tell it from the scratch of a dead build (:func:`locks.remove_dead_scratch`).
+        """
         if self.read_only:
             raise RuntimeError("a read-only cache has no scratch space")
-        base = self.root / "tmp"
-        base.mkdir(parents=True, exist_ok=True)
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-        try:
+        with locks.scratch_dir(self.root, prefix) as path:
             yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def single_flight(self, key: str, what: str) -> Iterator[None]:
+        """Hold the lock of ``key`` while computing its entry (see :func:`locks.single_flight`)."""
+        if self.read_only:
+            yield
+            return
+        with locks.single_flight(self.root, key, what):
+            yield
 
     def commit(
         self, key: str, stage: str, out_dir: Path, *, recipe: str | None = None
@@ -212,55 +340,69 @@ class CacheStore:
             self._put_blob(path, digest, size)
             outputs.append(OutputFile(rel, digest, size))
         entry = ActionEntry(key=key, stage=stage, outputs=tuple(outputs), recipe=recipe)
-        atomic_write_json(self.action_path(key), entry.to_json())
+        self.write_entry(entry)
+        if self.remote is not None:
+            self.remote.upload(entry, self)
         return entry
+
+    def write_entry(self, entry: ActionEntry) -> None:
+        """Write ``entry`` atomically; every blob it names must already be in the store."""
+        atomic_write_json(self.action_path(entry.key), entry.to_json())
+
+    def adopt_blob(self, verified: Path, digest: str) -> None:
+        """Move ``verified`` (a file beside the blob's place, checked against ``digest`` by the
+        caller) into place as blob ``digest``."""
+        os.chmod(verified, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        os.replace(verified, self.blob_path(digest))
 
     def _put_blob(self, src: Path, digest: str, size: int) -> None:
         blob = self.blob_path(digest)
         if self._reusable(blob, size):
             return
         blob.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=blob.parent, prefix=f".{digest[:12]}.", suffix=".tmp")
-        os.close(fd)
+        tmp = blob.parent / f".{digest[:12]}.{secrets.token_hex(4)}.tmp"
         try:
-            shutil.copyfile(src, tmp)
+            clone_or_copy(src, tmp)
             os.chmod(tmp, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
             os.replace(tmp, blob)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
 
-    def checkout(self, entry: ActionEntry, dest: Path, *, link: bool = True) -> None:
-        """Materialise ``entry``'s files under ``dest``: hard links when ``link``, else copies.
+    def checkout(self, entry: ActionEntry, dest: Path) -> None:
+        """Materialise ``entry``'s files under ``dest``: reflinks where possible, else copies.
 
-        Copies are verified against their digest while written.
+        Every file is verified against its digest as it is written.
+
+        Raises:
+            CorruptBlobError: A blob is missing or corrupt (it has been removed).
         """
         for f in entry.outputs:
-            target = dest / f.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            blob = self.blob_path(f.digest)
-            if link:
-                try:
-                    os.link(blob, target)
-                    continue
-                except OSError:
-                    pass
-            self.copy_blob(f, target)
+            self.copy_blob(f, dest / f.path)
 
     def copy_blob(self, f: OutputFile, target: Path) -> None:
-        """Copy one blob to ``target`` atomically, checking its digest; raises ValueError if bad."""
+        """Clone (reflink or copy) one blob to ``target`` atomically, checking its digest.
+
+        Raises:
+            CorruptBlobError: The blob is missing or does not match its digest; it has been
+                removed (unless the store is read-only), so a new lookup of its entry misses.
+        """
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        os.close(fd)
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        blob = self.blob_path(f.digest)
         try:
-            shutil.copyfile(self.blob_path(f.digest), tmp)
+            try:
+                clone_or_copy(blob, tmp)
+            except FileNotFoundError as e:
+                raise CorruptBlobError(f.path, f.digest) from e
             os.chmod(tmp, 0o644)
-            if sha256_file(Path(tmp)) != f.digest:
-                self.blob_path(f.digest).unlink(missing_ok=True)
-                raise ValueError(f"cached blob of {f.path} is corrupt")
+            if sha256_file(tmp) != f.digest:
+                if not self.read_only:
+                    blob.unlink(missing_ok=True)
+                raise CorruptBlobError(f.path, f.digest)
             os.replace(tmp, target)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
 
     def read_text(self, entry: ActionEntry, path: str) -> str | None:

@@ -45,13 +45,15 @@ class ExportStage:
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.hooks import Capture
+        from hyperexport.capture.tree import check_rebuildable
         from hyperexport.export.fallback import export_units_with_fallback
         from hyperexport.models.auto import resolve_auto
         from hyperexport.runner.files import clone_or_copy
         from hyperexport.stages.options import export_options
 
+        model = inputs.model()  # first: loading it registers the output types the trees name
         capture = Capture.load(inputs.dir("trace"))
-        model = inputs.model()
+        check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
         params = resolve_auto(params, model, inputs.recipe_file)  # hiera/inputs: auto
         options = export_options(params)
         first = capture

@@ -1,0 +1,232 @@
+"""A remote tier of the cache on fsspec (``s3://``, ``gs://``, ``file://``, ...).
+
+The remote mirrors the local layout (``actions/<aa>/<key>.json`` and ``blobs/<aa>/<digest>``)
+under its URL. It is consulted only after a local miss, and filled only after a stage
+succeeded, as Bazel's remote cache is:
+
+* **Download**: the entry is read and checked (format, key, safe paths), then every blob it
+  names is streamed to a temporary file beside the local blob store, checked against its size
+  and digest, and moved in; the local entry is written last. A bad remote entry or blob is a
+  WARNING and a miss (the stage runs and its upload replaces it).
+* **Upload** (``remote_mode=read_write``): blobs first, the entry last, so a reader never meets
+  an entry whose blobs are missing. Object stores make each put atomic (a multipart upload,
+  which s3fs uses for large files, streaming them from disk, appears only when completed); on
+  other filesystems each object is written under a temporary name and moved into place.
+  Blobs already on the remote are not uploaded again. A failed upload is a WARNING: the build
+  still succeeds with its local result.
+* ``remote_mode=read_only`` never writes (pull-request CI).
+
+Credentials and endpoints are fsspec's ``storage_options`` (``build.storage_options``, or the
+environment: ``AWS_*`` for s3fs, ``FSSPEC_<PROTOCOL>_<OPTION>`` for any fsspec filesystem).
+They are never written into reports or logs.
+
+The remote is never collected by hyperexport: give it a retention rule of its own (for S3, a
+bucket lifecycle rule expiring objects under the prefix after N days). Expiry may remove a
+blob before its entry; a download then misses and the stage runs again, so it is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hyperexport.config.schema import REMOTE_MODES
+from hyperexport.errors import CacheUnavailableError
+from hyperexport.runner.hashing import sha256_file
+
+if TYPE_CHECKING:
+    from hyperexport.runner.store import ActionEntry, CacheStore
+
+log = logging.getLogger(__name__)
+
+#: fsspec protocols whose single-object writes are atomic (no temporary name needed).
+_ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"})
+
+
+class Remote:
+    """The remote tier at ``url``.
+
+    Args:
+        url: An fsspec URL (``s3://bucket/prefix``, ``file:///srv/cache``, ...).
+        mode: ``read_write`` or ``read_only`` (never writes).
+        storage_options: Passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
+
+    Raises:
+        CacheUnavailableError: The URL's filesystem is unknown, its package is not installed,
+            or the remote cannot be reached.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        mode: str = "read_write",
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        import fsspec
+
+        if mode not in REMOTE_MODES:
+            raise ValueError(f"remote mode {mode!r} is not one of {REMOTE_MODES}")
+        self.url = url
+        self.writable = mode == "read_write"
+        try:
+            self.fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        except (ImportError, ValueError) as e:
+            raise CacheUnavailableError(f"remote cache {url}: {e}") from e
+        self.root = root.rstrip("/")
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self._atomic_put = bool(_ATOMIC_PUT & set(protocols))
+        self._check()
+
+    def _check(self) -> None:
+        try:
+            if self.writable and not self._atomic_put:
+                self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            pass  # an empty remote (an S3 prefix exists only once an object is under it)
+        except Exception as e:  # the filesystem's own errors (botocore, aiohttp, OSError, ...)
+            raise CacheUnavailableError(
+                f"remote cache {self.url} is unreachable: {type(e).__name__}: {e}"
+            ) from e
+
+    # -- paths -------------------------------------------------------------------------------
+    def action_path(self, key: str) -> str:
+        return f"{self.root}/actions/{key[:2]}/{key}.json"
+
+    def blob_path(self, digest: str) -> str:
+        return f"{self.root}/blobs/{digest[:2]}/{digest}"
+
+    # -- reads -------------------------------------------------------------------------------
+    def read_entry(self, key: str) -> ActionEntry | None:
+        """The remote entry of ``key``, checked; None when absent or unusable (a WARNING)."""
+        from hyperexport.runner.store import ActionEntry
+
+        try:
+            data = self.fs.cat_file(self.action_path(key))
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            log.warning("remote cache %s: cannot read entry %s (%s)", self.url, key[:12], e)
+            return None
+        try:
+            entry = ActionEntry.from_json(json.loads(data))
+            if entry.key != key:
+                raise ValueError(f"entry records key {entry.key[:12]}")
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("remote cache %s: entry %s is corrupt (%s); a miss", self.url, key[:12], e)
+            return None
+        return entry
+
+    def fetch(self, key: str, store: CacheStore) -> bool:
+        """Copy the entry of ``key`` and its blobs into ``store``; False on a miss or fault."""
+        entry = self.read_entry(key)
+        if entry is None:
+            return False
+        for f in entry.outputs:
+            blob = store.blob_path(f.digest)
+            if blob.is_file() and blob.stat().st_size == f.size:
+                continue
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            tmp = blob.parent / f".{f.digest[:12]}.{secrets.token_hex(4)}.download"
+            try:
+                self.fs.get_file(self.blob_path(f.digest), str(tmp))
+                if tmp.stat().st_size != f.size or sha256_file(tmp) != f.digest:
+                    log.warning(
+                        "remote cache %s: blob of %s does not match its digest; a miss",
+                        self.url,
+                        f.path,
+                    )
+                    return False
+                store.adopt_blob(tmp, f.digest)
+            except Exception as e:
+                log.warning(
+                    "remote cache %s: cannot download %s of entry %s (%s: %s); a miss",
+                    self.url,
+                    f.path,
+                    key[:12],
+                    type(e).__name__,
+                    e,
+                )
+                return False
+            finally:
+                tmp.unlink(missing_ok=True)
+        store.write_entry(entry)
+        log.info("%s: fetched entry %s from the remote cache", entry.stage, key[:12])
+        return True
+
+    # -- writes ------------------------------------------------------------------------------
+    def upload(self, entry: ActionEntry, store: CacheStore) -> None:
+        """Upload ``entry``'s blobs (those not on the remote yet), then the entry itself.
+
+        A no-op in ``read_only`` mode; a failure is a WARNING (the local result stands).
+        """
+        if not self.writable:
+            return
+        try:
+            for f in entry.outputs:
+                remote = self.blob_path(f.digest)
+                if self._has(remote, f.size):
+                    continue
+                self._put_file(store.blob_path(f.digest), remote)
+            data = json.dumps(entry.to_json(), sort_keys=True, indent=1).encode("utf-8")
+            self._put_bytes(data, self.action_path(entry.key))
+        except Exception as e:
+            log.warning(
+                "remote cache %s: could not upload %s entry %s (%s: %s); kept locally only",
+                self.url,
+                entry.stage,
+                entry.key[:12],
+                type(e).__name__,
+                e,
+            )
+            return
+        log.info("%s: uploaded entry %s to the remote cache", entry.stage, entry.key[:12])
+
+    def _has(self, path: str, size: int) -> bool:
+        try:
+            return int(self.fs.size(path)) == size
+        except FileNotFoundError:
+            return False
+
+    def _put_file(self, local: Path, remote: str) -> None:
+        """Stream ``local`` to ``remote`` (multipart where the filesystem does it), atomically."""
+        if self._atomic_put:
+            self.fs.put_file(str(local), remote)
+            return
+        tmp = f"{remote}.{secrets.token_hex(4)}.tmp"
+        self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            self.fs.put_file(str(local), tmp)
+            self.fs.mv(tmp, remote)
+        except BaseException:
+            if self.fs.exists(tmp):
+                self.fs.rm_file(tmp)
+            raise
+
+    def _put_bytes(self, data: bytes, remote: str) -> None:
+        if self._atomic_put:
+            self.fs.pipe_file(remote, data)
+            return
+        tmp = f"{remote}.{secrets.token_hex(4)}.tmp"
+        self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, remote)
+        except BaseException:
+            if self.fs.exists(tmp):
+                self.fs.rm_file(tmp)
+            raise
+
+
+def remote_from_settings(
+    url: str | None, mode: str, storage_options: Mapping[str, Any]
+) -> Remote | None:
+    """The remote of ``build.remote`` (None when unset)."""
+    if not url:
+        return None
+    return Remote(url, mode=mode, storage_options=storage_options)

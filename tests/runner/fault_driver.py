@@ -1,0 +1,103 @@
+"""A build in its own process, for tests that kill, race or sandbox real builds.
+
+``python -m tests.runner.fault_driver CACHE OUTPUTS [--delay S] [--big N] [--remote URL]
+[--remote-mode MODE] [--endpoint URL]`` builds the fake recipe with the fake pipeline (real
+files, real runner, real store; no torch) and prints one JSON line: the exit code and every
+stage's status. ``--delay`` makes each stage (``--slow NAME``: one stage) sleep before writing
+(so a test can kill it mid-stage, or start two builds that overlap); ``--big`` makes the export stage write an extra
+file of N bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hyperexport.config import BuildSettings
+from hyperexport.runner.session import run_build
+from hyperexport.runner.stage import StageInputs
+from tests.runner.fakes import FakeStage, pipeline, recipe
+
+
+@dataclass
+class SlowStage(FakeStage):
+    """A fake stage that sleeps ``delay`` seconds first and may write a ``big`` file."""
+
+    delay: float = 0.0
+    big: int = 0
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        print(f"running {self.name}", flush=True)
+        time.sleep(self.delay)
+        super().run(params, inputs, out_dir)
+        if self.big:
+            # Deterministic, incompressible-looking content of the asked size.
+            block = bytes(range(256)) * 4096
+            with open(out_dir / "big.bin", "wb") as fh:
+                for i in range(0, self.big, len(block)):
+                    fh.write(block[: min(len(block), self.big - i)])
+
+
+def stages(delay: float = 0.0, big: int = 0, slow: str | None = None) -> tuple[SlowStage, ...]:
+    """The fake pipeline with ``delay`` on every stage (or only on stage ``slow``) and ``big``
+    bytes in export's outputs."""
+    return tuple(
+        SlowStage(
+            s.name,
+            reads=s.reads,
+            upstream=s.upstream,
+            needs_model=s.needs_model,
+            publish=s.publish,
+            artifacts=dict(s.artifacts),
+            delay=delay if slow in (None, s.name) else 0.0,
+            big=big if s.name == "export" else 0,
+        )
+        for s in pipeline()
+    )
+
+
+def settings(cache: Path, outputs: Path, **remote: Any) -> BuildSettings:
+    return BuildSettings(
+        cache_dir=str(cache), outputs_dir=outputs, dry_run=False, force=(), **remote
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cache", type=Path)
+    parser.add_argument("outputs", type=Path)
+    parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--slow", help="delay only this stage")
+    parser.add_argument("--big", type=int, default=0)
+    parser.add_argument("--remote")
+    parser.add_argument("--remote-mode", default="read_write")
+    parser.add_argument("--endpoint")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(name)s: %(message)s")
+    options = {"client_kwargs": {"endpoint_url": args.endpoint}} if args.endpoint else {}
+    outcome = run_build(
+        recipe(),
+        settings(
+            args.cache,
+            args.outputs,
+            remote=args.remote,
+            remote_mode=args.remote_mode,
+            storage_options=options,
+        ),
+        stages=stages(args.delay, args.big, args.slow),
+        load_model=lambda: "model",
+    )
+    statuses = {s.name: s.status for s in outcome.result.stages}
+    print(json.dumps({"exit_code": outcome.exit_code, "stages": statuses}), flush=True)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

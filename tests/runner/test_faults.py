@@ -1,0 +1,233 @@
+"""Cache faults heal or fail clearly: corrupt blobs of any size, read-only and unusable caches,
+scratch folders of killed builds.
+
+Builds run for real (the fake pipeline writes real files through the real runner and store);
+the ones that are killed or sandboxed run in their own process (``fault_driver.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyperexport import exit_codes
+from hyperexport.runner.session import BuildOutcome, run_build
+from hyperexport.runner.store import VERIFY_LIMIT, CacheStore
+from tests.runner.fakes import recipe
+from tests.runner.fault_driver import settings, stages
+
+REPO = Path(__file__).resolve().parents[2]
+BIG = VERIFY_LIMIT + (1 << 20)  # over the lookup's full-verification limit
+
+
+def _build(tmp_path: Path, cache: str = "cache", **kw: Any) -> BuildOutcome:
+    rec = recipe(**kw.pop("recipe", {}))
+    return run_build(
+        rec,
+        settings(tmp_path / cache, tmp_path / "outputs"),
+        stages=stages(**kw),
+        load_model=lambda: "model",
+    )
+
+
+def _statuses(outcome: BuildOutcome) -> dict[str, str]:
+    return {s.name: s.status for s in outcome.result.stages}
+
+
+def _flip_first_byte(path: Path) -> None:
+    path.chmod(0o644)
+    with open(path, "r+b") as fh:
+        first = fh.read(1)
+        fh.seek(0)
+        fh.write(bytes([first[0] ^ 0xFF]))
+
+
+def _blob_of(tmp_path: Path, outcome: BuildOutcome, stage: str, name: str) -> Path:
+    store = CacheStore(tmp_path / "cache")
+    entry = outcome.result.entries[stage]
+    (f,) = [f for f in entry.outputs if f.path == name]
+    return store.blob_path(f.digest)
+
+
+def test_corrupt_big_blob_upstream_of_a_stage_that_must_run_is_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = _build(tmp_path, big=BIG)
+    assert first.exit_code == 0
+    blob = _blob_of(tmp_path, first, "export", "big.bin")
+    _flip_first_byte(blob)  # same size: the lookup (size check only) still sees a hit
+    with caplog.at_level(logging.WARNING):
+        again = _build(tmp_path, big=BIG, recipe={"rewrite__optimize": True})
+    assert again.exit_code == 0, again.lines
+    assert _statuses(again) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
+    assert "corrupt" in caplog.text and "rebuilding" in caplog.text
+    # The rebuilt blob is sound again, and a third build is all hits.
+    third = _build(tmp_path, big=BIG, recipe={"rewrite__optimize": True})
+    assert set(_statuses(third).values()) == {"hit"}
+
+
+def test_corrupt_big_published_blob_is_rebuilt(tmp_path: Path) -> None:
+    first = _build(tmp_path)
+    model = tmp_path / "outputs" / "fake" / "default" / "model.onnx"
+    good = model.read_bytes()
+    blob = _blob_of(tmp_path, first, "rewrite", "model.onnx")
+    model.unlink()  # published again from the (now corrupt) blob
+    _flip_first_byte(blob)
+    again = _build(tmp_path)
+    assert again.exit_code == 0
+    assert model.read_bytes() == good
+
+
+def test_cache_dir_that_is_a_file_is_one_line_and_exit_3(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "cache").write_text("not a directory")
+    with caplog.at_level(logging.ERROR):
+        outcome = _build(tmp_path)
+    assert outcome.exit_code == exit_codes.UNAVAILABLE
+    assert outcome.result.stages == []  # detected before any stage ran
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and str(tmp_path / "cache") in errors[0]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_cache_dir_under_a_file_is_exit_3(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    outcome = _build(tmp_path, cache="file/cache")
+    assert outcome.exit_code == exit_codes.UNAVAILABLE
+
+
+# -- read-only caches (a real read-only bind mount, in a private mount namespace) -------------
+def _unshare_works() -> str | None:
+    if shutil.which("unshare") is None:
+        return "unshare is not installed"
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"unshare -m is not permitted: {probe.stderr}"
+
+
+def _driver_read_only(cache: Path, outputs: Path) -> subprocess.CompletedProcess[str]:
+    """Run the driver with ``cache`` bind-mounted read-only onto itself (root can't write)."""
+    script = (
+        f"mount --bind {cache} {cache} && mount -o remount,ro,bind {cache} && "
+        f"touch {cache}/probe 2>/dev/null && echo WRITABLE; "
+        f"{sys.executable} -m tests.runner.fault_driver {cache} {outputs}"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def _tree(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+def test_read_only_cache_serves_hits_and_writes_nothing(tmp_path: Path) -> None:
+    cache, outputs = tmp_path / "cache", tmp_path / "outputs"
+    assert _build(tmp_path).exit_code == 0
+    shutil.rmtree(outputs)
+    before = _tree(cache)
+    run = _driver_read_only(cache, outputs)
+    assert "WRITABLE" not in run.stdout  # the mount really is read-only
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stderr
+    assert set(result["stages"].values()) == {"hit"}
+    assert "not writable" in run.stderr
+    assert _tree(cache) == before
+    out = outputs / "fake" / "default"
+    assert (out / "model.onnx").is_file() and (out / "report.json").is_file()
+
+
+@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+def test_read_only_cache_with_a_miss_fails_with_one_line_and_exit_3(tmp_path: Path) -> None:
+    cache, outputs = tmp_path / "cache", tmp_path / "outputs"
+    cache.mkdir()
+    run = _driver_read_only(cache, outputs)
+    assert run.returncode == exit_codes.UNAVAILABLE, run.stdout + run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("[ERROR]")]
+    assert len(errors) == 1
+    assert str(cache) in errors[0] and "read-only" in errors[0] and "trace" in errors[0]
+    assert "Traceback" not in run.stderr
+    assert "running trace" not in run.stdout  # failed before the stage ran
+    assert not (outputs / "fake").exists()
+    assert list(cache.iterdir()) == []
+
+
+# -- scratch of killed builds ------------------------------------------------------------------
+def _start_driver(cache: Path, outputs: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.runner.fault_driver", str(cache), str(outputs), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+
+
+def _wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if text in line:
+            return
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"{text!r} never printed")
+
+
+def test_scratch_of_a_killed_build_is_removed_by_the_next(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    victim = _start_driver(cache, tmp_path / "killed", "--delay", "60", "--slow", "export")
+    _wait_for_line(victim, "running export")  # mid-stage: trace committed, export running
+    leftover = sorted((cache / "tmp").iterdir())
+    assert leftover, "the running build has scratch folders"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    again = _build(tmp_path)
+    assert again.exit_code == 0
+    assert _statuses(again)["trace"] == "hit"
+    assert list((cache / "tmp").iterdir()) == []
+    assert list((cache / "locks" / "scratch").iterdir()) == []
+    clean = run_build(
+        recipe(),
+        settings(tmp_path / "clean-cache", tmp_path / "clean"),
+        stages=stages(),
+        load_model=lambda: "model",
+    )
+    published = tmp_path / "outputs" / "fake" / "default" / "model.onnx"
+    assert published.read_bytes() == (clean.out_dir / "model.onnx").read_bytes()
+
+
+def test_scratch_of_a_live_build_is_kept(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    live = _start_driver(cache, tmp_path / "live", "--delay", "60", "--slow", "trace")
+    try:
+        _wait_for_line(live, "running trace")
+        scratch = sorted((cache / "tmp").iterdir())
+        assert scratch
+        # Another build of another recipe on the same cache runs meanwhile.
+        other = _build(tmp_path, recipe={"name": "other", "inputs__input_ids__high": 100})
+        assert other.exit_code == 0
+        assert all(p.is_dir() for p in scratch)
+    finally:
+        live.kill()
+        live.wait()
