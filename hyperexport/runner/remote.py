@@ -83,6 +83,7 @@ class Remote:
         self._check()
 
     def _check(self) -> None:
+        self.fs.invalidate_cache()  # fsspec reuses filesystem instances, listings included
         try:
             if self.writable and not self._atomic_put:
                 self.fs.makedirs(self.root, exist_ok=True)
@@ -137,10 +138,13 @@ class Remote:
                 self.fs.get_file(self.blob_path(f.digest), str(tmp))
                 if tmp.stat().st_size != f.size or sha256_file(tmp) != f.digest:
                     log.warning(
-                        "remote cache %s: blob of %s does not match its digest; a miss",
+                        "remote cache %s: blob of %s does not match its digest; a miss%s",
                         self.url,
                         f.path,
+                        " (removed there; this build uploads it again)" if self.writable else "",
                     )
+                    if self.writable:
+                        self.fs.rm_file(self.blob_path(f.digest))
                     return False
                 store.adopt_blob(tmp, f.digest)
             except Exception as e:

@@ -1,0 +1,270 @@
+"""The remote cache tier (issue 11, item 4): against ``file://`` and a real S3 endpoint.
+
+The S3 endpoint is moto's server on 127.0.0.1 (a free port), started and stopped here; s3fs
+talks to it over HTTP as it would to AWS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyperexport import exit_codes
+from hyperexport.config import BuildSettings
+from hyperexport.runner.remote import Remote
+from hyperexport.runner.session import BuildOutcome, run_build
+from tests.runner.fakes import recipe
+from tests.runner.fault_driver import settings, stages
+from tests.runner.test_e2e import toy_package, toy_recipe
+
+__all__ = ["toy_package"]  # the fixture, shared with the end-to-end tests
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+SECRET = "hx-test-secret-never-reported"
+BUCKET = "hx-cache"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 endpoint (moto) on loopback, with one empty bucket."""
+    import boto3
+
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = boto3.client(
+            "s3",
+            endpoint_url=url,
+            aws_access_key_id="hx",
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+        )
+        client.create_bucket(Bucket=BUCKET)
+        yield url
+    finally:
+        server.stop()
+
+
+def _s3_options(endpoint: str) -> dict[str, Any]:
+    return {"key": "hx", "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint}}
+
+
+def _fake_build(
+    tmp_path: Path, setup: str, remote: str, mode: str = "read_write", **options: Any
+) -> BuildOutcome:
+    return run_build(
+        recipe(),
+        settings(
+            tmp_path / setup / "cache",
+            tmp_path / setup / "outputs",
+            remote=remote,
+            remote_mode=mode,
+            storage_options=options,
+        ),
+        stages=stages(big=3 << 20),
+        load_model=lambda: "model",
+    )
+
+
+def _statuses(outcome: BuildOutcome) -> dict[str, str]:
+    return {s.name: s.status for s in outcome.result.stages}
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+HITS = {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "hit"}
+RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "check": "ran"}
+
+
+# -- file:// ----------------------------------------------------------------------------------
+def test_file_remote_serves_a_fresh_setup(tmp_path: Path) -> None:
+    remote = f"file://{tmp_path / 'remote'}"
+    a = _fake_build(tmp_path, "a", remote)
+    assert _statuses(a) == RAN
+    b = _fake_build(tmp_path, "b", remote)
+    assert _statuses(b) == HITS
+    model = Path("fake") / "default" / "model.onnx"
+    assert (tmp_path / "b/outputs" / model).read_bytes() == (
+        tmp_path / "a/outputs" / model
+    ).read_bytes()
+    # Blobs came down into B's own store, verified; B's next build is local.
+    assert _statuses(_fake_build(tmp_path, "b", remote)) == HITS
+    assert not list((tmp_path / "remote").rglob("*.tmp"))
+
+
+def test_dry_run_reads_remote_entries_and_writes_nothing(tmp_path: Path) -> None:
+    remote = f"file://{tmp_path / 'remote'}"
+    _fake_build(tmp_path, "a", remote)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    plan = run_build(
+        recipe(),
+        BuildSettings(
+            cache_dir=str(tmp_path / "b" / "cache"),
+            outputs_dir=tmp_path / "b" / "outputs",
+            dry_run=True,
+            force=(),
+            remote=remote,
+        ),
+        stages=stages(),
+        load_model=lambda: "model",
+    )
+    assert _statuses(plan) == HITS
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_read_only_remote_never_writes(tmp_path: Path) -> None:
+    remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()
+    outcome = _fake_build(tmp_path, "a", f"file://{remote_dir}", mode="read_only")
+    assert outcome.exit_code == 0 and _statuses(outcome) == RAN
+    assert list(remote_dir.rglob("*")) == []
+
+
+def test_corrupt_remote_blob_is_a_miss_and_is_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    remote_dir = tmp_path / "remote"
+    a = _fake_build(tmp_path, "a", f"file://{remote_dir}")
+    big = next(f for f in a.result.entries["export"].outputs if f.path == "big.bin")
+    blob = remote_dir / "blobs" / big.digest[:2] / big.digest
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        b = _fake_build(tmp_path, "b", f"file://{remote_dir}")
+    assert b.exit_code == 0
+    assert _statuses(b) == {"trace": "hit", "export": "ran", "rewrite": "hit", "check": "hit"}
+    assert "does not match its digest" in caplog.text
+    assert blob.read_bytes() != bytes(data)  # healed on the remote by B's upload
+    assert _statuses(_fake_build(tmp_path, "c", f"file://{remote_dir}")) == HITS
+    assert not list((tmp_path / "b" / "cache" / "blobs").rglob("*.download"))
+
+
+def test_unknown_remote_filesystem_is_exit_3(tmp_path: Path) -> None:
+    outcome = _fake_build(tmp_path, "a", "nosuchfs://bucket/x")
+    assert outcome.exit_code == exit_codes.UNAVAILABLE
+    assert outcome.result.stages == []
+
+
+# -- a real S3 endpoint -------------------------------------------------------------------------
+def test_s3_remote_serves_a_fresh_setup_byte_identical(
+    s3_endpoint: str, toy_package: Path, tmp_path: Path
+) -> None:
+    """Acceptance: setup A builds and uploads; setup B (empty cache, other outputs) hits every
+    stage from the remote, and its artifacts are byte-identical. Real stages (torch, ORT)."""
+    pkg = toy_package
+    remote = "s3://hx-cache/team/cache"
+    outcomes = {}
+    for setup in ("a", "b"):
+        outcomes[setup] = _real_build(toy_recipe(pkg), tmp_path / setup, remote, s3_endpoint)
+    assert {s["name"]: s["status"] for s in outcomes["a"].report["stages"]} == RAN  # type: ignore[index]
+    assert {s["name"]: s["status"] for s in outcomes["b"].report["stages"]} == HITS  # type: ignore[index]
+    a_files = _files(outcomes["a"].out_dir)
+    b_files = _files(outcomes["b"].out_dir)
+    published = {k for k in a_files if k not in ("report.json", "summary.txt")}
+    assert published and {k: a_files[k] for k in published} == {k: b_files[k] for k in published}
+    for setup in ("a", "b"):
+        for path in (tmp_path / setup).rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_s3_read_only_mode_fetches_but_never_uploads(s3_endpoint: str, tmp_path: Path) -> None:
+    import boto3
+
+    remote = "s3://hx-cache/read-only-test"
+    options = _s3_options(s3_endpoint)
+    first = _fake_build(tmp_path, "a", remote, "read_only", **options)
+    assert _statuses(first) == RAN
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id="hx",
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    )
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix="read-only-test/")
+    assert listed.get("KeyCount", 0) == 0
+    _fake_build(tmp_path, "b", remote, "read_write", **options)  # fills the remote
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix="read-only-test/")
+    keys = [o["Key"] for o in listed["Contents"]]
+    assert any("/actions/" in k for k in keys) and any("/blobs/" in k for k in keys)
+    assert not any(k.endswith(".tmp") for k in keys)
+    c = _fake_build(tmp_path, "c", remote, "read_only", **options)
+    assert _statuses(c) == HITS
+
+
+def test_unreachable_s3_endpoint_is_exit_3(tmp_path: Path) -> None:
+    options = {
+        "key": "hx",
+        "secret": SECRET,
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_free_port()}"},
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
+    }
+    outcome = _fake_build(tmp_path, "a", "s3://hx-cache/x", **options)
+    assert outcome.exit_code == exit_codes.UNAVAILABLE
+
+
+@pytest.mark.slow
+def test_s3_upload_of_a_large_blob_is_multipart(s3_endpoint: str, tmp_path: Path) -> None:
+    import boto3
+
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as fh:  # over s3fs's 2 x 50 MiB single-put limit
+        for _ in range(110):
+            fh.write(bytes(range(256)) * 4096)
+    remote = Remote("s3://hx-cache/multipart", storage_options=_s3_options(s3_endpoint))
+    remote._put_file(big, f"{remote.root}/blobs/xx/big")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id="hx",
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    )
+    head = client.head_object(Bucket=BUCKET, Key="multipart/blobs/xx/big")
+    assert head["ContentLength"] == big.stat().st_size
+    assert "-" in head["ETag"]  # S3's ETag of a multipart upload: "<md5 of md5s>-<parts>"
+
+
+# -- helpers for the real-stage acceptance test --------------------------------------------
+def _real_build(recipe_: Any, setup: Path, remote: str, endpoint: str) -> BuildOutcome:
+    from hyperexport.stages import PIPELINE, model_loader
+
+    outcome = run_build(
+        recipe_,
+        BuildSettings(
+            cache_dir=str(setup / "cache"),
+            outputs_dir=setup / "outputs",
+            dry_run=False,
+            force=(),
+            remote=remote,
+            storage_options=_s3_options(endpoint),
+        ),
+        stages=PIPELINE,
+        load_model=model_loader(recipe_),
+    )
+    assert outcome.exit_code == 0, outcome.lines
+    report = json.loads((outcome.out_dir / "report.json").read_text())
+    assert report["check"]["ok"] is True
+    return outcome
