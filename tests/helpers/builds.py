@@ -6,10 +6,14 @@ it stands in for user code they can edit.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hyperexport.config import BuildSettings, Recipe
+from hyperexport.config import BuildSettings, Recipe, validate_recipe
 from hyperexport.runner.session import BuildOutcome, run_build
 from hyperexport.stages import PIPELINE, model_loader
 
@@ -80,3 +84,38 @@ def statuses(outcome: BuildOutcome) -> dict[str, str]:
 def reasons(outcome: BuildOutcome) -> dict[str, str]:
     assert outcome.report is not None
     return {s["name"]: s["reason"] for s in outcome.report["stages"]}
+
+
+@contextlib.contextmanager
+def toy_package_in(root: Path) -> Iterator[Path]:
+    """Write ``TOY_SOURCE`` as package ``hx_toy`` under ``root`` and make it importable."""
+    pkg = root / "hx_toy"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "net.py").write_text(TOY_SOURCE)
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    try:
+        yield pkg
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m == "hx_toy" or m.startswith("hx_toy.")]:
+            del sys.modules[name]
+
+
+def toy_package_recipe(pkg: Path, **changes: Any) -> Recipe:
+    """A recipe of the ``hx_toy`` package's ``make``; ``a__b=v`` sets nested field ``a.b``."""
+    data: dict[str, Any] = {
+        "name": "toy",
+        "model": {"_target_": "hx_toy.net.make", "seed": 0},
+        "inputs": {"x": {"shape": [2, 8], "dtype": "float32", "low": -1.0, "high": 1.0}},
+        "hiera": ["hx_toy.net.Block"],
+        "rewrite": {"optimize": False, "fuse_constants": False},
+    }
+    for dotted, value in changes.items():
+        target = data
+        *parents, last = dotted.split("__")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[last] = value
+    return validate_recipe(data, str(pkg.parent / "toy.yaml"))

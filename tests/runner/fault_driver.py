@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -24,6 +26,8 @@ from hyperexport.config import BuildSettings
 from hyperexport.runner.session import run_build
 from hyperexport.runner.stage import StageInputs
 from tests.runner.fakes import FakeStage, pipeline, recipe
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -67,6 +71,32 @@ def settings(cache: Path, outputs: Path, **remote: Any) -> BuildSettings:
     return BuildSettings(
         cache_dir=str(cache), outputs_dir=outputs, dry_run=False, force=(), **remote
     )
+
+
+def start_driver(cache: Path, outputs: Path, *extra: str) -> subprocess.Popen[str]:
+    """Start the driver on ``cache`` and ``outputs`` in its own process (pipes: text)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.runner.fault_driver", str(cache), str(outputs), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+
+
+def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> None:
+    """Read ``proc``'s stdout until a line contains ``text``."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if text in line:
+            return
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"{text!r} never printed")
 
 
 def main(argv: list[str]) -> int:

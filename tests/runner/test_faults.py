@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,8 @@ from hyperexport import exit_codes
 from hyperexport.runner.session import BuildOutcome, run_build
 from hyperexport.runner.store import VERIFY_LIMIT, CacheStore
 from tests.runner.fakes import recipe
-from tests.runner.fault_driver import settings, stages
+from tests.runner.fault_driver import REPO, settings, stages, start_driver, wait_for_line
 
-REPO = Path(__file__).resolve().parents[2]
 BIG = VERIFY_LIMIT + (1 << 20)  # over the lookup's full-verification limit
 
 
@@ -170,34 +168,10 @@ def test_read_only_cache_with_a_miss_fails_with_one_line_and_exit_3(tmp_path: Pa
 
 
 # -- scratch of killed builds ------------------------------------------------------------------
-def _start_driver(cache: Path, outputs: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.runner.fault_driver", str(cache), str(outputs), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
-
-
-def _wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> None:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if text in line:
-            return
-        if not line and proc.poll() is not None:
-            break
-    raise AssertionError(f"{text!r} never printed")
-
-
 def test_scratch_of_a_killed_build_is_removed_by_the_next(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    victim = _start_driver(cache, tmp_path / "killed", "--delay", "60", "--slow", "export")
-    _wait_for_line(victim, "running export")  # mid-stage: trace committed, export running
+    victim = start_driver(cache, tmp_path / "killed", "--delay", "60", "--slow", "export")
+    wait_for_line(victim, "running export")  # mid-stage: trace committed, export running
     leftover = sorted((cache / "tmp").iterdir())
     assert leftover, "the running build has scratch folders"
     victim.send_signal(signal.SIGKILL)
@@ -219,9 +193,9 @@ def test_scratch_of_a_killed_build_is_removed_by_the_next(tmp_path: Path) -> Non
 
 def test_scratch_of_a_live_build_is_kept(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    live = _start_driver(cache, tmp_path / "live", "--delay", "60", "--slow", "trace")
+    live = start_driver(cache, tmp_path / "live", "--delay", "60", "--slow", "trace")
     try:
-        _wait_for_line(live, "running trace")
+        wait_for_line(live, "running trace")
         scratch = sorted((cache / "tmp").iterdir())
         assert scratch
         # Another build of another recipe on the same cache runs meanwhile.

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,14 @@ from hyperexport.capture import tree
 from hyperexport.contracts.records import tree_from_json
 from hyperexport.errors import CorruptRecordError
 from hyperexport.runner.store import CacheStore
-from tests.runner.test_e2e import build, statuses, toy_package, toy_recipe
+from tests.helpers.builds import build, statuses, toy_package_in
+from tests.helpers.builds import toy_package_recipe as toy_recipe
 
-__all__ = ["toy_package"]  # the fixture, shared with the end-to-end tests
+
+@pytest.fixture(scope="module")
+def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with toy_package_in(tmp_path_factory.mktemp("toy")) as pkg:
+        yield pkg
 
 
 def _popen_node(marker: Path) -> list[object]:

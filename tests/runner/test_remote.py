@@ -19,11 +19,17 @@ from hyperexport import exit_codes
 from hyperexport.config import BuildSettings
 from hyperexport.runner.remote import Remote
 from hyperexport.runner.session import BuildOutcome, run_build
+from tests.helpers.builds import toy_package_in
+from tests.helpers.builds import toy_package_recipe as toy_recipe
 from tests.runner.fakes import recipe
 from tests.runner.fault_driver import settings, stages
-from tests.runner.test_e2e import toy_package, toy_recipe
 
-__all__ = ["toy_package"]  # the fixture, shared with the end-to-end tests
+
+@pytest.fixture(scope="module")
+def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with toy_package_in(tmp_path_factory.mktemp("toy")) as pkg:
+        yield pkg
+
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")

@@ -18,7 +18,7 @@ import filelock
 import pytest
 
 from hyperexport.runner import locks
-from tests.runner.test_faults import _start_driver, _wait_for_line
+from tests.runner.fault_driver import start_driver, wait_for_line
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, object]:
@@ -30,8 +30,8 @@ def _result(proc: subprocess.Popen[str]) -> dict[str, object]:
 def test_two_processes_on_one_empty_cache_compute_each_stage_once(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     # Every stage takes a moment, so the two builds overlap on every key.
-    first = _start_driver(cache, tmp_path / "a", "--delay", "0.5")
-    second = _start_driver(cache, tmp_path / "b", "--delay", "0.5")
+    first = start_driver(cache, tmp_path / "a", "--delay", "0.5")
+    second = start_driver(cache, tmp_path / "b", "--delay", "0.5")
     results = [_result(first), _result(second)]
     statuses = [s for r in results for s in r["stages"].values()]  # type: ignore[attr-defined]
     assert statuses.count("ran") == 4, results
@@ -43,9 +43,9 @@ def test_two_processes_on_one_empty_cache_compute_each_stage_once(tmp_path: Path
 
 def test_a_killed_holder_releases_the_key(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    holder = _start_driver(cache, tmp_path / "a", "--delay", "60", "--slow", "trace")
-    _wait_for_line(holder, "running trace")  # holds the trace key's lock, for a minute
-    waiter = _start_driver(cache, tmp_path / "b")
+    holder = start_driver(cache, tmp_path / "a", "--delay", "60", "--slow", "trace")
+    wait_for_line(holder, "running trace")  # holds the trace key's lock, for a minute
+    waiter = start_driver(cache, tmp_path / "b")
     time.sleep(1.0)
     assert waiter.poll() is None, "the second build waits for the holder"
     holder.send_signal(signal.SIGKILL)
