@@ -32,8 +32,10 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from filelock import FileLock, Timeout
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ _warned: set[str] = set()
 
 
 def _lock(path: Path) -> FileLock:
+    from filelock import FileLock  # imported on first use: a no-op build takes no lock
+
     path.parent.mkdir(parents=True, exist_ok=True)
     # No soft (marker-file) fallback: a marker outlives a killed holder, a flock does not.
     return FileLock(path, fallback_to_soft=False)
@@ -87,7 +91,7 @@ def single_flight(root: Path, key: str, what: str) -> Iterator[None]:
     try:
         try:
             lock.acquire(timeout=0)
-        except Timeout:
+        except _timeout():
             log.info("%s: another build is computing it; waiting for its result", what)
             lock.acquire()
     except OSError as e:
@@ -130,7 +134,7 @@ def scratch_is_live(root: Path, scratch: Path, max_age: float = SCRATCH_MAX_AGE)
     lock = _lock(scratch_lock_path(root, scratch))
     try:
         lock.acquire(timeout=0)
-    except Timeout:
+    except _timeout():
         return True
     except OSError as e:
         _warn_once(root, e)
@@ -142,7 +146,7 @@ def scratch_is_live(root: Path, scratch: Path, max_age: float = SCRATCH_MAX_AGE)
 def remove_dead_scratch(root: Path, max_age: float = SCRATCH_MAX_AGE) -> list[Path]:
     """Remove the scratch folders of dead builds (see :func:`scratch_is_live`); return them."""
     base = root / SCRATCH_DIR
-    if not base.is_dir():
+    if not base.is_dir() or not any(base.iterdir()):
         return []
     removed = []
     for path in sorted(base.iterdir()):
@@ -150,7 +154,7 @@ def remove_dead_scratch(root: Path, max_age: float = SCRATCH_MAX_AGE) -> list[Pa
         lock = _lock(lock_path)
         try:
             lock.acquire(timeout=0)
-        except Timeout:
+        except _timeout():
             continue
         except OSError as e:
             _warn_once(root, e)
@@ -167,6 +171,12 @@ def remove_dead_scratch(root: Path, max_age: float = SCRATCH_MAX_AGE) -> list[Pa
     if removed:
         log.info("removed %d scratch folder(s) of dead builds under %s", len(removed), base)
     return removed
+
+
+def _timeout() -> type[Exception]:
+    from filelock import Timeout
+
+    return Timeout
 
 
 def _age(path: Path) -> float:
