@@ -15,6 +15,12 @@ succeeded, as Bazel's remote cache is:
   Blobs already on the remote are not uploaded again. A failed upload is a WARNING: the build
   still succeeds with its local result.
 * ``remote_mode=read_only`` never writes (pull-request CI).
+* **Discovered dependencies** (``deps/<aa>/<declared key>.json``, see ``discovered.py``): a
+  stage that runs user code is stored under a full key found through this record, so the
+  record travels too. A build whose local record has no set that holds merges in the remote's
+  sets (:meth:`Remote.fetch_deps`); after computing such a stage it merges its sets into the
+  remote's record, after the entry (:meth:`Remote.upload_deps`). Sets from another machine
+  whose modules differ from this one's simply do not resolve: a miss, never a wrong hit.
 
 Credentials and endpoints are fsspec's ``storage_options`` (``build.storage_options``, or the
 environment: ``AWS_*`` for s3fs, ``FSSPEC_<PROTOCOL>_<OPTION>`` for any fsspec filesystem).
@@ -36,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 from hyperexport.config.schema import REMOTE_MODES
 from hyperexport.errors import CacheUnavailableError
-from hyperexport.runner.hashing import sha256_file
+from hyperexport.runner.discovered import DEPS_FORMAT, MAX_SETS, set_digest
+from hyperexport.runner.hashing import atomic_write_json, sha256_file
 
 if TYPE_CHECKING:
     from hyperexport.runner.store import ActionEntry, CacheStore
@@ -191,6 +198,60 @@ class Remote:
             return
         log.info("%s: uploaded entry %s to the remote cache", entry.stage, entry.key[:12])
 
+    def deps_path(self, declared: str) -> str:
+        return f"{self.root}/deps/{declared[:2]}/{declared}.json"
+
+    def deps_sets(self, declared: str) -> list[Any]:
+        """The remote's dependency sets of ``declared`` (unvalidated dicts; may be empty)."""
+        return self._read_deps(declared)
+
+    def _read_deps(self, declared: str) -> list[Any]:
+        try:
+            data = json.loads(self.fs.cat_file(self.deps_path(declared)))
+        except FileNotFoundError:
+            return []
+        except Exception as e:
+            log.warning("remote cache %s: cannot read dependency record (%s)", self.url, e)
+            return []
+        sets = data.get("sets") if isinstance(data, dict) else None
+        if not isinstance(sets, list) or data.get("format") != DEPS_FORMAT:
+            log.warning("remote cache %s: ignoring a dependency record of unknown format", self.url)
+            return []
+        return [d for d in sets if _plausible_set(d)]
+
+    def fetch_deps(self, declared: str, local: Path) -> bool:
+        """Merge the remote's dependency sets of ``declared`` into the local record ``local``.
+
+        Returns whether any set was added (the caller then resolves again).
+        """
+        remote_sets = self._read_deps(declared)
+        if not remote_sets:
+            return False
+        local_sets = _read_local_deps(local)
+        merged = _merge(local_sets, remote_sets)
+        if len(merged) == len(local_sets):
+            return False
+        atomic_write_json(local, {"format": DEPS_FORMAT, "sets": merged})
+        return True
+
+    def upload_deps(self, declared: str, local: Path) -> None:
+        """Merge the local dependency sets of ``declared`` into the remote record (after the
+        entry they lead to was uploaded). A no-op in ``read_only`` mode; failures are WARNINGs."""
+        if not self.writable:
+            return
+        try:
+            merged = _merge(_read_local_deps(local), self._read_deps(declared))
+            data = json.dumps({"format": DEPS_FORMAT, "sets": merged}, sort_keys=True, indent=1)
+            self._put_bytes(data.encode("utf-8"), self.deps_path(declared))
+        except Exception as e:
+            log.warning(
+                "remote cache %s: could not upload the dependency record %s (%s: %s)",
+                self.url,
+                declared[:12],
+                type(e).__name__,
+                e,
+            )
+
     def _has(self, path: str, size: int) -> bool:
         try:
             return int(self.fs.size(path)) == size
@@ -225,6 +286,35 @@ class Remote:
             if self.fs.exists(tmp):
                 self.fs.rm_file(tmp)
             raise
+
+
+def _read_local_deps(path: Path) -> list[Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    sets = data.get("sets") if isinstance(data, dict) else None
+    return [d for d in sets if _plausible_set(d)] if isinstance(sets, list) else []
+
+
+def _plausible_set(deps: Any) -> bool:
+    """The shape of a dependency set (``discovered.py`` validates its contents on use)."""
+    return (
+        isinstance(deps, dict)
+        and isinstance(deps.get("modules"), dict)
+        and isinstance(deps.get("dists"), dict)
+    )
+
+
+def _merge(first: list[Any], second: list[Any]) -> list[Any]:
+    """``first`` then the sets of ``second`` it lacks, at most ``MAX_SETS``."""
+    seen = {set_digest(d) for d in first}
+    merged = list(first)
+    for deps in second:
+        if set_digest(deps) not in seen:
+            seen.add(set_digest(deps))
+            merged.append(deps)
+    return merged[:MAX_SETS]
 
 
 def remote_from_settings(

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.errors import CorruptRecordError, StageError
+from hyperexport.runner import discovered
 from hyperexport.runner.code_closure import ImportMemo, package_sources, stage_code
 from hyperexport.runner.discovered import DiscoveredDeps
 from hyperexport.runner.fingerprint import environment_fingerprint
@@ -331,6 +332,8 @@ class Runner:
         ``declared`` (until the stage is done, in ``self._held``) and resolve and look again:
         a concurrent build that computed it meanwhile makes this a hit."""
         key, stale = self._resolve(stage, declared)
+        if key is None and self.store.remote is not None:
+            key = self._resolve_remote(declared) or key
         lookup = self.store.lookup(key) if key is not None else Lookup("missing")
         if dry_run or self.store.read_only or (lookup.status == "hit" and not forced):
             return key, stale, lookup
@@ -344,6 +347,23 @@ class Runner:
             again_key = declared
         again = self.store.lookup(again_key) if again_key is not None else Lookup("missing")
         return (again_key, "", again) if again.status == "hit" else (key, stale, lookup)
+
+    def _resolve_remote(self, declared: str) -> str | None:
+        """The full key of a dependency set recorded on the remote that holds here, if any.
+
+        A writable store merges the remote's sets into the local record (so later builds find
+        them without the remote); a read-only one (a dry run) only reads them.
+        """
+        remote = self.store.remote
+        assert remote is not None
+        if self.store.read_only:
+            for deps in remote.deps_sets(declared):
+                if not discovered.changes(deps, self.store.index):
+                    return discovered.full_key(declared, deps)
+            return None
+        if remote.fetch_deps(declared, self.discovered.path(declared)):
+            return DiscoveredDeps(self.store.root, self.store.index).resolve(declared).key
+        return None
 
     def _execute(
         self,
@@ -379,6 +399,8 @@ class Runner:
                 result.entries[stage.name] = self.store.commit(
                     key, stage.name, out_dir, recipe=request.recipe_name
                 )
+                if stage.needs_model and self.store.remote is not None:  # after the entry
+                    self.store.remote.upload_deps(declared, self.discovered.path(declared))
                 status = "ok"
         self.store.record_run(
             request.recipe_name, stage.name, _record(key, declared, material, status)
