@@ -33,6 +33,7 @@ from hyperexport.capture.torch_bridge import (
 )
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.errors import (
+    CorruptRecordError,
     HieraError,
     InputError,
     ModelForwardError,
@@ -87,8 +88,19 @@ class Capture:
 
     @classmethod
     def load(cls, directory: Path) -> Capture:
-        record = CaptureRecord.loads((directory / CAPTURE_JSON).read_text(encoding="utf-8"))
-        return cls(record, load_arrays(directory / TENSORS_NPZ))
+        """Read a capture saved by :meth:`save`.
+
+        Raises:
+            CorruptRecordError: ``capture.json`` or ``tensors.npz`` is malformed (a build
+                treats the cache entry holding them as corrupt and rebuilds it).
+        """
+        try:
+            record = CaptureRecord.loads((directory / CAPTURE_JSON).read_text(encoding="utf-8"))
+            return cls(record, load_arrays(directory / TENSORS_NPZ))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise CorruptRecordError(
+                f"capture in {directory}", f"unreadable: {type(e).__name__}: {e}"
+            ) from e
 
 
 class _Recorder:

@@ -10,8 +10,9 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -72,17 +73,14 @@ def test_unflatten_rebuilds_model_outputs_registered_with_torch_pytree() -> None
     assert isinstance(rebuilt, BaseModelOutput)
 
 
-def _plant(store: CacheStore, key: str, marker: Path) -> None:
-    """Rewrite the trace entry ``key`` so its capture names ``subprocess.Popen``: a new blob with
-    a matching digest, and an entry pointing at it (what a hostile cache writer would do)."""
+def _plant(store: CacheStore, key: str, edit: Callable[[dict[str, Any]], bytes]) -> None:
+    """Rewrite the trace entry ``key`` with ``edit(capture)`` as its ``capture.json``: a new
+    blob with a matching digest, and an entry pointing at it (what a hostile writer would do)."""
     path = store.action_path(key)
     data = json.loads(path.read_text())
     for item in data["outputs"]:
         if item[0] == "capture.json":
-            capture = json.loads(store.blob_path(item[1]).read_text())
-            # An extra argument of the first hiera call: its unit's export rebuilds the inputs.
-            capture["calls"][0]["inputs"][1].append(["shell_cmd", _popen_node(marker)])
-            raw = json.dumps(capture).encode()
+            raw = edit(json.loads(store.blob_path(item[1]).read_text()))
             digest = hashlib.sha256(raw).hexdigest()
             blob = store.blob_path(digest)
             blob.parent.mkdir(parents=True, exist_ok=True)
@@ -93,6 +91,15 @@ def _plant(store: CacheStore, key: str, marker: Path) -> None:
     assert store.lookup(key).status == "hit"  # the planted entry is well formed
 
 
+def _with_popen(marker: Path) -> Callable[[dict[str, Any]], bytes]:
+    def edit(capture: dict[str, Any]) -> bytes:
+        # An extra argument of the first hiera call: its unit's export rebuilds the inputs.
+        capture["calls"][0]["inputs"][1].append(["shell_cmd", _popen_node(marker)])
+        return json.dumps(capture).encode()
+
+    return edit
+
+
 def test_planted_popen_payload_runs_nothing_and_the_entry_is_rebuilt(
     toy_package: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -101,14 +108,29 @@ def test_planted_popen_payload_runs_nothing_and_the_entry_is_rebuilt(
     assert first.exit_code == 0
     trace_key = first.result.entries["trace"].key
     store = CacheStore(tmp_path / "cache")
-    _plant(store, trace_key, marker)
+    _plant(store, trace_key, _with_popen(marker))
     with caplog.at_level(logging.WARNING):
         again = build(toy_recipe(toy_package, opset=17), tmp_path)  # export must run
     assert not marker.exists(), "the payload ran"
     assert again.exit_code == 0, again.lines
     assert statuses(again) == {"trace": "ran", "export": "ran", "rewrite": "ran", "check": "ran"}
     assert "subprocess.Popen" in caplog.text and "rebuilding" in caplog.text
-    healed = store.lookup(trace_key)
-    assert healed.status == "hit" and healed.entry is not None
-    assert "Popen" not in (store.read_text(healed.entry, "capture.json") or "")
+    # The planted entry is gone; the trace entry of this build is a fresh, clean capture.
+    rebuilt = again.result.entries["trace"]
+    planted = store.lookup(trace_key)
+    assert planted.status == "missing" or planted.entry == rebuilt
+    assert store.lookup(rebuilt.key).status == "hit"
+    assert "Popen" not in (store.read_text(rebuilt, "capture.json") or "")
     assert again.report is not None and again.report["check"]["ok"] is True
+
+
+def test_malformed_capture_with_a_matching_digest_is_rebuilt(
+    toy_package: Path, tmp_path: Path
+) -> None:
+    first = build(toy_recipe(toy_package), tmp_path)
+    trace_key = first.result.entries["trace"].key
+    store = CacheStore(tmp_path / "cache")
+    _plant(store, trace_key, lambda capture: b'{"calls": []}')
+    again = build(toy_recipe(toy_package, opset=17), tmp_path)
+    assert again.exit_code == 0, again.lines
+    assert statuses(again)["trace"] == "ran"
