@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,45 @@ def test_scratch_of_a_live_build_is_kept(tmp_path: Path) -> None:
     finally:
         live.kill()
         live.wait()
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_real_cli_build_mid_export_then_rebuild(tmp_path: Path) -> None:
+    """The real pipeline through the command line: kill -9 while export runs; the next build
+    removes the dead scratch and its model is byte-identical to a clean build's."""
+    from tests.helpers.cli import run, write_toy
+
+    toy = write_toy(tmp_path)
+    cache = tmp_path / "cache"
+    paths = [str(tmp_path / "user"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    victim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hyperexport",
+            f"recipe_file={toy}",
+            f"build.cache_dir={cache}",
+            f"build.outputs_dir={tmp_path / 'outputs'}",
+        ],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and victim.poll() is None:
+        if any(p.name.startswith("export-") for p in (cache / "tmp").glob("*")):
+            break
+        time.sleep(0.05)
+    assert victim.poll() is None, "the build ended before export ran"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert list((cache / "tmp").iterdir()), "the killed build left its scratch"
+    again = run([f"recipe_file={toy}"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert list((cache / "tmp").iterdir()) == []
+    clean_root = tmp_path / "clean"
+    clean_root.mkdir()
+    clean = run([f"recipe_file={write_toy(clean_root)}"], clean_root)
+    assert clean.returncode == 0, clean.stderr
+    model = Path("outputs") / "toy" / "default" / "model.onnx"
+    assert (tmp_path / model).read_bytes() == (clean_root / model).read_bytes()
