@@ -1,0 +1,45 @@
+"""The README's zoo table is what bench/zoo_table.py renders from the recipes and the last
+measurement (bench/zoo_table.json): adding, removing or changing a zoo recipe without measuring
+again fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+from hyperexport.zoo import EXPECTED_FAILURES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("zoo_table", REPO / "bench" / "zoo_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_zoo_recipe_was_measured_on_both_paths() -> None:
+    table = _script()
+    results = json.loads(table.RESULTS.read_text())["recipes"]
+    assert sorted(results) == table.zoo_recipes()
+    for name, entry in results.items():
+        for label, dynamo in table.PATHS:
+            result = entry[label]
+            expected = EXPECTED_FAILURES.get((name, dynamo))
+            if expected:
+                assert result == {"ok": False, "expected_failure": expected}
+            else:
+                assert result["ok"], (name, label, result)
+                assert result["max_abs"] <= 1e-4, (name, label)
+
+
+def test_the_readme_table_is_up_to_date() -> None:
+    table = _script()
+    results = json.loads(table.RESULTS.read_text())["recipes"]
+    rendered = table.render_table(table.zoo_recipes(), results)
+    current = table.readme_table(table.README.read_text())
+    assert current == rendered, "run: python bench/zoo_table.py --measure"
