@@ -16,6 +16,10 @@ lock can be taken belongs to a dead build (:func:`scratch_is_live`). PIDs are ne
 mean nothing on storage shared between machines. Where the filesystem refuses locks, a folder
 counts as dead once it is older than :data:`SCRATCH_MAX_AGE`.
 
+**Lock files stay.** Key lock files are empty and are never deleted while builds may run: a
+build waiting on a lock file that is unlinked and re-created would hold a different lock than
+the next build. Scratch lock files are removed with their folder (their names are unique).
+
 **Shared filesystems.** On NFS, Linux emulates ``flock`` with NFS byte-range locks: they work
 across clients when the server's lock manager does (NFSv4, or NFSv3 with lockd; never with the
 ``nolock`` mount option), and a client cut off from the server may lose its lock. Locks are an
