@@ -33,17 +33,14 @@ def test_build_then_noop_without_torch(toy: Path, tmp_path: Path) -> None:
     assert {s["status"] for s in report(tmp_path)["stages"]} == {"ran"}  # type: ignore[index]
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
-    start = time.perf_counter()
     noop = run([f"recipe_file={toy}"], tmp_path, probe=True)
-    seconds = time.perf_counter() - start
     result = probe_result(noop)
     assert result == {"code": 0, "heavy": []}, noop.stderr
     stages = report(tmp_path)["stages"]
     assert [s["status"] for s in stages] == ["hit"] * 4  # type: ignore[index]
     assert "trace: hit" in noop.stderr
-    # The acceptance bound is 1 s (bench/bench_noop_build.py measures it); a loaded CI machine
-    # gets some slack here, but importing torch alone would blow this.
-    assert seconds < 3.0
+    # Speed is a benchmark's job (bench/bench_noop_build.py); what a test can assert without
+    # flaking on a loaded machine is the cause of a slow no-op: torch was not imported (above).
 
 
 def test_dry_run_prints_plan_and_writes_nothing(toy: Path, tmp_path: Path) -> None:
