@@ -59,11 +59,15 @@ def sweep_dir_name(tmp_path: Path) -> str:
 
 @pytest.mark.slow
 def test_joblib_sweep_of_tiny_llama_computes_each_trace_once(tmp_path: Path) -> None:
-    """The acceptance sweep: 2 opsets x 2 export paths, 2 worker processes, one cache."""
+    """The acceptance sweep: 2 opsets x 2 export paths, 2 worker processes, one cache.
+
+    Opsets 18 and 19: on the dynamo path the tiny Llama comes out at opset 18 when 17 is asked
+    for (the check then fails, as it should), so 17 is not a path-independent choice.
+    """
     import onnx
 
     args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "recipe=tiny_llama"]
-    proc = run([*args, "opset=17,18", "dynamo=false,true"], tmp_path)
+    proc = run([*args, "opset=18,19", "dynamo=false,true"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sweep = sweep_json(tmp_path)
     assert len(sweep["jobs"]) == 4
