@@ -275,3 +275,14 @@ def test_ctrl_c_exits_130_with_one_line_and_nothing_half_written(toy: Path, tmp_
     assert not (outputs / "toy" / "default").exists()
     assert list((outputs / "toy" / ".builds").iterdir()) == []
     assert list((cache / "tmp").iterdir()) == []  # no scratch left behind
+
+
+@pytest.mark.parametrize("setting", ["outputs_dir", "cache_dir"])
+def test_a_file_where_a_directory_belongs_exits_3(tmp_path: Path, setting: str) -> None:
+    afile = tmp_path / "a-file"
+    afile.write_text("not a directory")
+    proc = run([f"build.{setting}={afile}"], tmp_path, probe=True, build=False)
+    assert probe_result(proc)["code"] == 3
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    what = setting.split("_")[0]
+    assert lines == [f"[ERROR] {what} directory {afile} is not a directory"], proc.stderr

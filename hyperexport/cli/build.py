@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hyperexport import exit_codes
+from hyperexport.cli.usage import UnusableDirectory, check_dir
 from hyperexport.config import (
     BUILD_KEYS,
     CONF_DIR,
@@ -36,9 +37,11 @@ from hyperexport.config import (
     validate_recipe,
 )
 from hyperexport.config.hydra import register_resolvers
+from hyperexport.config.schema import _outputs_root
 from hyperexport.errors import RecipeError
 from hyperexport.runner import sweep
 from hyperexport.runner.session import BuildOutcome, run_build, variant_dir
+from hyperexport.runner.store import default_cache_dir
 from hyperexport.stages import PIPELINE, model_loader
 
 log = logging.getLogger("hyperexport")
@@ -177,6 +180,11 @@ def main(argv: Sequence[str]) -> int:
     except RecipeError as e:
         _log_refusal("%s", e)
         return exit_codes.INVALID
+    try:
+        _check_directories(args)
+    except UnusableDirectory as e:
+        _log_refusal("%s", e)
+        return exit_codes.UNAVAILABLE
     saved_argv, saved_full_error = sys.argv, os.environ.get(_FULL_ERROR)
     sys.argv = [saved_argv[0], *args]
     # Hydra's refusals then raise (handled below) instead of printing a traceback, exit code 1.
@@ -187,6 +195,9 @@ def main(argv: Sequence[str]) -> int:
     except (HydraException, OmegaConfBaseException) as e:
         _log_refusal("invalid command line: %s", " ".join(str(e).split()))
         return exit_codes.INVALID
+    except OSError as e:  # the filesystem refused (outputs or cache): not a build failure
+        _log_refusal("cannot use %s: %s", e.filename or "the outputs or cache", e.strerror or e)
+        return exit_codes.UNAVAILABLE
     finally:
         sys.argv = saved_argv
         if saved_full_error is None:
@@ -194,6 +205,25 @@ def main(argv: Sequence[str]) -> int:
         else:
             os.environ[_FULL_ERROR] = saved_full_error
     return exit_codes.worst(_exit_codes)
+
+
+def _check_directories(args: Sequence[str]) -> None:
+    """Refuse an outputs or cache directory that is a file, or outputs that cannot be written.
+
+    Only the values given on the command line (or the defaults) are checked, before Hydra runs;
+    a sweep over directories is left to the builds.
+
+    Raises:
+        UnusableDirectory: naming the directory and what is wrong.
+    """
+    given = {}
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key in ("build.outputs_dir", "build.cache_dir") and "," not in value:
+            given[key] = value or None
+    dry_run = any(a.lower() == "build.dry_run=true" for a in args)
+    check_dir(Path(_outputs_root(given.get("build.outputs_dir"))), "outputs", writable=not dry_run)
+    check_dir(default_cache_dir(given.get("build.cache_dir")), "cache", writable=False)
 
 
 def _log_refusal(message: str, *args: object) -> None:
