@@ -21,7 +21,12 @@ from hyperexport.contracts.bundle import ExportBundle
 from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.contracts.records import CaptureRecord, tree_tensor_keys
 from hyperexport.errors import OptionsError
-from hyperexport.export.fallback import export_units_with_fallback
+from hyperexport.export.fallback import (
+    CaptureCall,
+    export_units_with_fallback,
+    export_with_fallback,
+)
+from hyperexport.export.registry import path_for
 from hyperexport.export.units import export_units
 from hyperexport.model_file import save_model, serialize_inline
 from hyperexport.options import ExportOptions, ExportRequest
@@ -226,24 +231,21 @@ def export_hyper_onnx(
         options = _axes_by_leaf_name(model, args, kwargs, options, list(request.input_names))
     axes = {k: dict(v) for k, v in options.dynamic_axes}
 
-    def capture_for(path: bool) -> Capture:
-        return capture_model(
-            model,
-            args,
-            kwargs,
-            hiera=classes,
-            method=options.method,
-            dynamo=path,
-            attention=options.attention.implementation,
-            dynamic_axes=axes or None,
-            probe_shapes={k: tuple(v) for k, v in options.probe_shapes} or None,
-        )
-
-    capture = capture_for(dynamo)
-    names = {
-        "input_names": request.input_names or None,
-        "output_names": complete_output_names(request.output_names or None, capture.record),
-    }
+    capture_call = CaptureCall(
+        model,
+        args,
+        kwargs,
+        settings={
+            "hiera": classes,
+            "method": options.method,
+            "attention": options.attention.implementation,
+            "dynamic_axes": axes or None,
+            "probe_shapes": {k: tuple(v) for k, v in options.probe_shapes} or None,
+        },
+    )
+    path = path_for(dynamo)
+    capture = capture_call(path)
+    output_names = complete_output_names(request.output_names or None, capture.record)
     with contextlib.ExitStack() as stack:
         if keep_units is None:
             # Beside the output, so that its weight file can become the output's data file by
@@ -256,15 +258,16 @@ def export_hyper_onnx(
             )
         else:
             bundle_dir = keep_units
-        _, capture = export_units_with_fallback(
+        _, capture = export_with_fallback(
             model,
             capture,
+            path=path,
             opset=opset_version,
-            dynamo=dynamo,
             options=options,
             out_dir=bundle_dir,
-            recapture=capture_for,
-            **names,
+            input_names=request.input_names or None,
+            output_names=output_names,
+            recapture=capture_call,
         )
         onnx_model, manifest = compose_model(bundle_dir, options=options, record=capture.record)
         # Inside the bundle's lifetime: the model's weights are references into its data file.

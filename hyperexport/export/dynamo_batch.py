@@ -1,4 +1,6 @@
-"""The dynamo path's unit export in one go: one ``torch.export`` and one ``torch.onnx.export``.
+"""The dynamo path (``dynamo=True``, :class:`DynamoPath`): every unit in one ``torch.export``
+and one ``torch.onnx.export``. Its placeholder op and the single-program export are in
+``dynamo.py``.
 
 A hierarchical export has one unit per distinct hiera call body, plus the root. Exporting them one
 by one pays ``torch.export``'s and ``torch.onnx``'s fixed per-call costs (``run_decompositions``
@@ -29,26 +31,74 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import onnx_ir as ir
 import torch
 
+from hyperexport.capture.hooks import Capture
+from hyperexport.capture.model_patches import export_context
+from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import HyperExportError, ModuleExportError
 from hyperexport.export.dynamo import (
+    apply_placeholder,
     export_dynamo,
     export_program,
     name_dynamic_dims,
     name_graph_values,
     to_dynamic_shapes,
 )
-from hyperexport.export.placeholders import PlaceholderRouter
-
-if TYPE_CHECKING:
-    from hyperexport.export.jobs import UnitJob
+from hyperexport.export.jobs import UnitJob
+from hyperexport.export.path import ExportPath
+from hyperexport.export.placeholders import Dim, PlaceholderRouter
+from hyperexport.options import ExportOptions
 
 log = logging.getLogger(__name__)
+
+
+class DynamoPath(ExportPath):
+    """``dynamo=True``: ``torch.export`` (non-strict) then ``torch.onnx.export``, all units at once.
+
+    Its placeholder is a ``torch.library`` custom op with an ONNX translation (``dynamo.py``).
+    """
+
+    name = "dynamo"
+    dynamo = True
+    opsets = range(OPSET_RANGES[True][0], OPSET_RANGES[True][1] + 1)
+
+    def apply_placeholder(
+        self,
+        op_type: str,
+        inputs: Sequence[torch.Tensor],
+        outputs: Sequence[torch.Tensor],
+        output_dims: Sequence[tuple[Dim, ...]] = (),
+    ) -> Sequence[torch.Tensor]:
+        return apply_placeholder(op_type, inputs, outputs, output_dims)
+
+    def export(
+        self,
+        jobs: Sequence[UnitJob],
+        *,
+        model: torch.nn.Module,
+        modules: Mapping[str, torch.nn.Module],
+        capture: Capture,
+        opset: int,
+        options: ExportOptions,
+    ) -> Iterator[tuple[str, ir.Model]]:
+        specs = [s for job in jobs for s in job.specs]
+        router = PlaceholderRouter(specs, capture, self.apply_placeholder)
+        with export_context(model, True, options.attention.implementation) as translations:
+            exported = export_batch(
+                jobs,
+                modules=modules,
+                router=router,
+                model=model,
+                opset=opset,
+                translations=translations,
+            )
+        for name in list(exported):  # in the jobs' order; each let go once written
+            yield name, exported.pop(name)
 
 
 class _UnitTraceError(Exception):

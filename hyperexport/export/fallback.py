@@ -1,42 +1,72 @@
-"""Export units on one path, and with ``options.fallback`` retry once on the other path."""
+"""The export with its fallback: retried once on the other path, on a capture made for it.
+
+What a capture records depends on the path (the TorchScript path captures under
+``torch.jit.trace``), so the retry first captures again for the other path. The fallback
+belongs to the export step: the caller captures once, exports once (this module), composes
+once and saves once.
+"""
 
 from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from hyperexport.atomic import atomic_write_text
 from hyperexport.capture.hooks import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON, ExportBundle
 from hyperexport.errors import InputError, ModuleExportError
+from hyperexport.export.path import ExportPath
+from hyperexport.export.registry import other_path, path_for
 from hyperexport.export.units import export_units
 from hyperexport.options import ExportOptions
 
 log = logging.getLogger(__name__)
 
+#: Captures the model for a given export path (the fallback's re-capture).
+Recapture = Callable[[ExportPath], Capture]
 
-def export_units_with_fallback(
-    model: Any,
+
+@dataclass(frozen=True)
+class CaptureCall:
+    """One model's capture settings, to capture it for any path (first try and fallback).
+
+    Attributes:
+        model: The live model.
+        args: Positional example inputs.
+        kwargs: Keyword example inputs.
+        settings: :func:`~hyperexport.capture.hooks.capture_model`'s other keywords
+            (``hiera``, ``method``, ``attention``, ``dynamic_axes``, ``probe_shapes``).
+    """
+
+    model: torch.nn.Module
+    args: Any
+    kwargs: Mapping[str, Any] | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, path: ExportPath) -> Capture:
+        """The model captured as ``path`` will export it."""
+        return path.capture(self.model, self.args, self.kwargs, **self.settings)
+
+
+def export_with_fallback(
+    model: torch.nn.Module,
     capture: Capture,
     *,
+    path: ExportPath,
     opset: int,
-    dynamo: bool,
     options: ExportOptions,
     out_dir: Path,
-    input_names: tuple[str, ...] | None = None,
-    output_names: tuple[str, ...] | None = None,
-    recapture: Callable[[bool], Capture] | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    recapture: Recapture | None = None,
 ) -> tuple[ExportBundle, Capture]:
-    """:func:`export_units`, retried once on the other path if ``options.fallback`` allows it.
-
-    What a capture records depends on the path (the TorchScript path captures under
-    ``torch.jit.trace``), so the retry first captures again for the other path with
-    ``recapture(dynamo)``; the capture the export used is returned with the bundle, and the
-    bundle's copy of the record is that capture's.
+    """:func:`export_units` on ``path``, retried once on the other path if ``options.fallback``.
 
     Only an export failure falls back: :class:`ModuleExportError` (torch.onnx.export failed) or
     :class:`InputError` (the path cannot take these inputs, e.g. dynamic axes through
@@ -45,19 +75,21 @@ def export_units_with_fallback(
 
     Args:
         model: The live model.
-        capture: Its capture.
+        capture: Its capture for ``path``.
+        path: The export path tried first.
         opset: Default-domain opset of the export.
-        dynamo: The export path tried first.
         options: Export options; ``options.fallback`` enables the retry.
         out_dir: The bundle directory (a failed attempt's unit files are removed before the
             retry).
         input_names: Names of the flattened root inputs, if given by the user.
         output_names: Names of the flattened root outputs, if given by the user.
-        recapture: Captures the model for a given path; without it the retry reuses
-            ``capture`` (fine for models whose forward does not depend on tracing).
+        recapture: Captures the model for the retry's path (e.g. a :class:`CaptureCall`);
+            without it the retry reuses ``capture`` (fine for models whose forward does not
+            depend on tracing).
 
     Returns:
-        The bundle, and the capture it was exported from.
+        The bundle, and the capture it was exported from (the bundle's copy of the record is
+        that capture's).
 
     Raises:
         ModuleExportError: The export failed; with fallback, on both paths (the retry's error,
@@ -68,19 +100,17 @@ def export_units_with_fallback(
         "opset": opset,
         "options": options,
         "out_dir": out_dir,
-        "input_names": input_names,
-        "output_names": output_names,
+        "input_names": tuple(input_names) if input_names else None,
+        "output_names": tuple(output_names) if output_names else None,
     }
     try:
-        return export_units(model, capture, dynamo=dynamo, **kwargs), capture
+        return export_units(model, capture, dynamo=path.dynamo, **kwargs), capture
     except (ModuleExportError, InputError) as e:
         if not options.fallback:
             raise
+        retry = other_path(path)
         log.warning(
-            "export with dynamo=%s failed (%s); falling back to dynamo=%s as asked",
-            dynamo,
-            e,
-            not dynamo,
+            "export with %s failed (%s); falling back to %s as asked", path.label, e, retry.label
         )
         first = e
     units = out_dir / "units"
@@ -88,10 +118,41 @@ def export_units_with_fallback(
         shutil.rmtree(units)
     try:
         if recapture is not None:
-            capture = recapture(not dynamo)
-        bundle = export_units(model, capture, dynamo=not dynamo, **kwargs)
+            capture = recapture(retry)
+        bundle = export_units(model, capture, dynamo=retry.dynamo, **kwargs)
     except (ModuleExportError, InputError) as e:
         raise e from first
-    bundle = replace(bundle, fallback_from=f"dynamo={dynamo}: {type(first).__name__}: {first}")
+    bundle = replace(bundle, fallback_from=f"{path.label}: {type(first).__name__}: {first}")
     atomic_write_text(out_dir / BUNDLE_JSON, bundle.dumps())
     return bundle, capture
+
+
+def export_units_with_fallback(
+    model: torch.nn.Module,
+    capture: Capture,
+    *,
+    opset: int,
+    dynamo: bool,
+    options: ExportOptions,
+    out_dir: Path,
+    input_names: tuple[str, ...] | None = None,
+    output_names: tuple[str, ...] | None = None,
+    recapture: Callable[[bool], Capture] | None = None,
+) -> tuple[ExportBundle, Capture]:
+    """:func:`export_with_fallback` on the path the public ``dynamo`` flag selects.
+
+    ``recapture(dynamo)`` captures the model for the retry's path; see
+    :func:`export_with_fallback` for the rest.
+    """
+    again = None if recapture is None else (lambda path: recapture(path.dynamo))
+    return export_with_fallback(
+        model,
+        capture,
+        path=path_for(dynamo),
+        opset=opset,
+        options=options,
+        out_dir=out_dir,
+        input_names=input_names,
+        output_names=output_names,
+        recapture=again,
+    )

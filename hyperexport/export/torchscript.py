@@ -1,4 +1,7 @@
-"""The TorchScript path (``dynamo=False``): placeholder op and the export call for one unit."""
+"""The TorchScript path (``dynamo=False``): one ``torch.onnx.export`` per unit.
+
+Its placeholder is a duck-typed ``autograd.Function`` whose ``symbolic`` emits the node.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +15,85 @@ import onnx
 import onnx_ir as ir
 import torch
 
+from hyperexport import progress
+from hyperexport.capture.hooks import Capture
+from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.torch_bridge import (
     quiet_torchscript_exporter,
     set_symbolic_output_type,
     weights_out_of_shape_inference,
 )
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
-from hyperexport.export.placeholders import Dim
+from hyperexport.contracts.names import OPSET_RANGES
+from hyperexport.errors import HyperExportError, ModuleExportError
+from hyperexport.export.jobs import UnitJob
+from hyperexport.export.path import ExportPath
+from hyperexport.export.placeholders import Dim, replace_children
 from hyperexport.export.weights import attach_torch_weights
-from hyperexport.options import CustomOpSymbolic
+from hyperexport.options import CustomOpSymbolic, ExportOptions
+
+
+class TorchScriptPath(ExportPath):
+    """``dynamo=False``: each unit through ``torch.onnx.export(dynamo=False)`` on its own.
+
+    Units are exported one at a time and yielded as each is done, so only one unit's model is
+    held at once.
+    """
+
+    name = "torchscript"
+    dynamo = False
+    opsets = range(OPSET_RANGES[False][0], OPSET_RANGES[False][1] + 1)
+
+    def apply_placeholder(
+        self,
+        op_type: str,
+        inputs: Sequence[torch.Tensor],
+        outputs: Sequence[torch.Tensor],
+        output_dims: Sequence[tuple[Dim, ...]] = (),
+    ) -> Sequence[torch.Tensor]:
+        return apply_placeholder(op_type, inputs, outputs, output_dims)
+
+    def export(
+        self,
+        jobs: Sequence[UnitJob],
+        *,
+        model: torch.nn.Module,
+        modules: Mapping[str, torch.nn.Module],
+        capture: Capture,
+        opset: int,
+        options: ExportOptions,
+    ) -> Iterator[tuple[str, ir.Model]]:
+        for job in progress.track(jobs, "exporting units", unit="units"):
+            yield job.name, self._export_one(job, model, modules, capture, opset, options)
+
+    def _export_one(
+        self,
+        job: UnitJob,
+        model: torch.nn.Module,
+        modules: Mapping[str, torch.nn.Module],
+        capture: Capture,
+        opset: int,
+        options: ExportOptions,
+    ) -> ir.Model:
+        try:
+            with (
+                export_context(model, False, options.attention.implementation),
+                replace_children(modules, job.specs, capture, self.apply_placeholder),
+                custom_op_symbolics(options.custom_ops),
+            ):
+                return export_torchscript(
+                    job.wrapper,
+                    job.inputs,
+                    opset=opset,
+                    input_names=list(job.input_names),
+                    output_names=list(job.output_names),
+                    weights_as_inputs=True,
+                    dynamic_axes=job.dynamic_axes,
+                )
+        except HyperExportError:
+            raise
+        except Exception as e:
+            raise ModuleExportError(job.module_path, False, e) from e
 
 
 def apply_placeholder(

@@ -1,10 +1,11 @@
 """Export a captured model unit by unit: the root, and each distinct hiera call body.
 
 A *unit* is a module exported on its own with its direct hiera children replaced by
-placeholders: one ``torch.onnx.export`` call per unit on the TorchScript path, one call for all
-units on the dynamo path (``dynamo_batch.py``). The result is an :class:`ExportBundle`: one ONNX
-file per unit plus ``bundle.json``, which the compose pass turns into one model with local
-functions.
+placeholders. The export path (an :class:`~hyperexport.export.path.ExportPath`, chosen once
+here from ``dynamo``) exports the units: one ``torch.onnx.export`` call per unit on the
+TorchScript path, one call for all units on the dynamo path (``dynamo_batch.py``). The result is
+an :class:`ExportBundle`: one ONNX file per unit plus ``bundle.json``, which the compose pass
+turns into one model with local functions.
 """
 
 from __future__ import annotations
@@ -18,23 +19,19 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from hyperexport import progress
 from hyperexport.atomic import atomic_write_bytes, atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
-from hyperexport.capture.model_patches import export_context
-from hyperexport.capture.torch_bridge import max_opset
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle, UnitEntry
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys
-from hyperexport.errors import HyperExportError, ModuleExportError, OpsetError
+from hyperexport.errors import ModuleExportError
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.placeholders import (
-    PlaceholderRouter,
     PlaceholderSpec,
     module_weights,
-    replace_children,
     symbolic_output_dims,
 )
+from hyperexport.export.registry import path_for
 from hyperexport.export.unit_identity import plan_units
 from hyperexport.export.weights import WEIGHTS_FILE, WeightFile
 from hyperexport.options import ExportOptions
@@ -74,14 +71,6 @@ class _UnitModule(torch.nn.Module):
         return tuple(tensors)
 
 
-def check_opset(opset: int, dynamo: bool) -> None:
-    """Raise OpsetError when ``opset`` is outside what the path supports."""
-    top = max_opset(dynamo)
-    if not 7 <= opset <= top:
-        path = "dynamo=True" if dynamo else "dynamo=False (TorchScript)"
-        raise OpsetError(f"opset {opset} is outside what the {path} path supports (7..{top})")
-
-
 def export_units(
     model: torch.nn.Module,
     capture: Capture,
@@ -95,11 +84,15 @@ def export_units(
 ) -> ExportBundle:
     """Export the root and every distinct hiera call body of ``capture`` into ``out_dir``.
 
+    ``dynamo`` selects the export path (:func:`hyperexport.export.registry.path_for`); the
+    path exports the unit jobs made here, and each unit is written as the path yields it.
+
     Raises:
         OpsetError: ``opset`` is outside the path's range.
         ModuleExportError: torch.onnx.export failed; names the module path and the path used.
     """
-    check_opset(opset, dynamo)
+    path = path_for(dynamo)
+    path.check_opset(opset)
     record = capture.record
     modules = dict(model.named_modules())
     # Bodies are always exported once per module *structure*, with weights as inputs. In
@@ -144,21 +137,16 @@ def export_units(
     # Weights go to one external data file, each written once straight from the live model;
     # the unit files hold only references to it (weights.py).
     with WeightFile(units_dir / WEIGHTS_FILE) as data_file:
-        if dynamo:
-            # One torch.export and one torch.onnx.export for all units (see dynamo_batch.py).
-            exported = _export_dynamo(model, modules, capture, jobs, opset, options)
-            for name, unit_model in exported.items():
-                _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
-            del exported
-        else:
-            for job in progress.track(jobs, "exporting units", unit="units"):
-                unit_model = _export_torchscript(model, modules, capture, job, opset, options)
-                _write_unit(unit_model, units_dir / f"{job.name}.onnx", data_file)
+        units = path.export(
+            jobs, model=model, modules=modules, capture=capture, opset=opset, options=options
+        )
+        for name, unit_model in units:
+            _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
     log.info(
-        "exported %d units for %d hiera calls (dynamo=%s) in %.2fs",
+        "exported %d units for %d hiera calls (%s) in %.2fs",
         len(entries),
         len(record.calls),
-        dynamo,
+        path.label,
         time.perf_counter() - started,
     )
     bundle = ExportBundle(
@@ -227,66 +215,6 @@ def _unit_job(
         dynamic_axes=dynamic_axes_of(record, inputs, outputs, names_in, names_out, options),
         specs=tuple(specs),
     )
-
-
-def _export_dynamo(
-    model: torch.nn.Module,
-    modules: Mapping[str, torch.nn.Module],
-    capture: Capture,
-    jobs: list[UnitJob],
-    opset: int,
-    options: ExportOptions,
-) -> dict[str, ir.Model]:
-    """Every unit in one batched dynamo export."""
-    from hyperexport.export.dynamo import apply_placeholder
-    from hyperexport.export.dynamo_batch import export_batch
-
-    router = PlaceholderRouter([s for job in jobs for s in job.specs], capture, apply_placeholder)
-    with export_context(model, True, options.attention.implementation) as translations:
-        return export_batch(
-            jobs,
-            modules=modules,
-            router=router,
-            model=model,
-            opset=opset,
-            translations=translations,
-        )
-
-
-def _export_torchscript(
-    model: torch.nn.Module,
-    modules: Mapping[str, torch.nn.Module],
-    capture: Capture,
-    job: UnitJob,
-    opset: int,
-    options: ExportOptions,
-) -> ir.Model:
-    """One unit through ``torch.onnx.export(dynamo=False)``."""
-    from hyperexport.export.torchscript import (
-        apply_placeholder,
-        custom_op_symbolics,
-        export_torchscript,
-    )
-
-    try:
-        with (
-            export_context(model, False, options.attention.implementation),
-            replace_children(modules, job.specs, capture, apply_placeholder),
-            custom_op_symbolics(options.custom_ops),
-        ):
-            return export_torchscript(
-                job.wrapper,
-                job.inputs,
-                opset=opset,
-                input_names=list(job.input_names),
-                output_names=list(job.output_names),
-                weights_as_inputs=True,
-                dynamic_axes=job.dynamic_axes,
-            )
-    except HyperExportError:
-        raise
-    except Exception as e:
-        raise ModuleExportError(job.module_path, False, e) from e
 
 
 def _dim_names(record: CaptureRecord, options: ExportOptions) -> dict[tuple[int, int], str]:

@@ -15,7 +15,7 @@ from torch import nn
 
 from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
-from hyperexport.contracts.manifest import META_EXPORT_PATH, META_FALLBACK, PLACEHOLDER_DOMAIN
+from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError, ModuleExportError
 from hyperexport.export import dynamo, dynamo_batch
 from hyperexport.options import ExportOptions
@@ -170,37 +170,6 @@ def test_dynamic_axes_flow_through_placeholders() -> None:
 
 def test_failure_names_the_module_and_the_path() -> None:
     with pytest.raises(ModuleExportError, match=r"the root model \(dynamo=True\)"):
-        export_hyper_onnx(
-            DataDependent().eval(), (torch.randn(2, 4),), io.BytesIO(), hiera=[Block], dynamo=True
-        )
-
-
-def test_fallback_is_logged_and_recorded(caplog: pytest.LogCaptureFixture) -> None:
-    torch.manual_seed(0)
-    model = DataDependent().eval()
-    x = torch.randn(2, 4)
-    buffer = io.BytesIO()
-    with caplog.at_level(logging.WARNING, logger="hyperexport"):
-        export_hyper_onnx(
-            model, (x,), buffer, hiera=[Block], dynamo=True, options=ExportOptions(fallback=True)
-        )
-    warnings = [
-        r
-        for r in caplog.records
-        if r.levelno == logging.WARNING and "falling back" in r.getMessage()
-    ]
-    assert len(warnings) == 1
-    assert "dynamo=True" in warnings[0].getMessage()
-    proto = onnx.load_from_string(buffer.getvalue())
-    onnx.checker.check_model(proto, full_check=True)
-    meta = {p.key: p.value for p in proto.metadata_props}
-    assert meta[META_EXPORT_PATH] == "dynamo=False"
-    assert meta[META_FALLBACK].startswith("dynamo=True: ModuleExportError")
-    assert {f.name for f in proto.functions} == {"Block_block"}
-
-
-def test_no_fallback_unless_asked() -> None:
-    with pytest.raises(ModuleExportError):
         export_hyper_onnx(
             DataDependent().eval(), (torch.randn(2, 4),), io.BytesIO(), hiera=[Block], dynamo=True
         )

@@ -89,45 +89,6 @@ def test_unknown_keyword_is_a_type_error() -> None:
         export_hyper_onnx(toy_net(), toy_inputs(), io.BytesIO(), dynamo=False, verbose_mode=True)
 
 
-def test_fallback_captures_again_for_the_other_path(monkeypatch, caplog) -> None:
-    """A Llama layer gets 5 tensor inputs in a dynamo capture but 4 in a TorchScript one (the
-    SDPA mask); falling back must re-capture, not reuse the first path's capture."""
-    import logging
-
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    from hyperexport import ModuleExportError, zoo
-    from hyperexport.export import fallback
-
-    real = fallback.export_units
-
-    def dynamo_fails(model, capture, *, dynamo, **kwargs):
-        if dynamo:
-            raise ModuleExportError("", True, RuntimeError("simulated dynamo failure"))
-        return real(model, capture, dynamo=dynamo, **kwargs)
-
-    monkeypatch.setattr(fallback, "export_units", dynamo_fails)
-    model = zoo.tiny_llama(num_layers=2)
-    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
-    buffer = io.BytesIO()
-    with caplog.at_level(logging.WARNING, logger="hyperexport"):
-        manifest = export_hyper_onnx(
-            model,
-            (ids,),
-            buffer,
-            hiera=[LlamaDecoderLayer],
-            dynamo=True,
-            options=ExportOptions(fallback=True),
-        )
-    assert manifest.fallback_from and "simulated dynamo failure" in manifest.fallback_from
-    assert not manifest.dynamo
-    assert any("falling back" in r.getMessage() for r in caplog.records)
-    got = run_ort(buffer.getvalue(), [ids.numpy()])[0]
-    np.testing.assert_allclose(
-        got, model(input_ids=ids).last_hidden_state.detach().numpy(), atol=1e-4
-    )
-
-
 class TwoHeads(nn.Module):
     """A model whose useful entry point is a method other than forward."""
 

@@ -1,0 +1,20 @@
+"""The export paths by the public ``dynamo`` flag: the one place a path is chosen."""
+
+from __future__ import annotations
+
+from hyperexport.export.dynamo_batch import DynamoPath
+from hyperexport.export.path import ExportPath
+from hyperexport.export.torchscript import TorchScriptPath
+
+#: Every export path, by the ``dynamo`` flag value that selects it.
+EXPORT_PATHS: dict[bool, ExportPath] = {False: TorchScriptPath(), True: DynamoPath()}
+
+
+def path_for(dynamo: bool) -> ExportPath:
+    """The export path that ``dynamo`` selects."""
+    return EXPORT_PATHS[dynamo]
+
+
+def other_path(path: ExportPath) -> ExportPath:
+    """The path a fallback retries on."""
+    return EXPORT_PATHS[not path.dynamo]

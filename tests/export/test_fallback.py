@@ -1,0 +1,170 @@
+"""The export's fallback (hyperexport.export.fallback): retried once on the other path, on a
+capture made for that path, logged and recorded."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from hyperexport import ModuleExportError, export_hyper_onnx, zoo
+from hyperexport.capture.hooks import Capture
+from hyperexport.contracts.bundle import BUNDLE_JSON
+from hyperexport.contracts.manifest import META_EXPORT_PATH, META_FALLBACK
+from hyperexport.export import fallback
+from hyperexport.export.fallback import CaptureCall, export_with_fallback
+from hyperexport.export.path import ExportPath
+from hyperexport.export.registry import path_for
+from hyperexport.options import ExportOptions
+from tests.helpers.ort import run_ort
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class DataDependent(nn.Module):
+    """Branches on a tensor value: torch.export cannot trace it, the TorchScript tracer can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(x)
+        if h.sum() > 0:
+            return h * 2
+        return h
+
+
+def _model() -> tuple[DataDependent, torch.Tensor]:
+    torch.manual_seed(0)
+    return DataDependent().eval(), torch.randn(2, 4)
+
+
+def test_retry_recaptures_for_the_other_path_and_records_the_first_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model, x = _model()
+    call = CaptureCall(model, (x,), settings={"hiera": (Block,)})
+    asked: list[ExportPath] = []
+
+    def recapture(path: ExportPath) -> Capture:
+        asked.append(path)
+        return call(path)
+
+    first = call(path_for(True))
+    with caplog.at_level(logging.WARNING, logger="hyperexport"):
+        bundle, used = export_with_fallback(
+            model,
+            first,
+            path=path_for(True),
+            opset=18,
+            options=ExportOptions(fallback=True),
+            out_dir=tmp_path,
+            recapture=recapture,
+        )
+    assert asked == [path_for(False)]
+    assert used is not first
+    assert not bundle.dynamo
+    assert bundle.fallback_from is not None
+    assert bundle.fallback_from.startswith("dynamo=True: ModuleExportError")
+    on_disk = json.loads((tmp_path / BUNDLE_JSON).read_text())
+    assert on_disk["fallback_from"] == bundle.fallback_from
+    assert sorted(p.name for p in (tmp_path / "units").iterdir()) == [
+        f"{u.name}.onnx" for u in sorted(bundle.units, key=lambda u: u.name)
+    ]
+    warnings = [r for r in caplog.records if "falling back" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "dynamo=True" in warnings[0].getMessage()
+
+
+def test_no_fallback_unless_asked(tmp_path: Path) -> None:
+    model, x = _model()
+    capture = CaptureCall(model, (x,), settings={"hiera": (Block,)})(path_for(True))
+    with pytest.raises(ModuleExportError, match="dynamo=True"):
+        export_with_fallback(
+            model, capture, path=path_for(True), opset=18, options=ExportOptions(), out_dir=tmp_path
+        )
+
+
+def test_failing_on_both_paths_raises_the_retry_error_caused_by_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def always_fails(model, capture, *, dynamo, **kwargs):
+        raise ModuleExportError("block", dynamo, RuntimeError(f"no luck on dynamo={dynamo}"))
+
+    monkeypatch.setattr(fallback, "export_units", always_fails)
+    model, x = _model()
+    capture = CaptureCall(model, (x,), settings={"hiera": (Block,)})(path_for(False))
+    with pytest.raises(ModuleExportError, match="dynamo=True") as info:
+        export_with_fallback(
+            model,
+            capture,
+            path=path_for(False),
+            opset=18,
+            options=ExportOptions(fallback=True),
+            out_dir=tmp_path,
+        )
+    assert isinstance(info.value.__cause__, ModuleExportError)
+    assert "dynamo=False" in str(info.value.__cause__)
+
+
+def test_fallback_is_logged_and_recorded_in_the_model() -> None:
+    model, x = _model()
+    buffer = io.BytesIO()
+    export_hyper_onnx(
+        model, (x,), buffer, hiera=[Block], dynamo=True, options=ExportOptions(fallback=True)
+    )
+    proto = onnx.load_from_string(buffer.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert meta[META_EXPORT_PATH] == "dynamo=False"
+    assert meta[META_FALLBACK].startswith("dynamo=True: ModuleExportError")
+    assert {f.name for f in proto.functions} == {"Block_block"}
+    with torch.no_grad():
+        np.testing.assert_allclose(run_ort(proto, [x.numpy()])[0], model(x).numpy(), atol=1e-5)
+
+
+def test_fallback_captures_again_for_the_other_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Llama layer gets 5 tensor inputs in a dynamo capture but 4 in a TorchScript one (the
+    SDPA mask); falling back must re-capture, not reuse the first path's capture."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    real = fallback.export_units
+
+    def dynamo_fails(model, capture, *, dynamo, **kwargs):
+        if dynamo:
+            raise ModuleExportError("", True, RuntimeError("simulated dynamo failure"))
+        return real(model, capture, dynamo=dynamo, **kwargs)
+
+    monkeypatch.setattr(fallback, "export_units", dynamo_fails)
+    model = zoo.tiny_llama(num_layers=2)
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    buffer = io.BytesIO()
+    manifest = export_hyper_onnx(
+        model,
+        (ids,),
+        buffer,
+        hiera=[LlamaDecoderLayer],
+        dynamo=True,
+        options=ExportOptions(fallback=True),
+    )
+    assert manifest.fallback_from and "simulated dynamo failure" in manifest.fallback_from
+    assert not manifest.dynamo
+    got = run_ort(buffer.getvalue(), [ids.numpy()])[0]
+    np.testing.assert_allclose(
+        got, model(input_ids=ids).last_hidden_state.detach().numpy(), atol=1e-4
+    )

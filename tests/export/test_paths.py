@@ -1,0 +1,120 @@
+"""The export-path interface (hyperexport.export.path) and its registry: one path object per
+``dynamo`` value answers everything that differs between paths."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import onnx_ir as ir
+import pytest
+import torch
+from torch import nn
+
+from hyperexport.capture.hooks import Capture
+from hyperexport.config import OPSET_RANGES
+from hyperexport.errors import OpsetError
+from hyperexport.export import registry
+from hyperexport.export.dynamo_batch import DynamoPath
+from hyperexport.export.jobs import UnitJob
+from hyperexport.export.path import ExportPath
+from hyperexport.export.registry import EXPORT_PATHS, path_for
+from hyperexport.export.torchscript import TorchScriptPath
+from hyperexport.export.units import export_units
+from hyperexport.options import ExportOptions
+from tests.helpers.toys import Leaf, toy_inputs, toy_net
+
+
+def test_the_flag_selects_one_path_each() -> None:
+    assert isinstance(path_for(False), TorchScriptPath)
+    assert isinstance(path_for(True), DynamoPath)
+    assert [p.label for p in (path_for(False), path_for(True))] == ["dynamo=False", "dynamo=True"]
+    assert all(key == path.dynamo for key, path in EXPORT_PATHS.items())
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_recipe_opset_ranges_agree_with_the_paths(dynamo: bool) -> None:
+    low, high = OPSET_RANGES[dynamo]
+    assert path_for(dynamo).opsets == range(low, high + 1)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_check_opset_takes_the_ends_of_the_range_and_names_what_is_outside(dynamo: bool) -> None:
+    path = path_for(dynamo)
+    path.check_opset(path.opsets.start)
+    path.check_opset(path.opsets.stop - 1)
+    with pytest.raises(OpsetError, match=f"opset {path.opsets.stop}.*{path.label}"):
+        path.check_opset(path.opsets.stop)
+    with pytest.raises(OpsetError, match="opset 6"):
+        path.check_opset(6)
+
+
+class SeesTheTracer(nn.Module):
+    """Returns, in its values, whether it ran under the TorchScript tracer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) + float(torch.jit.is_tracing())
+
+
+@pytest.mark.parametrize(("dynamo", "traced"), [(False, 1.0), (True, 0.0)])
+def test_each_path_captures_the_model_as_it_will_export_it(dynamo: bool, traced: float) -> None:
+    capture = path_for(dynamo).capture(SeesTheTracer().eval(), (torch.zeros(2),))
+    (out,) = [t.key for t in capture.record.tensors if t.key.startswith("out.")]
+    assert capture.tensor(out).tolist() == [traced, traced]
+
+
+class RecordingPath(TorchScriptPath):
+    """The TorchScript path, counting what it is asked: stands in for a third path."""
+
+    name = "recording"
+    opsets = range(7, 19)
+
+    def __init__(self) -> None:
+        self.exported: list[list[str]] = []
+
+    def export(
+        self,
+        jobs: Sequence[UnitJob],
+        *,
+        model: torch.nn.Module,
+        modules: Mapping[str, torch.nn.Module],
+        capture: Capture,
+        opset: int,
+        options: ExportOptions,
+    ) -> Iterator[tuple[str, ir.Model]]:
+        self.exported.append([job.name for job in jobs])
+        return super().export(
+            jobs, model=model, modules=modules, capture=capture, opset=opset, options=options
+        )
+
+
+def test_export_units_asks_only_the_registered_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recording = RecordingPath()
+    monkeypatch.setitem(registry.EXPORT_PATHS, False, recording)
+    model, args = toy_net(), toy_inputs()
+    capture = recording.capture(model, args, hiera=(Leaf,))
+    with pytest.raises(OpsetError, match="recording"):
+        export_units(
+            model, capture, opset=19, dynamo=False, options=ExportOptions(), out_dir=tmp_path
+        )
+    bundle = export_units(
+        model, capture, opset=18, dynamo=False, options=ExportOptions(), out_dir=tmp_path
+    )
+    assert recording.exported == [[u.name for u in bundle.units]]
+    assert all((tmp_path / "units" / f"{u.name}.onnx").is_file() for u in bundle.units)
+
+
+def test_a_path_must_implement_the_interface() -> None:
+    class Incomplete(ExportPath):
+        name = "incomplete"
+        dynamo = False
+        opsets = range(7, 8)
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete()  # type: ignore[abstract]
