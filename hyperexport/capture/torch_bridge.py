@@ -22,11 +22,6 @@ DYNAMO_MAX_OPSET = 24
 MIN_OPSET = 7
 
 
-def max_opset(dynamo: bool) -> int:
-    """The highest opset the chosen export path supports on this torch."""
-    return DYNAMO_MAX_OPSET if dynamo else TORCHSCRIPT_MAX_OPSET
-
-
 @contextlib.contextmanager
 def quiet_torchscript_exporter() -> Iterator[None]:
     """Silence the TorchScript exporter's per-call deprecation and tracer warnings.
