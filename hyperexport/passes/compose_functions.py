@@ -39,13 +39,20 @@ CHILD_INDEX = "hyperexport.child_index"
 UNIT_PREFIX = "inner."
 
 
-def strip_unit_prefix(graph: ir.Graph) -> None:
-    """Give initializers their module-local state names (``inner.mlp.w`` -> ``mlp.w``)."""
+def strip_unit_prefix(graph: ir.Graph) -> int:
+    """Give initializers their module-local state names (``inner.mlp.w`` -> ``mlp.w``).
+
+    Returns:
+        How many were renamed.
+    """
+    renamed = 0
     for value in list(graph.initializers.values()):
         if value.name and value.name.startswith(UNIT_PREFIX):
             graph.initializers.pop(value.name)
             value.name = value.name[len(UNIT_PREFIX) :]
             graph.initializers[value.name] = value
+            renamed += 1
+    return renamed
 
 
 def function_names(bundle: ExportBundle, record: CaptureRecord) -> dict[str, str]:
@@ -73,6 +80,9 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
         units: Unit name -> the unit's exported model (consumed: its graph becomes a function).
         bundle: How the units fit together.
         record: The capture, for classes, paths and input/output names.
+
+    A model whose root graph holds no placeholder node is composed already: a second run
+    changes nothing and reports ``modified=False``.
     """
 
     def __init__(
@@ -83,24 +93,42 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
         self.bundle = bundle
         self.record = record
 
+    def requires(self, model: ir.Model) -> None:
+        missing = [u.name for u in self._pending(model) if u.name not in self.units]
+        if missing:
+            raise ir.passes.PreconditionError(
+                f"ComposeFunctionsPass: no exported model for unit(s) {missing} of the bundle"
+            )
+
+    def _pending(self, model: ir.Model) -> list[UnitEntry]:
+        """The bundle's function units, unless the model is composed already.
+
+        Every function unit is reached from the root's placeholders, so a root graph without
+        placeholder nodes has been composed (and possibly specialised since).
+        """
+        if not any(node.domain == PLACEHOLDER_DOMAIN for node in model.graph):
+            return []
+        return [u for u in self.bundle.units if u.call_ids]
+
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         bundle, record = self.bundle, self.record
         fn_names = function_names(bundle, record)
         by_name = {u.name: u for u in bundle.units}
-        strip_unit_prefix(model.graph)
+        modified = strip_unit_prefix(model.graph) > 0
         self._kept: dict[str, list[int]] = {}
         functions: dict[str, ir.Function] = {}
-        for unit in bundle.units:
-            if unit.call_ids:
-                functions[unit.name] = self._make_function(unit, fn_names[unit.name])
+        for unit in self._pending(model):
+            functions[unit.name] = self._make_function(unit, fn_names[unit.name])
         graphs: list[tuple[UnitEntry, ir.Graph]] = [(by_name["root"], model.graph)]
         graphs += [(by_name[n], f.graph) for n, f in functions.items()]
         for unit, graph in graphs:
-            self._replace_placeholders(unit, graph, fn_names)
+            modified |= self._replace_placeholders(unit, graph, fn_names)
         depth = {u.name: self._depth(u) for u in bundle.units if u.call_ids}
         for name in sorted(functions, key=lambda n: (-depth[n], n)):
             function = functions[name]
             model.functions[function.identifier()] = function
+        modified |= bool(functions)
+        before = (dict(model.opset_imports), dict(model.metadata_props), model.producer_name)
         model.opset_imports.pop(PLACEHOLDER_DOMAIN, None)
         model.opset_imports[FUNCTION_DOMAIN] = 1
         model.metadata_props[META_EXPORT_PATH] = f"dynamo={bundle.dynamo}"
@@ -108,7 +136,8 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
         if bundle.fallback_from:
             model.metadata_props[META_FALLBACK] = bundle.fallback_from
         model.producer_name = "hyperexport"
-        return ir.passes.PassResult(model, modified=True)
+        after = (dict(model.opset_imports), dict(model.metadata_props), model.producer_name)
+        return ir.passes.PassResult(model, modified=modified or before != after)
 
     def _depth(self, unit: UnitEntry) -> int:
         call: ModuleCall | None = self.record.call(unit.call_ids[0])
@@ -154,12 +183,15 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
 
     def _replace_placeholders(
         self, unit: UnitEntry, graph: ir.Graph, fn_names: dict[str, str]
-    ) -> None:
+    ) -> bool:
+        """Turn the placeholder nodes of ``graph`` into calls; True if there were any."""
         children = dict(unit.placeholders)
         parent_path = unit.module_path
+        replaced = False
         for node in list(graph):
             if node.domain != PLACEHOLDER_DOMAIN:
                 continue
+            replaced = True
             child_id = children.get(node.op_type)
             if child_id is None:
                 raise RewriteError(
@@ -176,6 +208,7 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
             node.op_type = fn_names[child_unit.name]
             rel = naming.relative_path(child.path, parent_path)
             node.name = rel if child.call_index == 0 else f"{rel}#{child.call_index}"
+        return replaced
 
 
 def _align_inputs(node: ir.Node, kept: list[int], n_data: int) -> None:

@@ -1,8 +1,15 @@
-"""Compose an export bundle into the final model: the pass list a recipe selects."""
+"""Compose an export bundle into the final model: the declared pass list, run by onnx_ir.
+
+:data:`PASSES` is the whole pipeline, in order, compose included: each entry says when it runs
+(always, or on an option) and how its pass is made (options go into the pass's constructor).
+A new pass is one module under ``passes/``, one entry here, and its tests in ``tests/passes/``.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx_ir as ir
@@ -16,53 +23,167 @@ from onnx_ir.passes.common import (
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
 from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.contracts.records import CaptureRecord
+from hyperexport.errors import RewriteError
 from hyperexport.options import ExportOptions
 from hyperexport.passes.build_manifest import build_manifest
-from hyperexport.passes.compose_functions import ComposeFunctionsPass
+from hyperexport.passes.compose_functions import ComposeFunctionsPass, function_names
+from hyperexport.passes.fold_leftovers import FoldLeftoversPass
+from hyperexport.passes.fuse_constants import FuseConstantsIntoFunctionsPass
+from hyperexport.passes.optimize import OptimizeKeepFunctionsPass
+from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.passes.prune_function_io import PruneFunctionIOPass
+from hyperexport.passes.specialize_instances import SpecializePerInstancePass
 
 log = logging.getLogger(__name__)
 
 
-def rewrite_passes(options: ExportOptions) -> list[ir.passes.PassBase]:
-    """The passes that run after composition, in order, as the options select them."""
-    steps: list[ir.passes.PassBase] = []
-    if options.rewrite.optimize:
-        from hyperexport.passes.optimize import OptimizeKeepFunctionsPass
+@dataclass(frozen=True)
+class PassInputs:
+    """What the pass factories may read: the options, the bundle, the capture, the units.
 
-        steps.append(OptimizeKeepFunctionsPass())
-    if options.rewrite.fuse_constants:
-        from hyperexport.passes.fuse_constants import FuseConstantsIntoFunctionsPass
+    Attributes:
+        options: The export options (rewrite flags, attention).
+        bundle: The export bundle being composed.
+        record: The capture record the bundle was exported from.
+        units: Unit name -> the unit's exported model (the root excluded).
+    """
 
-        steps.append(FuseConstantsIntoFunctionsPass())
-    steps.append(PruneFunctionIOPass())
-    if options.rewrite.fold_leftovers:
-        from hyperexport.passes.fold_leftovers import FoldLeftoversPass
-
-        steps.append(FoldLeftoversPass())
-    if options.attention.promote_opset24:
-        from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
-
-        steps.append(PromoteAttentionToOpset24Pass())
-    steps += [
-        RemoveUnusedNodesPass(),
-        RemoveUnusedFunctionsPass(),
-        RemoveUnusedOpsetsPass(),
-        TopologicalSortPass(),
-    ]
-    return steps
+    options: ExportOptions
+    bundle: ExportBundle
+    record: CaptureRecord
+    units: Mapping[str, ir.Model]
 
 
-def _specialize_pass(bundle: ExportBundle, record: CaptureRecord) -> ir.passes.PassBase:
-    from hyperexport.passes.compose_functions import function_names
-    from hyperexport.passes.specialize_instances import SpecializePerInstancePass
+@dataclass(frozen=True)
+class PassEntry:
+    """One entry of the pass list.
 
-    names = function_names(bundle, record)
-    units = [u for u in bundle.units if u.call_ids]
+    Attributes:
+        name: The entry's name, as in logs and errors.
+        when: Whether it runs for these inputs (an option flag, or always).
+        make: Makes the pass.
+    """
+
+    name: str
+    when: Callable[[PassInputs], bool]
+    make: Callable[[PassInputs], ir.passes.PassBase]
+
+
+def _always(_: PassInputs) -> bool:
+    return True
+
+
+def _per_instance(inputs: PassInputs) -> bool:
+    return inputs.bundle.function_mode == "per_instance"
+
+
+def _specialize(inputs: PassInputs) -> SpecializePerInstancePass:
+    names = function_names(inputs.bundle, inputs.record)
+    units = [u for u in inputs.bundle.units if u.call_ids]
     return SpecializePerInstancePass(
         weights={names[u.name]: frozenset(u.weights) for u in units},
         classes={names[u.name]: u.class_name for u in units},
     )
+
+
+#: The pipeline, in order.
+PASSES: tuple[PassEntry, ...] = (
+    PassEntry(
+        "compose",
+        _always,
+        lambda i: ComposeFunctionsPass(i.units, i.bundle, i.record),
+    ),
+    PassEntry("specialize_instances", _per_instance, _specialize),
+    PassEntry(
+        "optimize", lambda i: i.options.rewrite.optimize, lambda i: OptimizeKeepFunctionsPass()
+    ),
+    PassEntry(
+        "fuse_constants",
+        lambda i: i.options.rewrite.fuse_constants,
+        lambda i: FuseConstantsIntoFunctionsPass(),
+    ),
+    PassEntry("prune_function_io", _always, lambda i: PruneFunctionIOPass()),
+    PassEntry(
+        "fold_leftovers",
+        lambda i: i.options.rewrite.fold_leftovers,
+        lambda i: FoldLeftoversPass(),
+    ),
+    PassEntry(
+        "promote_attention",
+        lambda i: i.options.attention.promote_opset24,
+        lambda i: PromoteAttentionToOpset24Pass(),
+    ),
+    PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
+    PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),
+    PassEntry("remove_unused_opsets", _always, lambda i: RemoveUnusedOpsetsPass()),
+    PassEntry("topological_sort", _always, lambda i: TopologicalSortPass()),
+)
+
+
+def selected_passes(inputs: PassInputs) -> list[tuple[str, ir.passes.PassBase]]:
+    """The entries of :data:`PASSES` that run for ``inputs``, with their passes, in order."""
+    return [(entry.name, entry.make(inputs)) for entry in PASSES if entry.when(inputs)]
+
+
+def run_passes(model: ir.Model, inputs: PassInputs) -> ir.passes.PassResult:
+    """Run the selected passes on ``model`` with onnx_ir's pass manager (once, in order).
+
+    Raises:
+        RewriteError: A pass failed (or its precondition did); names the pass and the passes
+            that ran before it, and chains the pass's own error.
+    """
+    steps = [_Step(name, step) for name, step in selected_passes(inputs)]
+    log.debug("passes: %s", ", ".join(map(str, steps)))
+    try:
+        return ir.passes.PassManager(steps, steps=1)(model)
+    except ir.passes.PassError as e:
+        inner: BaseException = e
+        while type(inner) is ir.passes.PassError and isinstance(inner.__cause__, Exception):
+            inner = inner.__cause__  # the manager's wrappers, down to the pass's own error
+        failed = next(i for i, step in enumerate(steps) if step.failed)
+        ran = [str(step) for step in steps[:failed]]
+        raise RewriteError(
+            f"rewrite pass {str(steps[failed])!r} failed (after {ran}): {inner}"
+        ) from inner
+
+
+class _Step(ir.passes.PassBase):
+    """A pass of the list under its entry's name, so that logs and errors read by name."""
+
+    def __init__(self, name: str, inner: ir.passes.PassBase) -> None:
+        self.name = name
+        self.inner = inner
+        self.failed = False
+
+    @property
+    def in_place(self) -> bool:
+        return self.inner.in_place
+
+    @property
+    def changes_input(self) -> bool:
+        return self.inner.changes_input
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        try:
+            return self.inner(model)
+        except Exception:
+            self.failed = True
+            raise
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def load_units(bundle_dir: Path, bundle: ExportBundle) -> dict[str, ir.Model]:
+    """Every unit's exported model by unit name, initializers no longer listed as inputs."""
+    units = {u.name: ir.load(bundle_dir / "units" / f"{u.name}.onnx") for u in bundle.units}
+    for unit_model in units.values():
+        # Per-type units are exported with initializers as graph inputs (see torchscript.py).
+        graph = unit_model.graph
+        for index in reversed(range(len(graph.inputs))):
+            if graph.inputs[index].name in graph.initializers:
+                graph.inputs.pop(index)
+    return units
 
 
 def compose_model(
@@ -75,17 +196,7 @@ def compose_model(
     if record is None:
         record = CaptureRecord.loads((bundle_dir / CAPTURE_RECORD).read_text(encoding="utf-8"))
     bundle = ExportBundle.loads((bundle_dir / BUNDLE_JSON).read_text(encoding="utf-8"))
-    units = {u.name: ir.load(bundle_dir / "units" / f"{u.name}.onnx") for u in bundle.units}
-    for unit_model in units.values():
-        # Per-type units are exported with initializers as graph inputs (see torchscript.py).
-        graph = unit_model.graph
-        for index in reversed(range(len(graph.inputs))):
-            if graph.inputs[index].name in graph.initializers:
-                graph.inputs.pop(index)
+    units = load_units(bundle_dir, bundle)
     model = units.pop("root")
-    ComposeFunctionsPass(units, bundle, record)(model)
-    steps = rewrite_passes(options)
-    if bundle.function_mode == "per_instance":
-        steps.insert(0, _specialize_pass(bundle, record))
-    ir.passes.PassManager(steps)(model)
+    run_passes(model, PassInputs(options, bundle, record, units))
     return model, build_manifest(model, bundle, record)

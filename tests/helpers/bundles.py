@@ -1,0 +1,32 @@
+"""Export bundles of the toy hierarchy, for the tests of what composes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx_ir as ir
+
+from hyperexport.capture.hooks import capture_model
+from hyperexport.contracts.bundle import ExportBundle
+from hyperexport.contracts.records import CaptureRecord
+from hyperexport.export.units import export_units
+from hyperexport.options import ExportOptions
+from hyperexport.passes.pipeline import load_units
+from tests.helpers.toys import Block, Leaf, toy_inputs, toy_net
+
+
+def export_toy_bundle(out_dir: Path, mode: str) -> tuple[ExportBundle, CaptureRecord]:
+    """Export the toy hierarchy (hiera Block and Leaf) into a bundle on the TorchScript path."""
+    model, args = toy_net(), toy_inputs()
+    capture = capture_model(model, args, hiera=[Block, Leaf])
+    options = ExportOptions(functions=mode)  # type: ignore[arg-type]
+    bundle = export_units(model, capture, opset=18, dynamo=False, options=options, out_dir=out_dir)
+    return bundle, capture.record
+
+
+def load_root_and_units(
+    bundle_dir: Path, bundle: ExportBundle
+) -> tuple[ir.Model, dict[str, ir.Model]]:
+    """Fresh models of the bundle: the root, and the other units by name."""
+    units = load_units(bundle_dir, bundle)
+    return units.pop("root"), units
