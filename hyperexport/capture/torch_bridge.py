@@ -16,11 +16,6 @@ from packaging.version import Version
 
 TORCH_VERSION = Version(torch.__version__.split("+")[0])
 
-#: Highest default-domain opset each export path accepts on this torch.
-TORCHSCRIPT_MAX_OPSET = 20
-DYNAMO_MAX_OPSET = 24
-MIN_OPSET = 7
-
 
 @contextlib.contextmanager
 def quiet_torchscript_exporter() -> Iterator[None]:

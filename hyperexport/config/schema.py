@@ -11,6 +11,8 @@ from typing import Any
 from omegaconf import MISSING, OmegaConf
 
 from hyperexport.config.paths import DEFAULT_OUTPUTS_DIR
+from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
+from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
 
 DTYPES = (
     "float32",
@@ -32,15 +34,9 @@ FUNCTION_MODES = ("per_instance", "per_type")
 FUNCTION_SCOPES = ("all", "first_instance", "none")
 
 
-# Default-domain opsets each export path can produce (as hyperexport.capture.torch_bridge says;
-# kept here as numbers because validation must not import torch).
-OPSET_RANGES = {False: (7, 20), True: (7, 24)}
-
-
-# Lowest export opset attention promotion accepts: promotion re-declares the model at opset 24
-# without converting other ops, and the Reduce* ops changed signature at 18 (axes attribute ->
-# input), so an older export would become an invalid model.
-PROMOTE_MIN_OPSET = 18
+# Default-domain opsets each export path can produce, and the lowest export opset attention
+# promotion accepts (it re-declares the model at 24 without converting other ops, and the Reduce*
+# ops changed signature at 18): defined once, in hyperexport.contracts.names.
 
 
 # transformers' own attention implementations: hyperexport registers its entry under another name.

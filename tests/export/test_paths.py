@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from hyperexport.capture.hooks import Capture
-from hyperexport.config import OPSET_RANGES
+from hyperexport.config import OPSET_RANGES as RECIPE_OPSET_RANGES
+from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import OpsetError
 from hyperexport.export import registry
 from hyperexport.export.dynamo_batch import DynamoPath
@@ -36,6 +37,7 @@ def test_the_flag_selects_one_path_each() -> None:
 def test_recipe_opset_ranges_agree_with_the_paths(dynamo: bool) -> None:
     low, high = OPSET_RANGES[dynamo]
     assert path_for(dynamo).opsets == range(low, high + 1)
+    assert RECIPE_OPSET_RANGES[dynamo] == (low, high)  # what recipe validation checks
 
 
 @pytest.mark.parametrize("dynamo", [False, True])
