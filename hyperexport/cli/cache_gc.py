@@ -11,7 +11,9 @@ Order of removal, safe while builds run on the same cache:
    written or reused within the grace period: a running build writes its blobs before its
    entry, and refreshes the time of a blob it reuses
    (:meth:`~hyperexport.runner.store.CacheStore.commit`).
-3. Temporary files of killed writes older than the grace period go too.
+3. Temporary files of killed writes older than the grace period go too, and so do the scratch
+   folders of dead builds, by the build's own rule
+   (:func:`~hyperexport.runner.locks.remove_dead_scratch`: a folder whose lock is free).
 
 No lock is needed for this: every file is *retired* by renaming it out of place first, then its
 time is read again; if a build used it meanwhile, it is put back. A build's hit
@@ -37,6 +39,7 @@ from hyperexport.cli.cache_inventory import (
     scan,
     stale_temp_files,
 )
+from hyperexport.runner import locks
 from hyperexport.runner.store import CacheStore
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,8 @@ class GcResult:
         blobs: Number of blobs removed.
         blob_bytes: Their bytes.
         temp_files: Stale temporary files removed.
+        scratch: Scratch folders of dead builds removed.
+        scratch_bytes: Their bytes.
     """
 
     size_before: int
@@ -84,6 +89,8 @@ class GcResult:
     blobs: int = 0
     blob_bytes: int = 0
     temp_files: int = 0
+    scratch: int = 0
+    scratch_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,7 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
     inventory = scan(store)
     blobs = _blobs(store)
     result = GcResult(size_before=disk_usage(store.root))
+    _collect_scratch(store, options, result)
     cutoff = now - options.grace
     temps = stale_temp_files(store, cutoff)
     referenced = {d for e in inventory.entries for d in e.entry.digests().values()}
@@ -159,6 +167,7 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
         sum(b.size for b in orphans)
         + sum(_file_size(p) for p in temps)
         + sum(_file_size(p) for _k, _r, p in inventory.unreadable)
+        + result.scratch_bytes
     )
     evict, result.kept_recent = plan(
         inventory.entries, blobs, result.size_before - garbage, options, now
@@ -176,6 +185,7 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
         freed = sum(_file_size(e.path) for e in evict) + result.blob_bytes
         freed += sum(_file_size(p) for p in temps)
         freed += sum(_file_size(p) for _k, _r, p in inventory.unreadable)
+        freed += result.scratch_bytes
         result.size_after = result.size_before - freed
         return result
     for key, reason, path in inventory.unreadable:
@@ -192,6 +202,20 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
             result.temp_files += 1
     result.size_after = disk_usage(store.root)
     return result
+
+
+def _collect_scratch(store: CacheStore, options: GcOptions, result: GcResult) -> None:
+    """Remove (in a dry run: count) the scratch folders of dead builds."""
+    base = store.root / locks.SCRATCH_DIR
+    folders = sorted(base.iterdir()) if base.is_dir() else []
+    if options.dry_run:
+        dead = [p for p in folders if not locks.scratch_is_live(store.root, p)]
+        result.scratch_bytes = sum(disk_usage(p) for p in dead)
+    else:
+        sizes = {p: disk_usage(p) for p in folders}
+        dead = locks.remove_dead_scratch(store.root)
+        result.scratch_bytes = sum(sizes.get(p, 0) for p in dead)
+    result.scratch = len(dead)
 
 
 def _evict(info: EntryInfo, cutoff: float) -> bool:

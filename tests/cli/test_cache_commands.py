@@ -567,3 +567,49 @@ def test_python_m_hyperexport_cache_dispatches(tmp_path: Path) -> None:
     bad = subprocess.run([*base, "gc", "--max-size", "x"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1
+
+
+HOLD_SCRATCH = """
+import sys, time
+from pathlib import Path
+from hyperexport.runner.store import CacheStore
+with CacheStore(Path(sys.argv[1])).scratch("build-") as path:
+    (path / "partial.onnx").write_bytes(bytes(4096))
+    print(path, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_gc_removes_the_scratch_of_a_killed_build_only(
+    tmp_path: Path, store: CacheStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The build's own liveness rule (runner/locks.py): a scratch folder whose lock is held
+    belongs to a running build, however old; once its build is killed, gc removes it."""
+    build(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SCRATCH, str(store.root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        scratch = Path(holder.stdout.readline().strip())
+        os.utime(scratch, (time.time() - 48 * HOUR,) * 2)  # age alone never makes it dead
+        code, lines, _ = run_cache(tmp_path, capsys, "gc", "--grace", "0")
+        assert code == 0
+        assert "0 scratch folders of dead builds" in lines[-1]
+        assert (scratch / "partial.onnx").is_file()
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    code, lines, _ = run_cache(tmp_path, capsys, "gc", "--dry-run")
+    assert "1 scratch folders of dead builds (4.0 KiB)" in lines[-1]
+    assert scratch.is_dir()
+    code, lines, _ = run_cache(tmp_path, capsys, "gc")
+    assert code == 0
+    assert "1 scratch folders of dead builds (4.0 KiB)" in lines[-1]
+    assert not scratch.exists()
+    assert_consistent(store)
+    assert statuses(build(tmp_path)) == ["hit"] * 4
