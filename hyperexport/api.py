@@ -28,7 +28,7 @@ from hyperexport.export.fallback import (
 )
 from hyperexport.export.registry import path_for
 from hyperexport.export.units import export_units
-from hyperexport.model_file import save_model, serialize_inline
+from hyperexport.model_file import check_export_budget, save_model, serialize_inline
 from hyperexport.options import ExportOptions, ExportRequest
 from hyperexport.passes.pipeline import compose_model
 
@@ -215,6 +215,7 @@ def export_hyper_onnx(
     )
     args, kwargs = split_trailing_kwargs(args, kwargs)
     options, keep_units = _hyperonnx_keywords(request.options, hyperonnx)
+    check_export_budget(_state_bytes(model), external_data=external_data)
     if dynamic_axes:
         # As with torch.onnx.export, entries may name outputs too; which output dims are dynamic
         # follows from the inputs' (found by the probe run), so only the inputs' entries count.
@@ -282,3 +283,10 @@ def export_hyper_onnx(
         else:
             f.write(serialize_inline(onnx_model))
     return manifest
+
+
+def _state_bytes(model: Any) -> int:
+    """Bytes of the model's distinct parameters and buffers (0 for a non-module)."""
+    tensors = [*getattr(model, "parameters", list)(), *getattr(model, "buffers", list)()]
+    unique = {t.untyped_storage().data_ptr(): t.numel() * t.element_size() for t in tensors}
+    return sum(unique.values())

@@ -49,12 +49,21 @@ TENSORS_NPZ = "tensors.npz"
 
 
 def to_array(t: torch.Tensor) -> np.ndarray:
-    """A detached CPU numpy copy of ``t`` (bfloat16 kept as raw bits)."""
-    t = t.detach().cpu()
-    bits = raw_dtype(torch_dtype_name(t.dtype))
-    if bits is not None:
-        return t.view(torch.int16).numpy().view(bits).copy()
-    return t.numpy().copy()
+    """A detached CPU numpy copy of ``t`` (bfloat16 kept as raw bits).
+
+    Under ``torch.jit.trace`` (the TorchScript path's capture) the tracer is paused meanwhile:
+    it cannot record the dtype view of a bfloat16 tensor (an internal assert in torch 2.13).
+    """
+    paused = pause_tracing() if is_tracing() else None
+    try:
+        t = t.detach().cpu()
+        bits = raw_dtype(torch_dtype_name(t.dtype))
+        if bits is not None:
+            return t.view(torch.int16).numpy().view(bits).copy()
+        return t.numpy().copy()
+    finally:
+        if paused is not None:
+            resume_tracing(paused)
 
 
 def from_array(array: np.ndarray, dtype: str) -> torch.Tensor:

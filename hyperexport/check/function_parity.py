@@ -14,9 +14,10 @@ from hyperexport import progress
 from hyperexport.check.compare import compare_arrays
 from hyperexport.check.ort_session import OrtRunner
 from hyperexport.check.report import FunctionResult, TensorResult
-from hyperexport.check.settings import CheckSettings
+from hyperexport.check.settings import CheckSettings, Tolerance
 from hyperexport.check.standalone import build_standalone, input_signature
 from hyperexport.check.tensors import CapturedArrays
+from hyperexport.check.upcast import floored, round_to, session_payload, upcast_feeds
 from hyperexport.contracts.manifest import CallSite, ExportManifest
 from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import CheckError
@@ -99,6 +100,7 @@ class FunctionChecker:
         self._session: OrtRunner | CheckError | None = None
         self.results: dict[int, FunctionResult] = {}
         self.sessions_built = 0
+        self._upcast = False
 
     def check(self, indices: Iterable[int], reason: str) -> None:
         """Check the given call sites (grouped by shared session), skipping checked ones."""
@@ -130,8 +132,9 @@ class FunctionChecker:
             self._session = None  # release the previous session before building the next
             try:
                 standalone = build_standalone(self._model, site, key[3])
-                payload = ir.to_proto(standalone).SerializeToString()
-                self._session = OrtRunner(payload, external_data_dir=self._external_data_dir)
+                where = self._external_data_dir
+                payload, self._upcast = session_payload(standalone, str(where) if where else None)
+                self._session = OrtRunner(payload, external_data_dir=where)
             except CheckError as e:
                 self._session = e
             self.sessions_built += 1
@@ -151,7 +154,11 @@ class FunctionChecker:
             key = (site.domain, site.name, site.weight_inputs, input_signature(data))
             runner = self._runner(site, key)
             feeds = {f"input_{i}": a for i, a in enumerate(data)}
+            if self._upcast:  # low precision runs upcast to float32 (check/upcast.py)
+                feeds = upcast_feeds(feeds)
             actual = runner.run(feeds, [e.shape for e in expected])
+            if self._upcast:
+                actual = [round_to(a, e) for a, e in zip(actual, expected, strict=True)]
             outputs = self._compare(actual, expected, site.outputs)
         except CheckError as e:
             error = str(e)
@@ -174,9 +181,14 @@ class FunctionChecker:
         self, actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], keys: Sequence[str]
     ) -> tuple[TensorResult, ...]:
         return tuple(
-            compare_arrays(a, e, self._settings.tolerance_for(key), name=f"output {i}", key=key)
+            compare_arrays(a, e, self._tolerance(key, e), name=f"output {i}", key=key)
             for i, (a, e, key) in enumerate(zip(actual, expected, keys, strict=True))
         )
+
+    def _tolerance(self, key: str, expected: np.ndarray) -> Tolerance:
+        """The settings' tolerance, raised to the floor of a low-precision output's dtype."""
+        tolerance = self._settings.tolerance_for(key)
+        return Tolerance(*floored(tolerance.atol, tolerance.rtol, expected))
 
 
 def first_divergent(

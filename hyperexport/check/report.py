@@ -173,6 +173,8 @@ class CheckReport:
         structural: Structural checks, in the order they ran.
         outputs: End-to-end results, one per graph output.
         end_to_end_error: Why the end-to-end run could not happen, if so.
+        end_to_end_skipped: Why the end-to-end run was not attempted (not enough memory for
+            the whole model), if so; the functions are then all checked instead.
         functions: Per-function results, in execution order.
         unchecked_calls: Call ids that got no per-function check.
         first_divergent_module: Module path of the first call, in execution order, whose function
@@ -191,6 +193,7 @@ class CheckReport:
     first_divergent_module: str | None
     first_divergent_call: str | None
     timings: tuple[tuple[str, float], ...] = ()
+    end_to_end_skipped: str | None = None
 
     @property
     def structural_ok(self) -> bool:
@@ -219,6 +222,7 @@ class CheckReport:
             "end_to_end": {
                 "ok": self.end_to_end_ok,
                 "error": self.end_to_end_error,
+                "skipped": self.end_to_end_skipped,
                 "outputs": [o.to_json() for o in self.outputs],
             },
             "functions": [f.to_json() for f in self.functions],
@@ -243,6 +247,8 @@ class CheckReport:
         ]
         if self.end_to_end_error is not None:
             lines.append(f"  end-to-end: FAIL: {self.end_to_end_error}")
+        if self.end_to_end_skipped is not None:
+            lines.append(f"  end-to-end: SKIPPED: {self.end_to_end_skipped}")
         lines += [f"  output {o.describe()}" for o in self.outputs]
         lines += [f"  function {f.describe()}" for f in self.functions]
         if self.first_divergent_module is not None:

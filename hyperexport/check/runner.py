@@ -17,6 +17,7 @@ from hyperexport.check.function_parity import (
     nested_calls,
     select_calls,
 )
+from hyperexport.check.memory import end_to_end_skip_reason
 from hyperexport.check.parity import check_end_to_end
 from hyperexport.check.report import CheckReport, TensorResult
 from hyperexport.check.settings import CheckSettings
@@ -74,13 +75,20 @@ def run_checks(
     start = time.perf_counter()
     outputs: tuple[TensorResult, ...] = ()
     e2e_error: str | None = None
-    try:
-        outputs = check_end_to_end(model_path, manifest, captured, settings)
-        if manifest.probe_inputs:
-            outputs += check_end_to_end(model_path, manifest, captured, settings, second_shape=True)
-    except CheckError as e:
-        e2e_error = str(e)
-    e2e_failed = e2e_error is not None or not all(o.ok for o in outputs)
+    e2e_skipped = end_to_end_skip_reason(model)
+    if e2e_skipped is not None:
+        logger.warning("end-to-end comparison skipped: %s", e2e_skipped)
+    else:
+        try:
+            outputs = check_end_to_end(model_path, manifest, captured, settings, model=model)
+            if manifest.probe_inputs:
+                outputs += check_end_to_end(
+                    model_path, manifest, captured, settings, second_shape=True, model=model
+                )
+        except CheckError as e:
+            e2e_error = str(e)
+    # A skipped comparison checks every function, as a failed one does, to localise or clear.
+    e2e_failed = e2e_skipped is not None or e2e_error is not None or not all(o.ok for o in outputs)
     timings.append(("end_to_end", time.perf_counter() - start))
 
     start = time.perf_counter()
@@ -99,6 +107,7 @@ def run_checks(
         structural=structural,
         outputs=outputs,
         end_to_end_error=e2e_error,
+        end_to_end_skipped=e2e_skipped,
         functions=tuple(checker.results[i] for i in sorted(checker.results)),
         unchecked_calls=tuple(manifest.calls[i].call_id for i in order if i not in checker.results),
         first_divergent_module=None if guilty is None else manifest.calls[guilty].module_path,

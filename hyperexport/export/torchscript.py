@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -94,6 +95,8 @@ class TorchScriptPath(ExportPath):
             raise
         except Exception as e:
             raise ModuleExportError(job.module_path, False, e) from e
+
+log = logging.getLogger(__name__)
 
 
 def apply_placeholder(
@@ -194,6 +197,7 @@ def export_torchscript(
             dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None,
         )
     model = ir.serde.deserialize_model(onnx.load_from_string(buffer.getvalue()))
+    _repair_sdpa_bfloat16_casts(model.graph)
     if weights_as_inputs:
         tensors = dict(
             [
@@ -203,3 +207,30 @@ def export_torchscript(
         )
         attach_torch_weights(model.graph, tensors)
     return model
+
+
+def _repair_sdpa_bfloat16_casts(graph: ir.Graph) -> None:
+    """Fix the casts torch 2.13's TorchScript SDPA symbolic emits for bfloat16 inputs.
+
+    The symbolic casts the scale (a ``Sqrt`` of the head size) to the query's dtype, but writes
+    torch's ScalarType number of bfloat16 (15) where ONNX expects its own (16): ONNX reads 15 as
+    complex128, and neither the checker nor ONNX Runtime accepts the graph. A ``Cast`` of a
+    ``Sqrt`` to complex128 has no other source, so it is cast to bfloat16 as torch meant.
+    """
+    repaired = 0
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        to = node.attributes.get("to")
+        producer = node.inputs[0].producer() if node.inputs and node.inputs[0] else None
+        if (
+            node.op_type == "Cast"
+            and to is not None
+            and to.as_int() == ir.DataType.COMPLEX128
+            and producer is not None
+            and producer.op_type == "Sqrt"
+        ):
+            node.attributes["to"] = ir.AttrInt64("to", int(ir.DataType.BFLOAT16))
+            repaired += 1
+    if repaired:
+        log.info(
+            "repaired %d bfloat16 SDPA scale cast(s) of torch's TorchScript exporter", repaired
+        )

@@ -24,6 +24,7 @@ Cache faults heal rather than fail:
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -152,6 +153,13 @@ class _Memo:
             self._loaded = True
         return self._value
 
+    def release(self) -> None:
+        """Drop the model (its weights) once no later stage needs it; a later call reloads."""
+        if self._loaded:
+            self._value, self._loaded = None, False
+            gc.collect()
+            log.debug("released the live model")
+
 
 def _module_path_of(error: BaseException) -> str | None:
     seen: set[int] = set()
@@ -219,7 +227,7 @@ class Runner:
                 return checkouts[name]
 
             pending: set[str] = set()
-            for stage in request.stages:
+            for index, stage in enumerate(request.stages):
                 with contextlib.ExitStack() as self._held:
                     try:
                         outcome = self._one(request, stage, result, pending, model, upstream_dir)
@@ -228,6 +236,8 @@ class Runner:
                             raise
                         outcome = _failed(stage.name, e, result)
                 result.stages.append(outcome)
+                if not any(s.needs_model for s in request.stages[index + 1 :]):
+                    model.release()  # the check stage runs without the weights in memory
                 if outcome.status == "would_run":
                     pending.add(stage.name)
                 level = {"failed": logging.ERROR, "would_run": logging.DEBUG}.get(

@@ -89,3 +89,79 @@ def test_bfloat16_stored_other_than_as_bits_is_rejected(tmp_path: Path) -> None:
         captured.get("in.0")
     with pytest.raises(CheckError, match="no tensor 'nope'"):
         captured.get("nope")
+
+
+# --- Real exports in low precision: each function runs upcast to float32 (check/upcast.py). ---
+
+# The dynamo path only: torch 2.13's TorchScript exporter makes type-inconsistent graphs of
+# fp16/bf16 Llama layers (a plain torch.onnx.export(dynamo=False) of them fails outright), so
+# onnx.checker refuses the result even where ONNX Runtime's upcast run matches torch.
+LOW_PRECISION_CASES = [
+    pytest.param("bfloat16", "per_type", id="bf16-per_type"),
+    pytest.param("bfloat16", "per_instance", id="bf16-per_instance"),
+    pytest.param("float16", "per_instance", id="fp16-per_instance"),
+    pytest.param("float16", "per_type", id="fp16-per_type"),
+]
+
+
+def _export_low_precision(tmp_path: Path, dtype: str, mode: str, dynamo: bool = True):  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from hyperexport import ExportOptions, zoo
+    from hyperexport.api import capture_model, export_hyper_onnx
+
+    model = zoo.tiny_llama(num_layers=2).to(getattr(torch, dtype))
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "model.onnx"
+    manifest = export_hyper_onnx(
+        model,
+        (ids,),
+        path,
+        hiera=[LlamaDecoderLayer],
+        dynamo=dynamo,
+        external_data=True,
+        options=ExportOptions(functions=mode),  # type: ignore[arg-type]
+    )
+    capture = capture_model(model, (ids,), hiera=[LlamaDecoderLayer], dynamo=dynamo)
+    return path, manifest, capture
+
+
+@pytest.mark.parametrize(("dtype", "mode"), LOW_PRECISION_CASES)
+def test_low_precision_exports_are_checked_upcast(tmp_path: Path, dtype: str, mode: str) -> None:
+    path, manifest, capture = _export_low_precision(tmp_path, dtype, mode)
+    report = run_checks(path, manifest, capture.record, capture.arrays, CheckSettings())
+    assert report.ok, report.summary_lines()
+    assert report.end_to_end_skipped is None
+    assert [o.ok for o in report.outputs] == [True]
+    assert len(report.functions) == 2 and all(f.max_abs is not None for f in report.functions)
+
+
+def test_a_broken_bfloat16_weight_is_found_in_its_layer(tmp_path: Path) -> None:
+    path, manifest, capture = _export_low_precision(tmp_path, "bfloat16", "per_type")
+    model = ir.load(path)
+    name = next(w for w in manifest.calls[1].weight_inputs if w.endswith("mlp.down_proj.weight"))
+    value = model.graph.initializers[name]
+    assert value.const_value is not None
+    shifted = (value.const_value.numpy().astype(np.float32) + 0.5).astype(ml_dtypes.bfloat16)
+    value.const_value = ir.tensor(shifted, name=name)
+    broken = path.with_name("broken.onnx")
+    ir.save(model, broken, external_data="broken.onnx.data")
+    report = run_checks(broken, manifest, capture.record, capture.arrays, CheckSettings())
+    assert not report.ok
+    assert report.first_divergent_module == manifest.calls[1].module_path
+
+
+def test_without_memory_for_the_whole_model_the_comparison_is_skipped_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hyperexport import model_file
+
+    path, manifest, capture = _export_low_precision(tmp_path, "bfloat16", "per_instance")
+    monkeypatch.setattr(model_file, "available_memory", lambda: 1 << 20)
+    report = run_checks(path, manifest, capture.record, capture.arrays, CheckSettings())
+    assert report.end_to_end_skipped is not None and "GiB available" in report.end_to_end_skipped
+    assert report.outputs == ()
+    assert len(report.functions) == 2 and report.ok  # every function checked instead
+    assert any("end-to-end: SKIPPED" in line for line in report.summary_lines())
+    assert report.to_json()["end_to_end"]["skipped"] == report.end_to_end_skipped

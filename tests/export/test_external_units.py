@@ -168,3 +168,12 @@ def test_the_shape_inference_patch_is_restored() -> None:
     with weights_out_of_shape_inference():
         assert torch._C._jit_pass_onnx_graph_shape_type_inference is not original
     assert torch._C._jit_pass_onnx_graph_shape_type_inference is original
+
+
+def test_an_export_that_cannot_fit_in_memory_is_refused_first_with_the_option() -> None:
+    gib = 2**30
+    with pytest.raises(ResourceError, match=r"about 4\.\d GiB.*external_data=True lowers it"):
+        model_file.check_export_budget(19 * gib // 10, external_data=False, available=4 * gib)
+    with pytest.raises(ResourceError, match="free memory"):
+        model_file.check_export_budget(20 * gib, external_data=True, available=4 * gib)
+    model_file.check_export_budget(10 * gib, external_data=True, available=4 * gib)  # fits
