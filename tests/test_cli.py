@@ -83,6 +83,15 @@ def test_failing_stage_exits_nonzero_naming_stage_and_module(toy: Path, tmp_path
     assert proc.returncode == 1
     assert "stage 'trace' failed at module 'blocks.1'" in proc.stderr
     assert not (tmp_path / "cache" / "actions").exists()
+    # nothing good-looking is published; the failure's report is, under a name that says so
+    variant = "model.broken_layer=1"
+    assert not (tmp_path / "outputs" / "toy" / variant).exists()
+    failed = report(tmp_path, f"{variant}.failed")
+    assert failed["status"] == "failed" and failed["failed_stage"] == "trace"
+    assert failed["artifacts"] == {}
+    assert f"the failed build is kept in {tmp_path / 'outputs' / 'toy' / variant}.failed" in (
+        proc.stderr
+    )
 
 
 BAD_RECIPES = [
