@@ -19,6 +19,7 @@ from hyperexport.config import RECIPES_DIR
 from tests.helpers.cli import REPO, probe_result, report, run, write_toy
 
 WORKFLOW = REPO / "examples" / "ci" / "github-actions.yml"
+REMOTE_WORKFLOW = REPO / "examples" / "ci" / "github-actions-remote.yml"
 
 
 @pytest.fixture
@@ -63,8 +64,8 @@ def test_incremental_rebuild(toy: Path, tmp_path: Path) -> None:
     assert statuses(tmp_path) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
 
 
-def _workflow_step(name: str) -> dict[str, Any]:
-    workflow = yaml.safe_load(WORKFLOW.read_text())
+def _workflow_step(name: str, path: Path = WORKFLOW) -> dict[str, Any]:
+    workflow = yaml.safe_load(path.read_text())
     (job,) = workflow["jobs"].values()
     return next(s for s in job["steps"] if s.get("name") == name)
 
@@ -101,3 +102,24 @@ def test_workflow_cache_commands_exist(tmp_path: Path) -> None:
         build=False,
     )
     assert probe_result(proc)["code"] == 0, proc.stderr
+
+
+def test_remote_workflow_builds_every_recipe_read_only_on_pull_requests(tmp_path: Path) -> None:
+    """The remote workflow's build command as a pull request runs it, against a file:// remote."""
+    pytest.importorskip("fsspec")
+    command = _workflow_step("Build every recipe", REMOTE_WORKFLOW)["run"]
+    pull_request = "${{ github.event_name == 'pull_request' && 'read_only' || 'read_write' }}"
+    assert pull_request in command
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    command = (
+        command.replace(pull_request, "read_only")
+        .replace("${{ github.workspace }}", str(tmp_path))
+        .replace("s3://my-bucket/hyperexport", remote.as_uri())
+    )
+    args = shlex.split(command)
+    proc = run([*args[3:], "build.dry_run=true"], tmp_path, probe=True)
+    assert probe_result(proc)["code"] == 0, proc.stderr
+    jobs = json.loads(_printed_sweep_file(proc.stdout).read_text())["jobs"]
+    assert len(jobs) == len(list(RECIPES_DIR.glob("*.yaml")))
+    assert list(remote.iterdir()) == []  # read-only: nothing uploaded
