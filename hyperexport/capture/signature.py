@@ -15,8 +15,35 @@ def bind(
     Keyword arguments given out of order come back in the order the signature declares them.
     ``*args`` binds as a tuple under its own name, ``**kwargs`` as a dict under its own name.
     """
+    aliases = renamed_keywords(fn)
+    if aliases:
+        kwargs = {
+            aliases.get(k, k) if aliases.get(k) not in kwargs else k: v for k, v in kwargs.items()
+        }
     bound = inspect.signature(fn).bind(*args, **kwargs)
     return dict(bound.arguments)
+
+
+def renamed_keywords(fn: Callable[..., Any]) -> dict[str, str]:
+    """``{old name: new name}`` of keywords a deprecation decorator renames before the call.
+
+    transformers' ``deprecate_kwarg(old, version, new_name=new)`` accepts ``old`` and passes it
+    on as ``new`` (``past_key_values`` -> ``cache``). Binding the old name as the parameter it
+    becomes keeps inputs in signature order, as the call itself will see them. Found from the
+    decorator's closure along the ``__wrapped__`` chain; nothing is called.
+    """
+    aliases: dict[str, str] = {}
+    current: Any = getattr(fn, "__func__", fn)
+    while current is not None:
+        code = getattr(current, "__code__", None)
+        cells = getattr(current, "__closure__", None) or ()
+        if code is not None and {"old_name", "new_name"} <= set(code.co_freevars):
+            values = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+            old, new = values["old_name"], values["new_name"]
+            if isinstance(old, str) and isinstance(new, str):
+                aliases[old] = new
+        current = getattr(current, "__wrapped__", None)
+    return aliases
 
 
 def split(

@@ -31,13 +31,24 @@ _OBJECT_TYPES: dict[str, type] = {}
 _CONSTANT_TYPES = (bool, int, float, str, type(None))
 
 
+#: Field name of the tensor inside a tree node of a user tensor subclass.
+TENSOR_FIELD = "data"
+
+
+def is_user_tensor_subclass(value: torch.Tensor) -> bool:
+    """A tensor of a subclass defined outside torch (not a Parameter, fake or functional tensor)."""
+    cls = type(value)
+    return cls is not torch.Tensor and not cls.__module__.startswith("torch")
+
+
 def qualified_name(cls: type) -> str:
     """``module.QualName`` of a class."""
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def register_object_type(cls: type) -> None:
-    """Allow :func:`unflatten` to rebuild ``object`` nodes naming ``cls`` (a dataclass).
+    """Allow :func:`unflatten` to rebuild ``object`` nodes naming ``cls`` (a dataclass, or a
+    user tensor subclass).
 
     :func:`flatten` registers every class it describes as an ``object`` node; callers rarely
     need this.
@@ -66,7 +77,14 @@ def flatten(value: Any, where: str, tensors: list[torch.Tensor]) -> Tree:
     """
     if isinstance(value, torch.Tensor):
         tensors.append(value)
-        return ("tensor", str(len(tensors) - 1))
+        leaf: Tree = ("tensor", str(len(tensors) - 1))
+        if is_user_tensor_subclass(value):
+            # A tensor that is also an object with methods (a StaticCache): kept as its class
+            # around the tensor, so a unit's export hands the module the same kind of object
+            # (the class's ``from_export_tensor(tensor)`` when it has one, else ``as_subclass``).
+            register_object_type(type(value))
+            return ("object", qualified_name(type(value)), ((TENSOR_FIELD, leaf),))
+        return leaf
     if isinstance(value, _CONSTANT_TYPES):
         return ("const", value)
     if isinstance(value, torch.Size):
@@ -111,7 +129,8 @@ def _registered_class(name: str) -> type | None:
 
 
 def object_class(name: str, field_names: tuple[str, ...]) -> type:
-    """The registered dataclass called ``name`` that accepts ``field_names``.
+    """The registered dataclass called ``name`` that accepts ``field_names`` (or a registered
+    user tensor subclass, whose one field is its tensor).
 
     Raises:
         CorruptRecordError: No such class is registered in this process, it is not a
@@ -124,6 +143,10 @@ def object_class(name: str, field_names: tuple[str, ...]) -> type:
             "not a type registered in this process (met by flatten, or a torch pytree node); "
             "data never names code to import",
         )
+    if issubclass(cls, torch.Tensor):  # a user tensor subclass: one field, its tensor
+        if field_names != (TENSOR_FIELD,):
+            raise CorruptRecordError(f"object node {name!r}", f"fields {list(field_names)}")
+        return cls
     if not dataclasses.is_dataclass(cls):
         raise CorruptRecordError(f"object node {name!r}", "the registered type is no dataclass")
     accepted = {f.name for f in dataclasses.fields(cls) if f.init}
@@ -181,7 +204,12 @@ def unflatten(tree: Tree, tensor: Callable[[str], Any]) -> Any:
         return {k: unflatten(c, tensor) for k, c in tree[1]}
     if kind == "object":
         cls = object_class(tree[1], tuple(str(k) for k, _ in tree[2]))
-        return cls(**{k: unflatten(c, tensor) for k, c in tree[2]})
+        fields = {k: unflatten(c, tensor) for k, c in tree[2]}
+        if issubclass(cls, torch.Tensor):
+            rebuild = getattr(cls, "from_export_tensor", None)
+            data = fields[TENSOR_FIELD]
+            return rebuild(data) if rebuild is not None else data.as_subclass(cls)
+        return cls(**fields)
     raise CorruptRecordError("tree", f"unknown node kind {kind!r}")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,7 @@ def export_units(
     units_dir = out_dir / "units"
     units_dir.mkdir(parents=True, exist_ok=True)
     in_names = input_names or tuple(tree.leaf_names(record.inputs))
-    out_names = output_names or _root_output_names(record.outputs)
+    out_names = output_names or _root_output_names(record.outputs, in_names)
 
     entries: list[UnitEntry] = []
     jobs: list[UnitJob] = []
@@ -168,10 +168,11 @@ def _write_unit(unit_model: ir.Model, path: Path, weights: WeightFile) -> None:
     atomic_write_bytes(path, ir.to_proto(unit_model).SerializeToString())
 
 
-def _root_output_names(outputs: Tree) -> tuple[str, ...]:
-    """Leaf names of the root outputs, prefixed with ``output`` unless they read as names."""
+def _root_output_names(outputs: Tree, inputs: Sequence[str] = ()) -> tuple[str, ...]:
+    """Leaf names of the root outputs, prefixed with ``output`` unless they read as names that
+    no input has (a model may return an input object, e.g. its cache)."""
     names = tree.leaf_names(outputs)
-    if any(not n[0].isalpha() or n == "value" for n in names):
+    if any(not n[0].isalpha() or n == "value" or n in inputs for n in names):
         names = tree.leaf_names(outputs, "output")
     return tuple(names)
 

@@ -48,7 +48,7 @@ def _resolve(model: torch.nn.Module, target: str) -> tuple[Any, str]:
     return owner, last
 
 
-def _detached_copy(value: Any) -> Any:
+def detached_copy(value: Any) -> Any:
     """``copy.deepcopy(value)`` with every tensor copied as ``detach().clone()``.
 
     Tensors may sit anywhere (a transformers ``Cache`` holds them in lists of layer objects), so
@@ -124,7 +124,7 @@ def capture_inner_call(
     def recorder(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         if calls == call_index:
-            seen.append(_detached_copy((args, kwargs)) if copy_args else (args, kwargs))
+            seen.append(detached_copy((args, kwargs)) if copy_args else (args, kwargs))
             if stop:
                 calls += 1
                 raise _CaptureDone
