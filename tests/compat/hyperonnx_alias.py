@@ -23,6 +23,7 @@ starts on HyperONNX's published tests. Every adaptation lives here, none in thei
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
@@ -40,6 +41,12 @@ _BEAMS = (
 #: ``test id substring -> reason``: HyperONNX tests whose expectation hyperexport does not meet
 #: on purpose, or that test HyperONNX's internals.
 EXCLUDED: dict[str, str] = {
+    "test_export_vit_with_encoder_and_encoderblock": (
+        "counts HyperONNX's files in external_directory (15, one per module) and 4 function "
+        "types; hyperexport keeps one file per exported unit under units/, and its folded "
+        "leftover functions are all of type 'Leftover' (3 types); the export itself matches "
+        "torch in ONNX Runtime"
+    ),
     "test_export_module_with_2_levels": (
         "counts 3 function types: HyperONNX also folds the nodes between calls inside a "
         "function body (ModuleLvl1's Conv head) into a function of their own; hyperexport's "
@@ -158,6 +165,7 @@ def _retype(model: nn.Module, renames: dict[type, type]) -> None:
             module.__class__ = renames[type(module)]
 
 
+@functools.cache
 def _torchvision() -> types.ModuleType:
     from transformers.models.resnet.modeling_resnet import ResNetBasicLayer, ResNetBottleNeckLayer
     from transformers.models.vit.modeling_vit import ViTLayer
@@ -196,13 +204,29 @@ def _torchvision() -> types.ModuleType:
     return root
 
 
+class _LazyModule(types.ModuleType):
+    """A stand-in module whose names are built on first use (transformers' ResNet and ViT
+    modules take seconds to import; most of HyperONNX's test files never touch them)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        built = _torchvision()
+        module = built
+        for part in self.__name__.split(".")[1:]:
+            module = getattr(module, part)
+        return getattr(module, name)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _alias_hyperonnx()
-    vision = _torchvision()
-    sys.modules["torchvision"] = vision
-    sys.modules["torchvision.models"] = vision.models  # type: ignore[attr-defined]
-    sys.modules["torchvision.models.resnet"] = vision.models.resnet  # type: ignore[attr-defined]
-    sys.modules["torchvision.models.vision_transformer"] = vision.models.vision_transformer  # type: ignore[attr-defined]
+    for name in (
+        "torchvision",
+        "torchvision.models",
+        "torchvision.models.resnet",
+        "torchvision.models.vision_transformer",
+    ):
+        sys.modules[name] = _LazyModule(name)
     import torch.onnx._constants as constants
 
     constants.ONNX_MAX_OPSET = 20  # type: ignore[misc]
