@@ -11,14 +11,18 @@ starts on HyperONNX's published tests. Every adaptation lives here, none in thei
    ``models.resnet18`` / ``models.vit_b_16`` are transformers' ResNet and ViT at the same shapes
    (ResNet-18: basic blocks, depths 2-2-2-2, widths 64-512, 1000 classes; ViT-B/16: 224 px,
    patch 16, 12 layers of width 768, 12 heads, MLP 3072, 1000 classes), with seeded random
-   weights. ``BasicBlock``/``Bottleneck`` are transformers' ``ResNetBasicLayer``/
-   ``ResNetBottleNeckLayer``, ``ResNet`` the model class; ``EncoderBlock`` is ``ViTLayer`` and
-   ``Encoder`` a module holding the layers and the final norm (transformers has no encoder
-   class). Both models return the logits tensor, as torchvision's do.
+   weights, built on first use. ``BasicBlock``/``Bottleneck``/``EncoderBlock`` are
+   stateless subclasses of transformers' ``ResNetBasicLayer``/``ResNetBottleNeckLayer``/
+   ``ViTLayer`` carrying torchvision's names (the model's blocks are retyped to them, so the
+   function names the tests look for are torchvision's); ``ResNet`` is the model class and
+   ``Encoder`` a module holding the ViT layers and the final norm (transformers has no encoder
+   class). Both models return the logits tensor and take ``x``, as torchvision's do.
 3. ``torch.onnx._constants.ONNX_MAX_OPSET`` reads 20 (the TorchScript exporter's maximum on
    torch 2.13): HyperONNX's attention test exports with ``dynamo=False`` at that constant,
-   which on torch 2.13 is 23, beyond what the TorchScript exporter accepts.
-4. Tests listed in :data:`EXCLUDED` are skipped with their reason.
+   which on torch 2.13 is 23, beyond what the TorchScript exporter accepts (its dynamo=True
+   case then also exports at 20).
+4. Tests listed in :data:`EXCLUDED` (and, for one release's tests, ``EXCLUDED_IN_RELEASE``,
+   keyed by ``HYPERONNX_RELEASE``) are skipped with their reason.
 """
 
 from __future__ import annotations
