@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
+from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import OpsetError, OptionsError
 
 FunctionMode = Literal["per_instance", "per_type"]
@@ -261,8 +262,6 @@ class ExportRequest:
     options: ExportOptions = field(default_factory=ExportOptions)
 
     def __post_init__(self) -> None:
-        from hyperexport.config.schema import OPSET_RANGES
-
         _require_bool("export_hyper_onnx", "dynamo", self.dynamo)
         _require_bool("export_hyper_onnx", "external_data", self.external_data)
         low, high = OPSET_RANGES[self.dynamo]
