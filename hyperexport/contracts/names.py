@@ -49,9 +49,16 @@ META_MODULE_PATH = "hyperexport.module_path"
 # -- opsets -------------------------------------------------------------------------------------
 MIN_OPSET = 7
 TORCHSCRIPT_MAX_OPSET = 20
+#: torch's dynamo exporter builds at opset 18 at least; asked for less, it tries onnx's version
+#: converter, which fails on common graphs (ReduceMean's axes input -> attribute) and then keeps
+#: opset 18 with only a log line. Below 18 the dynamo path is refused, not silently raised.
+DYNAMO_MIN_OPSET = 18
 DYNAMO_MAX_OPSET = 24
 #: ``{dynamo: (lowest, highest)}`` default-domain opset an export path supports.
-OPSET_RANGES = {False: (MIN_OPSET, TORCHSCRIPT_MAX_OPSET), True: (MIN_OPSET, DYNAMO_MAX_OPSET)}
+OPSET_RANGES = {
+    False: (MIN_OPSET, TORCHSCRIPT_MAX_OPSET),
+    True: (DYNAMO_MIN_OPSET, DYNAMO_MAX_OPSET),
+}
 #: Attention promotion re-declares the model at this opset ...
 PROMOTED_OPSET = 24
 #: ... and needs an export opset of at least this.
