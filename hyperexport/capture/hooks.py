@@ -31,6 +31,7 @@ from hyperexport.capture.torch_bridge import (
     torch_dtype,
     torch_dtype_name,
 )
+from hyperexport.contracts.names import CAPTURE_JSON, PROBE_PREFIX, TENSORS_NPZ
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.errors import (
     CorruptRecordError,
@@ -43,9 +44,6 @@ from hyperexport.errors import (
 )
 
 log = logging.getLogger(__name__)
-
-CAPTURE_JSON = "capture.json"
-TENSORS_NPZ = "tensors.npz"
 
 
 def to_array(t: torch.Tensor) -> np.ndarray:
@@ -336,7 +334,7 @@ def capture_model(
 
 
 #: Key prefix of the tensors of the run at the second (probe) shape.
-PROBE = "probe/"
+PROBE = PROBE_PREFIX
 
 
 @dataclass(frozen=True)

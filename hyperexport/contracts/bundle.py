@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-BUNDLE_JSON = "bundle.json"
-
-
-#: A copy of the capture record, so that the bundle composes on its own.
-CAPTURE_RECORD = "capture.json"
+# Defined in names.py; re-exported here, where importers have always found them.
+from hyperexport.contracts.names import BUNDLE_JSON as BUNDLE_JSON
+from hyperexport.contracts.names import CAPTURE_RECORD as CAPTURE_RECORD
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,13 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# Defined in names.py; re-exported here, where importers have always found them.
+from hyperexport.contracts.names import FUNCTION_DOMAIN as FUNCTION_DOMAIN
+from hyperexport.contracts.names import META_EXPORT_PATH as META_EXPORT_PATH
+from hyperexport.contracts.names import META_FALLBACK as META_FALLBACK
+from hyperexport.contracts.names import META_FUNCTION_MODE as META_FUNCTION_MODE
+from hyperexport.contracts.names import PLACEHOLDER_DOMAIN as PLACEHOLDER_DOMAIN
+
 
 @dataclass(frozen=True)
 class FunctionEntry:
@@ -119,11 +126,3 @@ class ExportManifest:
     @classmethod
     def loads(cls, text: str) -> ExportManifest:
         return cls.from_json(json.loads(text))
-
-
-# Keys of the model's metadata_props that hyperexport writes.
-META_EXPORT_PATH = "hyperexport.export_path"  # "dynamo=False" | "dynamo=True"
-META_FALLBACK = "hyperexport.fallback_from"
-META_FUNCTION_MODE = "hyperexport.function_mode"
-FUNCTION_DOMAIN = "hyperexport.fn"
-PLACEHOLDER_DOMAIN = "hyperexport.placeholder"

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hyperexport.contracts.names import probe_key
+
 Tree = tuple[Any, ...]
 
 
@@ -171,7 +173,7 @@ class CaptureRecord:
     def dynamic_dims(self, key: str) -> tuple[int, ...]:
         """Axes of tensor ``key`` whose size differs between the capture and the probe run."""
         meta = {t.key: t for t in self.tensors}
-        probe = meta.get(f"probe/{key}")
+        probe = meta.get(probe_key(key))
         if probe is None:
             return ()
         shape = meta[key].shape

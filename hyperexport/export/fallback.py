@@ -20,6 +20,7 @@ import torch
 from hyperexport.atomic import atomic_write_text
 from hyperexport.capture.hooks import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON, ExportBundle
+from hyperexport.contracts.names import UNITS_DIR
 from hyperexport.errors import InputError, ModuleExportError
 from hyperexport.export.path import ExportPath
 from hyperexport.export.registry import other_path, path_for
@@ -113,7 +114,7 @@ def export_with_fallback(
             "export with %s failed (%s); falling back to %s as asked", path.label, e, retry.label
         )
         first = e
-    units = out_dir / "units"
+    units = out_dir / UNITS_DIR
     if units.is_dir():
         shutil.rmtree(units)
     try:

@@ -17,6 +17,7 @@ import torch
 
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
+from hyperexport.contracts.names import probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, tree_tensor_keys
 from hyperexport.errors import InputError, ModuleExportError
 
@@ -58,13 +59,13 @@ def symbolic_output_dims(record: CaptureRecord, call: ModuleCall) -> tuple[tuple
     sources: dict[tuple[int, int], tuple[int, int]] = {}
     for i, key in enumerate(tree_tensor_keys(call.inputs)):
         for axis in record.dynamic_dims(key):
-            pair = (meta[key].shape[axis], meta[f"probe/{key}"].shape[axis])
+            pair = (meta[key].shape[axis], meta[probe_key(key)].shape[axis])
             sources.setdefault(pair, (i, axis))
     dims = []
     for key in tree_tensor_keys(call.outputs):
         shape: list[Dim] = list(meta[key].shape)
         for axis in record.dynamic_dims(key):
-            pair = (meta[key].shape[axis], meta[f"probe/{key}"].shape[axis])
+            pair = (meta[key].shape[axis], meta[probe_key(key)].shape[axis])
             if pair not in sources:
                 raise InputError(
                     f"module {call.path!r} output {key}",

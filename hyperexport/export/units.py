@@ -23,6 +23,7 @@ from hyperexport.atomic import atomic_write_bytes, atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.hooks import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle, UnitEntry
+from hyperexport.contracts.names import UNITS_DIR, probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys
 from hyperexport.errors import ModuleExportError
 from hyperexport.export.jobs import UnitJob
@@ -99,7 +100,7 @@ def export_units(
     # per-instance mode, the SpecializePerInstancePass later clones a body for each instance and
     # bakes that instance's weights in, which costs far less than exporting every instance.
     plan = plan_units(record, modules, "per_type")
-    units_dir = out_dir / "units"
+    units_dir = out_dir / UNITS_DIR
     units_dir.mkdir(parents=True, exist_ok=True)
     in_names = input_names or tuple(tree.leaf_names(record.inputs))
     out_names = output_names or _root_output_names(record.outputs, in_names)
@@ -225,10 +226,10 @@ def _dim_names(record: CaptureRecord, options: ExportOptions) -> dict[tuple[int,
     leaves = dict(zip(tree.leaf_names(record.inputs), tree_tensor_keys(record.inputs)))
     for name, axes in options.dynamic_axes:
         key = leaves.get(name)
-        if key is None or f"probe/{key}" not in meta:
+        if key is None or probe_key(key) not in meta:
             continue
         for axis, dim in axes:
-            names[(meta[key].shape[axis], meta[f"probe/{key}"].shape[axis])] = dim
+            names[(meta[key].shape[axis], meta[probe_key(key)].shape[axis])] = dim
     return names
 
 
@@ -257,6 +258,6 @@ def dynamic_axes_of(
         for key, name in zip(keys, names):
             dims = record.dynamic_dims(key)
             if dims:
-                shape, probe = meta[key].shape, meta[f"probe/{key}"].shape
+                shape, probe = meta[key].shape, meta[probe_key(key)].shape
                 axes[name] = {d: pairs.get((shape[d], probe[d]), f"{name}_{d}") for d in dims}
     return axes

@@ -12,6 +12,7 @@ import onnx_ir as ir
 
 from hyperexport.contracts.bundle import ExportBundle
 from hyperexport.contracts.manifest import FUNCTION_DOMAIN, CallSite, ExportManifest, FunctionEntry
+from hyperexport.contracts.names import probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, leaf_names, tree_tensor_keys
 from hyperexport.errors import RewriteError
 from hyperexport.passes.compose_functions import CHILD_INDEX
@@ -98,8 +99,8 @@ def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord)
         functions=tuple(entries),
         calls=tuple(sites[c.call_id] for c in record.calls),
         fallback_from=bundle.fallback_from,
-        probe_inputs=tuple(f"probe/{k}" for k in graph_inputs) if probe else (),
-        probe_outputs=tuple(f"probe/{k}" for k in tree_tensor_keys(record.outputs))
+        probe_inputs=tuple(probe_key(k) for k in graph_inputs) if probe else (),
+        probe_outputs=tuple(probe_key(k) for k in tree_tensor_keys(record.outputs))
         if probe
         else (),
     )

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
+from hyperexport.contracts import names
 from hyperexport.contracts.bundle import ExportBundle, UnitEntry
 from hyperexport.contracts.manifest import (
     FUNCTION_DOMAIN,
@@ -28,9 +29,9 @@ from hyperexport.passes import naming
 log = logging.getLogger(__name__)
 
 #: Function ``metadata_props`` key: qualified class of the module a function was made from.
-META_MODULE_CLASS = "hyperexport.module_class"
+META_MODULE_CLASS = names.META_MODULE_CLASS
 #: Function ``metadata_props`` key: module path of the instance (per-instance functions only).
-META_MODULE_PATH = "hyperexport.module_path"
+META_MODULE_PATH = names.META_MODULE_PATH
 
 #: ``node.meta`` key: position of a call node's module call among its parent's child calls.
 CHILD_INDEX = "hyperexport.child_index"

@@ -22,13 +22,14 @@ import logging
 
 import onnx_ir as ir
 
+from hyperexport.contracts.names import ATTENTION_DOMAIN, PROMOTED_OPSET
 from hyperexport.errors import RewriteError
 
 log = logging.getLogger(__name__)
 
-SOURCE_DOMAIN = "hyperexport.attention"
+SOURCE_DOMAIN = ATTENTION_DOMAIN
 SOURCE_OP_TYPE = "Attention"
-TARGET_OPSET = 24
+TARGET_OPSET = PROMOTED_OPSET
 # IR version required by opset 24 (onnx.helper.find_min_ir_version_for).
 TARGET_IR_VERSION = 12
 

@@ -26,7 +26,7 @@ from hyperexport.passes.compose_functions import CHILD_INDEX, META_MODULE_PATH
 log = logging.getLogger(__name__)
 
 #: ``node.meta`` key: absolute module path of the instance a call node calls.
-MODULE_PATH = "hyperexport.module_path"
+MODULE_PATH = META_MODULE_PATH  # compose_functions' (contracts/names.py)
 
 
 def _absolute(parent: str, node: ir.Node) -> str:

@@ -24,11 +24,11 @@ import onnxscript
 import torch
 from torch.onnx import symbolic_helper
 
+from hyperexport.contracts.names import ATTENTION_DOMAIN
 from hyperexport.transformers.attention_op import QUALIFIED_NAME, attention_op
 
 log = logging.getLogger(__name__)
 
-ATTENTION_DOMAIN = "hyperexport.attention"
 ATTENTION_OP_TYPE = "Attention"
 ATTENTION_DOMAIN_VERSION = 1
 # A TorchScript symbolic registered at opset N serves every export opset >= N.
