@@ -165,7 +165,10 @@ class ImportMemo:
     def save(self) -> None:
         """Write the memo if it changed (atomically; never for an in-memory or read-only memo)."""
         if self._path is not None and self._dirty and not self._read_only:
-            atomic_write_text(self._path, json.dumps(self._load(), sort_keys=True))
+            try:
+                atomic_write_text(self._path, json.dumps(self._load(), sort_keys=True))
+            except OSError as e:  # only a memo: the next build parses again
+                log.warning("cannot save the import memo %s (%s); not memoised", self._path, e)
             self._dirty = False
 
 

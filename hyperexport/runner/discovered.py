@@ -32,6 +32,7 @@ import importlib.util
 import json
 import logging
 import sys
+import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,18 +99,25 @@ def _module_file(module: ModuleType) -> Path | None:
     return Path(file) if isinstance(file, str) and file else None
 
 
-def _installed_owners(file: Path) -> list[str] | None:
-    """The distributions owning a file installed in site-packages; None for other files.
-
-    The owner is found from the file's top-level folder there (``scipy/sparse/_x.so`` belongs to
-    scipy even when the module registers itself as ``_x``).
-    """
+def _site_top(file: Path) -> str | None:
+    """The top-level name a file installed in site-packages belongs to (``scipy`` for
+    ``.../site-packages/scipy/sparse/_x.so``); None for a file outside site-packages."""
     parts = file.parts
     for i, part in enumerate(parts[:-1]):
         if part in _SITE_DIRS:
-            top = parts[i + 1].split(".")[0]
-            return _distributions_by_top().get(top) or None
+            return parts[i + 1].split(".")[0]
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_dirs() -> tuple[Path, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(Path(paths[k]).resolve() for k in ("stdlib", "platstdlib") if k in paths)
+
+
+def _in_stdlib(file: Path) -> bool:
+    """A file of the standard library (``_sysconfigdata_*``, ``lib-dynload``), by location."""
+    return any(file.is_relative_to(d) for d in _stdlib_dirs())
 
 
 def snapshot(index: FileDigestIndex) -> DependencySet:
@@ -131,12 +139,15 @@ def snapshot(index: FileDigestIndex) -> DependencySet:
             if file is None or not file.is_absolute():
                 continue
             name = top
-        folder = file.parent.as_posix()
-        if folder not in owners_of:
-            owners_of[folder] = _installed_owners(file)
-        owners = owners_of[folder]
-        if owners is not None:  # an installed distribution: its version stands for its files
-            dists.update((dist, distribution_version(dist)) for dist in owners)
+        site_top = _site_top(file)
+        if site_top is not None:
+            if site_top not in owners_of:
+                owners_of[site_top] = _distributions_by_top().get(site_top) or None
+            owners = owners_of[site_top]
+            if owners is not None:  # an installed distribution: its version stands for its files
+                dists.update((dist, distribution_version(dist)) for dist in owners)
+                continue
+        elif _in_stdlib(file):
             continue
         rel = _relative_file(name, file, entries)
         if rel is None:

@@ -36,6 +36,8 @@ def user_code(tmp_path: Path) -> Iterator[Path]:
     sys.path.insert(0, str(root))
     importlib.invalidate_caches()
     importlib.import_module("hxd_model")
+    importlib.import_module("typing_extensions")
+    importlib.import_module("sysconfig").get_config_vars()  # loads _sysconfigdata_*
     yield root
     sys.path.remove(str(root))
     for name in [m for m in sys.modules if m.startswith(("hxd_model", "hxd_helpers", "hxd_pkg"))]:
@@ -51,6 +53,11 @@ def test_snapshot_names_local_files_relatively_and_dists_by_version(user_code: P
     assert not any(name in sys.stdlib_module_names for name in deps["modules"])
     assert deps["dists"]["pytest"] is not None  # installed: by version, not by file
     assert not any(name.startswith("_pytest") for name in deps["modules"])
+    # A single-file module in site-packages belongs to its own distribution, not to whichever
+    # module of that folder came first.
+    assert "typing_extensions" not in deps["modules"]
+    assert any(d.lower().replace("-", "_") == "typing_extensions" for d in deps["dists"])
+    assert not any(name.startswith("_sysconfigdata") for name in deps["modules"])  # stdlib
     text = json.dumps(deps)
     assert str(user_code) not in text  # nothing absolute
 
