@@ -22,6 +22,7 @@ from onnx_ir.passes.common import (
 
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
 from hyperexport.contracts.manifest import ExportManifest
+from hyperexport.contracts.names import UNITS_DIR
 from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import RewriteError
 from hyperexport.options import ExportOptions
@@ -176,7 +177,7 @@ class _Step(ir.passes.PassBase):
 
 def load_units(bundle_dir: Path, bundle: ExportBundle) -> dict[str, ir.Model]:
     """Every unit's exported model by unit name, initializers no longer listed as inputs."""
-    units = {u.name: ir.load(bundle_dir / "units" / f"{u.name}.onnx") for u in bundle.units}
+    units = {u.name: ir.load(bundle_dir / UNITS_DIR / f"{u.name}.onnx") for u in bundle.units}
     for unit_model in units.values():
         # Per-type units are exported with initializers as graph inputs (see torchscript.py).
         graph = unit_model.graph
