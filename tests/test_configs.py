@@ -32,7 +32,8 @@ def test_recipe_instantiates(name: str) -> None:
     import torch
 
     from hyperexport.models.auto import resolve_auto
-    from hyperexport.stages.model import load_model, make_inputs, resolve_classes
+    from hyperexport.models.inputs import make_inputs
+    from hyperexport.stages.model import load_model, resolve_classes
 
     recipe, _ = compose_recipe([f"recipe={name}"])
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)

@@ -279,7 +279,7 @@ def auto_hiera(
     """
     import torch
 
-    from hyperexport.stages.model import make_inputs
+    from hyperexport.models.inputs import make_inputs
 
     members: dict[int, tuple[str, torch.nn.Module]] = {}
     for name, module in model.named_modules():

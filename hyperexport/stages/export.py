@@ -61,7 +61,8 @@ class ExportStage:
         def recapture(dynamo: bool) -> Capture:
             # The other path's capture semantics (see export_units_with_fallback).
             from hyperexport.capture.hooks import capture_model
-            from hyperexport.stages.model import make_inputs, resolve_classes
+            from hyperexport.models.inputs import make_inputs
+            from hyperexport.stages.model import resolve_classes
 
             return capture_model(
                 model,

@@ -64,29 +64,6 @@ def _read_state_dict(checkpoint: Path) -> dict[str, Any]:
     return state
 
 
-def make_inputs(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The recipe's example inputs as torch tensors, generated deterministically with numpy."""
-    import numpy as np
-    import torch
-
-    tensors = {}
-    for name, spec in specs.items():
-        rng = np.random.default_rng(int(spec["seed"]))
-        shape = tuple(int(d) for d in spec["shape"])
-        dtype = spec["dtype"]
-        array: Any
-        if dtype == "bool":
-            array = rng.uniform(size=shape) < 0.5
-        elif dtype.startswith(("int", "uint")):
-            array = rng.integers(int(spec["low"]), int(spec["high"]), size=shape, dtype=np.int64)
-        else:
-            array = rng.uniform(float(spec["low"]), float(spec["high"]), size=shape).astype(
-                np.float32
-            )
-        tensors[name] = torch.from_numpy(array).to(getattr(torch, dtype))
-    return tensors
-
-
 def resolve_classes(paths: list[str], recipe_file: str, field: str = "hiera") -> list[type]:
     """Import the classes named by ``paths``; a failure is a RecipeError with a close match."""
     import difflib

@@ -40,7 +40,8 @@ class TraceStage:
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.hooks import capture_model
         from hyperexport.models.auto import resolve_auto
-        from hyperexport.stages.model import make_inputs, resolve_classes
+        from hyperexport.models.inputs import make_inputs
+        from hyperexport.stages.model import resolve_classes
         from hyperexport.stages.options import dynamic_axes, probe_shapes
 
         model = inputs.model()

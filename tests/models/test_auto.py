@@ -112,7 +112,7 @@ class _Wrapped:
 
 
 def test_text_inputs_stay_in_the_vocabulary_with_a_mask_and_dynamic_dims() -> None:
-    from hyperexport.stages.model import make_inputs
+    from hyperexport.models.inputs import make_inputs
 
     model = random_transformer("BertModel", {**TEXT, "intermediate_size": 64})
     specs, reason = auto_inputs(model, dynamic=True)
