@@ -129,15 +129,27 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
             function = functions[name]
             model.functions[function.identifier()] = function
         modified |= bool(functions)
-        before = (dict(model.opset_imports), dict(model.metadata_props), model.producer_name)
+        before = (
+            dict(model.opset_imports),
+            dict(model.metadata_props),
+            model.producer_name,
+            model.producer_version,
+        )
         model.opset_imports.pop(PLACEHOLDER_DOMAIN, None)
         model.opset_imports[FUNCTION_DOMAIN] = 1
         model.metadata_props[META_EXPORT_PATH] = f"dynamo={bundle.dynamo}"
         model.metadata_props[META_FUNCTION_MODE] = bundle.function_mode
         if bundle.fallback_from:
             model.metadata_props[META_FALLBACK] = bundle.fallback_from
-        model.producer_name = "hyperexport"
-        after = (dict(model.opset_imports), dict(model.metadata_props), model.producer_name)
+        # Our name with torch's version ("hyperexport 2.13.0") would mislead; say which
+        # hyperexport made the model.
+        model.producer_name, model.producer_version = "hyperexport", _own_version()
+        after = (
+            dict(model.opset_imports),
+            dict(model.metadata_props),
+            model.producer_name,
+            model.producer_version,
+        )
         return ir.passes.PassResult(model, modified=modified or before != after)
 
     def _depth(self, unit: UnitEntry) -> int:
@@ -247,3 +259,14 @@ def _rename(values: Sequence[ir.Value], prefix: str, names: list[str], unit: Uni
                 f"{value.name!r} that is not one of its {len(names)} captured {prefix}puts"
             )
         value.name = names[int(index)]
+
+
+def _own_version() -> str:
+    """hyperexport's installed version (package metadata: importing the package loads torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hyperexport")
+    except PackageNotFoundError:
+        log.warning("hyperexport is not installed; the model's producer_version says 'unknown'")
+        return "unknown"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import replace
 from pathlib import Path
 
@@ -102,6 +103,7 @@ def test_metadata_records_path_mode_and_fallback(per_type: Bundle) -> None:
     assert model.metadata_props[META_FUNCTION_MODE] == "per_type"
     assert model.metadata_props[META_FALLBACK] == fell_back.fallback_from
     assert model.producer_name == "hyperexport"
+    assert model.producer_version == importlib.metadata.version("hyperexport")  # not torch's
 
 
 def test_a_second_run_changes_nothing(per_type: Bundle) -> None:
