@@ -8,7 +8,6 @@ imports no torch; the race test runs ``gc`` in another process while builds run.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -17,19 +16,18 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from hyperexport.cli import cache as cache_cli
 from hyperexport.cli.cache_inventory import disk_usage
 from hyperexport.cli.quantities import human_size
-from hyperexport.config import BuildSettings, Recipe, validate_recipe
+from hyperexport.config import BuildSettings, Recipe
 from hyperexport.runner.session import BuildOutcome, run_build
 from hyperexport.runner.store import CacheStore
-from tests.helpers.builds import TOY_SOURCE
 from tests.helpers.builds import build as real_build
 from tests.helpers.builds import statuses as real_statuses
+from tests.helpers.builds import toy_package_in, toy_package_recipe
 from tests.runner.fakes import pipeline, recipe
 
 HOUR = 3600.0
@@ -411,30 +409,13 @@ def test_gc_racing_builds_never_breaks_them(tmp_path: Path, store: CacheStore) -
 @pytest.fixture(scope="module")
 def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The toy model package (``hx_toy``), importable while the module's tests run."""
-    root = tmp_path_factory.mktemp("toy")
-    pkg = root / "hx_toy"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "net.py").write_text(TOY_SOURCE)
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    yield pkg
-    sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m == "hx_toy" or m.startswith("hx_toy.")]:
-        del sys.modules[name]
+    with toy_package_in(tmp_path_factory.mktemp("toy")) as pkg:
+        yield pkg
 
 
 def toy_recipe(pkg: Path, name: str = "toy", seed: int = 0, opset: int = 18) -> Recipe:
     """The toy recipe; the same fields as ``TOY_YAML`` below, so their keys agree."""
-    data: dict[str, Any] = {
-        "name": name,
-        "model": {"_target_": "hx_toy.net.make", "seed": seed},
-        "inputs": {"x": {"shape": [2, 8], "dtype": "float32", "low": -1.0, "high": 1.0}},
-        "hiera": ["hx_toy.net.Block"],
-        "rewrite": {"optimize": False, "fuse_constants": False},
-        "opset": opset,
-    }
-    return validate_recipe(data, str(pkg.parent / f"{name}.yaml"))
+    return toy_package_recipe(pkg, name=name, model__seed=seed, opset=opset)
 
 
 def test_gc_max_size_keeps_the_recently_used_recipe_all_hits(

@@ -6,50 +6,30 @@ tests can edit its source. Each build takes about a second once torch is importe
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hyperexport.config import Recipe, validate_recipe
-from tests.helpers.builds import TOY_SOURCE, build, reasons, statuses
+from tests.helpers.builds import (
+    TOY_SOURCE,
+    build,
+    reasons,
+    statuses,
+    toy_package_in,
+    toy_package_recipe,
+)
 
 
 @pytest.fixture(scope="module")
 def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("toy")
-    pkg = root / "hx_toy"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "net.py").write_text(TOY_SOURCE)
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    yield pkg
-    sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m == "hx_toy" or m.startswith("hx_toy.")]:
-        del sys.modules[name]
+    with toy_package_in(tmp_path_factory.mktemp("toy")) as pkg:
+        yield pkg
 
 
-def toy_recipe(pkg: Path, **changes: Any) -> Recipe:
-    data: dict[str, Any] = {
-        "name": "toy",
-        "model": {"_target_": "hx_toy.net.make", "seed": 0},
-        "inputs": {"x": {"shape": [2, 8], "dtype": "float32", "low": -1.0, "high": 1.0}},
-        "hiera": ["hx_toy.net.Block"],
-        # Build mechanics are under test here, not the optional passes: keep rewrites minimal.
-        "rewrite": {"optimize": False, "fuse_constants": False},
-    }
-    for dotted, value in changes.items():
-        target = data
-        *parents, last = dotted.split("__")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[last] = value
-    return validate_recipe(data, str(pkg.parent / "toy.yaml"))
+# Build mechanics are under test here, not the optional passes: the helper keeps rewrites minimal.
+toy_recipe = toy_package_recipe
 
 
 RAN_ALL = {"trace": "ran", "export": "ran", "rewrite": "ran", "check": "ran"}
