@@ -4,9 +4,15 @@ Usage::
 
     report = run_checks(model_path, manifest, capture, arrays, CheckSettings(atol=1e-4))
     report.raise_for_failure()  # CheckError naming the output or module and the numbers
+
+The check is two steps (``evaluation.py``): ``evaluate.py`` runs the model in ONNX Runtime,
+``judge.py`` applies the tolerances with numpy alone. Importing this package loads neither ONNX
+nor ONNX Runtime: ``run_checks`` is imported on first use, so the judge stays light.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from hyperexport.check.report import (
     CheckFailure,
@@ -15,8 +21,10 @@ from hyperexport.check.report import (
     StructuralResult,
     TensorResult,
 )
-from hyperexport.check.runner import run_checks
 from hyperexport.check.settings import CheckSettings, Tolerance
+
+if TYPE_CHECKING:
+    from hyperexport.check.runner import run_checks
 
 __all__ = [
     "CheckFailure",
@@ -28,3 +36,11 @@ __all__ = [
     "Tolerance",
     "run_checks",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run_checks":
+        from hyperexport.check.runner import run_checks
+
+        return run_checks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

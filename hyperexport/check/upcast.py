@@ -4,7 +4,8 @@ ONNX Runtime's CPU provider has no bfloat16 MatMul or Add (and float16 coverage 
 so a bf16 or fp16 function cannot run there as exported. The check runs it upcast instead: every
 low-precision type, weight, constant and ``Cast`` target of the standalone model becomes float32,
 the captured inputs are fed as float32, and the float32 result is rounded back to the captured
-dtype and compared with torch's output at that dtype's tolerance floor (:data:`TOLERANCE_FLOOR`).
+dtype and compared with torch's output at that dtype's tolerance floor
+(:data:`hyperexport.check.precision.TOLERANCE_FLOOR`).
 What this proves: the exported graph computes the same function as the torch module, up to the
 rounding of intermediate results that torch did in low precision. It does not prove that a
 low-precision runtime reproduces torch bit for bit.
@@ -17,17 +18,6 @@ import onnx_ir as ir
 
 #: Types the check runs upcast to float32.
 LOW_PRECISION = frozenset({ir.DataType.BFLOAT16, ir.DataType.FLOAT16})
-
-#: Tolerance floor per captured dtype: ``(atol as a share of max |expected|, rtol)``. A recipe's
-#: stricter tolerance is raised to this for outputs of that dtype. The absolute part scales with
-#: the output's magnitude because low-precision spacing does (bf16 has 8 significant bits: a
-#: residual stream at |x| ~ 8 is rounded in steps of 0.0625); 2**-5 is four bf16 steps at the
-#: output's largest magnitude, 2**-8 four fp16 steps. Measured on random-weight Llama/Qwen2
-#: decoder layers (recipes/README.md, "Low precision").
-TOLERANCE_FLOOR: dict[str, tuple[float, float]] = {
-    "bfloat16": (2**-5, 3e-2),
-    "float16": (2**-8, 4e-3),
-}
 
 _DTYPE_ATTRIBUTES = ("to", "dtype")
 
@@ -89,32 +79,6 @@ def _is_low_precision_dtype_attribute(name: str, attr: ir.Attr) -> bool:
         and attr.type == ir.AttributeType.INT
         and attr.as_int() in {int(d) for d in LOW_PRECISION}
     )
-
-
-def upcast_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Low-precision arrays as float32; others unchanged."""
-    return {k: _to_float32(v) for k, v in feeds.items()}
-
-
-def _to_float32(array: np.ndarray) -> np.ndarray:
-    if array.dtype == np.float16 or array.dtype.name == "bfloat16":
-        return array.astype(np.float32)
-    return array
-
-
-def round_to(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """An upcast run's float32 output rounded to the captured output's low-precision dtype."""
-    low = expected.dtype == np.float16 or expected.dtype.name == "bfloat16"
-    return actual.astype(expected.dtype) if low and actual.dtype == np.float32 else actual
-
-
-def floored(atol: float, rtol: float, expected: np.ndarray) -> tuple[float, float]:
-    """``(atol, rtol)`` raised to the floor of ``expected``'s dtype (others unchanged)."""
-    floor = TOLERANCE_FLOOR.get(np.dtype(expected.dtype).name)
-    if floor is None or expected.size == 0:
-        return atol, rtol
-    scale = float(np.nanmax(np.abs(expected.astype(np.float32))))
-    return max(atol, floor[0] * scale), max(rtol, floor[1])
 
 
 def session_payload(model: ir.Model, external_data_dir: str | None) -> tuple[bytes, bool]:

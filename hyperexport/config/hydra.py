@@ -19,6 +19,7 @@ from hyperexport.config.schema import (
     _schema,
 )
 from hyperexport.config.validate import validate_build, validate_recipe
+from hyperexport.contracts.names import STAGE_NAMES
 from hyperexport.errors import RecipeError
 
 # --------------------------------------------------------------------------------------------
@@ -119,7 +120,7 @@ def compose_recipe(
     overrides: Sequence[str] = (),
     *,
     recipe_file: Path | None = None,
-    stage_names: Sequence[str] = ("trace", "export", "rewrite", "check"),
+    stage_names: Sequence[str] = STAGE_NAMES,
 ) -> tuple[Recipe, BuildSettings]:
     """Compose and validate a recipe the way the CLI does, without running anything.
 

@@ -7,6 +7,11 @@ any package may depend on this module.
 
 from __future__ import annotations
 
+# -- the build's stages --------------------------------------------------------------------------
+#: Their names, in pipeline order (``stages/pipeline.py`` builds them; a test holds the two
+#: together): what ``build.force`` accepts and what reports and sweep tables list.
+STAGE_NAMES = ("trace", "export", "rewrite", "evaluate", "check")
+
 # -- files of the stages' outputs ---------------------------------------------------------------
 #: The trace: the capture record and its tensors (numpy ``.npz``, never pickles).
 CAPTURE_JSON = "capture.json"
@@ -22,6 +27,7 @@ REFERENCE_DIR = "reference"
 #: The rewrite: the final model (+ ``<model>.data`` with external data) and its manifest.
 MODEL_FILE = "model.onnx"
 MANIFEST_JSON = "manifest.json"
+#: The evaluate stage: what ONNX Runtime computed (``check/evaluation.py`` names its files).
 #: The check: its report and the report's summary lines.
 CHECK_JSON = "check.json"
 CHECK_SUMMARY = "check.txt"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport import exit_codes
+from hyperexport.contracts.names import STAGE_NAMES
 from hyperexport.runner.hashing import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 JOBS = "jobs"
 SWEEP_JSON = "sweep.json"
 SWEEP_FORMAT = 1
-_STAGE_COLUMNS = ("trace", "export", "rewrite", "check")
+_STAGE_COLUMNS = STAGE_NAMES
 # Overrides left out of the table (they are the same for every job, and in sweep.json).
 _NOT_SHOWN = re.compile(r"^[+~]?(build\.|hydra[./]|recipe_file=)")
 

@@ -1,8 +1,8 @@
-"""The build pipeline: trace → export → rewrite → check.
+"""The build pipeline: trace → export → rewrite → evaluate → check.
 
 Each stage is thin: it reads its declared inputs, calls the library and writes its outputs;
 torch is imported only inside the ``run`` of the stages that need the live model (trace,
-export), and never by rewrite or check.
+export), and never by rewrite, evaluate or check.
 
 The package imports none of its stage modules eagerly: a stage's key covers the hyperexport
 modules its module loads (:mod:`hyperexport.runner.code_closure`), and loading one stage must
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hyperexport.stages.check import CheckStage
+    from hyperexport.stages.evaluate import EvaluateStage
     from hyperexport.stages.export import ExportStage
     from hyperexport.stages.model import model_loader
     from hyperexport.stages.pipeline import PIPELINE
@@ -24,13 +25,22 @@ if TYPE_CHECKING:
 _LAZY = {
     "PIPELINE": "hyperexport.stages.pipeline",
     "CheckStage": "hyperexport.stages.check",
+    "EvaluateStage": "hyperexport.stages.evaluate",
     "ExportStage": "hyperexport.stages.export",
     "RewriteStage": "hyperexport.stages.rewrite",
     "TraceStage": "hyperexport.stages.trace",
     "model_loader": "hyperexport.stages.model",
 }
 
-__all__ = ["PIPELINE", "CheckStage", "ExportStage", "RewriteStage", "TraceStage", "model_loader"]
+__all__ = [
+    "PIPELINE",
+    "CheckStage",
+    "EvaluateStage",
+    "ExportStage",
+    "RewriteStage",
+    "TraceStage",
+    "model_loader",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,12 +1,13 @@
-"""Stage ``check``: structural and numerical checks of the final model against the capture.
+"""Stage ``check``: the evaluation judged against the capture, under the recipe's tolerances.
 
-Torch-free: it reads the export's reference capture with numpy and runs ONNX Runtime.
+Light: numpy only (``check/judge.py``). ONNX Runtime runs here only to localise a failed
+whole-model comparison, on the call sites ``evaluate`` did not run.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +23,16 @@ from hyperexport.runner.stage import StageInputs
 
 
 class CheckStage:
-    """``run_checks`` → ``check.json`` and ``check.txt``; a failed check fails the build.
+    """``judge`` → ``check.json`` and ``check.txt``; a failed check fails the build.
 
     The check's outputs are written before it raises, so the report can show them; the runner
-    never caches a failed stage. What the final model must declare follows from the recipe:
-
-    * default-domain opset: ``opset``, or 24 with ``attention.promote_opset24`` (promotion
-      raises the model to 24 whatever the export opset);
-    * export path (metadata): ``dynamo``, or the other path when ``fallback`` is on and the
-      manifest records that the export fell back;
-    * ``check.expect_ops``: executed counts of default-domain op types (``op_counts``).
+    never caches a failed stage. The settings are :func:`~hyperexport.stages.check_settings.
+    check_settings` of its slice.
     """
 
     name: str = "check"
-    version: int = 4
-    #: The reference capture comes from the export (``reference/``): the capture its bundle was
-    #: exported from, which after a fallback is not the trace's.
-    upstream: tuple[str, ...] = ("export", "rewrite")
+    version: int = 5
+    upstream: tuple[str, ...] = ("export", "rewrite", "evaluate")
     reads: tuple[str, ...] = (
         "check",
         "opset",
@@ -47,60 +41,41 @@ class CheckStage:
         "attention.promote_opset24",
     )
     needs_model: bool = False
-    libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxruntime", "numpy", "ml-dtypes")
+    #: numpy judges; the ONNX libraries run only for localisation, and then shape the result.
+    libraries: tuple[str, ...] = ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxruntime")
     publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY)
     artifacts: Mapping[str, str] = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.check import run_checks
+        from hyperexport.check.evaluation import Evaluation
+        from hyperexport.check.judge import judge
+        from hyperexport.check.tensors import CapturedArrays
         from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
+        from hyperexport.stages.check_settings import check_settings
 
         capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
         rewrite_dir = inputs.dir("rewrite")
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
+        evaluation = Evaluation.load(inputs.dir("evaluate"))
         settings = check_settings(params, capture.record.hiera, manifest.fallback_from)
-        report = run_checks(
-            rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays, settings
-        )
+        evaluator: Any = None
+
+        def run_more(indices: Sequence[int]) -> tuple[Sequence[Any], dict[str, Any]]:
+            nonlocal evaluator
+            if evaluator is None:  # loaded only when a failed comparison needs localising
+                from hyperexport.check.evaluate import ModelEvaluator
+
+                evaluator = ModelEvaluator(
+                    rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays
+                )
+            return evaluator.run_functions(indices, "localisation"), evaluator.computed
+
+        reference = CapturedArrays(capture.record, capture.arrays)
+        report = judge(evaluation, manifest, capture.record, reference, settings, run_more)
         text = json.dumps(report.to_json(), sort_keys=True, indent=1) + "\n"
         atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
         atomic_write_bytes(
             out_dir / CHECK_SUMMARY, ("\n".join(report.summary_lines()) + "\n").encode("utf-8")
         )
         report.raise_for_failure()
-
-
-def check_settings(
-    params: Mapping[str, Any], hiera: tuple[str, ...], fallback_from: str | None = None
-) -> Any:
-    """:class:`~hyperexport.check.CheckSettings` from the check slice of a recipe.
-
-    Args:
-        params: The stage's recipe slice.
-        hiera: Qualified hiera class names (each must become a function).
-        fallback_from: The manifest's record of a fallback, if the export fell back. Only a
-            recipe with ``fallback: true`` accepts the other path; otherwise the metadata check
-            fails on it.
-    """
-    from hyperexport.check import CheckSettings, Tolerance
-
-    c = params["check"]
-    per_output = tuple(
-        (name, Tolerance(t.get("atol") or c["atol"], t.get("rtol") or c["rtol"]))
-        for name, t in sorted(c.get("per_output", {}).items())
-    )
-    promote = bool((params.get("attention") or {}).get("promote_opset24"))
-    dynamo = bool(params["dynamo"])
-    if fallback_from is not None and params.get("fallback"):
-        dynamo = not dynamo
-    return CheckSettings(
-        atol=float(c["atol"]),
-        rtol=float(c["rtol"]),
-        per_output=per_output,
-        function_scope=c["function_scope"],
-        expected_classes=tuple(hiera),
-        expected_opset=24 if promote else int(params["opset"]),
-        expected_dynamo=dynamo,
-        expected_ops=tuple(sorted((op, int(n)) for op, n in c.get("expect_ops", {}).items())),
-    )

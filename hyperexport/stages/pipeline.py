@@ -1,10 +1,11 @@
-"""The build pipeline, in dependency order: trace → export → rewrite → check."""
+"""The build pipeline, in dependency order: trace → export → rewrite → evaluate → check."""
 
 from __future__ import annotations
 
 from hyperexport.stages.check import CheckStage
+from hyperexport.stages.evaluate import EvaluateStage
 from hyperexport.stages.export import ExportStage
 from hyperexport.stages.rewrite import RewriteStage
 from hyperexport.stages.trace import TraceStage
 
-PIPELINE = (TraceStage(), ExportStage(), RewriteStage(), CheckStage())
+PIPELINE = (TraceStage(), ExportStage(), RewriteStage(), EvaluateStage(), CheckStage())

@@ -490,16 +490,16 @@ def test_status_says_what_would_run_and_why_without_torch(
         proc.stderr
     )
     tables = [t.strip().splitlines() for t in proc.stdout.split("RECIPE")[1:]]
-    assert [line.split() for line in tables[0][1:5]] == [
-        ["toy", stage, "hit"] for stage in ("trace", "export", "rewrite", "check")
+    assert [line.split() for line in tables[0][1:6]] == [
+        ["toy", stage, "hit"] for stage in ("trace", "export", "rewrite", "evaluate", "check")
     ]
-    assert tables[0][5] == f"1 of 1 recipes up to date, 0 invalid; cache {tmp_path / 'cache'}"
+    assert tables[0][6] == f"1 of 1 recipes up to date, 0 invalid; cache {tmp_path / 'cache'}"
     assert [line.split()[:3] for line in tables[1][1:3]] == [
         ["toy", "trace", "hit"],
         ["toy", "export", "would"],
     ]
     assert tables[1][2].endswith("would run  opset 18→17")
-    assert [line.split()[0] for line in tables[2][1:9]] == ["tiny_llama"] * 4 + ["llama"] * 4
+    assert [line.split()[0] for line in tables[2][1:11]] == ["tiny_llama"] * 5 + ["llama"] * 5
     assert tables[2][1].split()[1:] == ["trace", "would", "run", "no", "previous", "build"]
     assert not (tmp_path / "outputs" / "tiny_llama").exists()
 
@@ -537,15 +537,15 @@ def test_gc_acceptance_with_tiny_llama_opsets(
         assert outcome.exit_code == 0, outcome.lines
         return statuses(outcome)
 
-    assert real(17) == ["ran"] * 4
-    assert real(18) == ["hit", "ran", "ran", "ran"]
+    assert real(17) == ["ran"] * 5
+    assert real(18) == ["hit", "ran", "ran", "ran", "ran"]
     root = tmp_path / "cache"
     bound = disk_usage(root) - 1
     code, _lines, _ = run_cache(tmp_path, capsys, "gc", "--max-size", str(bound), "--grace", "0")
     assert code == 0
     assert disk_usage(root) <= bound
     assert_consistent(CacheStore(root))
-    assert real(18) == ["hit"] * 4
+    assert real(18) == ["hit"] * 5
     assert real(17)[0] == "hit"  # the shared trace was used last, so it was kept
 
 

@@ -69,8 +69,8 @@ hiera: [hxk_model.Block]
 rewrite: {optimize: false, fuse_constants: false}
 """
 USER_MODULES = ("hxk_model", "hxk_helpers", "hxk_lib")
-ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "check": "ran"}
-ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "hit"}
+ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "evaluate": "ran", "check": "ran"}
+ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "hit"}
 
 
 def _forget_user_modules() -> None:
@@ -226,18 +226,18 @@ def test_cache_and_checkout_moved_still_hit(user: Path, tmp_path: Path) -> None:
 def test_check_code_edit_reruns_only_check(
     user: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A docstring edited in check/ (in a copy of the package tree): only check reruns; an edit
+    """A docstring edited in check/judge.py (in a copy of the package tree): only check reruns; an edit
     in passes/ reruns rewrite (and check only if the model changed)."""
     cache, outputs = tmp_path / "cache", tmp_path / "out"
     model_bytes(build(load(user), cache, outputs))
     tree = tmp_path / "tree" / "hyperexport"
     shutil.copytree(code_closure.PACKAGE_DIR, tree, ignore=shutil.ignore_patterns("__pycache__"))
-    report = tree / "check" / "report.py"
+    report = tree / "check" / "judge.py"
     report.write_text(report.read_text().replace('"""', '"""Edited. ', 1))
     monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
     again = build(load(user), cache, outputs)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
-    assert reasons(again)["check"] == "hyperexport code changed (check/report.py)"
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "ran"}
+    assert reasons(again)["check"] == "hyperexport code changed (check/judge.py)"
     compose = tree / "passes" / "compose_functions.py"
     compose.write_text(compose.read_text() + "\n# edited\n")
     monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))

@@ -51,7 +51,8 @@ try:
     code = 0
 except SystemExit as e:
     code = e.code
-print("PROBE " + json.dumps({"code": code, "torch": "torch" in sys.modules}))
+onnx = sorted(m for m in ("onnx", "onnx_ir", "onnxruntime") if m in sys.modules)
+print("PROBE " + json.dumps({"code": code, "torch": "torch" in sys.modules, "onnx": onnx}))
 """
 )
 
@@ -116,17 +117,18 @@ def cached(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_check_only_change_runs_without_torch(cached: Path) -> None:
+def test_check_only_change_runs_without_torch_or_onnx(cached: Path) -> None:
+    """A tolerance is judged on the cached evaluation: neither torch nor ONNX is loaded."""
     proc = _run(cached, BUILD, "check.atol=1e-3")
-    assert _probe(proc) == {"code": 0, "torch": False}, proc.stderr
+    assert _probe(proc) == {"code": 0, "torch": False, "onnx": []}, proc.stderr
     ran = _statuses(cached, "check.atol=1e-3")
-    assert ran == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
+    assert ran == {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "ran"}
 
 
-def test_rewrite_and_check_run_without_torch(cached: Path) -> None:
-    proc = _run(cached, BUILD, "build.force=[rewrite,check]")
-    assert _probe(proc) == {"code": 0, "torch": False}, proc.stderr
-    assert _statuses(cached) == {"trace": "hit", "export": "hit", "rewrite": "ran", "check": "ran"}
+def test_rewrite_evaluate_and_check_run_without_torch(cached: Path) -> None:
+    proc = _run(cached, BUILD, "build.force=[rewrite,evaluate,check]")
+    assert _probe(proc) == {"code": 0, "torch": False, "onnx": ["onnx", "onnx_ir", "onnxruntime"]}
+    assert _statuses(cached) == {"trace": "hit", "export": "hit", "rewrite": "ran", "evaluate": "ran", "check": "ran"}
 
 
 def test_passes_check_and_contracts_import_no_torch(tmp_path: Path) -> None:

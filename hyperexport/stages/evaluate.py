@@ -1,0 +1,55 @@
+"""Stage ``evaluate``: the final model's structural checks and ONNX Runtime runs, untoleranced.
+
+Torch-free: it reads the export's reference capture with numpy, loads the model with onnx_ir and
+runs ONNX Runtime. It reads no tolerance, so changing one reruns only ``check``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE, REFERENCE_DIR
+from hyperexport.runner.stage import StageInputs
+
+
+class EvaluateStage:
+    """``evaluate_model`` → ``evaluation.json`` + ``evaluation.npz`` (``check/evaluation.py``).
+
+    What it finds is judged by the ``check`` stage; a model that runs but is wrong does not fail
+    here. A model that cannot be loaded at all does (``CheckError``).
+    """
+
+    name: str = "evaluate"
+    version: int = 1
+    #: The reference capture comes from the export (``reference/``): the capture its bundle was
+    #: exported from, which after a fallback is not the trace's.
+    upstream: tuple[str, ...] = ("export", "rewrite")
+    reads: tuple[str, ...] = (
+        "check.function_scope",
+        "check.expect_ops",
+        "opset",
+        "dynamo",
+        "fallback",
+        "attention.promote_opset24",
+    )
+    needs_model: bool = False
+    libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxruntime", "numpy", "ml-dtypes")
+    publish: tuple[str, ...] = ()
+    artifacts: Mapping[str, str] = {}
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.check.evaluate import evaluate_model
+        from hyperexport.contracts.capture_files import read_capture
+        from hyperexport.contracts.manifest import ExportManifest
+        from hyperexport.stages.check_settings import expectations
+
+        capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
+        rewrite_dir = inputs.dir("rewrite")
+        manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
+        settings = expectations(params, capture.record.hiera, manifest.fallback_from)
+        evaluation = evaluate_model(
+            rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays, settings
+        )
+        evaluation.save(out_dir)
