@@ -1,9 +1,12 @@
 """Copy-on-write file cloning: reflink where the filesystem allows, a plain copy otherwise.
 
 Published outputs and checkouts of cached files are clones of the cache's blobs, so a
-filesystem with reflinks (XFS, Btrfs, APFS via ``cp -c``) stores the artifact once. Hard links
-are never used: onnx refuses to load external data with more than one link ("potential
-hardlink attack"), and a hard-linked output edited in place would corrupt the cache.
+filesystem with reflinks (XFS, Btrfs, APFS via ``cp -c``) stores the artifact once; without
+them a build copies a large blob out once (``workspace.py``). Hard links are never used: onnx
+refuses to load external data with more than one link ("potential hardlink attack"), and a
+hard-linked output edited in place would corrupt the cache. Nor are symlinks, for files a model
+reads as external data: onnx refuses them, and onnx_ir and ONNX Runtime refuse one that leaves
+the model's folder.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Layout under ``<outputs>/<recipe>/`` (documented in outputs/README.md)::
     .builds/<variant>.<id>.lock held (filelock) while that publication is being written
 
 A publication is written in full under ``.builds/`` (files cloned from the cache with
-:func:`~hyperexport.runner.files.clone_or_copy` and verified by digest), then the link is
+:func:`~hyperexport.runner.files.clone_or_copy` and verified by digest, or, for a large file the
+build already copied out and verified, that copy moved in: ``workspace.py``), then the link is
 swapped with one ``os.replace``: a reader that resolves the link sees the previous build or the
 new one, never a mix, also when the build is killed at any point. The previous directory is
 removed after the swap; directories left by killed builds (no link points at them and their lock
@@ -50,6 +51,7 @@ from hyperexport.runner.runner import BuildRequest, BuildResult
 from hyperexport.runner.stage import Stage
 from hyperexport.runner.store import CacheStore, OutputFile
 from hyperexport.runner.summary import function_tree, render_summary
+from hyperexport.runner.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ def publish_build(
     variant: str,
     *,
     overrides: Sequence[str] = (),
+    local: Workspace | None = None,
 ) -> Publication:
     """Publish ``result`` under ``recipe_dir`` (see the module docstring for the layout).
 
@@ -116,6 +119,8 @@ def publish_build(
         recipe_dir: ``<outputs>/<recipe name>``.
         variant: The variant folder name (see ``session.variant_dir``).
         overrides: The command-line overrides, recorded in full in the report.
+        local: The build's checkouts: a large file the build already copied out of the cache
+            (verified, unchanged since) is moved into the publication rather than copied again.
 
     Raises:
         CorruptBlobError: A cached blob was corrupt (removed; rebuilding the stage heals it).
@@ -135,7 +140,7 @@ def publish_build(
         log.info("outputs unchanged: %s", link)
         directory = current
     else:
-        directory = _publish_new(store, link, files, report, summary)
+        directory = _publish_new(store, link, files, report, summary, local)
     if result.ok:  # a good build makes an earlier failure of this variant outdated
         remove_publication(recipe_dir / (variant + FAILED_SUFFIX))
     remove_stale_builds(recipe_dir)
@@ -197,6 +202,7 @@ def _publish_new(
     files: Sequence[_File],
     report: Mapping[str, Any],
     summary: Sequence[str],
+    local: Workspace | None,
 ) -> Path:
     """Write a complete publication under ``.builds/``, then swap ``link`` to it."""
     builds = link.parent / BUILDS
@@ -209,7 +215,7 @@ def _publish_new(
             try:
                 directory.mkdir()
                 for f in files:
-                    _write_file(store, f, directory / f.rel)
+                    _write_file(store, f, directory / f.rel, local)
                 _write_report_files(directory, report, summary)
                 previous = _current_directory(link)
                 _swap_link(link, directory)
@@ -225,11 +231,18 @@ def _publish_new(
     return directory
 
 
-def _write_file(store: CacheStore, f: _File, target: Path) -> None:
-    """Clone a cached blob (verified by digest) or write a failed stage's text to ``target``."""
+def _write_file(store: CacheStore, f: _File, target: Path, local: Workspace | None) -> None:
+    """Write one published file: a cached blob's bytes, or a failed stage's text.
+
+    A blob's bytes are the build's own verified copy when it holds one (moved here), else a
+    clone of the blob (reflink, else a copy), verified by digest.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     if f.blob is None:
         atomic_write_bytes(target, (f.text or "").encode("utf-8"))
+        return
+    if local is not None and local.hand_over(f.digest, target):
+        store.index.remember(target, f.digest)
         return
     blob = store.blob_path(f.digest)
     clone_or_copy(blob, target)

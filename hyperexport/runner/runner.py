@@ -40,6 +40,7 @@ from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.keys import explain, key_material, key_params, stage_key
 from hyperexport.runner.stage import Stage, StageInputs, recipe_slice
 from hyperexport.runner.store import ActionEntry, CacheStore, CorruptBlobError, Lookup
+from hyperexport.runner.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,11 @@ def _module_path_of(error: BaseException) -> str | None:
 class Runner:
     """Runs a :class:`BuildRequest` against a :class:`CacheStore`.
 
+    Used as a context manager (``with Runner(...) as runner:``), it keeps the last build's
+    checkouts (:attr:`workspace`) until the block ends, so that publishing can move the build's
+    copy of a large file instead of copying the blob again; otherwise :meth:`run` removes them
+    before it returns.
+
     Args:
         store: The cache.
         load_model: Loads the live model; called at most once per build, and only if a stage
@@ -189,6 +195,10 @@ class Runner:
         self.imports = ImportMemo(store.root / "index" / "imports.json", read_only=store.read_only)
         self._final = True
         self._held = contextlib.ExitStack()  # the single-flight lock of the current stage
+        #: The last build's checkouts; kept after :meth:`run` only inside ``with runner:``, for
+        #: publishing to take its large copies (:meth:`Workspace.hand_over`).
+        self.workspace: Workspace | None = None
+        self._keep_workspace = False
 
     def run(self, request: BuildRequest) -> BuildResult:
         """Run (or, in a dry run, plan) every stage in order; stop at the first failure.
@@ -196,59 +206,74 @@ class Runner:
         Raises:
             CacheUnavailableError: A stage must run and the cache cannot be written.
         """
-        for attempt in range(_ATTEMPTS):
-            self._final = attempt == _ATTEMPTS - 1
-            try:
-                return self._run_once(request)
-            except _CorruptUpstream as e:
-                log.warning("%s; discarding that cache entry and rebuilding", e)
-                for key in e.keys:
-                    self.store.discard(key)
-        raise AssertionError("unreachable: the last attempt does not raise _CorruptUpstream")
+        try:
+            for attempt in range(_ATTEMPTS):
+                self._final = attempt == _ATTEMPTS - 1
+                try:
+                    return self._run_once(request)
+                except _CorruptUpstream as e:
+                    log.warning("%s; discarding that cache entry and rebuilding", e)
+                    for key in e.keys:
+                        self.store.discard(key)
+            raise AssertionError("unreachable: the last attempt does not raise _CorruptUpstream")
+        finally:
+            if not self._keep_workspace:
+                self.close()
 
     def _run_once(self, request: BuildRequest) -> BuildResult:
         result = BuildResult()
         model = _Memo(self.load_model)
-        with contextlib.ExitStack() as stack:
-            checkouts: dict[str, Path] = {}
-            workspace: list[Path] = []
+        workspace = self._new_workspace()
 
-            def upstream_dir(name: str) -> Path:
-                if name not in checkouts:
-                    if not workspace:
-                        workspace.append(stack.enter_context(self.store.scratch("build-")))
-                    # Reflinks or copies, never hard links (onnx refuses external data with
-                    # several links), each verified against its digest.
-                    try:
-                        self.store.checkout(result.entries[name], workspace[0] / name)
-                    except CorruptBlobError as e:
-                        raise _CorruptUpstream(str(e), (result.entries[name].key,)) from e
-                    checkouts[name] = workspace[0] / name
-                return checkouts[name]
+        def upstream_dir(name: str) -> Path:
+            # Verified copies, never links (see workspace.py); large files once per build.
+            try:
+                return workspace.checkout(name, result.entries[name])
+            except CorruptBlobError as e:
+                raise _CorruptUpstream(str(e), (result.entries[name].key,)) from e
 
-            pending: set[str] = set()
-            for index, stage in enumerate(request.stages):
-                with contextlib.ExitStack() as self._held:
-                    try:
-                        outcome = self._one(request, stage, result, pending, model, upstream_dir)
-                    except _CorruptUpstream as e:
-                        if not self._final:
-                            raise
-                        outcome = _failed(stage.name, e, result)
-                result.stages.append(outcome)
-                if not any(s.needs_model for s in request.stages[index + 1 :]):
-                    model.release()  # the check stage runs without the weights in memory
-                if outcome.status == "would_run":
-                    pending.add(stage.name)
-                level = {"failed": logging.ERROR, "would_run": logging.DEBUG}.get(
-                    outcome.status, logging.INFO
-                )
-                log.log(level, "%s", outcome.line())
-                if outcome.status == "failed":
-                    break
+        pending: set[str] = set()
+        for index, stage in enumerate(request.stages):
+            with contextlib.ExitStack() as self._held:
+                try:
+                    outcome = self._one(request, stage, result, pending, model, upstream_dir)
+                except _CorruptUpstream as e:
+                    if not self._final:
+                        raise
+                    outcome = _failed(stage.name, e, result)
+            result.stages.append(outcome)
+            if not any(s.needs_model for s in request.stages[index + 1 :]):
+                model.release()  # the check stage runs without the weights in memory
+            if outcome.status == "would_run":
+                pending.add(stage.name)
+            level = {"failed": logging.ERROR, "would_run": logging.DEBUG}.get(
+                outcome.status, logging.INFO
+            )
+            log.log(level, "%s", outcome.line())
+            if outcome.status == "failed":
+                break
         self.store.save_index()
         self.imports.save()
         return result
+
+    def _new_workspace(self) -> Workspace:
+        """A fresh workspace for a build attempt; the previous attempt's is removed."""
+        self.close()
+        self.workspace = Workspace(self.store)
+        return self.workspace
+
+    def close(self) -> None:
+        """Remove the last build's checkouts (what publishing did not take)."""
+        if self.workspace is not None:
+            self.workspace.close()
+            self.workspace = None
+
+    def __enter__(self) -> Runner:
+        self._keep_workspace = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _material(
         self,
@@ -407,7 +432,11 @@ class Runner:
             else:
                 key = self._output_key(stage, declared)
                 result.entries[stage.name] = self.store.commit(
-                    key, stage.name, out_dir, recipe=request.recipe_name
+                    key,
+                    stage.name,
+                    out_dir,
+                    recipe=request.recipe_name,
+                    known=self.workspace.digest_of if self.workspace is not None else None,
                 )
                 if stage.needs_model and self.store.remote is not None:  # after the entry
                     self.store.remote.upload_deps(declared, self.discovered.path(declared))

@@ -18,7 +18,7 @@ from hyperexport.errors import CacheUnavailableError
 from hyperexport.runner import fingerprint
 from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.hashing import FileDigestIndex, sha256_text
-from hyperexport.runner.publish import CorruptBlobError, publish_build
+from hyperexport.runner.publish import CorruptBlobError, Publication, publish_build
 from hyperexport.runner.remote import remote_from_settings
 from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
 from hyperexport.runner.stage import Stage
@@ -126,33 +126,23 @@ def run_build(
         dry_run=settings.dry_run,
         code_roots=fingerprint.package_modules(fingerprint.model_imports(recipe.data)),
     )
-    runner = Runner(store, load_model)
-    try:
-        result = runner.run(request)
-    except CacheUnavailableError as e:  # a stage must run and the cache cannot be written
-        return _unavailable(e, recipe_dir / variant)
-    if settings.dry_run:
-        lines = (
-            f"recipe: {recipe.name} ({recipe.file})",
-            *(s.line() for s in result.stages),
-            f"outputs: {recipe_dir / variant} (dry run: nothing written)",
-        )
-        return BuildOutcome(0, recipe_dir / variant, None, None, result, lines)
-    for attempt in range(2):
+    # Inside the block the last build's checkouts stay, for publishing to take (workspace.py).
+    with Runner(store, load_model) as runner:
         try:
-            publication = publish_build(
-                store, request, result, recipe_dir, variant, overrides=overrides
+            result = runner.run(request)
+        except CacheUnavailableError as e:  # a stage must run and the cache cannot be written
+            return _unavailable(e, recipe_dir / variant)
+        if settings.dry_run:
+            lines = (
+                f"recipe: {recipe.name} ({recipe.file})",
+                *(s.line() for s in result.stages),
+                f"outputs: {recipe_dir / variant} (dry run: nothing written)",
             )
-            break
-        except CorruptBlobError as e:  # found while cloned out: rebuild the affected stage
-            if attempt or store.read_only:  # a read-only cache cannot heal
-                error = CacheUnavailableError(f"{e} in cache {store.root}")
-                return _unavailable(error, recipe_dir / variant)
-            log.warning("%s; rebuilding the affected stages", e)
-            try:
-                result = runner.run(request)
-            except CacheUnavailableError as unavailable:
-                return _unavailable(unavailable, recipe_dir / variant)
+            return BuildOutcome(0, recipe_dir / variant, None, None, result, lines)
+        published = _publish(runner, request, result, recipe_dir, variant, overrides)
+    if isinstance(published, BuildOutcome):
+        return published
+    result, publication = published
     if result.error is not None:
         log.error("%s", publication.report["error"])
         log.error(
@@ -169,6 +159,44 @@ def run_build(
         result,
         publication.summary,
     )
+
+
+def _publish(
+    runner: Runner,
+    request: BuildRequest,
+    result: BuildResult,
+    recipe_dir: Path,
+    variant: str,
+    overrides: Sequence[str],
+) -> tuple[BuildResult, Publication] | BuildOutcome:
+    """Publish ``result``; a blob found corrupt while cloned out rebuilds its stage, once.
+
+    Returns the (possibly rebuilt) result and its publication, or the outcome of a build the
+    cache cannot serve.
+    """
+    store = runner.store
+    for attempt in range(2):
+        try:
+            publication = publish_build(
+                store,
+                request,
+                result,
+                recipe_dir,
+                variant,
+                overrides=overrides,
+                local=runner.workspace,
+            )
+            return result, publication
+        except CorruptBlobError as e:  # found while cloned out: rebuild the affected stage
+            if attempt or store.read_only:  # a read-only cache cannot heal
+                error = CacheUnavailableError(f"{e} in cache {store.root}")
+                return _unavailable(error, recipe_dir / variant)
+            log.warning("%s; rebuilding the affected stages", e)
+            try:
+                result = runner.run(request)
+            except CacheUnavailableError as unavailable:
+                return _unavailable(unavailable, recipe_dir / variant)
+    raise AssertionError("unreachable: the second attempt returns")
 
 
 def _unavailable(error: CacheUnavailableError, out_dir: Path) -> BuildOutcome:

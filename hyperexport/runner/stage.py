@@ -47,7 +47,11 @@ class StageInputs:
 
     Attributes:
         upstream: ``{stage name: directory}`` holding that upstream stage's output files
-            (verified copies of the cached files; treat them as read-only).
+            (verified copies of the cached files; treat them as read-only). A large file is
+            held once per build (``runner/workspace.py``): it is a regular file in the folder
+            of the stage that runs now, and a symlink to it where an earlier stage read it. An
+            output that is an input unchanged may be written as a symlink to that input file:
+            the cache records it under the input's digest without copying it.
         model: Returns the live model, loading it at most once per build (memoised by the
             runner so that trace and export share one load).
         recipe_file: The recipe file, for error messages.

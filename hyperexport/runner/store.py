@@ -7,7 +7,8 @@ Layout under the cache root::
                                  the file's mtime is the entry's last use (refreshed on every hit)
     runs/<recipe>/<stage>.json   the key material of the last build of a recipe (for reasons)
     index/files.json             size/mtime -> digest fast path
-    tmp/<name>/                  scratch folders of running builds (same filesystem)
+    tmp/<name>/                  scratch folders of running builds (same filesystem: a stage's
+                                 output files are moved into blobs/, not copied)
     locks/                       per-key and per-scratch lock files (see ``locks.py``)
 
 Rules other tools (``hyperexport cache ...``) rely on:
@@ -17,7 +18,8 @@ Rules other tools (``hyperexport cache ...``) rely on:
   A collector must therefore delete an entry before its blobs, and never a blob that an entry
   names.
 * Everything read back is data: entries are JSON, checked against their key; blobs are checked
-  against their digest (fully up to :data:`VERIFY_LIMIT` on lookup, always when copied out).
+  against their digest (fully up to :data:`VERIFY_LIMIT` on lookup, always when copied out:
+  a build's checkouts, ``workspace.py``, and publishing).
   A bad entry or blob is a WARNING and a miss, and is removed; nothing is unpickled, imported
   or called by a name the cache holds.
 * A scratch folder belongs to a live build while its lock is held
@@ -37,7 +39,7 @@ import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -57,6 +59,7 @@ ENTRY_FORMAT = 1
 # Blobs up to this size are fully re-hashed when an entry is looked up; larger ones are checked
 # by size there and by digest whenever they are copied out.
 VERIFY_LIMIT = 4 << 20
+_READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 
 
 def default_cache_dir(configured: str | os.PathLike[str] | None = None) -> Path:
@@ -322,22 +325,46 @@ class CacheStore:
             yield
 
     def commit(
-        self, key: str, stage: str, out_dir: Path, *, recipe: str | None = None
+        self,
+        key: str,
+        stage: str,
+        out_dir: Path,
+        *,
+        recipe: str | None = None,
+        known: Callable[[Path], str | None] | None = None,
     ) -> ActionEntry:
         """Move every file of ``out_dir`` into the blob store, then write the entry (last).
 
+        A regular file is hashed once and *moved* into ``blobs/`` (``out_dir`` is scratch space
+        on the cache's filesystem), made read-only; when its blob is already there the file is
+        left for the scratch folder's removal. A symlink is stored only when ``known`` vouches
+        for the file it names (an input this build checked out and verified, unchanged since,
+        see ``workspace.py``): it is recorded under that file's digest, whose blob the store
+        already has, without reading or copying anything. Any other symlink is refused.
+
         ``recipe`` (the building recipe's name) is recorded in the entry for ``cache ls``.
+
+        Raises:
+            ValueError: ``out_dir`` holds a symlink ``known`` does not vouch for.
         """
         if self.read_only:
             raise RuntimeError("cannot commit to a read-only cache")
         outputs = []
         for path in sorted(p for p in out_dir.rglob("*") if p.is_file() or p.is_symlink()):
-            if path.is_symlink():
-                raise ValueError(f"stage {stage} produced a symlink {path.name}; not cacheable")
             rel = path.relative_to(out_dir).as_posix()
-            digest = sha256_file(path)
-            size = path.stat().st_size
-            self._put_blob(path, digest, size)
+            if path.is_symlink():
+                digest = known(path) if known is not None else None
+                if digest is None:
+                    raise ValueError(
+                        f"stage {stage} produced a symlink {rel} to a file this build did not "
+                        "check out; not cacheable"
+                    )
+                size = path.stat().st_size
+                self._put_blob(path, digest, size, move=False)
+            else:
+                digest = sha256_file(path)
+                size = path.stat().st_size
+                self._put_blob(path, digest, size, move=True)
             outputs.append(OutputFile(rel, digest, size))
         entry = ActionEntry(key=key, stage=stage, outputs=tuple(outputs), recipe=recipe)
         self.write_entry(entry)
@@ -352,18 +379,28 @@ class CacheStore:
     def adopt_blob(self, verified: Path, digest: str) -> None:
         """Move ``verified`` (a file beside the blob's place, checked against ``digest`` by the
         caller) into place as blob ``digest``."""
-        os.chmod(verified, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        os.chmod(verified, _READ_ONLY)
         os.replace(verified, self.blob_path(digest))
 
-    def _put_blob(self, src: Path, digest: str, size: int) -> None:
+    def _put_blob(self, src: Path, digest: str, size: int, *, move: bool) -> None:
+        """Make blob ``digest`` hold ``src``'s bytes: kept if already there (its time refreshed),
+        else ``src`` is moved into place (``move``) or copied (reflink where possible)."""
         blob = self.blob_path(digest)
         if self._reusable(blob, size):
             return
         blob.parent.mkdir(parents=True, exist_ok=True)
+        if move:
+            try:
+                os.chmod(src, _READ_ONLY)
+                os.replace(src, blob)
+                os.utime(blob)  # written now, for ``cache gc``'s grace period
+                return
+            except OSError as e:  # the scratch space is on another filesystem
+                log.warning("cannot move %s into the cache (%s); copying it", src.name, e)
         tmp = blob.parent / f".{digest[:12]}.{secrets.token_hex(4)}.tmp"
         try:
             clone_or_copy(src, tmp)
-            os.chmod(tmp, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+            os.chmod(tmp, _READ_ONLY)
             os.replace(tmp, blob)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -372,7 +409,8 @@ class CacheStore:
     def checkout(self, entry: ActionEntry, dest: Path) -> None:
         """Materialise ``entry``'s files under ``dest``: reflinks where possible, else copies.
 
-        Every file is verified against its digest as it is written.
+        Every file is verified against its digest as it is written. (A build checks out through
+        :class:`~hyperexport.runner.workspace.Workspace`, which holds a large blob once.)
 
         Raises:
             CorruptBlobError: A blob is missing or corrupt (it has been removed).

@@ -1,0 +1,204 @@
+"""A build's checkouts: upstream outputs as files for the stages that read them, large ones once.
+
+On a filesystem without reflinks (ext4, tmpfs) every checkout of a blob is a full copy, and a
+model's external data is read by several stages (rewrite reads the export's
+``units/weights.data``; check reads the rewrite's ``model.onnx.data``, the same bytes). Links do
+not help there: onnx refuses external data that is a symlink or has several hard links, and
+onnx_ir and ONNX Runtime refuse a symlink that leaves the model's folder (measured with onnx
+1.23, onnx-ir 1.1, onnxruntime 1.32). The data must be a regular file, with one name, in the
+folder of the model that uses it.
+
+So a :class:`Workspace` holds **one** regular copy of each large blob per build
+(:data:`ONE_COPY_MIN` bytes or more), verified against its digest when it is copied out:
+
+* a later checkout of the same digest *moves* that copy to its new place and leaves a relative
+  symlink at the old one (stages run one at a time, and the stage about to run reads the new
+  place; the old one stays readable as a file);
+* a stage output that is a symlink to a file of the workspace (the rewrite stage's
+  ``model.onnx.data`` when no pass appended a tensor) is committed under that file's digest
+  without reading or copying it (:meth:`digest_of`, used by :meth:`CacheStore.commit`);
+* after the build, publishing takes the copy (:meth:`hand_over`): moved into the publication
+  instead of copied from the blob again.
+
+A copy's stat (device, inode, size, mtime, ctime) is recorded after every operation on it; one
+that changed since (a stage wrote to its input) is no longer trusted: it is left where it is and
+the next use copies the blob afresh (a WARNING). Small files are plain verified copies.
+
+So a build whose data file is unchanged by the passes writes the weights twice in all: once from
+the model (the export's file, moved into the cache as its blob) and once from the blob (the
+checkout copy that becomes the published file), and never holds more than those two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from hyperexport.runner.store import ActionEntry, CacheStore, OutputFile
+
+log = logging.getLogger(__name__)
+
+#: Blobs at least this large are held once per build (moved between checkouts, handed over to
+#: publishing); smaller ones are copied for every checkout.
+ONE_COPY_MIN = 1 << 20
+_READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+
+
+def _stat_key(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass
+class _Copy:
+    """A verified regular file of the workspace: its digest, and its stat when last handled."""
+
+    path: Path
+    digest: str
+    stat: tuple[int, ...] | None
+
+    def unchanged(self) -> bool:
+        return self.stat is not None and _stat_key(self.path) == self.stat
+
+
+class Workspace:
+    """The checkouts of one build attempt, in one scratch folder (``<cache>/tmp/build-*``).
+
+    The folder is made on the first checkout and removed by :meth:`close` (a context manager
+    closes it too), so a build of cache hits creates nothing.
+
+    Args:
+        store: The cache the blobs come from.
+    """
+
+    def __init__(self, store: CacheStore) -> None:
+        self.store = store
+        self._stack = contextlib.ExitStack()
+        self._root: Path | None = None
+        self._dirs: dict[str, Path] = {}
+        self._files: dict[str, _Copy] = {}  # real path -> every verified file checked out
+        self._held: dict[str, str] = {}  # digest -> real path of its one large copy
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the folder and everything still in it."""
+        self._files.clear()
+        self._held.clear()
+        self._dirs.clear()
+        self._root = None
+        self._stack.close()
+
+    def checkout(self, name: str, entry: ActionEntry) -> Path:
+        """The folder holding ``entry``'s files, checked out once per build under ``name``.
+
+        Raises:
+            CorruptBlobError: A blob is missing or does not match its digest (it has been
+                removed, so a new lookup of its entry misses).
+        """
+        if name not in self._dirs:
+            if self._root is None:
+                self._root = self._stack.enter_context(self.store.scratch("build-"))
+            dest = self._root / name
+            for f in entry.outputs:
+                self._place(f, dest / f.path)
+            dest.mkdir(parents=True, exist_ok=True)  # an entry may have no files
+            self._dirs[name] = dest
+        return self._dirs[name]
+
+    def _place(self, f: OutputFile, target: Path) -> None:
+        large = f.size >= ONE_COPY_MIN
+        if large and self._move_held(f.digest, target):
+            return
+        self.store.copy_blob(f, target)  # verified against its digest
+        if large:
+            os.chmod(target, _READ_ONLY)
+        real = os.path.realpath(target)
+        self._files[real] = _Copy(Path(real), f.digest, _stat_key(target))
+        if large:
+            self._held[f.digest] = real
+
+    def _move_held(self, digest: str, target: Path) -> bool:
+        """Move the held copy of ``digest`` to ``target``, a symlink to it left behind."""
+        held = self._trusted(digest)
+        if held is None:
+            return False
+        old = held.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        link = old.parent / f".{old.name}.{secrets.token_hex(4)}.link"
+        os.symlink(os.path.relpath(target, old.parent), link)
+        try:
+            os.replace(old, target)
+        except BaseException:
+            link.unlink()
+            raise
+        os.replace(link, old)
+        del self._files[str(old)]
+        real = os.path.realpath(target)
+        self._files[real] = _Copy(Path(real), digest, _stat_key(target))
+        self._held[digest] = real
+        log.debug("moved the build's copy of %s to %s", digest[:12], target)
+        return True
+
+    def _trusted(self, digest: str) -> _Copy | None:
+        """The held copy of ``digest`` if it is unchanged; a changed one is let go."""
+        real = self._held.get(digest)
+        if real is None:
+            return None
+        copy = self._files[real]
+        if copy.unchanged():
+            return copy
+        log.warning(
+            "%s changed after it was checked out (a stage wrote to its input); copying the "
+            "cached blob afresh for later uses",
+            copy.path,
+        )
+        del self._held[digest]
+        del self._files[real]
+        return None
+
+    def digest_of(self, path: Path) -> str | None:
+        """The digest of the file ``path`` resolves to, if this workspace checked it out and
+        verified it and it is unchanged since; else None."""
+        copy = self._files.get(os.path.realpath(path))
+        return copy.digest if copy is not None and copy.unchanged() else None
+
+    def hand_over(self, digest: str, target: Path) -> bool:
+        """Move the held copy of ``digest`` to ``target`` (mode 0644) for publishing.
+
+        Returns False when there is none, or it changed, or cannot be moved there (another
+        filesystem: the copy is then removed, so that the caller's copy from the blob does not
+        make a third one); the caller copies from the blob.
+        """
+        held = self._trusted(digest)
+        if held is None:
+            return False
+        del self._held[digest]
+        del self._files[str(held.path)]
+        try:
+            os.replace(held.path, target)
+        except OSError as e:
+            log.info(
+                "cannot move the build's copy of %s to %s (%s); copying it from the cache",
+                target.name,
+                target.parent,
+                e,
+            )
+            held.path.unlink(missing_ok=True)
+            return False
+        os.chmod(target, 0o644)
+        return True
