@@ -14,6 +14,7 @@ model is refused before anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -109,7 +110,14 @@ def _write_proto(model: ir.Model, path: Path) -> None:
     path.write_bytes(ir.to_proto(model).SerializeToString())
 
 
-def save_external(model: ir.Model, path: Path, threshold: int, *, consume: bool = False) -> None:
+def save_external(
+    model: ir.Model,
+    path: Path,
+    threshold: int,
+    *,
+    consume: bool = False,
+    link_unchanged: bool = False,
+) -> None:
     """Write ``model`` to ``path`` with its tensors in ``<name>.data`` beside it (atomically).
 
     Tensors already in an external data file keep their bytes: the largest such file is cloned
@@ -118,23 +126,48 @@ def save_external(model: ir.Model, path: Path, threshold: int, *, consume: bool 
     ``threshold`` bytes are appended; smaller ones stay in the protobuf. The data file is moved
     into place first and the model last, so a reader never sees a model without its data.
     ``model`` is left unchanged (after ``consume`` its references point at the moved file).
+
+    With ``link_unchanged`` and nothing to append, the data file is a symlink to that file (its
+    real path) instead of a clone: for the build's rewrite stage, whose store records such a
+    link under the digest of the checked-out file it names, copying nothing
+    (``runner/workspace.py``). Not for a model handed to a user: onnx, onnx_ir and ONNX Runtime
+    refuse external data through a symlink that leaves the model's folder. When tensors must be
+    appended the file is cloned first (on a filesystem without reflinks, a full copy: logged at
+    INFO with its size).
     """
     path = Path(path)
     data_name = f"{path.name}.data"
     slots = tensor_slots(model)
     base = _base_file(slots)
+    to_append, append_bytes = _appends(slots, base, threshold)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         staged, staged_data = Path(tmp) / path.name, Path(tmp) / data_name
-        how = _take(Path(base), staged_data, consume) if base is not None else "new"
+        if base is None:
+            how = "new"
+        elif link_unchanged and not to_append:
+            os.symlink(base, staged_data)
+            how = "linked"
+        else:
+            how = _take(Path(base), staged_data, consume)
+            if to_append and how == "copy":
+                log.info(
+                    "copied the export's weight file (%.2f GB) to append %d tensors (%d bytes) "
+                    "that passes made",
+                    os.path.getsize(base) / 1e9,
+                    to_append,
+                    append_bytes,
+                )
         appended: dict[int, tuple[int, int]] = {}
         replacements: list[ir.TensorProtocol] = []
-        with open(staged_data, "ab") as data:
+        with contextlib.ExitStack() as stack:
+            data = None if how == "linked" else stack.enter_context(open(staged_data, "ab"))
             for slot in slots:
                 tensor = slot.tensor
                 source = _external_path(tensor)
                 if source is not None and source == base:
                     offset, length = tensor.offset, tensor.length  # type: ignore[attr-defined]
                 elif tensor.nbytes >= threshold:
+                    assert data is not None, "a linked data file is never appended to"
                     if id(tensor) not in appended:
                         appended[id(tensor)] = _append(data, tensor)
                     offset, length = appended[id(tensor)]
@@ -153,7 +186,7 @@ def save_external(model: ir.Model, path: Path, threshold: int, *, consume: bool 
                     )
                 )
         _swapped(slots, replacements, lambda: _write_proto(model, staged))
-        if staged_data.stat().st_size:  # no tensor at or over the threshold: no data file
+        if staged_data.is_symlink() or staged_data.stat().st_size:  # else: no data file
             os.replace(staged_data, path.parent / data_name)
         os.replace(staged, path)
     log.info(
@@ -163,6 +196,17 @@ def save_external(model: ir.Model, path: Path, threshold: int, *, consume: bool 
         how,
         len(appended),
     )
+
+
+def _appends(slots: list[_Slot], base: str | None, threshold: int) -> tuple[int, int]:
+    """``(tensors, bytes)`` that saving appends to the data file: those at or over
+    ``threshold`` that are not already in ``base``, each counted once."""
+    seen: dict[int, int] = {}
+    for slot in slots:
+        source = _external_path(slot.tensor)
+        if (source is None or source != base) and slot.tensor.nbytes >= threshold:
+            seen[id(slot.tensor)] = slot.tensor.nbytes
+    return len(seen), sum(seen.values())
 
 
 def _take(base: Path, staged: Path, consume: bool) -> str:
@@ -244,6 +288,7 @@ def save_model(
     external_data: bool,
     threshold: int = 1024,
     consume_bundle: bool = False,
+    link_unchanged: bool = False,
 ) -> None:
     """Write ``model`` to ``path`` atomically.
 
@@ -253,7 +298,9 @@ def save_model(
     are not rewritten: that file is cloned (reflink, else a kernel copy) and the references keep
     their offsets. The data file is moved into place first and the model last, so a reader never
     sees a model without its data. ``consume_bundle`` moves that file instead (the bundle is
-    temporary and is discarded after the save). Nothing depends on the working directory, and
+    temporary and is discarded after the save); ``link_unchanged`` makes it a symlink to that
+    file when nothing is appended (the build's rewrite stage: see :func:`save_external`).
+    Nothing depends on the working directory, and
     an earlier export's files at ``path`` are replaced.
 
     Raises:
@@ -263,7 +310,7 @@ def save_model(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if external_data:
-        save_external(model, path, threshold, consume=consume_bundle)
+        save_external(model, path, threshold, consume=consume_bundle, link_unchanged=link_unchanged)
     else:
         save_inline(model, path)
 

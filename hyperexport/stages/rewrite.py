@@ -13,10 +13,17 @@ from hyperexport.runner.stage import StageInputs
 
 
 class RewriteStage:
-    """``compose_model`` on the export bundle → ``model.onnx`` (+ external data) and ``manifest.json``."""
+    """``compose_model`` on the export bundle → ``model.onnx`` (+ external data) and ``manifest.json``.
+
+    When no pass made a tensor for the data file, ``model.onnx.data`` is the export's
+    ``units/weights.data`` unchanged: the stage writes it as a symlink to that input, which the
+    cache records under the input's digest without copying it (``runner/workspace.py``). When
+    passes appended tensors, the file is a copy of the weights plus those tensors (logged at
+    INFO with its size): a second blob in the cache.
+    """
 
     name: str = "rewrite"
-    version: int = 2
+    version: int = 3
     upstream: tuple[str, ...] = ("export",)
     reads: tuple[str, ...] = (
         "functions",
@@ -42,5 +49,7 @@ class RewriteStage:
                 out_dir / MODEL_FILE,
                 external_data=bool(params["external_data"]),
                 threshold=int(params["external_data_threshold"]),
+                # The export's weight file unchanged: a link the cache stores without a copy.
+                link_unchanged=True,
             )
         atomic_write_bytes(out_dir / MANIFEST_JSON, (manifest.dumps() + "\n").encode("utf-8"))

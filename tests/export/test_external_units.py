@@ -10,10 +10,14 @@ in a test to show that ``external_data=False`` is refused before anything is wri
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 import torch
@@ -177,3 +181,72 @@ def test_an_export_that_cannot_fit_in_memory_is_refused_first_with_the_option() 
     with pytest.raises(ResourceError, match="free memory"):
         model_file.check_export_budget(20 * gib, external_data=True, available=4 * gib)
     model_file.check_export_budget(10 * gib, external_data=True, available=4 * gib)  # fits
+
+
+def _weights_model(folder: Path, extra: np.ndarray | None = None) -> ir.Model:
+    """``y = x @ W (+ B)``: W in ``folder/weights.data`` (external), B (if given) in memory."""
+    w = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    (folder / "weights.data").write_bytes(w.tobytes())
+    x = ir.Value(name="x", shape=ir.Shape([1, 64]), type=ir.TensorType(ir.DataType.FLOAT))
+    weight = ir.Value(
+        name="W",
+        const_value=ir.ExternalTensor(
+            "weights.data",
+            0,
+            w.nbytes,
+            ir.DataType.FLOAT,
+            shape=ir.Shape([64, 64]),
+            name="W",
+            base_dir=os.fspath(folder),
+        ),
+    )
+    initializers = [weight]
+    node = ir.node("MatMul", [x, weight])
+    nodes = [node]
+    out = node.outputs[0]
+    if extra is not None:
+        bias = ir.Value(name="B", const_value=ir.tensor(extra, name="B"))
+        initializers.append(bias)
+        nodes.append(ir.node("Add", [out, bias]))
+        out = nodes[-1].outputs[0]
+    out.name = "y"
+    graph = ir.Graph([x], [out], nodes=nodes, initializers=initializers, opset_imports={"": 18})
+    return ir.Model(graph, ir_version=10)
+
+
+def test_link_unchanged_makes_the_data_file_a_link_to_the_weights(tmp_path: Path) -> None:
+    """The build's rewrite stage: nothing appended, so the data file links to the export's."""
+    bundle = tmp_path / "units"
+    bundle.mkdir()
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    save_model(_weights_model(bundle), out, external_data=True, link_unchanged=True)
+    data = out.parent / "model.onnx.data"
+    assert data.is_symlink() and os.readlink(data) == str((bundle / "weights.data").resolve())
+    proto = onnx.load(out, load_external_data=False)
+    assert _external(proto.graph.initializer[0])["location"] == "model.onnx.data"
+
+
+def test_appended_tensors_copy_the_weights_first_and_say_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "units"
+    bundle.mkdir()
+    out = tmp_path / "model.onnx"
+    # No reflinks: the clone is a copy (as on ext4 and tmpfs).
+    monkeypatch.setattr(model_file, "clone_or_copy", _plain_copy)
+    model = _weights_model(bundle, extra=np.ones((8, 64), np.float32))  # 2048 bytes, in memory
+    with caplog.at_level(logging.INFO, logger="hyperexport.model_file"):
+        save_model(model, out, external_data=True, threshold=1024, link_unchanged=True)
+    data = tmp_path / "model.onnx.data"
+    assert not data.is_symlink()
+    weights = (bundle / "weights.data").read_bytes()
+    assert data.read_bytes()[: len(weights)] == weights and data.stat().st_size > len(weights)
+    assert "copied the export's weight file (0.00 GB) to append 1 tensors (2048 bytes)" in (
+        caplog.text
+    )
+
+
+def _plain_copy(src: Path, dst: Path) -> str:
+    shutil.copyfile(src, dst)
+    return "copy"
