@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import sys
 import threading
 import time
@@ -175,12 +176,14 @@ def track(
 
 
 def _size(directory: Path) -> int:
+    """Bytes of the regular files under ``directory`` (a symlink wrote nothing: not counted)."""
     total = 0
     for path in directory.rglob("*"):
         try:
-            total += path.stat().st_size if path.is_file() else 0
+            st = path.lstat()
         except FileNotFoundError:  # a temp file moved into place meanwhile: counted there
             continue
+        total += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return total
 
 

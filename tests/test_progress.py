@@ -56,6 +56,26 @@ def test_bytes_written_are_reported(
     assert any("writing model.onnx: 3.0 MB" in m for m in _messages(caplog))
 
 
+def test_a_symlink_is_not_counted_as_bytes_written(
+    lines: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The rewrite stage links an unchanged data file: it wrote no bytes."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(progress, "PERIOD", 0.0)
+    monkeypatch.setattr(progress, "POLL", 0.01)
+    big = tmp_path / "weights.data"
+    big.write_bytes(b"x" * (5 << 20))
+    out = tmp_path / "out"
+    out.mkdir()
+    with progress.watch_bytes(out, "writing model.onnx"):
+        (out / "model.onnx.data").symlink_to(big)
+        (out / "model.onnx").write_bytes(b"x" * (1 << 20))
+        time.sleep(0.05)
+    messages = _messages(caplog)
+    assert any("writing model.onnx: 1.0 MB" in m for m in messages), messages
+    assert not any("6.0 MB" in m for m in messages)
+
+
 def test_off_is_silent(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("HYPEREXPORT_PROGRESS", "off")
     monkeypatch.setattr(progress, "PERIOD", 0.0)
