@@ -26,7 +26,9 @@ the next use copies the blob afresh (a WARNING). Small files are plain verified 
 
 So a build whose data file is unchanged by the passes writes the weights twice in all: once from
 the model (the export's file, moved into the cache as its blob) and once from the blob (the
-checkout copy that becomes the published file), and never holds more than those two.
+checkout copy that becomes the published file), and the cache, its scratch and the outputs never
+hold more than those two (a previous publication being replaced aside: it stays until the link
+swaps).
 """
 
 from __future__ import annotations
