@@ -193,12 +193,14 @@ class Workspace:
         del self._files[str(held.path)]
         try:
             os.replace(held.path, target)
-        except OSError as e:
-            log.info(
-                "cannot move the build's copy of %s to %s (%s); copying it from the cache",
+        except OSError as e:  # the outputs are on another filesystem than the cache
+            log.warning(
+                "cannot move the build's copy of %s (%.2f GB) to %s (%s); copying it from the "
+                "cache instead",
                 target.name,
+                held.stat[2] / 1e9 if held.stat else 0.0,
                 target.parent,
-                e,
+                e.strerror or e,
             )
             held.path.unlink(missing_ok=True)
             return False

@@ -120,7 +120,10 @@ def test_a_copy_a_stage_changed_is_not_trusted(
 
 
 def test_hand_over_moves_the_copy_and_gives_it_up_across_filesystems(
-    store: CacheStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: CacheStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     export = store.commit(KEY_A, "export", _out(tmp_path))
     digest = export.digests()["units/weights.data"]
@@ -138,8 +141,11 @@ def test_hand_over_moves_the_copy_and_gives_it_up_across_filesystems(
             raise OSError(errno.EXDEV, "Invalid cross-device link")
 
         monkeypatch.setattr(workspace_mod.os, "replace", exdev)
-        assert not ws.hand_over(digest, tmp_path / "other-fs.data")
+        with caplog.at_level(logging.WARNING):
+            assert not ws.hand_over(digest, tmp_path / "other-fs.data")
         monkeypatch.undo()
+        assert "copying it from the cache instead" in caplog.text
+        assert "Invalid cross-device link" in caplog.text
         assert not os.path.lexists(weights)  # given up: the caller's copy is the only other one
 
 
@@ -160,3 +166,43 @@ def test_an_entry_without_files_checks_out_as_an_empty_folder(store: CacheStore)
     entry = ActionEntry(key=KEY_A, stage="empty", outputs=())
     with Workspace(store) as ws:
         assert list(ws.checkout("empty", entry).iterdir()) == []
+
+
+def test_why_checkouts_are_not_symlinks_to_blobs(tmp_path: Path) -> None:
+    """The reason the workspace copies instead of linking to the blob (measured with the pinned
+    onnx, onnx-ir and onnxruntime): each refuses external data that is a symlink out of the
+    model's folder. If this starts failing after an upgrade, checkouts could link instead."""
+    import numpy as np
+    import onnx
+    import onnx_ir as ir
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    model_dir, blobs = tmp_path / "model", tmp_path / "blobs"
+    model_dir.mkdir()
+    blobs.mkdir()
+    w = np.ones((16, 16), np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    path = model_dir / "model.onnx"
+    onnx.save_model(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]),
+        path,
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    data = model_dir / "model.onnx.data"
+    os.replace(data, blobs / "digest")
+    data.symlink_to(blobs / "digest")
+    with pytest.raises(onnx.checker.ValidationError, match="symbolic link"):
+        onnx.checker.check_model(str(path), full_check=True)
+    with pytest.raises(ValueError, match="symlink"):
+        ir.load(path).graph.initializers["W"].const_value.numpy()  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="escapes model directory"):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
