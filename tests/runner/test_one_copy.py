@@ -21,6 +21,7 @@ import pytest
 
 from hyperexport.cli.cache_gc import GcOptions, collect
 from hyperexport.cli.cache_verify import verify
+from hyperexport.contracts.names import STAGE_NAMES
 from hyperexport.runner import session
 from hyperexport.runner.store import CacheStore
 from hyperexport.runner.workspace import ONE_COPY_MIN
@@ -28,8 +29,8 @@ from hyperexport.stages import PIPELINE
 from tests.helpers.builds import build, statuses, toy_package_in, toy_package_recipe
 
 DATA = "model.onnx.data"
-RAN_ALL = {"trace": "ran", "export": "ran", "rewrite": "ran", "check": "ran"}
-HIT_ALL = {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "hit"}
+RAN_ALL = dict.fromkeys(STAGE_NAMES, "ran")
+HIT_ALL = dict.fromkeys(STAGE_NAMES, "hit")
 
 
 @pytest.fixture(scope="module")
@@ -175,12 +176,12 @@ def test_rebuilds_are_byte_identical_and_cache_commands_work(
     store = CacheStore(tmp_path / "a" / "cache")
     checked = verify(store)
     assert checked.ok and checked.corrupt_blobs == 0, checked.problems
-    assert checked.entries == 4
+    assert checked.entries == len(STAGE_NAMES)
     # gc may take everything: the published files are regular files and stay intact.
     published = first.out_dir / DATA
     want = published.read_bytes()
     result = collect(store, GcOptions(max_size=0, grace=0))
-    assert len(result.evicted) == 4 and not list(store.blob_paths())
+    assert len(result.evicted) == len(STAGE_NAMES) and not list(store.blob_paths())
     assert published.read_bytes() == want
     watch.copies.clear()
     rebuilt = build(_recipe(toy_package), tmp_path / "a")
@@ -211,7 +212,7 @@ def test_a_check_only_rebuild_moves_its_checkout_into_the_outputs(
         check__atol=1e-3,
     )
     again = build(recipe, tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
+    assert statuses(again) == {**HIT_ALL, "check": "ran"}
     assert [c[2] for c in watch.copies if c[2] == size] == [size]
     holding = watch.holding(size)
     assert len(holding["check starts"]) == 3  # blob, the check's checkout, the old outputs
