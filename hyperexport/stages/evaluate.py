@@ -6,6 +6,7 @@ runs ONNX Runtime. It reads no tolerance, so changing one reruns only ``check``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ class EvaluateStage:
     """
 
     name: str = "evaluate"
-    version: int = 1
+    version: int = 2
     #: The reference capture comes from the export (``reference/``): the capture its bundle was
     #: exported from, which after a fallback is not the trace's.
     upstream: tuple[str, ...] = ("export", "rewrite")
@@ -52,4 +53,5 @@ class EvaluateStage:
         evaluation = evaluate_model(
             rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays, settings
         )
-        evaluation.save(out_dir)
+        # The report names the model as published beside it, not this build's scratch copy.
+        dataclasses.replace(evaluation, model_path=MODEL_FILE).save(out_dir)

@@ -142,3 +142,9 @@ def test_passes_check_and_contracts_import_no_torch(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     count, torch = proc.stdout.split()[1:]
     assert int(count) > 20 and torch == "False"
+
+
+def test_the_published_check_names_the_model_beside_it(cached: Path) -> None:
+    """No scratch path of the build that made it leaks into the published check report."""
+    check = json.loads((cached / "outputs" / "toy" / "default" / "check.json").read_text())
+    assert check["model_path"] == "model.onnx"
