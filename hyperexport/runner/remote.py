@@ -38,15 +38,24 @@ import logging
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hyperexport.config.schema import REMOTE_MODES
 from hyperexport.errors import CacheUnavailableError
 from hyperexport.runner.discovered import DEPS_FORMAT, MAX_SETS, set_digest
+from hyperexport.runner.entries import ActionEntry
 from hyperexport.runner.hashing import atomic_write_json, sha256_file
 
-if TYPE_CHECKING:
-    from hyperexport.runner.store import ActionEntry, CacheStore
+
+class LocalTier(Protocol):
+    """What the remote tier needs of the local store it fetches into and uploads from."""
+
+    def blob_path(self, digest: str) -> Path: ...
+
+    def adopt_blob(self, verified: Path, digest: str) -> None: ...
+
+    def write_entry(self, entry: ActionEntry) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +121,6 @@ class Remote:
     # -- reads -------------------------------------------------------------------------------
     def read_entry(self, key: str) -> ActionEntry | None:
         """The remote entry of ``key``, checked; None when absent or unusable (a WARNING)."""
-        from hyperexport.runner.store import ActionEntry
-
         try:
             data = self.fs.cat_file(self.action_path(key))
         except FileNotFoundError:
@@ -130,7 +137,7 @@ class Remote:
             return None
         return entry
 
-    def fetch(self, key: str, store: CacheStore) -> bool:
+    def fetch(self, key: str, store: LocalTier) -> bool:
         """Copy the entry of ``key`` and its blobs into ``store``; False on a miss or fault."""
         entry = self.read_entry(key)
         if entry is None:
@@ -171,7 +178,7 @@ class Remote:
         return True
 
     # -- writes ------------------------------------------------------------------------------
-    def upload(self, entry: ActionEntry, store: CacheStore) -> None:
+    def upload(self, entry: ActionEntry, store: LocalTier) -> None:
         """Upload ``entry``'s blobs (those not on the remote yet), then the entry itself.
 
         A no-op in ``read_only`` mode; a failure is a WARNING (the local result stands).

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hyperexport.errors import CacheUnavailableError
 from hyperexport.runner import locks
+from hyperexport.runner.entries import ActionEntry, OutputFile
 from hyperexport.runner.files import clone_or_copy
 from hyperexport.runner.hashing import FileDigestIndex, atomic_write_json, sha256_file
 
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENV_CACHE_DIR = "HYPEREXPORT_CACHE_DIR"
-ENTRY_FORMAT = 1
 # Blobs up to this size are fully re-hashed when an entry is looked up; larger ones are checked
 # by size there and by digest whenever they are copied out.
 VERIFY_LIMIT = 4 << 20
@@ -84,57 +84,6 @@ class CorruptBlobError(ValueError):
 
 
 @dataclass(frozen=True)
-class OutputFile:
-    """One output file of a stage run."""
-
-    path: str
-    digest: str
-    size: int
-
-
-@dataclass(frozen=True)
-class ActionEntry:
-    """A committed stage run: the files it produced, by content digest."""
-
-    key: str
-    stage: str
-    outputs: tuple[OutputFile, ...]
-    # The recipe whose build computed the entry (shown by ``cache ls``; not part of the key).
-    recipe: str | None = None
-
-    def digests(self) -> dict[str, str]:
-        """``{relative path: digest}``: what later stages' keys include."""
-        return {f.path: f.digest for f in self.outputs}
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "format": ENTRY_FORMAT,
-            "key": self.key,
-            "stage": self.stage,
-            "outputs": [[f.path, f.digest, f.size] for f in self.outputs],
-        }
-        if self.recipe is not None:
-            data["recipe"] = self.recipe
-        return data
-
-    @classmethod
-    def from_json(cls, data: Any) -> ActionEntry:
-        if not isinstance(data, dict) or data.get("format") != ENTRY_FORMAT:
-            raise ValueError("unknown entry format")
-        outputs = tuple(OutputFile(str(p), str(d), int(s)) for p, d, s in data["outputs"])
-        for f in outputs:
-            if not re.fullmatch(r"[0-9a-f]{64}", f.digest) or _unsafe_relpath(f.path):
-                raise ValueError(f"bad output record {f}")
-        recipe = data.get("recipe")
-        return cls(
-            key=str(data["key"]),
-            stage=str(data["stage"]),
-            outputs=outputs,
-            recipe=recipe if isinstance(recipe, str) else None,
-        )
-
-
-@dataclass(frozen=True)
 class Lookup:
     """Result of :meth:`CacheStore.lookup`."""
 
@@ -144,11 +93,6 @@ class Lookup:
 
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-def _unsafe_relpath(path: str) -> bool:
-    p = Path(path)
-    return p.is_absolute() or ".." in p.parts or not path
 
 
 def open_store(root: Path, *, dry_run: bool = False, remote: Remote | None = None) -> CacheStore:
