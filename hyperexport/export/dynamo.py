@@ -26,7 +26,6 @@ from typing import Any
 
 import onnx
 import onnx_ir as ir
-import onnxscript
 import torch
 
 from hyperexport.capture.torch_bridge import dynamo_export_caches, torch_dtype, torch_dtype_name
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 #: The torch.library namespace of placeholder ops (private to hyperexport).
 NAMESPACE = "hyperexport_ph"
 
-_PLACEHOLDER_OPSET = onnxscript.values.Opset(PLACEHOLDER_DOMAIN, 1)
 #: Every ONNX tensor type, for the placeholder schema's type constraints.
 _ANY_TENSOR = tuple(
     t
@@ -153,7 +151,12 @@ def _translation(sig: _OpSignature) -> Callable[..., Any]:
             type_constraints=[(f"T{i}", _ANY_TENSOR, "") for i in range(len(inputs))]
             + [(f"U{i}", _ANY_TENSOR, "") for i in range(num_outputs)],
         )
-        result = onnxscript.values.Op(_PLACEHOLDER_OPSET, op_type, schema)(*inputs)
+        # Imported here, not with the module: torch's dynamo exporter has imported it by now,
+        # and a TorchScript-only process never pays for it (about 24 MB of RSS).
+        import onnxscript
+
+        opset = onnxscript.values.Opset(PLACEHOLDER_DOMAIN, 1)
+        result = onnxscript.values.Op(opset, op_type, schema)(*inputs)
         return list(result) if isinstance(result, Sequence) else [result]
 
     return translate

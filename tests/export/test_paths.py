@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -120,3 +122,30 @@ def test_a_path_must_implement_the_interface() -> None:
 
     with pytest.raises(TypeError, match="abstract"):
         Incomplete()  # type: ignore[abstract]
+
+
+# A TorchScript export in a fresh process, then whether it loaded onnxscript.
+_TORCHSCRIPT_ONLY = """
+import json, sys
+from pathlib import Path
+from hyperexport import export_hyper_onnx
+from tests.helpers.toys import Block, toy_inputs, toy_net
+export_hyper_onnx(toy_net(), toy_inputs(), Path(sys.argv[1]) / "m.onnx", hiera=[Block])
+print("LOADED " + json.dumps("onnxscript" in sys.modules))
+"""
+
+
+def test_a_torchscript_export_does_not_load_the_dynamo_paths_libraries(tmp_path: Path) -> None:
+    # onnxscript alone is about 24 MB of RSS; only the dynamo path's export needs it.
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", _TORCHSCRIPT_ONLY, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("LOADED ")]
+    assert line == "LOADED false", line
+    assert (tmp_path / "m.onnx").is_file()
