@@ -44,12 +44,13 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from hyperexport.atomic import atomic_write_bytes
+from hyperexport.runner.entries import OutputFile
 from hyperexport.runner.files import clone_or_copy
 from hyperexport.runner.hashing import atomic_write_json, sha256_file, sha256_text
 from hyperexport.runner.report_html import write_report_html
 from hyperexport.runner.runner import BuildRequest, BuildResult
 from hyperexport.runner.stage import Stage
-from hyperexport.runner.store import CacheStore, OutputFile
+from hyperexport.runner.store import CacheStore
 from hyperexport.runner.summary import function_tree, render_summary
 from hyperexport.runner.workspace import Workspace
 

@@ -36,10 +36,11 @@ from hyperexport.errors import CorruptRecordError, StageError
 from hyperexport.runner import discovered
 from hyperexport.runner.code_closure import ImportMemo, package_sources, stage_code
 from hyperexport.runner.discovered import DiscoveredDeps
+from hyperexport.runner.entries import ActionEntry
 from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.keys import explain, key_material, key_params, stage_key
 from hyperexport.runner.stage import Stage, StageInputs, recipe_slice
-from hyperexport.runner.store import ActionEntry, CacheStore, CorruptBlobError, Lookup
+from hyperexport.runner.store import CacheStore, CorruptBlobError, Lookup
 from hyperexport.runner.workspace import Workspace
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperexport.runner.store import ActionEntry, CacheStore, OutputFile
+from hyperexport.runner.entries import ActionEntry, OutputFile
+from hyperexport.runner.store import CacheStore
 
 log = logging.getLogger(__name__)
 
