@@ -28,6 +28,7 @@ from hyperexport.runner.store import CacheStore
 from tests.helpers.builds import build as real_build
 from tests.helpers.builds import statuses as real_statuses
 from tests.helpers.builds import toy_package_in, toy_package_recipe
+from tests.helpers.cli import HEAVY, TOY_RECIPE
 from tests.runner.fakes import pipeline, recipe
 
 HOUR = 3600.0
@@ -414,7 +415,7 @@ def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def toy_recipe(pkg: Path, name: str = "toy", seed: int = 0, opset: int = 18) -> Recipe:
-    """The toy recipe; the same fields as ``TOY_YAML`` below, so their keys agree."""
+    """The toy recipe; the same fields as ``TOY_RECIPE`` below, so their keys agree."""
     return toy_package_recipe(pkg, name=name, model__seed=seed, opset=opset)
 
 
@@ -440,21 +441,6 @@ def test_gc_max_size_keeps_the_recently_used_recipe_all_hits(
     assert "ran" in real_statuses(real_build(older, tmp_path)).values()
 
 
-TOY_YAML = """\
-# @package _global_
-name: toy
-model:
-  _target_: hx_toy.net.make
-  seed: 0
-inputs:
-  x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}
-hiera:
-  - hx_toy.net.Block
-rewrite: {optimize: false, fuse_constants: false}
-"""
-
-HEAVY = ("torch", "onnx", "onnxruntime", "onnxscript", "onnx_ir", "transformers")
-
 # Runs ``cache`` once per argument list (JSON in argv[1]), then reports the heavy imports.
 STATUS_PROBE = f"""
 import json, sys
@@ -469,7 +455,7 @@ def test_status_says_what_would_run_and_why_without_torch(
 ) -> None:
     assert real_build(toy_recipe(toy_package), tmp_path).exit_code == 0
     recipe_file = tmp_path / "toy.yaml"
-    recipe_file.write_text(TOY_YAML)
+    recipe_file.write_text(TOY_RECIPE)
     cache_dir = ["--cache-dir", str(tmp_path / "cache")]
     runs = [
         ["status", "--recipe-file", str(recipe_file), *cache_dir],
@@ -508,7 +494,7 @@ def test_status_reports_an_invalid_recipe_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(TOY_YAML.replace("seed: 0", "seed: 0\n  nonsense: ["))
+    bad.write_text(TOY_RECIPE.replace("seed: 0", "seed: 0\n  nonsense: ["))
     code, lines, _ = run_cache(tmp_path, capsys, "status", "--recipe-file", str(bad))
     assert code == 2
     assert lines[1].split()[:3] == ["bad", "-", "invalid"]
