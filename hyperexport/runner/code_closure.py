@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_text
+from hyperexport.runner.hashing import JsonMemo
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +118,7 @@ def _parse(data: bytes, path: Path, name: str) -> tuple[list[Import], list[Impor
     return _imports(tree, name, path.name == "__init__.py")
 
 
-class ImportMemo:
+class ImportMemo(JsonMemo):
     """Parsed import statements by file digest, kept in a JSON file (``index/imports.json``).
 
     Parsing every hyperexport source costs a few hundred milliseconds, a large part of a no-op
@@ -131,24 +130,7 @@ class ImportMemo:
         read_only: Never write the file.
     """
 
-    def __init__(self, path: Path | None, *, read_only: bool = False) -> None:
-        self._path = path
-        self._read_only = read_only
-        self._entries: dict[str, Any] | None = None
-        self._dirty = False
-
-    def _load(self) -> dict[str, Any]:
-        if self._entries is None:
-            self._entries = {}
-            if self._path is not None and self._path.is_file():
-                try:
-                    data = json.loads(self._path.read_text(encoding="utf-8"))
-                except (OSError, ValueError) as e:
-                    log.warning("ignoring unreadable import memo %s: %s", self._path, e)
-                    data = None
-                if isinstance(data, dict):
-                    self._entries = data
-        return self._entries
+    what = "import memo"
 
     def get(self, key: str) -> tuple[list[Import], list[Import]] | None:
         """The ``(module-level, function-level)`` imports recorded for ``key``, if well-formed."""
@@ -159,16 +141,14 @@ class ImportMemo:
             return None
 
     def put(self, key: str, imports: tuple[list[Import], list[Import]]) -> None:
-        self._load()[key] = [[[b, list(n)] for b, n in part] for part in imports]
-        self._dirty = True
+        self._set(key, [[[b, list(n)] for b, n in part] for part in imports])
 
     def save(self) -> None:
-        """Write the memo if it changed (atomically; never for an in-memory or read-only memo)."""
-        if self._path is not None and self._dirty and not self._read_only:
-            try:
-                atomic_write_text(self._path, json.dumps(self._load(), sort_keys=True))
-            except OSError as e:  # only a memo: the next build parses again
-                log.warning("cannot save the import memo %s (%s); not memoised", self._path, e)
+        """Write the memo if it changed; a failed write is a WARNING (the next build parses)."""
+        try:
+            super().save()
+        except OSError as e:  # only a memo: the next build parses again
+            log.warning("cannot save the import memo %s (%s); not memoised", self._path, e)
             self._dirty = False
 
 

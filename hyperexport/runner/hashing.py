@@ -53,7 +53,54 @@ def _stat_key(st: os.stat_result) -> list[int]:
     return [int(getattr(st, name)) for name in _STAT_FIELDS]
 
 
-class FileDigestIndex:
+class JsonMemo:
+    """A dict kept in a JSON file: loaded on first use, written back (atomically) when changed.
+
+    Only a cache of what can be computed again: an unreadable or malformed file is ignored with
+    a WARNING, and entries that :meth:`_valid` rejects are dropped.
+
+    Args:
+        path: The file, or None to keep the memo in memory only.
+        read_only: Never write the file.
+    """
+
+    #: What the file is, for log lines.
+    what = "memo"
+
+    def __init__(self, path: Path | None, *, read_only: bool = False) -> None:
+        self._path = path
+        self._read_only = read_only
+        self._entries: dict[str, Any] | None = None
+        self._dirty = False
+
+    def _valid(self, value: Any) -> bool:
+        return True
+
+    def _load(self) -> dict[str, Any]:
+        if self._entries is None:
+            self._entries = {}
+            if self._path is not None and self._path.is_file():
+                try:
+                    data = json.loads(self._path.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as e:
+                    log.warning("ignoring unreadable %s %s: %s", self.what, self._path, e)
+                    data = None
+                if isinstance(data, dict):
+                    self._entries = {k: v for k, v in data.items() if self._valid(v)}
+        return self._entries
+
+    def _set(self, key: str, value: Any) -> None:
+        self._load()[key] = value
+        self._dirty = True
+
+    def save(self) -> None:
+        """Write the file if it changed (never for an in-memory or read-only memo)."""
+        if self._path is not None and self._dirty and not self._read_only:
+            atomic_write_json(self._path, self._load())
+            self._dirty = False
+
+
+class FileDigestIndex(JsonMemo):
     """Digests of files keyed by absolute path, reused while the file's stat is unchanged.
 
     This is the fast path that keeps a no-op build from re-hashing large checkpoints: a file is
@@ -64,26 +111,13 @@ class FileDigestIndex:
         path: Where the index is persisted (JSON), or None to keep it in memory only.
     """
 
-    def __init__(self, path: Path | None) -> None:
-        self._path = path
-        self._entries: dict[str, list[Any]] | None = None
-        self._dirty = False
+    what = "digest index"
 
-    def _load(self) -> dict[str, list[Any]]:
-        if self._entries is None:
-            self._entries = {}
-            if self._path is not None and self._path.is_file():
-                try:
-                    data = json.loads(self._path.read_text(encoding="utf-8"))
-                except (OSError, ValueError) as e:
-                    log.warning("ignoring unreadable digest index %s: %s", self._path, e)
-                    data = {}
-                if isinstance(data, dict):
-                    width = len(_STAT_FIELDS) + 1
-                    self._entries = {
-                        k: v for k, v in data.items() if isinstance(v, list) and len(v) == width
-                    }
-        return self._entries
+    def __init__(self, path: Path | None) -> None:
+        super().__init__(path)
+
+    def _valid(self, value: Any) -> bool:
+        return isinstance(value, list) and len(value) == len(_STAT_FIELDS) + 1
 
     def digest(self, path: Path) -> str:
         """The sha256 of ``path``, from the index when its stat key still matches."""
@@ -97,18 +131,10 @@ class FileDigestIndex:
         # Stat again after reading: a file written while it was hashed must not be remembered
         # under the new stat with the old content's digest.
         if _stat_key(path.stat()) == stat_key:
-            entries[str(path)] = [*stat_key, value]
-            self._dirty = True
+            self._set(str(path), [*stat_key, value])
         return value
 
     def remember(self, path: Path, digest: str) -> None:
         """Record that ``path`` (as it is now on disk) has content ``digest``."""
         path = path.resolve()
-        self._load()[str(path)] = [*_stat_key(path.stat()), digest]
-        self._dirty = True
-
-    def save(self) -> None:
-        """Persist the index if it changed (no-op for an in-memory index)."""
-        if self._path is not None and self._dirty:
-            atomic_write_json(self._path, self._load())
-            self._dirty = False
+        self._set(str(path), [*_stat_key(path.stat()), digest])
