@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.contracts.names import (
@@ -20,6 +20,12 @@ from hyperexport.contracts.names import (
     REFERENCE_DIR,
 )
 from hyperexport.runner.stage import StageInputs
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from hyperexport.check.evaluate import ModelEvaluator
+    from hyperexport.check.evaluation import FunctionRun
 
 
 class CheckStage:
@@ -59,9 +65,9 @@ class CheckStage:
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
         evaluation = Evaluation.load(inputs.dir("evaluate"))
         settings = check_settings(params, capture.record.hiera, manifest.fallback_from)
-        evaluator: Any = None
+        evaluator: ModelEvaluator | None = None
 
-        def run_more(indices: Sequence[int]) -> tuple[Sequence[Any], dict[str, Any]]:
+        def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:
             nonlocal evaluator
             if evaluator is None:  # loaded only when a failed comparison needs localising
                 from hyperexport.check.evaluate import ModelEvaluator
