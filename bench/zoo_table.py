@@ -66,8 +66,8 @@ def static_columns(name: str) -> dict[str, str]:
 # Measuring
 # --------------------------------------------------------------------------------------------
 def _build(name: str, dynamo: bool, root: Path) -> dict[str, Any]:
+    from hyperexport.builds.session import run_build
     from hyperexport.config import compose_recipe
-    from hyperexport.runner.session import run_build
     from hyperexport.stages import PIPELINE, model_loader
 
     recipe, settings = compose_recipe(

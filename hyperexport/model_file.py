@@ -27,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from hyperexport.errors import ResourceError
-from hyperexport.runner.files import clone_or_copy
+from hyperexport.files import clone_or_copy
 
 log = logging.getLogger(__name__)
 

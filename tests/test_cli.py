@@ -234,7 +234,7 @@ def test_hydra_launcher_group_passes_the_override_check(tmp_path: Path) -> None:
 PAUSED = """
 import sys, time
 from pathlib import Path
-from hyperexport.runner import publish
+from hyperexport.builds import publish
 
 marker = Path(sys.argv.pop(1))
 swap = publish._swap_link

@@ -25,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hyperexport import exit_codes
+from hyperexport.builds import sweep
+from hyperexport.builds.session import BuildOutcome, run_build, variant_dir
 from hyperexport.cli.usage import UnusableDirectory, check_dir
 from hyperexport.config import (
     BUILD_KEYS,
@@ -38,10 +40,8 @@ from hyperexport.config import (
 )
 from hyperexport.config.hydra import register_resolvers
 from hyperexport.config.schema import _outputs_root
+from hyperexport.engine.store import default_cache_dir
 from hyperexport.errors import RecipeError
-from hyperexport.runner import sweep
-from hyperexport.runner.session import BuildOutcome, run_build, variant_dir
-from hyperexport.runner.store import default_cache_dir
 from hyperexport.stages import PIPELINE, model_loader
 
 log = logging.getLogger("hyperexport")

@@ -28,7 +28,7 @@ from hyperexport import exit_codes
 from hyperexport.cli.quantities import human_age, human_size, parse_age, parse_size
 from hyperexport.cli.table import render_table
 from hyperexport.cli.usage import UnusableDirectory, UsageError, check_dir
-from hyperexport.runner.store import CacheStore, default_cache_dir
+from hyperexport.engine.store import CacheStore, default_cache_dir
 
 log = logging.getLogger(__name__)
 

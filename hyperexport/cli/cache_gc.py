@@ -39,8 +39,8 @@ from hyperexport.cli.cache_inventory import (
     scan,
     stale_temp_files,
 )
-from hyperexport.runner import locks
-from hyperexport.runner.store import CacheStore
+from hyperexport.engine import locks
+from hyperexport.engine.store import CacheStore
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperexport.runner.entries import ActionEntry
-from hyperexport.runner.store import CacheStore
+from hyperexport.engine.entries import ActionEntry
+from hyperexport.engine.store import CacheStore
 
 log = logging.getLogger(__name__)
 

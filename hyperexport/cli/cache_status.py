@@ -15,10 +15,10 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, compose_recipe
+from hyperexport.engine.runner import StageResult
 from hyperexport.errors import RecipeError
-from hyperexport.runner.runner import StageResult
-from hyperexport.runner.session import run_build
 from hyperexport.stages import PIPELINE
 
 

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass, field
 
 from hyperexport.cli.cache_inventory import scan
-from hyperexport.runner.hashing import sha256_file
-from hyperexport.runner.store import CacheStore
+from hyperexport.engine.hashing import sha256_file
+from hyperexport.engine.store import CacheStore
 
 log = logging.getLogger(__name__)
 

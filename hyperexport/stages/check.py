@@ -19,7 +19,7 @@ from hyperexport.contracts.names import (
     MODEL_FILE,
     REFERENCE_DIR,
 )
-from hyperexport.runner.stage import StageInputs
+from hyperexport.engine.stage import StageInputs
 
 if TYPE_CHECKING:
     import numpy as np

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE, REFERENCE_DIR
-from hyperexport.runner.stage import StageInputs
+from hyperexport.engine.stage import StageInputs
 
 
 class EvaluateStage:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.contracts.names import BUNDLE_JSON, CAPTURE_JSON, REFERENCE_DIR, TENSORS_NPZ
-from hyperexport.runner.stage import StageInputs
+from hyperexport.engine.stage import StageInputs
 
 
 class ExportStage:
@@ -47,8 +47,8 @@ class ExportStage:
         from hyperexport.capture.hooks import Capture
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.export.fallback import export_units_with_fallback
+        from hyperexport.files import clone_or_copy
         from hyperexport.models.auto import resolve_auto
-        from hyperexport.runner.files import clone_or_copy
         from hyperexport.stages.options import export_options
 
         model = inputs.model()  # first: loading it registers the output types the trees name

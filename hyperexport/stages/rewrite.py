@@ -9,7 +9,7 @@ from typing import Any
 from hyperexport import progress
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
-from hyperexport.runner.stage import StageInputs
+from hyperexport.engine.stage import StageInputs
 
 
 class RewriteStage:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.contracts.names import CAPTURE_JSON
-from hyperexport.runner.stage import StageInputs
+from hyperexport.engine.stage import StageInputs
 
 
 class TraceStage:

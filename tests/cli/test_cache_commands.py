@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.cli import cache as cache_cli
 from hyperexport.cli.cache_inventory import disk_usage
 from hyperexport.cli.quantities import human_size
 from hyperexport.config import BuildSettings, Recipe
-from hyperexport.runner.session import BuildOutcome, run_build
-from hyperexport.runner.store import CacheStore
+from hyperexport.engine.store import CacheStore
 from tests.helpers.builds import build as real_build
 from tests.helpers.builds import statuses as real_statuses
 from tests.helpers.builds import toy_package_in, toy_package_recipe
@@ -551,7 +551,7 @@ def test_python_m_hyperexport_cache_dispatches(tmp_path: Path) -> None:
 HOLD_SCRATCH = """
 import sys, time
 from pathlib import Path
-from hyperexport.runner.store import CacheStore
+from hyperexport.engine.store import CacheStore
 with CacheStore(Path(sys.argv[1])).scratch("build-") as path:
     (path / "partial.onnx").write_bytes(bytes(4096))
     print(path, flush=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.builds.session import run_build
 from hyperexport.cli import cache as cache_cli
 from hyperexport.config import BuildSettings
-from hyperexport.runner.session import run_build
 from tests.runner.fakes import pipeline, recipe
 
 

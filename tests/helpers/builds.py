@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.config import BuildSettings, Recipe, validate_recipe
-from hyperexport.runner.session import BuildOutcome, run_build
 from hyperexport.stages import PIPELINE, model_loader
 
 TOY_SOURCE = """

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.runner.store import CacheStore
+from hyperexport.engine.store import CacheStore
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.config import Recipe, validate_recipe
-from hyperexport.runner.stage import StageInputs
+from hyperexport.engine.stage import StageInputs
 
 
 class StageBoom(RuntimeError):

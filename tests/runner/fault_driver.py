@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings
-from hyperexport.runner.session import run_build
-from hyperexport.runner.stage import StageInputs
+from hyperexport.engine.stage import StageInputs
 from tests.runner.fakes import FakeStage, pipeline, recipe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hyperexport.runner import code_closure
-from hyperexport.runner.code_closure import (
+from hyperexport.engine import code_closure
+from hyperexport.engine.code_closure import (
     ImportMemo,
     closure,
     package_sources,

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.runner.discovered import (
+from hyperexport.engine.discovered import (
     DiscoveredDeps,
     changes,
     describe,
     full_key,
     snapshot,
 )
-from hyperexport.runner.hashing import FileDigestIndex
+from hyperexport.engine.hashing import FileDigestIndex
 
 DECLARED = "d" * 64
 

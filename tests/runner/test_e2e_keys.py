@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.config import BuildSettings, Recipe, validate_recipe
-from hyperexport.runner import code_closure
-from hyperexport.runner.session import BuildOutcome, run_build
+from hyperexport.engine import code_closure
 from hyperexport.stages import PIPELINE, model_loader
 
 MODEL = """
@@ -254,10 +254,10 @@ def _sources(tree: Path) -> dict[str, code_closure.ModuleSource]:
 def test_promote_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
     """Export reads attention.implementation only; promotion is the rewrite's and check's."""
     from hyperexport.config import compose_recipe
-    from hyperexport.runner.keys import stage_key
-    from hyperexport.runner.runner import BuildRequest, Runner
-    from hyperexport.runner.stage import recipe_slice
-    from hyperexport.runner.store import CacheStore
+    from hyperexport.engine.keys import stage_key
+    from hyperexport.engine.runner import BuildRequest, Runner
+    from hyperexport.engine.stage import recipe_slice
+    from hyperexport.engine.store import CacheStore
 
     runner = Runner(CacheStore(tmp_path / "cache"))
     keys: dict[bool, dict[str, str]] = {}

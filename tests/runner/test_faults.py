@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from hyperexport import exit_codes
-from hyperexport.runner.session import BuildOutcome, run_build
-from hyperexport.runner.store import VERIFY_LIMIT, CacheStore
+from hyperexport.builds.session import BuildOutcome, run_build
+from hyperexport.engine.store import VERIFY_LIMIT, CacheStore
 from tests.runner.fakes import recipe
 from tests.runner.fault_driver import REPO, settings, stages, start_driver, wait_for_line
 

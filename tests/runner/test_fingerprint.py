@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.runner import hashing
-from hyperexport.runner.fingerprint import (
+from hyperexport.builds.fingerprint import (
     code_fingerprint,
     environment_fingerprint,
     model_argument_files,
@@ -17,7 +16,8 @@ from hyperexport.runner.fingerprint import (
     package_modules,
     weights_fingerprint,
 )
-from hyperexport.runner.hashing import FileDigestIndex
+from hyperexport.engine import hashing
+from hyperexport.engine.hashing import FileDigestIndex
 
 
 def test_environment_fingerprint_reads_versions_without_importing() -> None:

@@ -19,8 +19,8 @@ import torch
 
 from hyperexport.capture import tree
 from hyperexport.contracts.records import tree_from_json
+from hyperexport.engine.store import CacheStore
 from hyperexport.errors import CorruptRecordError
-from hyperexport.runner.store import CacheStore
 from tests.helpers.builds import build, statuses, toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
 

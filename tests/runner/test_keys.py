@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hyperexport.runner.keys import diff_values, explain, key_material, stage_key
+from hyperexport.engine.keys import diff_values, explain, key_material, stage_key
 
 
 def _material(**changes: Any) -> dict[str, Any]:

@@ -6,8 +6,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings
-from hyperexport.runner.session import run_build
 from tests.runner.fakes import pipeline, recipe
 
 

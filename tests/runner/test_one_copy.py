@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from hyperexport.builds import session
 from hyperexport.cli.cache_gc import GcOptions, collect
 from hyperexport.cli.cache_verify import verify
 from hyperexport.contracts.names import STAGE_NAMES
-from hyperexport.runner import session
-from hyperexport.runner.store import CacheStore
-from hyperexport.runner.workspace import ONE_COPY_MIN
+from hyperexport.engine.store import CacheStore
+from hyperexport.engine.workspace import ONE_COPY_MIN
 from hyperexport.stages import PIPELINE
 from tests.helpers.builds import build, statuses, toy_package_in, toy_package_recipe
 

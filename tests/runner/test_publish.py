@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.builds.publish import BUILDS, FAILED_SUFFIX, remove_stale_builds
+from hyperexport.builds.session import MAX_VARIANT_BYTES, run_build, variant_dir
 from hyperexport.config import BuildSettings
-from hyperexport.runner.hashing import sha256_file
-from hyperexport.runner.publish import BUILDS, FAILED_SUFFIX, remove_stale_builds
-from hyperexport.runner.session import MAX_VARIANT_BYTES, run_build, variant_dir
+from hyperexport.engine.hashing import sha256_file
 from tests.runner.fakes import FakeStage, StageBoom, pipeline, recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,8 +32,8 @@ DRIVER = """
 import sys, time
 from pathlib import Path
 from hyperexport.config import BuildSettings
-from hyperexport.runner import publish
-from hyperexport.runner.session import run_build
+from hyperexport.builds import publish
+from hyperexport.builds.session import run_build
 from tests.runner.fakes import pipeline, recipe
 
 cache, outputs, optimize = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "true"

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from hyperexport import exit_codes
+from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.config import BuildSettings
 from hyperexport.contracts.names import STAGE_NAMES
-from hyperexport.runner.remote import Remote
-from hyperexport.runner.session import BuildOutcome, run_build
+from hyperexport.engine.remote import Remote
 from tests.helpers.builds import toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
 from tests.runner.fakes import recipe

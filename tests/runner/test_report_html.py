@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from hyperexport.builds import report_html
+from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.config import BuildSettings, validate_recipe
-from hyperexport.runner import report_html
-from hyperexport.runner.session import BuildOutcome, run_build
 from hyperexport.stages import PIPELINE, model_loader
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

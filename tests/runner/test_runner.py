@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from hyperexport.engine.runner import BuildRequest, BuildResult, Runner
+from hyperexport.engine.stage import recipe_slice
+from hyperexport.engine.store import CacheStore
 from hyperexport.errors import StageError
-from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
-from hyperexport.runner.stage import recipe_slice
-from hyperexport.runner.store import CacheStore
 from tests.runner.fakes import FakeStage, StageBoom, pipeline
 
 RECIPE: dict[str, Any] = {

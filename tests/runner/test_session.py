@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.builds.session import run_build, variant_dir
 from hyperexport.config import BuildSettings
-from hyperexport.runner.session import run_build, variant_dir
 from tests.runner.fakes import FakeStage, StageBoom, pipeline, recipe
 
 

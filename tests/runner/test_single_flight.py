@@ -18,7 +18,7 @@ import filelock
 import pytest
 
 from hyperexport.contracts.names import STAGE_NAMES
-from hyperexport.runner import locks
+from hyperexport.engine import locks
 from tests.runner.fault_driver import start_driver, wait_for_line
 
 

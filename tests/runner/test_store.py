@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.runner.store import ActionEntry, CacheStore, default_cache_dir
+from hyperexport.engine.store import ActionEntry, CacheStore, default_cache_dir
 
 KEY = "ab" * 32
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.runner import workspace as workspace_mod
-from hyperexport.runner.store import ActionEntry, CacheStore, CorruptBlobError
-from hyperexport.runner.workspace import ONE_COPY_MIN, Workspace
+from hyperexport.engine import workspace as workspace_mod
+from hyperexport.engine.store import ActionEntry, CacheStore, CorruptBlobError
+from hyperexport.engine.workspace import ONE_COPY_MIN, Workspace
 
 KEY_A, KEY_B = "aa" * 32, "bb" * 32
 BIG = os.urandom(ONE_COPY_MIN + 17)

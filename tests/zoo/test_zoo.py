@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, compose_recipe
-from hyperexport.runner.session import run_build
 from hyperexport.stages import PIPELINE, model_loader
 from hyperexport.zoo import EXPECTED_FAILURES
 

@@ -32,16 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hyperexport.builds.fingerprint import environment_fingerprint
+from hyperexport.engine import discovered
+from hyperexport.engine.code_closure import ImportMemo, package_sources, stage_code
+from hyperexport.engine.discovered import DiscoveredDeps
+from hyperexport.engine.entries import ActionEntry
+from hyperexport.engine.keys import explain, key_material, key_params, stage_key
+from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
+from hyperexport.engine.store import CacheStore, CorruptBlobError, Lookup
+from hyperexport.engine.workspace import Workspace
 from hyperexport.errors import CorruptRecordError, StageError
-from hyperexport.runner import discovered
-from hyperexport.runner.code_closure import ImportMemo, package_sources, stage_code
-from hyperexport.runner.discovered import DiscoveredDeps
-from hyperexport.runner.entries import ActionEntry
-from hyperexport.runner.fingerprint import environment_fingerprint
-from hyperexport.runner.keys import explain, key_material, key_params, stage_key
-from hyperexport.runner.stage import Stage, StageInputs, recipe_slice
-from hyperexport.runner.store import CacheStore, CorruptBlobError, Lookup
-from hyperexport.runner.workspace import Workspace
 
 log = logging.getLogger(__name__)
 

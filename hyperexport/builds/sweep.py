@@ -20,7 +20,7 @@ from typing import Any
 
 from hyperexport import exit_codes
 from hyperexport.contracts.names import STAGE_NAMES
-from hyperexport.runner.hashing import atomic_write_json
+from hyperexport.engine.hashing import atomic_write_json
 
 log = logging.getLogger(__name__)
 

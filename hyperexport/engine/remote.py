@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hyperexport.config.schema import REMOTE_MODES
+from hyperexport.engine.discovered import DEPS_FORMAT, MAX_SETS, set_digest
+from hyperexport.engine.entries import ActionEntry
+from hyperexport.engine.hashing import atomic_write_json, sha256_file
 from hyperexport.errors import CacheUnavailableError
-from hyperexport.runner.discovered import DEPS_FORMAT, MAX_SETS, set_digest
-from hyperexport.runner.entries import ActionEntry
-from hyperexport.runner.hashing import atomic_write_json, sha256_file
 
 
 class LocalTier(Protocol):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyperexport.runner.hashing import JsonMemo
+from hyperexport.engine.hashing import JsonMemo
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.atomic import atomic_write_text
-from hyperexport.runner.summary import render_tree
+from hyperexport.builds.summary import render_tree
 
 log = logging.getLogger(__name__)
 

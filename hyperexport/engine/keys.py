@@ -14,7 +14,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hyperexport.runner.hashing import canonical_json, sha256_text
+from hyperexport.engine.hashing import canonical_json, sha256_text
 
 _MAX_CHANGES = 3
 _MAX_VALUE = 40

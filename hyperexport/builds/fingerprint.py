@@ -28,8 +28,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.runner.code_closure import PACKAGE
-from hyperexport.runner.hashing import FileDigestIndex, canonical_json, sha256_text
+from hyperexport.engine.code_closure import PACKAGE
+from hyperexport.engine.hashing import FileDigestIndex, canonical_json, sha256_text
 
 log = logging.getLogger(__name__)
 

@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport import exit_codes
+from hyperexport.builds import fingerprint
+from hyperexport.builds.fingerprint import environment_fingerprint
+from hyperexport.builds.publish import CorruptBlobError, Publication, publish_build
 from hyperexport.config import BuildSettings, Recipe
+from hyperexport.engine.hashing import FileDigestIndex, sha256_text
+from hyperexport.engine.remote import remote_from_settings
+from hyperexport.engine.runner import BuildRequest, BuildResult, Runner
+from hyperexport.engine.stage import Stage
+from hyperexport.engine.store import default_cache_dir, open_store
 from hyperexport.errors import CacheUnavailableError
-from hyperexport.runner import fingerprint
-from hyperexport.runner.fingerprint import environment_fingerprint
-from hyperexport.runner.hashing import FileDigestIndex, sha256_text
-from hyperexport.runner.publish import CorruptBlobError, Publication, publish_build
-from hyperexport.runner.remote import remote_from_settings
-from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
-from hyperexport.runner.stage import Stage
-from hyperexport.runner.store import default_cache_dir, open_store
 
 log = logging.getLogger(__name__)
 

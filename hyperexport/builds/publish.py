@@ -44,15 +44,15 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from hyperexport.atomic import atomic_write_bytes
-from hyperexport.runner.entries import OutputFile
-from hyperexport.runner.files import clone_or_copy
-from hyperexport.runner.hashing import atomic_write_json, sha256_file, sha256_text
-from hyperexport.runner.report_html import write_report_html
-from hyperexport.runner.runner import BuildRequest, BuildResult
-from hyperexport.runner.stage import Stage
-from hyperexport.runner.store import CacheStore
-from hyperexport.runner.summary import function_tree, render_summary
-from hyperexport.runner.workspace import Workspace
+from hyperexport.builds.report_html import write_report_html
+from hyperexport.builds.summary import function_tree, render_summary
+from hyperexport.engine.entries import OutputFile
+from hyperexport.engine.hashing import atomic_write_json, sha256_file, sha256_text
+from hyperexport.engine.runner import BuildRequest, BuildResult
+from hyperexport.engine.stage import Stage
+from hyperexport.engine.store import CacheStore
+from hyperexport.engine.workspace import Workspace
+from hyperexport.files import clone_or_copy
 
 log = logging.getLogger(__name__)
 

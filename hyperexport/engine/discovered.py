@@ -39,9 +39,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hyperexport.runner.code_closure import PACKAGE
-from hyperexport.runner.fingerprint import distribution_version
-from hyperexport.runner.hashing import (
+from hyperexport.builds.fingerprint import distribution_version
+from hyperexport.engine.code_closure import PACKAGE
+from hyperexport.engine.hashing import (
     FileDigestIndex,
     atomic_write_json,
     canonical_json,

@@ -44,14 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from hyperexport.engine import locks
+from hyperexport.engine.entries import ActionEntry, OutputFile
+from hyperexport.engine.hashing import FileDigestIndex, atomic_write_json, sha256_file
 from hyperexport.errors import CacheUnavailableError
-from hyperexport.runner import locks
-from hyperexport.runner.entries import ActionEntry, OutputFile
-from hyperexport.runner.files import clone_or_copy
-from hyperexport.runner.hashing import FileDigestIndex, atomic_write_json, sha256_file
+from hyperexport.files import clone_or_copy
 
 if TYPE_CHECKING:
-    from hyperexport.runner.remote import Remote
+    from hyperexport.engine.remote import Remote
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperexport.runner.entries import ActionEntry, OutputFile
-from hyperexport.runner.store import CacheStore
+from hyperexport.engine.entries import ActionEntry, OutputFile
+from hyperexport.engine.store import CacheStore
 
 log = logging.getLogger(__name__)
 
