@@ -130,7 +130,7 @@ def save_external(
     With ``link_unchanged`` and nothing to append, the data file is a symlink to that file (its
     real path) instead of a clone: for the build's rewrite stage, whose store records such a
     link under the digest of the checked-out file it names, copying nothing
-    (``runner/workspace.py``). Not for a model handed to a user: onnx, onnx_ir and ONNX Runtime
+    (``engine/workspace.py``). Not for a model handed to a user: onnx, onnx_ir and ONNX Runtime
     refuse external data through a symlink that leaves the model's folder. When tensors must be
     appended the file is cloned first (on a filesystem without reflinks, a full copy: logged at
     INFO with its size).

@@ -1,14 +1,13 @@
-"""Environment and model fingerprints, computed without importing the libraries they describe.
+"""A recipe's model fingerprint, computed without importing the libraries it describes.
 
-* The environment fingerprint is the Python version and the installed versions of libraries
-  (read from package metadata, never by importing them). A stage's key holds only the libraries
-  it declares (:attr:`~hyperexport.runner.stage.Stage.libraries`).
+* The environment fingerprint (Python and library versions) is the engine's
+  (:mod:`hyperexport.engine.environment`); :data:`ENV_DISTRIBUTIONS` is what a report lists.
 * The model fingerprint covers the model's *declared code*: the top-level modules the recipe
   names (installed distributions by name, version and a digest of their RECORD file; local,
   non-installed packages by a digest of their source files, names relative); names inside
   hyperexport (a factory in ``hyperexport.zoo``) join the code the stage runs
   (:func:`package_modules`). The code those modules import in turn is found when the stage runs
-  (:mod:`hyperexport.runner.discovered`). It also covers the model's *weights and files*: the
+  (:mod:`hyperexport.engine.discovered`). It also covers the model's *weights and files*: the
   seed, the checkpoint's file digests, and the digests of every file or directory a string
   argument of ``model:`` names (a ``from_pretrained`` directory, a config file). Digests go
   through a stat-keyed fast path so a no-op build does not re-hash large files. Nothing is keyed
@@ -21,18 +20,18 @@ import functools
 import importlib.metadata as metadata
 import importlib.util
 import logging
-import os
-import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from hyperexport.engine.code_closure import PACKAGE
+from hyperexport.engine.environment import SITE_DIRS
 from hyperexport.engine.hashing import FileDigestIndex, canonical_json, sha256_text
 
 log = logging.getLogger(__name__)
 
+#: The distributions a build report lists (a stage's key holds only its own ``libraries``).
 ENV_DISTRIBUTIONS = (
     "torch",
     "onnx",
@@ -42,53 +41,6 @@ ENV_DISTRIBUTIONS = (
     "transformers",
     "hyperexport",
 )
-
-_SITE_DIRS = ("site-packages", "dist-packages")
-
-
-def environment_fingerprint(names: Iterable[str] = ENV_DISTRIBUTIONS) -> dict[str, Any]:
-    """Python major.minor and the versions of the distributions ``names`` (None if absent).
-
-    The default, :data:`ENV_DISTRIBUTIONS`, is what the build report lists; a stage's key holds
-    only its own :attr:`~hyperexport.runner.stage.Stage.libraries`.
-    """
-    versions = {name: distribution_version(name) for name in names}
-    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}", "packages": versions}
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-@functools.lru_cache(maxsize=1)
-def _dist_info_versions() -> dict[str, str]:
-    """``{normalized name: version}`` from the ``<name>-<version>.dist-info`` folder names on
-    ``sys.path`` (first one wins, as for importlib.metadata): one directory listing per path
-    entry instead of reading every distribution's METADATA."""
-    found: dict[str, str] = {}
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for folder in names:
-            if folder.endswith(".dist-info"):
-                name, sep, version = folder.removesuffix(".dist-info").rpartition("-")
-                if sep and name and version:
-                    found.setdefault(_normalized(name), version)
-    return found
-
-
-@functools.lru_cache(maxsize=256)
-def distribution_version(name: str) -> str | None:
-    """The installed version of distribution ``name``, or None (read once per process)."""
-    version = _dist_info_versions().get(_normalized(name))
-    if version is not None:
-        return version
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def top_level_module(import_path: str) -> str:
@@ -150,7 +102,7 @@ def module_fingerprint(top: str, index: FileDigestIndex) -> dict[str, Any]:
         root = Path(next(iter(spec.submodule_search_locations)))
     else:
         return {"kind": "missing"}
-    if any(part in _SITE_DIRS for part in root.parts):
+    if any(part in SITE_DIRS for part in root.parts):
         dist = _distribution_of(top)
         if dist is not None:
             record = dist.read_text("RECORD") or ""

@@ -10,7 +10,7 @@ Layout under ``<outputs>/<recipe>/`` (documented in outputs/README.md)::
     .builds/<variant>.<id>.lock held (filelock) while that publication is being written
 
 A publication is written in full under ``.builds/`` (files cloned from the cache with
-:func:`~hyperexport.runner.files.clone_or_copy` and verified by digest, or, for a large file the
+:func:`~hyperexport.files.clone_or_copy` and verified by digest, or, for a large file the
 build already copied out and verified, that copy moved in: ``workspace.py``), then the link is
 swapped with one ``os.replace``: a reader that resolves the link sees the previous build or the
 new one, never a mix, also when the build is killed at any point. The previous directory is

@@ -14,9 +14,10 @@ from typing import Any
 
 from hyperexport import exit_codes
 from hyperexport.builds import fingerprint
-from hyperexport.builds.fingerprint import environment_fingerprint
+from hyperexport.builds.fingerprint import ENV_DISTRIBUTIONS
 from hyperexport.builds.publish import CorruptBlobError, Publication, publish_build
 from hyperexport.config import BuildSettings, Recipe
+from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import FileDigestIndex, sha256_text
 from hyperexport.engine.remote import remote_from_settings
 from hyperexport.engine.runner import BuildRequest, BuildResult, Runner
@@ -120,7 +121,7 @@ def run_build(
         recipe=recipe.data,
         recipe_file=recipe.file,
         stages=stages,
-        env=environment_fingerprint(),
+        env=environment_fingerprint(ENV_DISTRIBUTIONS),
         model=model_fingerprint(recipe, store.index),
         force=frozenset(settings.force),
         dry_run=settings.dry_run,

@@ -87,7 +87,7 @@ def build_from_config(cfg: DictConfig) -> int:
     """Validate the composed config and build it; returns the exit code.
 
     In a multirun the job also leaves its record in the sweep folder (see
-    :mod:`hyperexport.runner.sweep`).
+    :mod:`hyperexport.builds.sweep`).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

@@ -10,14 +10,14 @@ Order of removal, safe while builds run on the same cache:
    are listed again after step 1, so entries committed meanwhile count) and that were not
    written or reused within the grace period: a running build writes its blobs before its
    entry, and refreshes the time of a blob it reuses
-   (:meth:`~hyperexport.runner.store.CacheStore.commit`).
+   (:meth:`~hyperexport.engine.store.CacheStore.commit`).
 3. Temporary files of killed writes older than the grace period go too, and so do the scratch
    folders of dead builds, by the build's own rule
-   (:func:`~hyperexport.runner.locks.remove_dead_scratch`: a folder whose lock is free).
+   (:func:`~hyperexport.engine.locks.remove_dead_scratch`: a folder whose lock is free).
 
 No lock is needed for this: every file is *retired* by renaming it out of place first, then its
 time is read again; if a build used it meanwhile, it is put back. A build's hit
-(:meth:`~hyperexport.runner.store.CacheStore.mark_used`) or reuse of a blob either happens
+(:meth:`~hyperexport.engine.store.CacheStore.mark_used`) or reuse of a blob either happens
 before the rename (the new time is seen, the file stays) or fails to find the file (the hit
 becomes a miss; the blob is written again), so no entry is ever left naming a missing blob.
 """

@@ -2,7 +2,7 @@
 
 An entry's recipes are the recipe recorded in the entry when it was computed plus every recipe
 whose latest build (``runs/<recipe>/<stage>.json``) used it; its last use is its file's mtime,
-refreshed on every hit (:meth:`~hyperexport.runner.store.CacheStore.mark_used`).
+refreshed on every hit (:meth:`~hyperexport.engine.store.CacheStore.mark_used`).
 """
 
 from __future__ import annotations

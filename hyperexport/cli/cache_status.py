@@ -1,6 +1,6 @@
 """``cache status``: for each recipe, which stages a build would run and why, without building.
 
-It is the build's own dry run (:func:`hyperexport.runner.session.run_build` with
+It is the build's own dry run (:func:`hyperexport.builds.session.run_build` with
 ``dry_run=True``): the same keys, the same reasons, a read-only cache, and no torch import
 (fingerprints are read from package metadata and source files).
 """

@@ -5,7 +5,7 @@ A variant (a link ``<variant>`` or ``<variant>.failed`` into ``.builds/``, or a 
 older versions) can go when the recipe file its ``report.json`` names no longer exists and
 ``recipes/`` has no recipe of that name either, or when its link points at nothing. A folder
 without a readable ``report.json`` is listed as unknown and removed only when named. Removal goes
-through :func:`~hyperexport.runner.publish.remove_publication` (the link first, then what it
+through :func:`~hyperexport.builds.publish.remove_publication` (the link first, then what it
 names).
 """
 

@@ -13,6 +13,7 @@ from omegaconf import MISSING, OmegaConf
 from hyperexport.config.paths import DEFAULT_OUTPUTS_DIR
 from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
+from hyperexport.engine.remote import REMOTE_MODES as REMOTE_MODES
 
 DTYPES = (
     "float32",
@@ -44,8 +45,6 @@ BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
 
 
 BUILD_KEYS = ("build", "recipe_file")
-#: ``build.remote_mode`` values.
-REMOTE_MODES = ("read_write", "read_only")
 
 
 # ``hiera: auto`` / ``inputs: auto`` / ``dynamic: auto``: resolved on the live model inside the

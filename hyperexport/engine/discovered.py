@@ -11,7 +11,7 @@ share one process. The record is a *dependency set*:
 * installed distributions by name and version, one entry per distribution.
 
 hyperexport's own modules are left out: the code a stage runs is in its key already
-(:mod:`hyperexport.runner.code_closure`). Nothing is keyed by an absolute path, so a cache moved
+(:mod:`hyperexport.engine.code_closure`). Nothing is keyed by an absolute path, so a cache moved
 to another checkout or machine still hits.
 
 Keys have two levels. The *declared* key hashes what the stage declares (its params, upstream
@@ -39,8 +39,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hyperexport.builds.fingerprint import distribution_version
 from hyperexport.engine.code_closure import PACKAGE
+from hyperexport.engine.environment import SITE_DIRS, distribution_version
 from hyperexport.engine.hashing import (
     FileDigestIndex,
     atomic_write_json,
@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 DEPS_FORMAT = 1
 #: Dependency sets kept per declared key (newest first); older ones are dropped.
 MAX_SETS = 8
-_SITE_DIRS = frozenset(("site-packages", "dist-packages"))
 _NOT_RECORDED = frozenset((PACKAGE, "__main__", "__mp_main__"))
 
 #: ``{"modules": {name: [relative file, digest]}, "dists": {name: version}}``.
@@ -104,7 +103,7 @@ def _site_top(file: Path) -> str | None:
     ``.../site-packages/scipy/sparse/_x.so``); None for a file outside site-packages."""
     parts = file.parts
     for i, part in enumerate(parts[:-1]):
-        if part in _SITE_DIRS:
+        if part in SITE_DIRS:
             return parts[i + 1].split(".")[0]
     return None
 

@@ -4,7 +4,7 @@ A key is the full sha256 of the canonical JSON of the stage's *key material*: it
 version, its recipe slice, the digests of its upstream outputs, the versions of the libraries it
 declares, the digests of the hyperexport modules it runs (computed from the import graph), and,
 for a stage that runs user code, the model fingerprint. Such a stage's outputs are stored under a
-second-level key that adds the modules it loaded (:mod:`hyperexport.runner.discovered`). The material of the last build of each recipe is kept, so that a rerun can say
+second-level key that adds the modules it loaded (:mod:`hyperexport.engine.discovered`). The material of the last build of each recipe is kept, so that a rerun can say
 what changed (``opset 18→17``) instead of only that something did.
 """
 

@@ -1,12 +1,12 @@
 """The staged runner: key every stage, reuse cache hits, run the rest, and say why.
 
-The runner is generic: it knows stages only through :class:`~hyperexport.runner.stage.Stage`.
+The runner is generic: it knows stages only through :class:`~hyperexport.engine.stage.Stage`.
 A stage that raises is reported as failed and leaves nothing in the cache.
 
-Keys (:mod:`hyperexport.runner.keys`): a stage's *declared* key covers its params, upstream
+Keys (:mod:`hyperexport.engine.keys`): a stage's *declared* key covers its params, upstream
 outputs, libraries, the hyperexport code it runs and, if it runs user code, the model. A stage
 that runs user code (``needs_model``) stores its outputs under a *full* key that also covers the
-modules it had loaded (:mod:`hyperexport.runner.discovered`); a lookup first checks that one of
+modules it had loaded (:mod:`hyperexport.engine.discovered`); a lookup first checks that one of
 the recorded module sets still holds.
 
 Cache faults heal rather than fail:
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.builds.fingerprint import environment_fingerprint
 from hyperexport.engine import discovered
 from hyperexport.engine.code_closure import ImportMemo, package_sources, stage_code
 from hyperexport.engine.discovered import DiscoveredDeps
 from hyperexport.engine.entries import ActionEntry
+from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.keys import explain, key_material, key_params, stage_key
 from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
 from hyperexport.engine.store import CacheStore, CorruptBlobError, Lookup

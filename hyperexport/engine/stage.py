@@ -22,7 +22,7 @@ class Stage(Protocol):
             it had loaded when it finished (discovered dependencies, validated on lookup).
         libraries: Distributions whose versions shape the stage's result (``"onnxruntime"``);
             their versions, and Python's, are part of its key. The hyperexport code it runs
-            is found from its module's imports (:mod:`hyperexport.runner.code_closure`).
+            is found from its module's imports (:mod:`hyperexport.engine.code_closure`).
         publish: Glob patterns of output files copied to the build's outputs directory.
         artifacts: ``{artifact name: output file}`` listed in the report (e.g. ``model``).
     """
@@ -48,7 +48,7 @@ class StageInputs:
     Attributes:
         upstream: ``{stage name: directory}`` holding that upstream stage's output files
             (verified copies of the cached files; treat them as read-only). A large file is
-            held once per build (``runner/workspace.py``): it is a regular file in the folder
+            held once per build (``engine/workspace.py``): it is a regular file in the folder
             of the stage that runs now, and a symlink to it where an earlier stage read it. An
             output that is an input unchanged may be written as a symlink to that input file:
             the cache records it under the input's digest without copying it.

@@ -23,7 +23,7 @@ Rules other tools (``hyperexport cache ...``) rely on:
   A bad entry or blob is a WARNING and a miss, and is removed; nothing is unpickled, imported
   or called by a name the cache holds.
 * A scratch folder belongs to a live build while its lock is held
-  (:func:`~hyperexport.runner.locks.scratch_is_live`).
+  (:func:`~hyperexport.engine.locks.scratch_is_live`).
 
 A cache the process cannot write to still serves hits (:func:`open_store`); a stage that must
 run then fails with :class:`~hyperexport.errors.CacheUnavailableError` (exit code 3).
@@ -354,7 +354,7 @@ class CacheStore:
         """Materialise ``entry``'s files under ``dest``: reflinks where possible, else copies.
 
         Every file is verified against its digest as it is written. (A build checks out through
-        :class:`~hyperexport.runner.workspace.Workspace`, which holds a large blob once.)
+        :class:`~hyperexport.engine.workspace.Workspace`, which holds a large blob once.)
 
         Raises:
             CorruptBlobError: A blob is missing or corrupt (it has been removed).

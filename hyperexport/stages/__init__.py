@@ -5,7 +5,7 @@ torch is imported only inside the ``run`` of the stages that need the live model
 export), and never by rewrite, evaluate or check.
 
 The package imports none of its stage modules eagerly: a stage's key covers the hyperexport
-modules its module loads (:mod:`hyperexport.runner.code_closure`), and loading one stage must
+modules its module loads (:mod:`hyperexport.engine.code_closure`), and loading one stage must
 not load the others. ``PIPELINE`` and ``model_loader`` are resolved on first access.
 """
 

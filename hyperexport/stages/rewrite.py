@@ -17,7 +17,7 @@ class RewriteStage:
 
     When no pass made a tensor for the data file, ``model.onnx.data`` is the export's
     ``units/weights.data`` unchanged: the stage writes it as a symlink to that input, which the
-    cache records under the input's digest without copying it (``runner/workspace.py``). When
+    cache records under the input's digest without copying it (``engine/workspace.py``). When
     passes appended tensors, the file is a copy of the weights plus those tensors (logged at
     INFO with its size): a second blob in the cache.
     """

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hyperexport.builds.fingerprint import (
+    ENV_DISTRIBUTIONS,
     code_fingerprint,
-    environment_fingerprint,
     model_argument_files,
     model_fingerprint,
     module_fingerprint,
@@ -17,11 +17,12 @@ from hyperexport.builds.fingerprint import (
     weights_fingerprint,
 )
 from hyperexport.engine import hashing
+from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import FileDigestIndex
 
 
 def test_environment_fingerprint_reads_versions_without_importing() -> None:
-    fp = environment_fingerprint()
+    fp = environment_fingerprint(ENV_DISTRIBUTIONS)
     assert set(fp["packages"]) == {
         "torch",
         "onnx",
