@@ -1,0 +1,85 @@
+"""Loading a recipe's model and generating its example inputs (torch imported lazily)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hyperexport.config.hydra import recipe_file_of
+from hyperexport.config.imports import split_import_path
+from hyperexport.errors import RecipeError
+
+if TYPE_CHECKING:
+    from hyperexport.config.schema import Recipe
+
+log = logging.getLogger(__name__)
+
+
+def model_loader(recipe: Recipe) -> Callable[[], Any]:
+    """A callable that instantiates the recipe's model (and loads its checkpoint, if any)."""
+
+    def load() -> Any:
+        return load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
+
+    return load
+
+
+def load_model(model_cfg: Mapping[str, Any], checkpoint: Path | None, recipe_file: str = "") -> Any:
+    """Instantiate ``model_cfg`` (``_target_`` + kwargs) and load ``checkpoint`` into it.
+
+    A checkpoint is a ``.safetensors`` file, a directory of them, or a torch state dict file
+    loaded with ``weights_only=True`` (no arbitrary unpickling).
+    """
+    from hydra.utils import instantiate
+
+    log.info("Instantiating model <%s>", model_cfg["_target_"])
+    try:
+        model = instantiate(dict(model_cfg), _convert_="all")
+    except Exception as e:
+        file = recipe_file or recipe_file_of(None)
+        if isinstance(e.__cause__, RecipeError):  # the factory named the field (model.path, ...)
+            raise RecipeError(file, e.__cause__.field, e.__cause__.reason) from e
+        raise RecipeError(file, "model", f"cannot instantiate: {e}") from e
+    if checkpoint is not None:
+        log.info("Loading checkpoint %s", checkpoint)
+        model.load_state_dict(_read_state_dict(checkpoint), strict=True)
+    return model.eval()
+
+
+def _read_state_dict(checkpoint: Path) -> dict[str, Any]:
+    import torch
+
+    files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
+    state: dict[str, Any] = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state.update(load_file(str(f)))
+        else:
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state
+
+
+def resolve_classes(paths: list[str], recipe_file: str, field: str = "hiera") -> list[type]:
+    """Import the classes named by ``paths``; a failure is a RecipeError with a close match."""
+    import difflib
+
+    classes = []
+    for i, path in enumerate(paths):
+        module_name, attr = split_import_path(path)
+        where = f"{field}[{i}]"
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise RecipeError(recipe_file, where, f"cannot import {path!r}: {e}") from e
+        if not hasattr(module, attr):
+            names = [n for n in dir(module) if not n.startswith("_")]
+            match = difflib.get_close_matches(attr, names, n=1)
+            hint = f"; did you mean {match[0]!r}?" if match else ""
+            raise RecipeError(recipe_file, where, f"module {module_name} has no {attr!r}{hint}")
+        classes.append(getattr(module, attr))
+    return classes
