@@ -31,9 +31,9 @@ def test_recipe_composes_and_validates(name: str) -> None:
 def test_recipe_instantiates(name: str) -> None:
     import torch
 
+    from hyperexport.from_recipe.model import load_model, resolve_classes
     from hyperexport.models.auto import resolve_auto
     from hyperexport.models.inputs import make_inputs
-    from hyperexport.stages.model import load_model, resolve_classes
 
     recipe, _ = compose_recipe([f"recipe={name}"])
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)

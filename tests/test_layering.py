@@ -1,104 +1,203 @@
-"""The package's import graph, read from the sources with ``ast`` (nothing is imported).
+"""The package's import graph, read with the parser the build keys use
+(:mod:`hyperexport.engine.code_closure`: ``ast``, nothing is imported).
 
-(a) No two files import each other, directly or around a longer loop, at module level, nor
+(a) The layer table of ``docs/ARCHITECTURE.md`` holds: a module imports only modules of its own
+    row or of rows below it, at module level or inside a function; the engine and the library
+    (exporter and checks) never import each other; every module has a row.
+(b) ``versions.py`` (the version bridge, lowest floor) imports only the standard library, torch,
+    transformers and the ONNX libraries.
+(c) No two files import each other, directly or around a longer loop, at module level, nor
     through imports inside functions (a cycle held apart by a lazy import is still a cycle).
-(b) ``passes/``, ``check/`` and ``contracts/`` import no torch at module level, not even through
+(d) ``passes/``, ``check/`` and ``contracts/`` import no torch at module level, not even through
     another hyperexport module they import at module level.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import hyperexport
+from hyperexport.engine.code_closure import Import, ModuleSource, _imports, read_package
 
 PACKAGE = Path(hyperexport.__file__).parent
+ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
 TORCH_FREE = ("hyperexport.passes", "hyperexport.check", "hyperexport.contracts")
+#: Sides that never import each other, whatever their rows.
+APART = {("engine", "library"), ("library", "engine")}
+#: What the version bridge may import besides the standard library.
+VERSION_BRIDGE = "hyperexport.versions"
+VERSION_BRIDGE_MAY_IMPORT = {
+    "torch",
+    "transformers",
+    "onnx",
+    "onnxscript",
+    "onnx_ir",
+    "onnxruntime",
+}
+
+SOURCES: dict[str, ModuleSource] = read_package(PACKAGE)
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+@dataclass(frozen=True)
+class Row:
+    """One row of the layer table: its position (0 = top), side and the names in its first cell."""
+
+    floor: int
+    side: str
+    names: tuple[str, ...]
 
 
-MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def _module_of(cell_name: str) -> str:
+    """``cli/`` -> ``hyperexport.cli``; ``api.py`` -> ``hyperexport.api``;
+    ``__init__.py`` -> ``hyperexport``."""
+    name = cell_name.removesuffix("/").removesuffix(".py")
+    return "hyperexport" if name == "__init__" else f"hyperexport.{name.replace('/', '.')}"
 
 
-def _imported(node: ast.Import | ast.ImportFrom, module: str) -> Iterator[str]:
-    """Names of the modules an import statement loads (``from a import b`` may load a.b)."""
-    if isinstance(node, ast.Import):
-        yield from (alias.name for alias in node.names)
-        return
-    if node.level:
-        package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
-        for _ in range(node.level - 1):
-            package = package.rpartition(".")[0]
-        base = f"{package}.{node.module}" if node.module else package
-    else:
-        base = node.module or ""
-    yield base
-    yield from (f"{base}.{alias.name}" for alias in node.names)
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+def read_layers(text: str) -> list[Row]:
+    """The rows of the first Markdown table whose header starts ``| package |`` and has a
+    ``side`` column, top to bottom."""
+    lines = text.splitlines()
+    start = next(
+        i for i, line in enumerate(lines) if line.startswith("| package |") and "| side |" in line
     )
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    side_at = header.index("side")
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        names = tuple(_module_of(n) for n in re.findall(r"`([^`]+)`", cells[0]))
+        rows.append(Row(len(rows), cells[side_at], names))
+    return rows
 
 
-def _module_level_imports(module: str) -> set[str]:
-    """What ``module`` imports when it is loaded: top-level statements, outside functions and
-    classes' methods and outside ``if TYPE_CHECKING:``."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
-    found: set[str] = set()
-    pending: list[ast.stmt] = list(tree.body)
-    while pending:
-        node = pending.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.update(_imported(node, module))
-        elif isinstance(node, ast.If) and not _is_type_checking(node):
-            pending += [*node.body, *node.orelse]
-        elif isinstance(node, ast.Try):
-            pending += [*node.body, *node.orelse, *node.finalbody]
-            pending += [s for h in node.handlers for s in h.body]
-        elif isinstance(node, (ast.With, ast.ClassDef)):
-            pending += node.body
-    return found
+LAYERS = read_layers(ARCHITECTURE.read_text(encoding="utf-8"))
 
 
-def _all_imports(module: str) -> set[str]:
-    """Every import in ``module``, module level and inside functions."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.update(_imported(node, module))
-    return found
+def row_of(module: str, layers: list[Row] = LAYERS) -> Row | None:
+    """The row of the longest table name that is ``module`` or a package containing it."""
+    best: tuple[int, Row] | None = None
+    for row in layers:
+        for name in row.names:
+            inside = module == name or module.startswith(f"{name}.")
+            if inside and (best is None or len(name) > best[0]):
+                best = (len(name), row)
+    return best[1] if best else None
 
 
-def _edges(imports: set[str], module: str) -> set[str]:
-    """The hyperexport files among ``imports`` (a package import loads its ``__init__``).
+def _ancestors(module: str) -> set[str]:
+    parts = module.split(".")
+    return {".".join(parts[:end]) for end in range(1, len(parts))}
 
-    Importing ``a.b.c`` loads ``a``, ``a.b`` and ``a.b.c``; the packages that contain ``module``
-    itself are loaded already when it runs, so they are not edges of it.
-    """
-    ancestors = {".".join(module.split(".")[:end]) for end in range(1, module.count(".") + 1)}
+
+def edges(statements: Iterable[Import], module: str, sources: dict[str, ModuleSource]) -> set[str]:
+    """The package files that ``statements`` load: each module named and the packages above it
+    (``from pkg import submodule`` loads the submodule, ``from pkg import name`` the package);
+    the packages containing ``module`` are loaded before it runs, so they are not edges of it."""
     targets: set[str] = set()
-    for name in imports:
-        parts = name.split(".")
-        for end in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:end])
-            if prefix in MODULES and prefix != module and prefix not in ancestors:
-                targets.add(prefix)
-    return targets
+    for base, names in statements:
+        named = {f"{base}.{n}" for n in names if f"{base}.{n}" in sources}
+        if len(named) < len(names) or not names:
+            named.add(base)
+        for target in named:
+            targets.update(t for t in {target, *_ancestors(target)} if t in sources)
+    return targets - {module} - _ancestors(module)
 
 
-GRAPH = {m: _edges(_module_level_imports(m), m) for m in MODULES}
+GRAPH = {m: edges(s.module_level, m, SOURCES) for m, s in SOURCES.items()}
+EVERYTHING = {
+    m: edges((*s.module_level, *s.function_level), m, SOURCES) for m, s in SOURCES.items()
+}
+
+
+def wrong_imports(graph: dict[str, set[str]], layers: list[Row]) -> list[tuple[str, str, str]]:
+    """``(importer, imported, why)`` for each import the layer table forbids."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = row_of(module, layers)
+        for target in sorted(targets):
+            there = row_of(target, layers)
+            if here is None or there is None:
+                continue  # reported by test_every_module_has_a_row
+            if there.floor < here.floor:
+                found.append((module, target, "upward"))
+            elif (here.side, there.side) in APART:
+                found.append((module, target, f"{here.side} -> {there.side}"))
+    return found
+
+
+def test_the_layer_table_is_read() -> None:
+    """The table parses into rows with known sides, the engine and the library apart."""
+    by_module = {name: row for row in LAYERS for name in row.names}
+    assert by_module["hyperexport.cli"].floor == 0
+    assert by_module["hyperexport.engine"].side == "engine"
+    assert by_module["hyperexport.check"].side == "library"
+    assert by_module["hyperexport.export"].side == "library"
+    assert by_module[VERSION_BRIDGE].floor == len(LAYERS) - 1
+    assert {row.side for row in LAYERS} <= {"product", "engine", "library", "base"}
+
+
+def test_the_parser_sees_imports_at_both_levels() -> None:
+    """The walk is only as good as what it sees: a known module-level and a known lazy import."""
+    assert "hyperexport.export.units" in GRAPH["hyperexport.export.fallback"]
+    lazy = "hyperexport.export.fallback"  # imported inside ExportStage.run
+    assert lazy in EVERYTHING["hyperexport.stages.export"]
+    assert lazy not in GRAPH["hyperexport.stages.export"]
+
+
+def test_an_upward_or_crossing_import_is_found() -> None:
+    """The rule itself, on a made-up table: an upward lazy import and an engine -> library import."""
+    layers = [
+        Row(0, "product", ("hyperexport.cli",)),
+        Row(1, "engine", ("hyperexport.engine",)),
+        Row(2, "library", ("hyperexport.check",)),
+        Row(3, "base", ("hyperexport.errors",)),
+    ]
+    tree = ast.parse("import hyperexport.errors\ndef f():\n    from hyperexport.cli import build\n")
+    sources = {
+        name: ModuleSource(name, "", "", (), ())
+        for name in ("hyperexport.cli", "hyperexport.cli.build", "hyperexport.errors")
+    }
+    module_level, function_level = _imports(tree, "hyperexport.check.x", False)
+    graph = {
+        "hyperexport.check.x": edges(
+            (*module_level, *function_level), "hyperexport.check.x", sources
+        ),
+        "hyperexport.engine.y": {"hyperexport.check.x"},
+        "hyperexport.cli.build": {"hyperexport.engine.y", "hyperexport.check.x"},
+    }
+    assert wrong_imports(graph, layers) == [
+        ("hyperexport.check.x", "hyperexport.cli", "upward"),
+        ("hyperexport.check.x", "hyperexport.cli.build", "upward"),
+        ("hyperexport.engine.y", "hyperexport.check.x", "engine -> library"),
+    ]
+
+
+def test_every_module_has_a_row() -> None:
+    assert [m for m in SOURCES if row_of(m) is None] == []
+
+
+def test_no_import_goes_up_the_layer_table_or_across_engine_and_library() -> None:
+    """Module level and inside functions: a lazy import is still an import."""
+    assert wrong_imports(EVERYTHING, LAYERS) == []
+
+
+def test_the_version_bridge_imports_only_torch_transformers_and_onnx() -> None:
+    source = SOURCES.get(VERSION_BRIDGE)
+    if source is None:
+        pytest.skip("hyperexport/versions.py does not exist yet")
+    tops = {base.split(".")[0] for base, _ in (*source.module_level, *source.function_level)}
+    outside = tops - set(sys.stdlib_module_names) - VERSION_BRIDGE_MAY_IMPORT - {"__future__"}
+    assert outside == set()
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -128,14 +227,6 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_parser_sees_imports_at_both_levels() -> None:
-    """The walk is only as good as what it sees: a known module-level and a known lazy import."""
-    assert "hyperexport.export.units" in GRAPH["hyperexport.export.fallback"]
-    lazy = "hyperexport.export.fallback"  # imported inside ExportStage.run
-    assert lazy in _edges(_all_imports("hyperexport.stages.export"), "x")
-    assert lazy not in GRAPH["hyperexport.stages.export"]
-
-
 def test_the_cycle_finder_finds_a_loop() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
@@ -146,8 +237,7 @@ def test_no_import_cycle_between_files_at_module_level() -> None:
 
 
 def test_no_import_cycle_between_files_even_through_lazy_imports() -> None:
-    everything = {m: _edges(_all_imports(m), m) for m in MODULES}
-    assert _cycle(everything) is None
+    assert _cycle(EVERYTHING) is None
 
 
 def _loads_torch(module: str, seen: set[str]) -> list[str] | None:
@@ -155,8 +245,9 @@ def _loads_torch(module: str, seen: set[str]) -> list[str] | None:
     if module in seen:
         return None
     seen.add(module)
-    imports = _module_level_imports(module)
-    if any(name == "torch" or name.startswith("torch.") for name in imports):
+    if any(
+        base == "torch" or base.startswith("torch.") for base, _ in SOURCES[module].module_level
+    ):
         return [module, "torch"]
     for target in sorted(GRAPH[module]):
         chain = _loads_torch(target, seen)
@@ -169,7 +260,7 @@ def _loads_torch(module: str, seen: set[str]) -> list[str] | None:
 def test_torch_free_packages_import_no_torch_at_module_level(package: str) -> None:
     offenders = {
         m: chain
-        for m in MODULES
+        for m in SOURCES
         if m == package or m.startswith(f"{package}.")
         if (chain := _loads_torch(m, set()))
     }

@@ -22,7 +22,6 @@ from hyperexport.capture import signature, tree
 from hyperexport.capture.attribute_reads import ReadLog, original_class, record_reads
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.root import RootHolder
-from hyperexport.capture.tensor_store import load_arrays, raw_dtype, save_arrays
 from hyperexport.capture.torch_bridge import (
     is_tracing,
     pause_tracing,
@@ -31,6 +30,7 @@ from hyperexport.capture.torch_bridge import (
     torch_dtype,
     torch_dtype_name,
 )
+from hyperexport.contracts.arrays import load_arrays, raw_dtype, save_arrays
 from hyperexport.contracts.names import CAPTURE_JSON, PROBE_PREFIX, TENSORS_NPZ
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.errors import (

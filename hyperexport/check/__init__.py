@@ -5,7 +5,7 @@ Usage::
     report = run_checks(model_path, manifest, capture, arrays, CheckSettings(atol=1e-4))
     report.raise_for_failure()  # CheckError naming the output or module and the numbers
 
-The check is two steps (``evaluation.py``): ``evaluate.py`` runs the model in ONNX Runtime,
+The check is two steps (``evaluation.py``): ``model_evaluator.py`` runs the model in ONNX Runtime,
 ``judge.py`` applies the tolerances with numpy alone. Importing this package loads neither ONNX
 nor ONNX Runtime: ``run_checks`` is imported on first use, so the judge stays light.
 """
@@ -24,7 +24,7 @@ from hyperexport.check.report import (
 from hyperexport.check.settings import CheckSettings, Tolerance
 
 if TYPE_CHECKING:
-    from hyperexport.check.runner import run_checks
+    from hyperexport.check.run_checks import run_checks
 
 __all__ = [
     "CheckFailure",
@@ -40,7 +40,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "run_checks":
-        from hyperexport.check.runner import run_checks
+        from hyperexport.check.run_checks import run_checks
 
         return run_checks
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

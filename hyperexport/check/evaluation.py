@@ -1,6 +1,6 @@
 """What ONNX Runtime computed on the captured inputs: the record between evaluating and judging.
 
-The check is two steps with different costs. *Evaluating* (``evaluate.py``) loads the model,
+The check is two steps with different costs. *Evaluating* (``model_evaluator.py``) loads the model,
 runs the structural checks and ONNX Runtime (the whole model, then each selected function
 alone): seconds to minutes, and the ONNX libraries. *Judging* (``judge.py``) compares what ran
 with torch's reference under the recipe's tolerances: numpy only, milliseconds. An

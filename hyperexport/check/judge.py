@@ -91,7 +91,7 @@ def judge(
     """The check report of an evaluation under ``settings``' tolerances.
 
     Args:
-        evaluation: What ONNX Runtime computed (``evaluate.py``).
+        evaluation: What ONNX Runtime computed (``model_evaluator.py``).
         manifest: The export manifest the model was evaluated with.
         capture: The capture record (nesting of the calls).
         arrays: The captured reference arrays.

@@ -147,7 +147,7 @@ class ModuleCall:
 
 @dataclass(frozen=True)
 class CaptureRecord:
-    """Everything a capture observed, minus the tensor bytes (see ``tensor_store``).
+    """Everything a capture observed, minus the tensor bytes (see :mod:`hyperexport.contracts.arrays`).
 
     Attributes:
         model_class: Qualified class name of the root model.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hyperexport.export.dynamo_batch import DynamoPath
+from hyperexport.export.dynamo_path import DynamoPath
 from hyperexport.export.path import ExportPath
 from hyperexport.export.torchscript import TorchScriptPath
 

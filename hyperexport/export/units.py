@@ -3,7 +3,7 @@
 A *unit* is a module exported on its own with its direct hiera children replaced by
 placeholders. The export path (an :class:`~hyperexport.export.path.ExportPath`, chosen once
 here from ``dynamo``) exports the units: one ``torch.onnx.export`` call per unit on the
-TorchScript path, one call for all units on the dynamo path (``dynamo_batch.py``). The result is
+TorchScript path, one call for all units on the dynamo path (``dynamo_path.py``). The result is
 an :class:`ExportBundle`: one ONNX file per unit plus ``bundle.json``, which the compose pass
 turns into one model with local functions.
 """

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hyperexport.from_recipe.model import model_loader
     from hyperexport.stages.check import CheckStage
     from hyperexport.stages.evaluate import EvaluateStage
     from hyperexport.stages.export import ExportStage
-    from hyperexport.stages.model import model_loader
     from hyperexport.stages.pipeline import PIPELINE
     from hyperexport.stages.rewrite import RewriteStage
     from hyperexport.stages.trace import TraceStage
@@ -29,7 +29,7 @@ _LAZY = {
     "ExportStage": "hyperexport.stages.export",
     "RewriteStage": "hyperexport.stages.rewrite",
     "TraceStage": "hyperexport.stages.trace",
-    "model_loader": "hyperexport.stages.model",
+    "model_loader": "hyperexport.from_recipe.model",
 }
 
 __all__ = [

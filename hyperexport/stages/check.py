@@ -24,15 +24,15 @@ from hyperexport.engine.stage import StageInputs
 if TYPE_CHECKING:
     import numpy as np
 
-    from hyperexport.check.evaluate import ModelEvaluator
     from hyperexport.check.evaluation import FunctionRun
+    from hyperexport.check.model_evaluator import ModelEvaluator
 
 
 class CheckStage:
     """``judge`` → ``check.json`` and ``check.txt``; a failed check fails the build.
 
     The check's outputs are written before it raises, so the report can show them; the runner
-    never caches a failed stage. The settings are :func:`~hyperexport.stages.check_settings.
+    never caches a failed stage. The settings are :func:`~hyperexport.from_recipe.check_settings.
     check_settings` of its slice.
     """
 
@@ -58,7 +58,7 @@ class CheckStage:
         from hyperexport.check.tensors import CapturedArrays
         from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
-        from hyperexport.stages.check_settings import check_settings
+        from hyperexport.from_recipe.check_settings import check_settings
 
         capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
         rewrite_dir = inputs.dir("rewrite")
@@ -70,7 +70,7 @@ class CheckStage:
         def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:
             nonlocal evaluator
             if evaluator is None:  # loaded only when a failed comparison needs localising
-                from hyperexport.check.evaluate import ModelEvaluator
+                from hyperexport.check.model_evaluator import ModelEvaluator
 
                 evaluator = ModelEvaluator(
                     rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays

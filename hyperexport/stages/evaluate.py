@@ -41,10 +41,10 @@ class EvaluateStage:
     artifacts: Mapping[str, str] = {}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.check.evaluate import evaluate_model
+        from hyperexport.check.model_evaluator import evaluate_model
         from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
-        from hyperexport.stages.check_settings import expectations
+        from hyperexport.from_recipe.check_settings import expectations
 
         capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
         rewrite_dir = inputs.dir("rewrite")

@@ -48,8 +48,8 @@ class ExportStage:
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.export.fallback import export_units_with_fallback
         from hyperexport.files import clone_or_copy
+        from hyperexport.from_recipe.export_options import export_options
         from hyperexport.models.auto import resolve_auto
-        from hyperexport.stages.options import export_options
 
         model = inputs.model()  # first: loading it registers the output types the trees name
         capture = Capture.load(inputs.dir("trace"))
@@ -61,8 +61,8 @@ class ExportStage:
         def recapture(dynamo: bool) -> Capture:
             # The other path's capture semantics (see export_units_with_fallback).
             from hyperexport.capture.hooks import capture_model
+            from hyperexport.from_recipe.model import resolve_classes
             from hyperexport.models.inputs import make_inputs
-            from hyperexport.stages.model import resolve_classes
 
             return capture_model(
                 model,

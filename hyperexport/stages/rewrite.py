@@ -38,9 +38,9 @@ class RewriteStage:
     artifacts: Mapping[str, str] = {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.from_recipe.export_options import export_options
         from hyperexport.model_file import save_model
         from hyperexport.passes.pipeline import compose_model
-        from hyperexport.stages.options import export_options
 
         model, manifest = compose_model(inputs.dir("export"), options=export_options(params))
         with progress.watch_bytes(out_dir, f"writing {MODEL_FILE}"):

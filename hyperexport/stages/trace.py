@@ -39,10 +39,10 @@ class TraceStage:
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.hooks import capture_model
+        from hyperexport.from_recipe.export_options import dynamic_axes, probe_shapes
+        from hyperexport.from_recipe.model import resolve_classes
         from hyperexport.models.auto import resolve_auto
         from hyperexport.models.inputs import make_inputs
-        from hyperexport.stages.model import resolve_classes
-        from hyperexport.stages.options import dynamic_axes, probe_shapes
 
         model = inputs.model()
         params = resolve_auto(params, model, inputs.recipe_file, out_dir)  # hiera/inputs: auto

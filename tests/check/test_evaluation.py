@@ -13,9 +13,9 @@ import pytest
 from check_toys import BLOCK, LINEAR, edited, make_toy, make_weights
 
 from hyperexport.check import CheckSettings, Tolerance, run_checks
-from hyperexport.check.evaluate import ModelEvaluator, evaluate_model
 from hyperexport.check.evaluation import EVALUATION_JSON, Evaluation, FunctionRun, OutputRun
 from hyperexport.check.judge import judge
+from hyperexport.check.model_evaluator import ModelEvaluator, evaluate_model
 from hyperexport.check.report import StructuralResult
 from hyperexport.check.tensors import CapturedArrays
 from hyperexport.errors import CheckError

@@ -1,4 +1,4 @@
-"""The dynamo path's placeholder ops and unit export (hyperexport.export.dynamo, dynamo_batch)."""
+"""The dynamo path's placeholder ops and unit export (hyperexport.export.dynamo, dynamo_path)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError, ModuleExportError
-from hyperexport.export import dynamo, dynamo_batch
+from hyperexport.export import dynamo, dynamo_path
 from hyperexport.options import ExportOptions
 from tests.helpers.ort import run_ort
 
@@ -261,7 +261,7 @@ def test_batched_units_match_units_exported_alone(
     def fail(*args: object) -> None:
         raise RuntimeError("batch disabled by the test")
 
-    monkeypatch.setattr(dynamo_batch, "_export", fail)
+    monkeypatch.setattr(dynamo_path, "_export", fail)
     alone = _export_nested(tmp_path / "alone", dynamic)
     assert set(batched) == set(alone)
     for name in batched:
@@ -341,7 +341,7 @@ def test_a_failure_outside_the_units_reruns_them_one_by_one(
     def fail(*args: object) -> None:
         raise RuntimeError("translation failed")
 
-    monkeypatch.setattr(dynamo_batch, "_export", fail)
+    monkeypatch.setattr(dynamo_path, "_export", fail)
     torch.manual_seed(0)
     model = Net().eval()
     buffer = io.BytesIO()

@@ -18,7 +18,7 @@ from hyperexport.config import OPSET_RANGES as RECIPE_OPSET_RANGES
 from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import OpsetError
 from hyperexport.export import registry
-from hyperexport.export.dynamo_batch import DynamoPath
+from hyperexport.export.dynamo_path import DynamoPath
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
 from hyperexport.export.registry import EXPORT_PATHS, path_for

@@ -26,7 +26,7 @@ def _under(files: set[str], *folders: str) -> set[str]:
 def test_check_runs_check_and_contracts_only() -> None:
     files = _files("check")
     # The judge, and the evaluator it loads (inside a function) to localise a failure.
-    assert {"check/report.py", "check/judge.py", "check/evaluate.py"} <= files
+    assert {"check/report.py", "check/judge.py", "check/model_evaluator.py"} <= files
     assert "contracts/capture_files.py" in files
     assert not _under(files, "capture/", "export/", "passes/", "transformers/", "api.py")
     assert "stages/trace.py" not in files  # stages/__init__ loads no sibling stage
@@ -34,7 +34,7 @@ def test_check_runs_check_and_contracts_only() -> None:
 
 def test_evaluate_runs_the_evaluator_not_the_judge() -> None:
     files = _files("evaluate")
-    assert {"check/evaluate.py", "check/function_runs.py", "check/evaluation.py"} <= files
+    assert {"check/model_evaluator.py", "check/function_runs.py", "check/evaluation.py"} <= files
     assert "check/judge.py" not in files  # a judging change reruns check, not evaluate
     assert not _under(files, "capture/", "export/", "passes/", "transformers/", "api.py")
 
