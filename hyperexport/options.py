@@ -14,14 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from hyperexport.contracts.names import OPSET_RANGES
+from hyperexport.contracts.names import BUILTIN_ATTENTION, OPSET_RANGES
 from hyperexport.errors import OpsetError, OptionsError
 
 FunctionMode = Literal["per_instance", "per_type"]
 FUNCTION_MODES: tuple[str, ...] = get_args(FunctionMode)
-
-#: transformers' own attention implementations; hyperexport registers under another name.
-BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
 
 AxesItems = tuple[tuple[str, tuple[tuple[int, str], ...]], ...]
 ShapeItems = tuple[tuple[str, tuple[int, ...]], ...]

@@ -21,13 +21,12 @@ from typing import Any
 
 from hyperexport.atomic import atomic_write_text
 from hyperexport.builds.summary import render_tree
+from hyperexport.contracts.names import AUTO_FILE
 
 log = logging.getLogger(__name__)
 
 REPORT_HTML = "report.html"
 
-#: The resolution of ``auto`` the trace stage publishes (hyperexport.models.auto.AUTO_FILE).
-AUTO_FILE = "auto.json"
 
 _DOT_TIMEOUT = 30.0
 

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperexport import exit_codes
-from hyperexport.builds.publish import remove_publication
+from hyperexport.builds.publish import REPORT, remove_publication
 from hyperexport.cli.cache_inventory import disk_usage
 from hyperexport.cli.quantities import human_size
 from hyperexport.cli.table import render_table
 from hyperexport.cli.usage import UsageError, check_dir
 from hyperexport.config import DEFAULT_OUTPUTS_DIR, RECIPES_DIR
-
-REPORT = "report.json"
 
 
 @dataclass(frozen=True)

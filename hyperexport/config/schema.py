@@ -11,9 +11,13 @@ from typing import Any
 from omegaconf import MISSING, OmegaConf
 
 from hyperexport.config.paths import DEFAULT_OUTPUTS_DIR
+from hyperexport.contracts.names import AUTO as AUTO
+from hyperexport.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
+from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
-from hyperexport.engine.remote import REMOTE_MODES as REMOTE_MODES
+from hyperexport.engine.settings import REMOTE_MODES as REMOTE_MODES
+from hyperexport.options import FUNCTION_MODES as FUNCTION_MODES
 
 DTYPES = (
     "float32",
@@ -29,27 +33,14 @@ DTYPES = (
 )
 
 
-FUNCTION_MODES = ("per_instance", "per_type")
-
-
-FUNCTION_SCOPES = ("all", "first_instance", "none")
-
-
 # Default-domain opsets each export path can produce, and the lowest export opset attention
 # promotion accepts (it re-declares the model at 24 without converting other ops, and the Reduce*
 # ops changed signature at 18): defined once, in hyperexport.contracts.names.
 
 
-# transformers' own attention implementations: hyperexport registers its entry under another name.
-BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
-
-
 BUILD_KEYS = ("build", "recipe_file")
 
 
-# ``hiera: auto`` / ``inputs: auto`` / ``dynamic: auto``: resolved on the live model inside the
-# trace and export stages (hyperexport.models.auto); validation only checks the spelling.
-AUTO = "auto"
 DYNAMIC_MODES = ("none", AUTO)
 
 

@@ -24,6 +24,8 @@ CAPTURE_RECORD = CAPTURE_JSON
 #: The export: the capture (record + tensors) its bundle was exported from, the check stage's
 #: reference (the trace's, or after a fallback the one re-made for the other path).
 REFERENCE_DIR = "reference"
+#: The trace: the resolution of ``auto`` (published), when the recipe used it.
+AUTO_FILE = "auto.json"
 #: The rewrite: the final model (+ ``<model>.data`` with external data) and its manifest.
 MODEL_FILE = "model.onnx"
 MANIFEST_JSON = "manifest.json"
@@ -31,6 +33,16 @@ MANIFEST_JSON = "manifest.json"
 #: The check: its report and the report's summary lines.
 CHECK_JSON = "check.json"
 CHECK_SUMMARY = "check.txt"
+
+# -- values several packages accept ------------------------------------------------------------
+#: ``hiera: auto`` / ``inputs: auto`` / ``dynamic: auto``: resolved on the live model
+#: (``models/auto.py``); recipe validation only checks the spelling.
+AUTO = "auto"
+#: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``).
+FUNCTION_SCOPES = ("all", "first_instance", "none")
+#: transformers' own attention implementations: hyperexport registers its entry under another
+#: name (recipe validation, ``AttentionOptions``, ``transformers/attention.py``).
+BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
 
 # -- tensor keys of a capture -------------------------------------------------------------------
 #: Prefix of the tensors recorded by the second run at ``check_shape`` (dynamic axes).

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from hyperexport.engine.discovered import DEPS_FORMAT, MAX_SETS, set_digest
 from hyperexport.engine.entries import ActionEntry
 from hyperexport.engine.hashing import atomic_write_json, sha256_file
+from hyperexport.engine.settings import REMOTE_MODES
 from hyperexport.errors import CacheUnavailableError
 
 
@@ -57,9 +58,6 @@ class LocalTier(Protocol):
 
 
 log = logging.getLogger(__name__)
-
-#: How a build uses the remote tier: read and upload, or read only.
-REMOTE_MODES = ("read_write", "read_only")
 
 #: fsspec protocols whose single-object writes are atomic (no temporary name needed).
 _ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"})

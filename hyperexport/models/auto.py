@@ -29,14 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hyperexport.contracts.names import AUTO as AUTO
+from hyperexport.contracts.names import AUTO_FILE as AUTO_FILE
 from hyperexport.errors import RecipeError
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
-
-#: File the trace stage writes (and publishes) when the recipe used ``auto``.
-AUTO_FILE = "auto.json"
 
 #: Traced sizes (>= 2, so that the dynamo path keeps them symbolic) and the second (check) sizes.
 BATCH, CHECK_BATCH = 2, 3

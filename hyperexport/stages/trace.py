@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import CAPTURE_JSON
+from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON
 from hyperexport.engine.stage import StageInputs
 
 
@@ -34,7 +34,7 @@ class TraceStage:
     )
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
-    publish: tuple[str, ...] = ("auto.json",)
+    publish: tuple[str, ...] = (AUTO_FILE,)
     artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:

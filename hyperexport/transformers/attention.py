@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from hyperexport.contracts.names import BUILTIN_ATTENTION
 from hyperexport.errors import HyperExportError
 from hyperexport.transformers.attention_onnx import (
     attention_translation_table,
@@ -31,7 +32,6 @@ from hyperexport.transformers.attention_op import attention
 log = logging.getLogger(__name__)
 
 DEFAULT_IMPLEMENTATION = "hyperexport"
-_BUILTIN = frozenset({"eager", "sdpa", "flex_attention", "paged_attention"})
 
 
 def hyperexport_attention_forward(
@@ -103,7 +103,7 @@ def registered_attention(implementation: str = DEFAULT_IMPLEMENTATION) -> Iterat
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if implementation in _BUILTIN:
+    if implementation in BUILTIN_ATTENTION:
         raise HyperExportError(
             f"attention implementation {implementation!r} is a transformers built-in; "
             "register hyperexport attention under its own name"

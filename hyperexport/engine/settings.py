@@ -1,0 +1,10 @@
+"""Values of the engine's settings that whoever configures a build validates against.
+
+A module of its own, importing nothing: a recipe schema that checks ``build.remote_mode`` does
+not load the remote tier (nor put its code into the keys of the stages that load the schema).
+"""
+
+from __future__ import annotations
+
+#: How a build uses the remote tier: read and upload, or read only.
+REMOTE_MODES = ("read_write", "read_only")
