@@ -1,6 +1,6 @@
 """``python -m hyperexport cache ...``: ls, show, verify, gc and status against real caches.
 
-Most tests build with the small real stages of ``tests/runner/fakes.py`` (no torch) and call the
+Most tests build with the small real stages of ``tests/helpers/fake_stages.py`` (no torch) and call the
 command's ``main`` in process; ages are set with ``os.utime`` the way time would. The acceptance
 test builds two toy recipes with the real pipeline; ``status`` runs in a subprocess to prove it
 imports no torch; the race test runs ``gc`` in another process while builds run.
@@ -26,10 +26,10 @@ from hyperexport.cli.quantities import human_size
 from hyperexport.config import BuildSettings, Recipe
 from hyperexport.engine.store import CacheStore
 from tests.helpers.builds import build as real_build
-from tests.helpers.builds import statuses as real_statuses
 from tests.helpers.builds import toy_package_in, toy_package_recipe
 from tests.helpers.cli import HEAVY, TOY_RECIPE
-from tests.runner.fakes import pipeline, recipe
+from tests.helpers.fake_stages import pipeline, recipe
+from tests.helpers.statuses import statuses as real_statuses
 
 HOUR = 3600.0
 

@@ -75,12 +75,6 @@ def build(
     return run_build(recipe, settings, stages=PIPELINE, load_model=counting)
 
 
-def statuses(outcome: BuildOutcome) -> dict[str, str]:
-    report = outcome.report
-    assert report is not None
-    return {s["name"]: s["status"] for s in report["stages"]}
-
-
 def reasons(outcome: BuildOutcome) -> dict[str, str]:
     assert outcome.report is not None
     return {s["name"]: s["reason"] for s in outcome.report["stages"]}

@@ -10,7 +10,8 @@ from hyperexport.engine.runner import BuildRequest, BuildResult, Runner
 from hyperexport.engine.stage import recipe_slice
 from hyperexport.engine.store import CacheStore
 from hyperexport.errors import StageError
-from tests.runner.fakes import FakeStage, StageBoom, pipeline
+from tests.helpers.fake_stages import FakeStage, StageBoom, pipeline
+from tests.helpers.statuses import statuses
 
 RECIPE: dict[str, Any] = {
     "model": {"_target_": "m.f", "seed": 0},
@@ -51,17 +52,13 @@ def _build(
     return Runner(store, load).run(request)
 
 
-def _statuses(result: BuildResult) -> dict[str, str]:
-    return {s.name: s.status for s in result.stages}
-
-
 def test_cold_then_noop(store: CacheStore) -> None:
     stages = pipeline()
     cold = _build(store, stages)
-    assert _statuses(cold) == dict.fromkeys(("trace", "export", "rewrite", "check"), "ran")
+    assert statuses(cold) == dict.fromkeys(("trace", "export", "rewrite", "check"), "ran")
     assert all(s.reason == "no previous build" for s in cold.stages)
     warm = _build(store, stages)
-    assert _statuses(warm) == dict.fromkeys(("trace", "export", "rewrite", "check"), "hit")
+    assert statuses(warm) == dict.fromkeys(("trace", "export", "rewrite", "check"), "hit")
     assert [len(s.runs) for s in stages] == [1, 1, 1, 1]
     assert [s.key for s in cold.stages] == [s.key for s in warm.stages]
 
@@ -78,7 +75,7 @@ def test_tolerance_change_reruns_check_only(store: CacheStore) -> None:
     stages = pipeline()
     _build(store, stages)
     result = _build(store, stages, {**RECIPE, "check": {"atol": 1e-3}})
-    assert _statuses(result) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
+    assert statuses(result) == {"trace": "hit", "export": "hit", "rewrite": "hit", "check": "ran"}
     assert result.stages[-1].reason == "check.atol 0.0001→0.001"
 
 
@@ -86,7 +83,7 @@ def test_opset_change_reruns_export_and_downstream_not_trace(store: CacheStore) 
     stages = pipeline()
     _build(store, stages)
     result = _build(store, stages, {**RECIPE, "opset": 17})
-    assert _statuses(result) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
+    assert statuses(result) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
     assert result.stages[1].line().startswith("export: ran (opset 18→17)")
     assert result.stages[2].reason == "export output changed"
 
@@ -98,7 +95,7 @@ def test_model_fingerprint_change_reruns_the_stages_that_run_the_model(store: Ca
     _build(store, stages)
     model = {"code": {"m": {"kind": "local", "digest": "1" * 64}}, "weights": {"seed": 0}}
     result = _build(store, stages, model=model)
-    assert _statuses(result) == {"trace": "ran", "export": "ran", "rewrite": "hit", "check": "hit"}
+    assert statuses(result) == {"trace": "ran", "export": "ran", "rewrite": "hit", "check": "hit"}
     assert result.stages[0].reason == "model code changed (m)"
 
 
@@ -111,7 +108,7 @@ def test_failing_stage_leaves_no_entry_and_names_module(store: CacheStore) -> No
         fail=lambda p: StageBoom("unsupported op", "model.layers.1"),
     )
     result = _build(store, stages)
-    assert _statuses(result) == {"trace": "ran", "export": "failed"}
+    assert statuses(result) == {"trace": "ran", "export": "failed"}
     assert isinstance(result.error, StageError)
     assert result.error.stage == "export"
     assert result.error.module_path == "model.layers.1"
@@ -138,7 +135,7 @@ def test_force_reruns_named_stage(store: CacheStore) -> None:
     assert result.stages[1].status == "ran"
     assert result.stages[1].reason == "forced"
     # same outputs, so later stages still hit (their keys did not change)
-    assert _statuses(result)["rewrite"] == "hit"
+    assert statuses(result)["rewrite"] == "hit"
 
 
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
@@ -186,7 +183,7 @@ def test_corrupt_entry_recovers(store: CacheStore) -> None:
     with open(blob, "r+b") as fh:
         fh.truncate(3)
     result = _build(store, stages)
-    assert _statuses(result) == {"trace": "hit", "export": "hit", "rewrite": "ran", "check": "hit"}
+    assert statuses(result) == {"trace": "hit", "export": "hit", "rewrite": "ran", "check": "hit"}
     assert result.stages[2].reason == "cache entry corrupt"
 
 

@@ -20,10 +20,11 @@ from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.config import BuildSettings
 from hyperexport.contracts.names import STAGE_NAMES
 from hyperexport.engine.remote import Remote
+from tests.builds.fault_driver import settings, stages
 from tests.helpers.builds import toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
-from tests.runner.fakes import recipe
-from tests.runner.fault_driver import settings, stages
+from tests.helpers.fake_stages import recipe
+from tests.helpers.statuses import statuses
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +90,6 @@ def _fake_build(
     )
 
 
-def _statuses(outcome: BuildOutcome) -> dict[str, str]:
-    return {s.name: s.status for s in outcome.result.stages}
-
-
 def _files(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
@@ -110,15 +107,15 @@ REAL_RAN = dict.fromkeys(STAGE_NAMES, "ran")
 def test_file_remote_serves_a_fresh_setup(tmp_path: Path) -> None:
     remote = f"file://{tmp_path / 'remote'}"
     a = _fake_build(tmp_path, "a", remote)
-    assert _statuses(a) == RAN
+    assert statuses(a) == RAN
     b = _fake_build(tmp_path, "b", remote)
-    assert _statuses(b) == HITS
+    assert statuses(b) == HITS
     model = Path("fake") / "default" / "model.onnx"
     assert (tmp_path / "b/outputs" / model).read_bytes() == (
         tmp_path / "a/outputs" / model
     ).read_bytes()
     # Blobs came down into B's own store, verified; B's next build is local.
-    assert _statuses(_fake_build(tmp_path, "b", remote)) == HITS
+    assert statuses(_fake_build(tmp_path, "b", remote)) == HITS
     assert not list((tmp_path / "remote").rglob("*.tmp"))
 
 
@@ -138,7 +135,7 @@ def test_dry_run_reads_remote_entries_and_writes_nothing(tmp_path: Path) -> None
         stages=stages(),
         load_model=lambda: "model",
     )
-    assert _statuses(plan) == HITS
+    assert statuses(plan) == HITS
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
@@ -146,7 +143,7 @@ def test_read_only_remote_never_writes(tmp_path: Path) -> None:
     remote_dir = tmp_path / "remote"
     remote_dir.mkdir()
     outcome = _fake_build(tmp_path, "a", f"file://{remote_dir}", mode="read_only")
-    assert outcome.exit_code == 0 and _statuses(outcome) == RAN
+    assert outcome.exit_code == 0 and statuses(outcome) == RAN
     assert list(remote_dir.rglob("*")) == []
 
 
@@ -163,10 +160,10 @@ def test_corrupt_remote_blob_is_a_miss_and_is_replaced(
     with caplog.at_level(logging.WARNING):
         b = _fake_build(tmp_path, "b", f"file://{remote_dir}")
     assert b.exit_code == 0
-    assert _statuses(b) == {"trace": "hit", "export": "ran", "rewrite": "hit", "check": "hit"}
+    assert statuses(b) == {"trace": "hit", "export": "ran", "rewrite": "hit", "check": "hit"}
     assert "does not match its digest" in caplog.text
     assert blob.read_bytes() != bytes(data)  # healed on the remote by B's upload
-    assert _statuses(_fake_build(tmp_path, "c", f"file://{remote_dir}")) == HITS
+    assert statuses(_fake_build(tmp_path, "c", f"file://{remote_dir}")) == HITS
     assert not list((tmp_path / "b" / "cache" / "blobs").rglob("*.download"))
 
 
@@ -207,7 +204,7 @@ def test_s3_read_only_mode_fetches_but_never_uploads(s3_endpoint: str, tmp_path:
     remote = "s3://hx-cache/read-only-test"
     options = _s3_options(s3_endpoint)
     first = _fake_build(tmp_path, "a", remote, "read_only", **options)
-    assert _statuses(first) == RAN
+    assert statuses(first) == RAN
     client = boto3.client(
         "s3",
         endpoint_url=s3_endpoint,
@@ -223,7 +220,7 @@ def test_s3_read_only_mode_fetches_but_never_uploads(s3_endpoint: str, tmp_path:
     assert any("/actions/" in k for k in keys) and any("/blobs/" in k for k in keys)
     assert not any(k.endswith(".tmp") for k in keys)
     c = _fake_build(tmp_path, "c", remote, "read_only", **options)
-    assert _statuses(c) == HITS
+    assert statuses(c) == HITS
 
 
 def test_unreachable_s3_endpoint_is_exit_3(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ from hyperexport.contracts.names import STAGE_NAMES
 from hyperexport.engine.store import CacheStore
 from hyperexport.engine.workspace import ONE_COPY_MIN
 from hyperexport.stages import PIPELINE
-from tests.helpers.builds import build, statuses, toy_package_in, toy_package_recipe
+from tests.helpers.builds import build, toy_package_in, toy_package_recipe
+from tests.helpers.statuses import statuses
 
 DATA = "model.onnx.data"
 RAN_ALL = dict.fromkeys(STAGE_NAMES, "ran")

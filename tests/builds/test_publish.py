@@ -22,7 +22,7 @@ from hyperexport.builds.publish import BUILDS, FAILED_SUFFIX, remove_stale_build
 from hyperexport.builds.session import MAX_VARIANT_BYTES, run_build, variant_dir
 from hyperexport.config import BuildSettings
 from hyperexport.engine.hashing import sha256_file
-from tests.runner.fakes import FakeStage, StageBoom, pipeline, recipe
+from tests.helpers.fake_stages import FakeStage, StageBoom, pipeline, recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from hyperexport.config import BuildSettings
 from hyperexport.builds import publish
 from hyperexport.builds.session import run_build
-from tests.runner.fakes import pipeline, recipe
+from tests.helpers.fake_stages import pipeline, recipe
 
 cache, outputs, optimize = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "true"
 if len(sys.argv) > 4:

@@ -7,7 +7,7 @@ import pytest
 
 from hyperexport.builds.session import run_build, variant_dir
 from hyperexport.config import BuildSettings
-from tests.runner.fakes import FakeStage, StageBoom, pipeline, recipe
+from tests.helpers.fake_stages import FakeStage, StageBoom, pipeline, recipe
 
 
 def _settings(tmp_path: Path, cache: str = "cache", **kw: object) -> BuildSettings:

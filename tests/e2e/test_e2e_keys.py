@@ -23,6 +23,7 @@ from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.config import BuildSettings, Recipe, validate_recipe
 from hyperexport.engine import code_closure
 from hyperexport.stages import PIPELINE, model_loader
+from tests.helpers.statuses import statuses
 
 MODEL = """
 import torch
@@ -121,10 +122,6 @@ def build(recipe: Recipe, cache: Path, outputs: Path, **kw: Any) -> BuildOutcome
         force=(),
     )
     return run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
-
-
-def statuses(outcome: BuildOutcome) -> dict[str, str]:
-    return {s.name: s.status for s in outcome.result.stages}
 
 
 def reasons(outcome: BuildOutcome) -> dict[str, str]:

@@ -23,8 +23,9 @@ import pytest
 from hyperexport import exit_codes
 from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.engine.store import VERIFY_LIMIT, CacheStore
-from tests.runner.fakes import recipe
-from tests.runner.fault_driver import REPO, settings, stages, start_driver, wait_for_line
+from tests.builds.fault_driver import REPO, settings, stages, start_driver, wait_for_line
+from tests.helpers.fake_stages import recipe
+from tests.helpers.statuses import statuses
 
 BIG = VERIFY_LIMIT + (1 << 20)  # over the lookup's full-verification limit
 
@@ -37,10 +38,6 @@ def _build(tmp_path: Path, cache: str = "cache", **kw: Any) -> BuildOutcome:
         stages=stages(**kw),
         load_model=lambda: "model",
     )
-
-
-def _statuses(outcome: BuildOutcome) -> dict[str, str]:
-    return {s.name: s.status for s in outcome.result.stages}
 
 
 def _flip_first_byte(path: Path) -> None:
@@ -68,11 +65,11 @@ def test_corrupt_big_blob_upstream_of_a_stage_that_must_run_is_rebuilt(
     with caplog.at_level(logging.WARNING):
         again = _build(tmp_path, big=BIG, recipe={"rewrite__optimize": True})
     assert again.exit_code == 0, again.lines
-    assert _statuses(again) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
+    assert statuses(again) == {"trace": "hit", "export": "ran", "rewrite": "ran", "check": "ran"}
     assert "corrupt" in caplog.text and "rebuilding" in caplog.text
     # The rebuilt blob is sound again, and a third build is all hits.
     third = _build(tmp_path, big=BIG, recipe={"rewrite__optimize": True})
-    assert set(_statuses(third).values()) == {"hit"}
+    assert set(statuses(third).values()) == {"hit"}
 
 
 def test_corrupt_big_published_blob_is_rebuilt(tmp_path: Path) -> None:
@@ -119,7 +116,7 @@ def _driver_read_only(cache: Path, outputs: Path) -> subprocess.CompletedProcess
     script = (
         f"mount --bind {cache} {cache} && mount -o remount,ro,bind {cache} && "
         f"touch {cache}/probe 2>/dev/null && echo WRITABLE; "
-        f"{sys.executable} -m tests.runner.fault_driver {cache} {outputs}"
+        f"{sys.executable} -m tests.builds.fault_driver {cache} {outputs}"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
@@ -182,7 +179,7 @@ def test_scratch_of_a_killed_build_is_removed_by_the_next(tmp_path: Path) -> Non
     victim.wait()
     again = _build(tmp_path)
     assert again.exit_code == 0
-    assert _statuses(again)["trace"] == "hit"
+    assert statuses(again)["trace"] == "hit"
     assert list((cache / "tmp").iterdir()) == []
     assert list((cache / "locks" / "scratch").iterdir()) == []
     clean = run_build(

@@ -21,8 +21,9 @@ from hyperexport.capture import tree
 from hyperexport.contracts.records import tree_from_json
 from hyperexport.engine.store import CacheStore
 from hyperexport.errors import CorruptRecordError
-from tests.helpers.builds import build, statuses, toy_package_in
+from tests.helpers.builds import build, toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
+from tests.helpers.statuses import statuses
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from tests.helpers.builds import (
     TOY_SOURCE,
     build,
     reasons,
-    statuses,
     toy_package_in,
     toy_package_recipe,
 )
+from tests.helpers.statuses import statuses
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from typing import Any
 
 from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings
-from tests.runner.fakes import pipeline, recipe
+from tests.helpers.fake_stages import pipeline, recipe
 
 
 class _Model(dict[str, str]):

@@ -19,7 +19,7 @@ import pytest
 
 from hyperexport.contracts.names import STAGE_NAMES
 from hyperexport.engine import locks
-from tests.runner.fault_driver import start_driver, wait_for_line
+from tests.builds.fault_driver import start_driver, wait_for_line
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """A build in its own process, for tests that kill, race or sandbox real builds.
 
-``python -m tests.runner.fault_driver CACHE OUTPUTS [--delay S] [--big N] [--remote URL]
+``python -m tests.builds.fault_driver CACHE OUTPUTS [--delay S] [--big N] [--remote URL]
 [--remote-mode MODE] [--endpoint URL]`` builds the fake recipe with the fake pipeline (real
 files, real runner, real store; no torch) and prints one JSON line: the exit code and every
 stage's status. ``--delay`` makes each stage (``--slow NAME``: one stage) sleep before writing
@@ -25,7 +25,7 @@ from typing import Any
 from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings
 from hyperexport.engine.stage import StageInputs
-from tests.runner.fakes import FakeStage, pipeline, recipe
+from tests.helpers.fake_stages import FakeStage, pipeline, recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ def start_driver(cache: Path, outputs: Path, *extra: str) -> subprocess.Popen[st
     """Start the driver on ``cache`` and ``outputs`` in its own process (pipes: text)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.runner.fault_driver", str(cache), str(outputs), *extra],
+        [sys.executable, "-m", "tests.builds.fault_driver", str(cache), str(outputs), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -18,7 +18,8 @@ import onnx
 import pytest
 
 from hyperexport.config import compose_recipe, validate_recipe
-from tests.helpers.builds import build, statuses
+from tests.helpers.builds import build
+from tests.helpers.statuses import statuses
 
 FALLBACK_SOURCE = """
 import torch
