@@ -15,7 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from hyperexport.capture.hooks import Capture, capture_model, resolve_hiera
+from hyperexport.capture.capture_model import capture_model
+from hyperexport.capture.container import Capture
+from hyperexport.capture.hiera_classes import resolve_hiera
 from hyperexport.capture.root import root_as_function
 from hyperexport.contracts.bundle import ExportBundle
 from hyperexport.contracts.manifest import ExportManifest

@@ -1,116 +1,29 @@
-"""Run the model once with forward hooks and record every call of every hiera module.
-
-The result is a :class:`Capture`: a plain :class:`CaptureRecord` plus the tensors it refers to,
-as numpy arrays. Nothing in it refers to live modules, so it can be saved, hashed and cached.
+"""The forward hooks of a capture: what every hiera module call received and returned, recorded
+as trees over a tensor store while the model runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import logging
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from hyperexport.atomic import atomic_write_text
 from hyperexport.capture import signature, tree
-from hyperexport.capture.attribute_reads import ReadLog, original_class, record_reads
-from hyperexport.capture.model_patches import export_context
-from hyperexport.capture.root import RootHolder
+from hyperexport.capture.attribute_reads import ReadLog, original_class
+from hyperexport.capture.container import to_array
 from hyperexport.capture.torch_bridge import (
     is_tracing,
     pause_tracing,
-    quiet_torchscript_exporter,
     resume_tracing,
-    torch_dtype,
     torch_dtype_name,
 )
-from hyperexport.contracts.arrays import load_arrays, raw_dtype, save_arrays
-from hyperexport.contracts.names import CAPTURE_JSON, PROBE_PREFIX, TENSORS_NPZ
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
-from hyperexport.errors import (
-    CorruptRecordError,
-    HieraError,
-    InputError,
-    ModelForwardError,
-    OptionsError,
-    RecipeError,
-    did_you_mean,
-)
-
-log = logging.getLogger(__name__)
+from hyperexport.contracts.records import ModuleCall, TensorMeta, Tree
 
 
-def to_array(t: torch.Tensor) -> np.ndarray:
-    """A detached CPU numpy copy of ``t`` (bfloat16 kept as raw bits).
-
-    Under ``torch.jit.trace`` (the TorchScript path's capture) the tracer is paused meanwhile:
-    it cannot record the dtype view of a bfloat16 tensor (an internal assert in torch 2.13).
-    """
-    paused = pause_tracing() if is_tracing() else None
-    try:
-        t = t.detach().cpu()
-        bits = raw_dtype(torch_dtype_name(t.dtype))
-        if bits is not None:
-            return t.view(torch.int16).numpy().view(bits).copy()
-        return t.numpy().copy()
-    finally:
-        if paused is not None:
-            resume_tracing(paused)
-
-
-def from_array(array: np.ndarray, dtype: str) -> torch.Tensor:
-    """Inverse of :func:`to_array`."""
-    if raw_dtype(dtype) is not None:
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch_dtype(dtype))
-    return torch.from_numpy(array.copy())
-
-
-@dataclass(frozen=True)
-class Capture:
-    """A capture record plus its tensors (numpy arrays keyed like the record's trees)."""
-
-    record: CaptureRecord
-    arrays: Mapping[str, np.ndarray] = field(repr=False)
-
-    def tensor(self, key: str) -> torch.Tensor:
-        """The captured tensor ``key`` as a fresh torch tensor."""
-        meta = self._meta[key]
-        return from_array(self.arrays[key], meta.dtype)
-
-    @property
-    def _meta(self) -> dict[str, TensorMeta]:
-        return {t.key: t for t in self.record.tensors}
-
-    def save(self, directory: Path) -> None:
-        """Write ``capture.json`` and ``tensors.npz`` into ``directory`` (atomically each)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        save_arrays(directory / TENSORS_NPZ, self.arrays)
-        atomic_write_text(directory / CAPTURE_JSON, self.record.dumps())
-
-    @classmethod
-    def load(cls, directory: Path) -> Capture:
-        """Read a capture saved by :meth:`save`.
-
-        Raises:
-            CorruptRecordError: ``capture.json`` or ``tensors.npz`` is malformed (a build
-                treats the cache entry holding them as corrupt and rebuilds it).
-        """
-        try:
-            record = CaptureRecord.loads((directory / CAPTURE_JSON).read_text(encoding="utf-8"))
-            return cls(record, load_arrays(directory / TENSORS_NPZ))
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise CorruptRecordError(
-                f"capture in {directory}", f"unreadable: {type(e).__name__}: {e}"
-            ) from e
-
-
-class _Recorder:
+class Recorder:
     """Collects module calls and tensors while the model runs."""
 
     def __init__(self, names: Mapping[int, str], prefix: str = "", keep_calls: bool = True) -> None:
@@ -184,7 +97,7 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def _hooks(model: torch.nn.Module, hiera: tuple[type, ...], rec: _Recorder) -> Iterator[int]:
+def hiera_hooks(model: torch.nn.Module, hiera: tuple[type, ...], rec: Recorder) -> Iterator[int]:
     handles = []
     try:
         count = 0
@@ -202,286 +115,3 @@ def _hooks(model: torch.nn.Module, hiera: tuple[type, ...], rec: _Recorder) -> I
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _import_hiera_class(name: str) -> Any:
-    """Import ``package.module.Class`` (the caller's code, never data read back from disk)."""
-    module, _, qual = name.rpartition(".")
-    while module:
-        try:
-            obj: Any = importlib.import_module(module)
-        except ImportError:
-            module, _, head = module.rpartition(".")
-            qual = f"{head}.{qual}"
-            continue
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return obj
-    raise ImportError(name)
-
-
-def resolve_hiera(hiera: Sequence[type | str]) -> tuple[type, ...]:
-    """Turn class objects or import paths into module classes, with clear errors."""
-    classes = []
-    for item in hiera:
-        cls: Any = item
-        if isinstance(item, str):
-            try:
-                cls = _import_hiera_class(item)
-            except (ImportError, AttributeError) as e:
-                raise HieraError(
-                    f"hiera class {item!r} cannot be imported: {e}{_close_match(item)}"
-                ) from e
-        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            raise HieraError(f"hiera entry {item!r} is not a torch.nn.Module subclass")
-        classes.append(cls)
-    return tuple(classes)
-
-
-def _close_match(path: str) -> str:
-    """``"; did you mean 'x'?"`` for the last part of ``path`` among its module's names."""
-    module, _, name = path.rpartition(".")
-    try:
-        owner = importlib.import_module(module) if module else None
-    except ImportError:
-        return ""
-    return did_you_mean(name, [n for n in dir(owner) if not n.startswith("_")]) if owner else ""
-
-
-def capture_model(
-    model: torch.nn.Module,
-    args: Any,
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    hiera: Sequence[type | str] = (),
-    method: str = "forward",
-    dynamo: bool = False,
-    attention: str | None = None,
-    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
-    probe_shapes: Mapping[str, Sequence[int]] | None = None,
-    strict_hiera: str | None = None,
-) -> Capture:
-    """Run ``model`` once and record its inputs, outputs and every hiera module call.
-
-    With ``dynamic_axes``, the model runs a second time at another shape (the *probe*): every
-    tensor dimension that differs between the two runs is dynamic, for the root and for each
-    hiera call's inputs and outputs, and the probe's inputs and outputs become the reference
-    for checking the exported model at a shape it was not traced at.
-
-    Args:
-        model: The root module (put in eval mode by the caller).
-        args: Positional example inputs (a tuple, or a single tensor).
-        kwargs: Keyword example inputs.
-        hiera: Classes (or import paths) whose calls become functions.
-        method: The model method to call.
-        dynamo: The export path the capture is for. For the TorchScript path the model runs
-            under ``torch.jit.trace``, so every ``torch.jit.is_tracing()`` branch (transformers'
-            mask creation has several) takes the same turn as during the export, and the
-            recorded module inputs match what the exporter will see.
-        attention: The attention implementation the export will use (see ExportOptions).
-        dynamic_axes: ``{input leaf name: {axis: dim name}}`` of the root inputs.
-        probe_shapes: ``{input leaf name: shape}`` of the second run; by default each dynamic
-            dimension grows by 1 + the rank of its name in sorted order.
-        strict_hiera: The recipe file, for a build: a hiera class that never runs is then a
-            RecipeError (there it is almost always a mistake). None (the library): a WARNING
-            naming the class, and the export goes on without it.
-
-    Raises:
-        InputError: An example input cannot cross the ONNX boundary, or a dynamic axis names
-            an unknown input.
-        OptionsError: A dynamic axis is beyond its input's rank.
-        HieraError: A hiera class cannot be imported or is not a module class.
-        RecipeError: With ``strict_hiera``, a hiera class never runs in forward.
-        ModelForwardError: The forward raised; names the innermost module that was running.
-    """
-    if not isinstance(args, tuple):
-        args = (args,)
-    if model.training:
-        log.warning(
-            "%s is in training mode: dropout and batch-norm statistics make the captured "
-            "reference outputs differ from the eval-mode export; call model.eval() first",
-            type(model.root if isinstance(model, RootHolder) else model).__name__,
-        )
-    classes = resolve_hiera(hiera)
-    fn = getattr(model, method)
-    names = {id(m): name for name, m in model.named_modules()}
-    bound = signature.bind(fn, args, dict(kwargs or {}))
-    run = _Run(model, fn, classes, dynamo, attention)
-    rec, inputs, outputs, instances = run.record(bound, _Recorder(names))
-    calls = tuple(c for c in rec.calls if c is not None)
-    _require_every_class_ran(classes, calls, instances, strict_hiera)
-    probe_inputs = probe_outputs = None
-    if dynamic_axes:
-        probe_bound = resize_inputs(bound, dynamic_axes, probe_shapes)
-        probe, probe_inputs, probe_outputs, _ = run.record(
-            probe_bound, _Recorder(names, PROBE, keep_calls=False)
-        )
-        _require_same_calls(calls, [c for c in probe.calls if c is not None])
-        rec.arrays.update(probe.arrays)
-        rec.meta.update(probe.meta)
-    record = CaptureRecord(
-        model_class=tree.qualified_name(type(model)),
-        inputs=inputs,
-        outputs=outputs,
-        calls=calls,
-        tensors=tuple(rec.meta[k] for k in sorted(rec.meta)),
-        hiera=tuple(tree.qualified_name(c) for c in classes),
-        probe_inputs=probe_inputs,
-        probe_outputs=probe_outputs,
-    )
-    log.info("captured %d hiera calls over %d tensors", len(calls), len(rec.meta))
-    return Capture(record, rec.arrays)
-
-
-#: Key prefix of the tensors of the run at the second (probe) shape.
-PROBE = PROBE_PREFIX
-
-
-@dataclass(frozen=True)
-class _Run:
-    """How to run the model once with hooks (shared by the capture and the probe run)."""
-
-    model: torch.nn.Module
-    fn: Any
-    classes: tuple[type, ...]
-    dynamo: bool
-    attention: str | None
-
-    def record(self, bound: dict[str, Any], rec: _Recorder) -> tuple[_Recorder, Tree, Tree, int]:
-        inputs = rec.store(bound, "in.", "model input")
-        with (
-            export_context(self.model, self.dynamo, self.attention),
-            record_reads(self.model, lambda m: isinstance(m, self.classes), rec.reads),
-            _hooks(self.model, self.classes, rec) as instances,
-            torch.no_grad(),
-        ):
-            try:
-                if self.dynamo:
-                    args, kwargs = signature.split(self.fn, bound)
-                    output = self.fn(*args, **kwargs)
-                else:
-                    output = _run_under_trace(self.model, self.fn, bound, rec.paused)
-            except InputError:
-                raise
-            except Exception as e:
-                path = next((p for p in reversed(rec.stack) if p), "")
-                raise ModelForwardError(path, e) from e
-        outputs = rec.store(output, "out.", "model output")
-        return rec, inputs, outputs, instances
-
-
-def resize_inputs(
-    bound: dict[str, Any],
-    dynamic_axes: Mapping[str, Mapping[int, str]],
-    probe_shapes: Mapping[str, Sequence[int]] | None,
-) -> dict[str, Any]:
-    """The root inputs at the probe shape: each dynamic axis tiled or cut to its new size.
-
-    Tiling keeps the values meaningful (token ids stay in the vocabulary, an all-ones mask
-    stays all ones).
-    """
-    tensors: list[torch.Tensor] = []
-    structure = tree.flatten(bound, "model input", tensors)
-    leaves = tree.leaf_names(structure)
-    unknown = sorted(set(dynamic_axes) - set(leaves))
-    if unknown:
-        raise InputError(f"dynamic_axes {unknown}", f"not among the model inputs {leaves}")
-    dim_names = sorted({n for axes in dynamic_axes.values() for n in axes.values()})
-    grow = {n: 1 + i for i, n in enumerate(dim_names)}
-    resized = []
-    for name, tensor in zip(leaves, tensors):
-        axes = dynamic_axes.get(name, {})
-        beyond = sorted(a for a in axes if a >= tensor.dim())
-        if beyond:
-            raise OptionsError(
-                f"dynamic_axes[{name!r}]",
-                f"axis {beyond[0]} is beyond the input's rank {tensor.dim()} "
-                f"(shape {tuple(tensor.shape)})",
-            )
-        target = list(tensor.shape)
-        for axis, dim in axes.items():
-            target[axis] = tensor.shape[axis] + grow[dim]
-        if probe_shapes and name in probe_shapes:
-            target = list(probe_shapes[name])
-        for axis, size in enumerate(target):
-            if size != tensor.shape[axis]:
-                index = torch.arange(size) % tensor.shape[axis]
-                tensor = tensor.index_select(axis, index)
-        resized.append(tensor)
-    return tree.unflatten(structure, lambda k: resized[int(k)])
-
-
-def _require_same_calls(calls: Sequence[ModuleCall], probe: Sequence[ModuleCall]) -> None:
-    first = [c.call_id for c in calls]
-    second = [c.call_id for c in probe]
-    if first != second:
-        diff = sorted(set(first) ^ set(second))
-        raise InputError(
-            "dynamic_axes",
-            f"the hiera calls differ between the traced and the second shape ({diff[:5]}); "
-            "the model's module structure depends on the dynamic dimensions",
-        )
-
-
-def _run_under_trace(
-    model: torch.nn.Module, fn: Any, bound: dict[str, Any], paused: list[object]
-) -> Any:
-    """Call ``fn`` with ``bound`` arguments inside ``torch.jit.trace``; return its real output.
-
-    The traced graph is thrown away: only the semantics (``is_tracing()`` is True) matter.
-    A plain function is traced, not a module: tracing a module first compiles a ScriptModule
-    for every submodule, twice the cost of the trace itself. The weights then enter the trace
-    as constants, which the tracer accepts only when they do not require grad, so
-    ``requires_grad`` is switched off for the duration and restored.
-    """
-    tensors: list[torch.Tensor] = []
-    structure = tree.flatten(bound, "model input", tensors)
-    positions = {str(i): i for i in range(len(tensors))}
-    result: list[Any] = []
-
-    def call(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        args, kwargs = signature.split(fn, tree.unflatten(structure, lambda k: flat[positions[k]]))
-        try:
-            out = fn(*args, **kwargs)
-        finally:
-            if paused:  # a forward that raised inside a paused hiera call
-                resume_tracing(paused[0])
-                paused.clear()
-        result.append(out)
-        leaves: list[torch.Tensor] = []
-        tree.flatten(out, "model output", leaves)
-        return tuple(leaves)
-
-    with quiet_torchscript_exporter(), _weights_without_grad(model):
-        torch.jit.trace(call, tuple(tensors), check_trace=False, strict=False)
-    return result[0]
-
-
-@contextlib.contextmanager
-def _weights_without_grad(model: torch.nn.Module) -> Iterator[None]:
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
-
-
-def _require_every_class_ran(
-    classes: tuple[type, ...],
-    calls: tuple[ModuleCall, ...],
-    instances: int,
-    strict_recipe: str | None,
-) -> None:
-    """Report hiera classes that never ran: a WARNING, or with a recipe a RecipeError."""
-    seen = {c.class_name for c in calls}
-    for cls in classes:
-        name = tree.qualified_name(cls)
-        if name in seen:
-            continue
-        why = "" if instances else " (the model has no instance of any hiera class)"
-        if strict_recipe is not None:
-            raise RecipeError(strict_recipe, "hiera", f"class {name} never ran in forward{why}")
-        log.warning("hiera class %s never ran in forward%s; it is ignored", name, why)

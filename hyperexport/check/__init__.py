@@ -24,7 +24,7 @@ from hyperexport.check.report import (
 from hyperexport.check.settings import CheckSettings, Tolerance
 
 if TYPE_CHECKING:
-    from hyperexport.check.run_checks import run_checks
+    from hyperexport.check.run import run_checks
 
 __all__ = [
     "CheckFailure",
@@ -40,7 +40,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "run_checks":
-        from hyperexport.check.run_checks import run_checks
+        from hyperexport.check.run import run_checks
 
         return run_checks
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

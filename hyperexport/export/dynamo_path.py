@@ -37,7 +37,7 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from hyperexport.capture.hooks import Capture
+from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
 from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import HyperExportError, ModuleExportError

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hyperexport.atomic import atomic_write_text
-from hyperexport.capture.hooks import Capture
+from hyperexport.capture.container import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON, ExportBundle
 from hyperexport.contracts.names import UNITS_DIR
 from hyperexport.errors import InputError, ModuleExportError
@@ -41,7 +41,7 @@ class CaptureCall:
         model: The live model.
         args: Positional example inputs.
         kwargs: Keyword example inputs.
-        settings: :func:`~hyperexport.capture.hooks.capture_model`'s other keywords
+        settings: :func:`~hyperexport.capture.capture_model.capture_model`'s other keywords
             (``hiera``, ``method``, ``attention``, ``dynamic_axes``, ``probe_shapes``).
     """
 

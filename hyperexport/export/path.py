@@ -22,7 +22,8 @@ import abc
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from hyperexport.capture.hooks import Capture, capture_model
+from hyperexport.capture.capture_model import capture_model
+from hyperexport.capture.container import Capture
 from hyperexport.errors import OpsetError
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from hyperexport.capture import signature, tree
-from hyperexport.capture.hooks import Capture
+from hyperexport.capture.container import Capture
 from hyperexport.contracts.names import probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, tree_tensor_keys
 from hyperexport.errors import InputError, ModuleExportError

@@ -17,7 +17,7 @@ import onnx_ir as ir
 import torch
 
 from hyperexport import progress
-from hyperexport.capture.hooks import Capture
+from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.torch_bridge import (
     quiet_torchscript_exporter,

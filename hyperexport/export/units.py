@@ -21,7 +21,7 @@ import torch
 
 from hyperexport.atomic import atomic_write_bytes, atomic_write_text
 from hyperexport.capture import signature, tree
-from hyperexport.capture.hooks import Capture
+from hyperexport.capture.container import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle, UnitEntry
 from hyperexport.contracts.names import UNITS_DIR, probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys

@@ -44,7 +44,7 @@ class ExportStage:
     artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.capture.hooks import Capture
+        from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.export.fallback import export_units_with_fallback
         from hyperexport.files import clone_or_copy
@@ -60,7 +60,7 @@ class ExportStage:
 
         def recapture(dynamo: bool) -> Capture:
             # The other path's capture semantics (see export_units_with_fallback).
-            from hyperexport.capture.hooks import capture_model
+            from hyperexport.capture.capture_model import capture_model
             from hyperexport.from_recipe.model import resolve_classes
             from hyperexport.models.inputs import make_inputs
 

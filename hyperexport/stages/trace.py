@@ -38,7 +38,7 @@ class TraceStage:
     artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.capture.hooks import capture_model
+        from hyperexport.capture.capture_model import capture_model
         from hyperexport.from_recipe.export_options import dynamic_axes, probe_shapes
         from hyperexport.from_recipe.model import resolve_classes
         from hyperexport.models.auto import resolve_auto

@@ -16,7 +16,7 @@ from hyperexport import (
     RecipeError,
     export_hyper_onnx,
 )
-from hyperexport.capture.hooks import capture_model
+from hyperexport.capture.capture_model import capture_model
 from hyperexport.capture.torch_bridge import is_tracing
 from tests.helpers.toys import Leaf, toy_inputs, toy_net
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hyperexport import ModuleExportError, export_hyper_onnx, zoo
-from hyperexport.capture.hooks import Capture
+from hyperexport.capture.container import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON
 from hyperexport.contracts.manifest import META_EXPORT_PATH, META_FALLBACK
 from hyperexport.export import fallback

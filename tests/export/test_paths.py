@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from hyperexport.capture.hooks import Capture
+from hyperexport.capture.container import Capture
 from hyperexport.config import OPSET_RANGES as RECIPE_OPSET_RANGES
 from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import OpsetError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from hyperexport.capture.hooks import capture_model
+from hyperexport.capture.capture_model import capture_model
 from hyperexport.contracts.bundle import ExportBundle
 from hyperexport.contracts.records import CaptureRecord
 from hyperexport.export.units import export_units
