@@ -30,7 +30,8 @@ from hyperexport.export.fallback import (
 )
 from hyperexport.export.registry import path_for
 from hyperexport.export.units import export_units
-from hyperexport.model_file import check_export_budget, save_model, serialize_inline
+from hyperexport.export_budget import check_export_budget
+from hyperexport.model_file import save_model, serialize_inline
 from hyperexport.options import ExportOptions, ExportRequest
 from hyperexport.passes.pipeline import compose_model
 

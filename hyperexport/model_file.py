@@ -18,8 +18,7 @@ import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -28,53 +27,12 @@ import onnx_ir as ir
 
 from hyperexport.errors import ResourceError
 from hyperexport.files import clone_or_copy
+from hyperexport.tensor_slots import TensorSlot, tensor_slots
 
 log = logging.getLogger(__name__)
 
 #: The protobuf limit of a model without external data, with room for the graph itself.
 PROTOBUF_LIMIT = 2**31 - (64 << 20)
-
-
-@dataclass
-class _Slot:
-    """A place in the model that holds a tensor: an initializer or a tensor attribute."""
-
-    tensor: ir.TensorProtocol
-    put: Callable[[ir.TensorProtocol], None]
-
-
-def _graphs(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
-    yield model.graph
-    yield from model.functions.values()
-
-
-def tensor_slots(model: ir.Model) -> list[_Slot]:
-    """Every tensor of the model: initializers of every graph, and every tensor attribute
-    (``Constant`` values) of every node in the graph, its subgraphs and its functions."""
-    slots: list[_Slot] = []
-
-    def initializer(value: ir.Value) -> Callable[[ir.TensorProtocol], None]:
-        def put(tensor: ir.TensorProtocol) -> None:
-            value.const_value = tensor
-
-        return put
-
-    def attribute(node: ir.Node, name: str) -> Callable[[ir.TensorProtocol], None]:
-        def put(tensor: ir.TensorProtocol) -> None:
-            node.attributes[name] = ir.AttrTensor(name, tensor)
-
-        return put
-
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            if value.const_value is not None:
-                slots.append(_Slot(value.const_value, initializer(value)))
-    for owner in _graphs(model):
-        for node in ir.traversal.RecursiveGraphIterator(owner):
-            for name, attr in node.attributes.items():
-                if attr.type == ir.AttributeType.TENSOR and attr.value is not None:
-                    slots.append(_Slot(attr.as_tensor(), attribute(node, name)))
-    return slots
 
 
 def _external_path(tensor: ir.TensorProtocol) -> str | None:
@@ -83,7 +41,7 @@ def _external_path(tensor: ir.TensorProtocol) -> str | None:
     return None
 
 
-def _base_file(slots: list[_Slot]) -> str | None:
+def _base_file(slots: list[TensorSlot]) -> str | None:
     """The external data file that holds the most referenced bytes (the one to clone)."""
     sizes: dict[str, int] = {}
     for slot in slots:
@@ -94,7 +52,7 @@ def _base_file(slots: list[_Slot]) -> str | None:
 
 
 def _swapped(
-    slots: list[_Slot], tensors: list[ir.TensorProtocol], write: Callable[[], None]
+    slots: list[TensorSlot], tensors: list[ir.TensorProtocol], write: Callable[[], None]
 ) -> None:
     """Put ``tensors`` into the slots, call ``write``, and put the originals back."""
     try:
@@ -198,7 +156,7 @@ def save_external(
     )
 
 
-def _appends(slots: list[_Slot], base: str | None, threshold: int) -> tuple[int, int]:
+def _appends(slots: list[TensorSlot], base: str | None, threshold: int) -> tuple[int, int]:
     """``(tensors, bytes)`` that saving appends to the data file: those at or over
     ``threshold`` that are not already in ``base``, each counted once."""
     seen: dict[int, int] = {}
@@ -313,61 +271,3 @@ def save_model(
         save_external(model, path, threshold, consume=consume_bundle, link_unchanged=link_unchanged)
     else:
         save_inline(model, path)
-
-
-#: Memory an export takes beyond the loaded model, over the weights' bytes (measured, issue 12:
-#: 1.23x peak RSS for per_type/per_instance on both paths, with the model itself at 1.0x).
-EXPORT_OVERHEAD = 0.3
-#: Without external data the whole model is also serialized in memory (tensors read in, then
-#: the protobuf): about two more copies.
-INLINE_OVERHEAD = 2.0
-
-
-def check_export_budget(
-    weight_bytes: int, *, external_data: bool, available: int | None = None
-) -> None:
-    """Refuse, before anything runs, an export that cannot fit: one line, estimate and option.
-
-    Args:
-        weight_bytes: The loaded model's parameter and buffer bytes (already in memory).
-        external_data: Whether the result keeps its tensors in a data file.
-        available: Available memory in bytes (default: ``MemAvailable``; unknown: no check).
-
-    Raises:
-        ResourceError: Without external data over the 2 GiB protobuf limit, or when the memory
-            the export needs beyond the model exceeds what is available.
-    """
-    if not external_data:
-        check_inline_size(weight_bytes)
-    if available is None:
-        available = available_memory()
-    if available is None:
-        return
-    share = EXPORT_OVERHEAD + (0.0 if external_data else INLINE_OVERHEAD)
-    need = int(weight_bytes * share) + (256 << 20)
-    if need > available:
-        lower = (
-            ""
-            if external_data
-            else (
-                f"; external_data=True lowers it to about "
-                f"{(weight_bytes * EXPORT_OVERHEAD + (256 << 20)) / 2**30:.1f} GiB"
-            )
-        )
-        raise ResourceError(
-            f"the export needs about {need / 2**30:.1f} GiB beyond the "
-            f"{weight_bytes / 2**30:.1f} GiB model, {available / 2**30:.1f} GiB is available"
-            f"{lower or '; free memory, or export on a larger machine'}"
-        )
-
-
-def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """``MemAvailable`` in bytes, or None where the system does not report it."""
-    try:
-        text = meminfo.read_text(encoding="ascii")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return None

@@ -28,7 +28,7 @@ PROTOBUF_LIMIT = 2**31 - (64 << 20)
 
 def tensor_bytes(model: ir.Model) -> tuple[int, int]:
     """``(all tensor bytes, low-precision tensor bytes)`` of ``model``, each tensor once."""
-    from hyperexport.model_file import tensor_slots
+    from hyperexport.tensor_slots import tensor_slots
 
     seen: dict[int, ir.TensorProtocol] = {id(s.tensor): s.tensor for s in tensor_slots(model)}
     total = sum(t.nbytes for t in seen.values())
@@ -55,7 +55,7 @@ def end_to_end_skip_reason(model: ir.Model, available: int | None = None) -> str
     else:
         need = total + SESSION_OVERHEAD
     if available is None:
-        from hyperexport.model_file import available_memory
+        from hyperexport.meminfo import available_memory
 
         available = available_memory()
     if available is None:

@@ -88,7 +88,7 @@ def session_payload(model: ir.Model, external_data_dir: str | None) -> tuple[byt
     references, re-rooted at ``external_data_dir``) and the copy upcast, so that the model it
     came from is left as it is.
     """
-    from hyperexport.model_file import tensor_slots
+    from hyperexport.tensor_slots import tensor_slots
 
     if not is_low_precision(model):
         return ir.to_proto(model).SerializeToString(), False

@@ -155,10 +155,10 @@ def test_a_broken_bfloat16_weight_is_found_in_its_layer(tmp_path: Path) -> None:
 def test_without_memory_for_the_whole_model_the_comparison_is_skipped_with_its_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hyperexport import model_file
+    from hyperexport import meminfo
 
     path, manifest, capture = _export_low_precision(tmp_path, "bfloat16", "per_instance")
-    monkeypatch.setattr(model_file, "available_memory", lambda: 1 << 20)
+    monkeypatch.setattr(meminfo, "available_memory", lambda: 1 << 20)
     report = run_checks(path, manifest, capture.record, capture.arrays, CheckSettings())
     assert report.end_to_end_skipped is not None and "GiB available" in report.end_to_end_skipped
     assert report.outputs == ()

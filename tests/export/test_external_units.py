@@ -22,7 +22,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from hyperexport import ExportOptions, export_hyper_onnx, model_file, zoo
+from hyperexport import ExportOptions, export_budget, export_hyper_onnx, model_file, zoo
 from hyperexport.api import capture_model, compose_model, export_units, save_model
 from hyperexport.errors import ResourceError
 from hyperexport.export.weights import INLINE_LIMIT, WEIGHTS_FILE
@@ -177,10 +177,10 @@ def test_the_shape_inference_patch_is_restored() -> None:
 def test_an_export_that_cannot_fit_in_memory_is_refused_first_with_the_option() -> None:
     gib = 2**30
     with pytest.raises(ResourceError, match=r"about 4\.\d GiB.*external_data=True lowers it"):
-        model_file.check_export_budget(19 * gib // 10, external_data=False, available=4 * gib)
+        export_budget.check_export_budget(19 * gib // 10, external_data=False, available=4 * gib)
     with pytest.raises(ResourceError, match="free memory"):
-        model_file.check_export_budget(20 * gib, external_data=True, available=4 * gib)
-    model_file.check_export_budget(10 * gib, external_data=True, available=4 * gib)  # fits
+        export_budget.check_export_budget(20 * gib, external_data=True, available=4 * gib)
+    export_budget.check_export_budget(10 * gib, external_data=True, available=4 * gib)  # fits
 
 
 def _weights_model(folder: Path, extra: np.ndarray | None = None) -> ir.Model:
