@@ -5,7 +5,7 @@ A variant (a link ``<variant>`` or ``<variant>.failed`` into ``.builds/``, or a 
 older versions) can go when the recipe file its ``report.json`` names no longer exists and
 ``recipes/`` has no recipe of that name either, or when its link points at nothing. A folder
 without a readable ``report.json`` is listed as unknown and removed only when named. Removal goes
-through :func:`~hyperexport.builds.publish.remove_publication` (the link first, then what it
+through :func:`~hyperexport.builds.cleanup.remove_publication` (the link first, then what it
 names).
 """
 
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperexport import exit_codes
-from hyperexport.builds.publish import REPORT, remove_publication
+from hyperexport.builds.cleanup import remove_publication
+from hyperexport.builds.report import REPORT
 from hyperexport.cli.cache_inventory import disk_usage
 from hyperexport.cli.quantities import human_size
 from hyperexport.cli.table import render_table

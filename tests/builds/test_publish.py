@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.builds.publish import BUILDS, FAILED_SUFFIX, remove_stale_builds
+from hyperexport.builds.cleanup import remove_stale_builds
+from hyperexport.builds.layout import BUILDS, FAILED_SUFFIX
 from hyperexport.builds.session import MAX_VARIANT_BYTES, run_build, variant_dir
 from hyperexport.config import BuildSettings
 from hyperexport.engine.hashing import sha256_file
