@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hyperexport.config.hydra import recipe_file_of
 from hyperexport.config.imports import split_import_path
-from hyperexport.errors import RecipeError
+from hyperexport.errors import HieraError, RecipeError
 
 if TYPE_CHECKING:
     from hyperexport.config.schema import Recipe
@@ -65,21 +64,16 @@ def _read_state_dict(checkpoint: Path) -> dict[str, Any]:
 
 
 def resolve_classes(paths: list[str], recipe_file: str, field: str = "hiera") -> list[type]:
-    """Import the classes named by ``paths``; a failure is a RecipeError with a close match."""
-    import difflib
+    """Import the classes named by ``paths`` with the library's one hiera resolver
+    (:func:`~hyperexport.capture.hiera_classes.resolve_hiera`); a failure is a RecipeError
+    naming the entry, with a close match."""
+    from hyperexport.capture.hiera_classes import resolve_hiera
 
-    classes = []
+    classes: list[type] = []
     for i, path in enumerate(paths):
         module_name, attr = split_import_path(path)
-        where = f"{field}[{i}]"
         try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise RecipeError(recipe_file, where, f"cannot import {path!r}: {e}") from e
-        if not hasattr(module, attr):
-            names = [n for n in dir(module) if not n.startswith("_")]
-            match = difflib.get_close_matches(attr, names, n=1)
-            hint = f"; did you mean {match[0]!r}?" if match else ""
-            raise RecipeError(recipe_file, where, f"module {module_name} has no {attr!r}{hint}")
-        classes.append(getattr(module, attr))
+            classes += resolve_hiera([f"{module_name}.{attr}"])
+        except HieraError as e:
+            raise RecipeError(recipe_file, f"{field}[{i}]", str(e)) from e
     return classes
