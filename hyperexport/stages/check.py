@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hyperexport.atomic import atomic_write_bytes
+from hyperexport.config.schema import stage_reads
 from hyperexport.contracts.names import (
     CHECK_JSON,
     CHECK_SUMMARY,
@@ -39,13 +40,8 @@ class CheckStage:
     name: str = "check"
     version: int = 5
     upstream: tuple[str, ...] = ("export", "rewrite", "evaluate")
-    reads: tuple[str, ...] = (
-        "check",
-        "opset",
-        "dynamo",
-        "fallback",
-        "attention.promote_opset24",
-    )
+    #: Derived from the schema: the recipe fields that declare "check" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
     #: numpy judges; the ONNX libraries run only for localisation, and then shape the result.
     libraries: tuple[str, ...] = ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxruntime")

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperexport.config.schema import stage_reads
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE, REFERENCE_DIR
 from hyperexport.runner.stage import StageInputs
 
@@ -27,14 +28,8 @@ class EvaluateStage:
     #: The reference capture comes from the export (``reference/``): the capture its bundle was
     #: exported from, which after a fallback is not the trace's.
     upstream: tuple[str, ...] = ("export", "rewrite")
-    reads: tuple[str, ...] = (
-        "check.function_scope",
-        "check.expect_ops",
-        "opset",
-        "dynamo",
-        "fallback",
-        "attention.promote_opset24",
-    )
+    #: Derived from the schema: the recipe fields that declare "evaluate" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
     libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxruntime", "numpy", "ml-dtypes")
     publish: tuple[str, ...] = ()

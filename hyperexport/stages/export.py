@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperexport.config.schema import stage_reads
 from hyperexport.contracts.names import BUNDLE_JSON, CAPTURE_JSON, REFERENCE_DIR, TENSORS_NPZ
 from hyperexport.runner.stage import StageInputs
 
@@ -24,20 +25,8 @@ class ExportStage:
     name: str = "export"
     version: int = 4
     upstream: tuple[str, ...] = ("trace",)
-    reads: tuple[str, ...] = (
-        "model",
-        "inputs",
-        "hiera",
-        "dynamic",
-        "method",
-        "opset",
-        "dynamo",
-        "fallback",
-        "functions",
-        "custom_ops",
-        # Only the implementation: promotion to opset 24 is the rewrite stage's.
-        "attention.implementation",
-    )
+    #: Derived from the schema: the recipe fields that declare "export" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir")
     publish: tuple[str, ...] = ()

@@ -8,6 +8,7 @@ from typing import Any
 
 from hyperexport import progress
 from hyperexport.atomic import atomic_write_bytes
+from hyperexport.config.schema import stage_reads
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
 from hyperexport.runner.stage import StageInputs
 
@@ -25,13 +26,8 @@ class RewriteStage:
     name: str = "rewrite"
     version: int = 3
     upstream: tuple[str, ...] = ("export",)
-    reads: tuple[str, ...] = (
-        "functions",
-        "rewrite",
-        "attention",
-        "external_data",
-        "external_data_threshold",
-    )
+    #: Derived from the schema: the recipe fields that declare "rewrite" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
     libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxscript")
     publish: tuple[str, ...] = (MODEL_FILE, f"{MODEL_FILE}.data", "*.onnx.data", MANIFEST_JSON)

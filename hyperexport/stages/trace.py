@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperexport.config.schema import stage_reads
 from hyperexport.contracts.names import CAPTURE_JSON
 from hyperexport.runner.stage import StageInputs
 
@@ -23,15 +24,8 @@ class TraceStage:
     name: str = "trace"
     version: int = 3
     upstream: tuple[str, ...] = ()
-    reads: tuple[str, ...] = (
-        "model",
-        "inputs",
-        "hiera",
-        "dynamic",
-        "method",
-        "dynamo",
-        "attention.implementation",
-    )
+    #: Derived from the schema: the recipe fields that declare "trace" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
     publish: tuple[str, ...] = ("auto.json",)
