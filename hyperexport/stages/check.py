@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hyperexport.atomic import atomic_write_bytes
-from hyperexport.config.schema import stage_reads
+from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import (
     CHECK_JSON,
     CHECK_SUMMARY,
@@ -21,6 +21,7 @@ from hyperexport.contracts.names import (
     REFERENCE_DIR,
 )
 from hyperexport.runner.stage import StageInputs
+from hyperexport.stages.recipe_stage import RecipeStage
 
 if TYPE_CHECKING:
     import numpy as np
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from hyperexport.check.evaluation import FunctionRun
 
 
-class CheckStage:
+class CheckStage(RecipeStage):
     """``judge`` → ``check.json`` and ``check.txt``; a failed check fails the build.
 
     The check's outputs are written before it raises, so the report can show them; the runner
@@ -48,7 +49,7 @@ class CheckStage:
     publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY)
     artifacts: Mapping[str, str] = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
 
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.check.evaluation import Evaluation
         from hyperexport.check.judge import judge
         from hyperexport.check.tensors import CapturedArrays
@@ -60,7 +61,7 @@ class CheckStage:
         rewrite_dir = inputs.dir("rewrite")
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
         evaluation = Evaluation.load(inputs.dir("evaluate"))
-        settings = check_settings(params, capture.record.hiera, manifest.fallback_from)
+        settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
         evaluator: ModelEvaluator | None = None
 
         def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from hyperexport.config.schema import stage_reads
+from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import BUNDLE_JSON, CAPTURE_JSON, REFERENCE_DIR, TENSORS_NPZ
 from hyperexport.runner.stage import StageInputs
+from hyperexport.stages.recipe_stage import RecipeStage
 
 
-class ExportStage:
+class ExportStage(RecipeStage):
     """``export_units`` on the live model and the trace's capture.
 
     Besides the bundle, the stage writes the capture its bundle was exported from under
@@ -32,33 +32,31 @@ class ExportStage:
     publish: tuple[str, ...] = ()
     artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
 
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.hooks import Capture
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.export.fallback import export_units_with_fallback
-        from hyperexport.models.auto import resolve_auto
         from hyperexport.runner.files import clone_or_copy
-        from hyperexport.stages.options import export_options
+        from hyperexport.stages.options import export_options, resolve_explicit
 
         model = inputs.model()  # first: loading it registers the output types the trees name
         capture = Capture.load(inputs.dir("trace"))
         check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
-        params = resolve_auto(params, model, inputs.recipe_file)  # hiera/inputs: auto
-        options = export_options(params)
+        explicit = resolve_explicit(recipe, model, inputs.recipe_file)  # hiera/inputs: auto
+        options = export_options(recipe, explicit.inputs)
         first = capture
 
         def recapture(dynamo: bool) -> Capture:
             # The other path's capture semantics (see export_units_with_fallback).
             from hyperexport.capture.hooks import capture_model
-            from hyperexport.models.inputs import make_inputs
             from hyperexport.stages.model import resolve_classes
 
             return capture_model(
                 model,
                 (),
-                make_inputs(params["inputs"]),
-                hiera=resolve_classes(list(params["hiera"]), inputs.recipe_file),
-                method=params["method"],
+                explicit.example_inputs(),
+                hiera=resolve_classes(explicit.hiera, inputs.recipe_file),
+                method=recipe.method,
                 dynamo=dynamo,
                 attention=options.attention.implementation,
                 dynamic_axes={k: dict(v) for k, v in options.dynamic_axes} or None,
@@ -68,8 +66,8 @@ class ExportStage:
         _, used = export_units_with_fallback(
             model,
             capture,
-            opset=int(params["opset"]),
-            dynamo=bool(params["dynamo"]),
+            opset=recipe.opset,
+            dynamo=recipe.dynamo,
             options=options,
             out_dir=out_dir,
             recapture=recapture,

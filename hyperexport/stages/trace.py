@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from hyperexport.config.schema import stage_reads
+from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import CAPTURE_JSON
 from hyperexport.runner.stage import StageInputs
+from hyperexport.stages.recipe_stage import RecipeStage
 
 
-class TraceStage:
+class TraceStage(RecipeStage):
     """``capture_model`` on the recipe's inputs → ``capture.json`` + ``tensors.npz``.
 
     The capture holds the reference outputs the check stage compares against, so check never
@@ -31,27 +31,25 @@ class TraceStage:
     publish: tuple[str, ...] = ("auto.json",)
     artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
 
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.hooks import capture_model
-        from hyperexport.models.auto import resolve_auto
-        from hyperexport.models.inputs import make_inputs
         from hyperexport.stages.model import resolve_classes
-        from hyperexport.stages.options import dynamic_axes, probe_shapes
+        from hyperexport.stages.options import dynamic_axes, probe_shapes, resolve_explicit
 
         model = inputs.model()
-        params = resolve_auto(params, model, inputs.recipe_file, out_dir)  # hiera/inputs: auto
-        hiera = resolve_classes(list(params["hiera"]), inputs.recipe_file)
-        axes = {name: dict(a) for name, a in dynamic_axes(params["inputs"])}
+        explicit = resolve_explicit(recipe, model, inputs.recipe_file, out_dir)  # auto resolved
+        hiera = resolve_classes(explicit.hiera, inputs.recipe_file)
+        axes = {name: dict(a) for name, a in dynamic_axes(explicit.inputs)}
         capture = capture_model(
             model,
             (),
-            make_inputs(params["inputs"]),
+            explicit.example_inputs(),
             hiera=hiera,
-            method=params["method"],
-            dynamo=bool(params["dynamo"]),
-            attention=params["attention"]["implementation"],
+            method=recipe.method,
+            dynamo=recipe.dynamo,
+            attention=recipe.attention.implementation,
             dynamic_axes=axes or None,
-            probe_shapes=dict(probe_shapes(params["inputs"])) or None,
+            probe_shapes=dict(probe_shapes(explicit.inputs)) or None,
             strict_hiera=str(inputs.recipe_file),  # a build: a hiera class never run is exit 2
         )
         capture.save(out_dir)
