@@ -282,7 +282,7 @@ class RecipeConfig(Section):
     dynamic: str = option("none", readers=MODEL_STAGES, choices=DYNAMIC_MODES)
     method: str = option(_library(ExportOptions, "method"), readers=MODEL_STAGES)
     opset: int = option(18, readers=("export", *CHECK_STAGES))
-    dynamo: bool = option(False, readers=(*MODEL_STAGES, *CHECK_STAGES))
+    dynamo: bool = option(REQUIRED, readers=(*MODEL_STAGES, *CHECK_STAGES))
     fallback: bool = option(_library(ExportOptions, "fallback"), readers=("export", *CHECK_STAGES))
     functions: str = option(
         _library(ExportOptions, "functions"), readers=("export", "rewrite"), choices=FUNCTION_MODES
