@@ -159,6 +159,9 @@ BAD = [
     (_with("functions", "per_typ"), "functions", "did you mean 'per_type'"),
     (_with("dynamo", "yes"), "dynamo", "true or false"),
     (_with("dynamo", None, delete=True), "dynamo", "missing required field (true or false)"),
+    (_with("env", ["HF_HOME", "1BAD"]), "env[1]", "not an environment variable name"),
+    (_with("env", ["A", "A"]), "env", "names a variable twice"),
+    (_with("env", "HF_HOME"), "env", "must be a list"),
     (_with("fallback", "yes"), "fallback", "true or false"),
     (
         _with("attention", {"promote_opset24": True}),

@@ -295,6 +295,9 @@ class RecipeConfig(Section):
     external_data_threshold: int = option(
         _library(ExportOptions, "external_data_threshold"), readers=_REWRITE, check=_not_negative
     )
+    # What the model reads besides its arguments: the values of these variables enter the keys
+    # of the stages that run it (runner/session.py, model fingerprint), as digests.
+    env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
 
 
 @dataclass
