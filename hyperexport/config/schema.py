@@ -298,6 +298,7 @@ class RecipeConfig(Section):
     # What the model reads besides its arguments: the values of these variables enter the keys
     # of the stages that run it (runner/session.py, model fingerprint), as digests.
     env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
+    task: str = option("forward", readers=MODEL_STAGES, choices=TASKS, check=_implemented_task)
 
 
 @dataclass

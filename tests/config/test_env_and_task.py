@@ -1,4 +1,4 @@
-"""``env``: the environment variables the model reads, part of the keys of the stages that run it."""
+"""``env`` (the environment variables the model reads, keyed as digests) and ``task``."""
 
 from __future__ import annotations
 
@@ -48,3 +48,11 @@ def test_env_values_enter_the_model_fingerprint_as_digests(
     assert "environment of the model changed (HX_TEST_TOKEN)" in reason
     # A recipe without env keeps its fingerprint free of it.
     assert "env" not in model_fingerprint(validate_recipe(BASE, "/r/t.yaml"), index)
+
+
+def test_task_default_readers_and_implemented_set() -> None:
+    from hyperexport.config.schema import IMPLEMENTED_TASKS, TASKS
+
+    assert validate_recipe(BASE, "/r/t.yaml").data["task"] == "forward"
+    assert all("task" in stage_reads(s) for s in ("trace", "export"))
+    assert set(IMPLEMENTED_TASKS) <= set(TASKS)
