@@ -99,6 +99,8 @@ BAD_RECIPES = [
     ("opset: 21\n", "field 'opset': 21 is out of range for dynamo=False"),
     ("check: {atol: 0}\n", "field 'check.atol': must be > 0"),
     ("inputs:\n  x: {shape: [2, 8], dtype: flaot32}\n", "did you mean 'float32'"),
+    # No default export path (issue 20): a recipe without ``dynamo`` is refused.
+    ("<no dynamo>", "field 'dynamo': missing required field (true or false)"),
 ]
 
 
@@ -111,6 +113,8 @@ def test_bad_recipe_exits_2_with_one_message(
         text = text.replace(
             "inputs:\n  x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}\n", ""
         )
+    if extra == "<no dynamo>":
+        text, extra = text.replace("dynamo: false\n", ""), ""
     toy.write_text(text + extra)
     proc = run([f"recipe_file={toy}"], tmp_path, probe=True)
     assert probe_result(proc) == {"code": 2, "heavy": []}

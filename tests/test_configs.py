@@ -83,6 +83,7 @@ def _base() -> dict[str, Any]:
         "model": {"_target_": "hyperexport.zoo.tiny_llama"},
         "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
         "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
+        "dynamo": False,
     }
 
 
@@ -157,6 +158,12 @@ BAD = [
     (_with("check.per_output", {"out.0": {"atol": 0.0}}), "check.per_output.out.0.atol", "> 0"),
     (_with("functions", "per_typ"), "functions", "did you mean 'per_type'"),
     (_with("dynamo", "yes"), "dynamo", "true or false"),
+    (_with("dynamo", None, delete=True), "dynamo", "missing required field (true or false)"),
+    (_with("env", ["HF_HOME", "1BAD"]), "env[1]", "not an environment variable name"),
+    (_with("env", ["A", "A"]), "env", "names a variable twice"),
+    (_with("env", "HF_HOME"), "env", "must be a list"),
+    (_with("task", "text-generatoin"), "task", "did you mean 'text-generation'"),
+    (_with("task", "text-generation"), "task", "not implemented yet; implemented: forward"),
     (_with("fallback", "yes"), "fallback", "true or false"),
     (
         _with("attention", {"promote_opset24": True}),

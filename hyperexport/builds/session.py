@@ -6,6 +6,7 @@ This is what the CLI calls for every (sweep) job; tests call it directly with th
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -80,8 +81,19 @@ def variant_dir(overrides: Sequence[str]) -> str:
 
 
 def model_fingerprint(recipe: Recipe, index: FileDigestIndex) -> dict[str, Any]:
-    """Declared code, weights and argument files of a recipe's model (see ``fingerprint``)."""
-    return fingerprint.model_fingerprint(recipe.data, recipe.file, recipe.checkpoint, index)
+    """Declared code, weights and argument files of a recipe's model (see ``fingerprint``),
+    and the environment variables it reads (the recipe's ``env``) as ``{name: digest}``."""
+    found = fingerprint.model_fingerprint(recipe.data, recipe.file, recipe.checkpoint, index)
+    if recipe.config.env:
+        found["env"] = env_digests(recipe.config.env)
+    return found
+
+
+def env_digests(names: Sequence[str]) -> dict[str, str | None]:
+    """``{name: sha256 of its value, or None if unset}``: the values key the stages that run
+    the model without being written anywhere (a token stays out of the cache's records)."""
+    values = {name: os.environ.get(name) for name in names}
+    return {name: None if v is None else sha256_text(v) for name, v in sorted(values.items())}
 
 
 def run_build(

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from hyperexport.config.fields import defaults_of
 from hyperexport.config.paths import CONF_DIR, RECIPES_DIR
 from hyperexport.config.schema import (
     BUILD_KEYS,
     BuildConfig,
     BuildSettings,
     Recipe,
+    RecipeConfig,
     _outputs_root,
-    _schema,
 )
 from hyperexport.config.validate import validate_build, validate_recipe
 from hyperexport.contracts.names import STAGE_NAMES
@@ -57,7 +57,6 @@ def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
 
     register_resolvers()
     cs = ConfigStore.instance()
-    cs.store(name="recipe_schema", node=_schema())
     cs.store(name="build_schema", node=BuildConfig)
     cs.store(name="recipe_defaults", node=recipe_defaults())
     files = sorted(RECIPES_DIR.glob("*.yaml"))
@@ -100,9 +99,7 @@ def recipe_file_of(option: str | None) -> str:
 
 def recipe_defaults() -> dict[str, Any]:
     """The schema defaults as plain data (``???`` for required fields)."""
-    data = OmegaConf.to_container(_schema())
-    assert isinstance(data, dict)
-    return typing.cast("dict[str, Any]", data)
+    return defaults_of(RecipeConfig)
 
 
 def load_recipe_yaml(path: Path) -> Any:

@@ -1,15 +1,29 @@
-"""Recipe and build schemas (structured configs whose defaults are the recipe defaults) and the validated, frozen results."""
+"""The recipe schema, each field declared once (type, default, allowed values, check, readers),
+the build settings' schema, and the validated, frozen results.
+
+See :mod:`hyperexport.config.fields` for how a field is declared and what is derived from it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from omegaconf import MISSING, OmegaConf
-
+from hyperexport.check.settings import CheckSettings
+from hyperexport.config.fields import (
+    REQUIRED,
+    Invalid,
+    Section,
+    from_json,
+    option,
+    reads_of,
+    section,
+)
 from hyperexport.config.paths import DEFAULT_OUTPUTS_DIR
 from hyperexport.contracts.names import AUTO as AUTO
 from hyperexport.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
@@ -17,7 +31,14 @@ from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
 from hyperexport.engine.settings import REMOTE_MODES as REMOTE_MODES
-from hyperexport.options import FUNCTION_MODES as FUNCTION_MODES
+from hyperexport.options import (
+    FUNCTION_MODES,
+    AttentionOptions,
+    ExportOptions,
+    RewriteOptions,
+)
+
+__all__ = ["BUILTIN_ATTENTION", "FUNCTION_MODES", "FUNCTION_SCOPES", "REQUIRED"]
 
 DTYPES = (
     "float32",
@@ -33,6 +54,8 @@ DTYPES = (
 )
 
 
+# ``functions`` and ``check.function_scope`` values, and transformers' own attention
+# implementations (hyperexport registers its entry under another name): defined by the library.
 # Default-domain opsets each export path can produce, and the lowest export opset attention
 # promotion accepts (it re-declares the model at 24 without converting other ops, and the Reduce*
 # ops changed signature at 18): defined once, in hyperexport.contracts.names.
@@ -43,12 +66,104 @@ BUILD_KEYS = ("build", "recipe_file")
 
 DYNAMIC_MODES = ("none", AUTO)
 
+#: ``task`` values: what of the model is exported. ``forward`` is one graph of ``method``.
+TASKS = (
+    "forward",
+    "text-generation",
+    "text2text-generation",
+    "automatic-speech-recognition",
+    AUTO,
+)
+#: The tasks a stage implements; a recipe asking for another is refused (exit 2). Implementing
+#: one is adding it here (and its use in the stages that read ``task``).
+IMPLEMENTED_TASKS = ("forward",)
+
+#: The stages that run the model (they read what changes its behaviour: ``env``, ``task``).
+MODEL_STAGES = ("trace", "export")
+#: The stages that check the final model against the recipe's expectations.
+CHECK_STAGES = ("evaluate", "check")
+
+#: Longest recipe ``name``: it is a folder name under the outputs root.
+MAX_NAME_LENGTH = 64
+
 
 # --------------------------------------------------------------------------------------------
-# Schemas (stored in the ConfigStore; field defaults are the recipe defaults)
+# One-value checks (a field's ``check=``); relations between fields are in config/validate.py
 # --------------------------------------------------------------------------------------------
-@dataclass
-class InputSpec:
+def _name(name: str) -> None:
+    """``name`` is one folder under the outputs root: no separators, no ``.``/``..``, bounded."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise Invalid(f"{name!r} may only contain letters, digits, '_', '.', '-'")
+    if name.startswith("."):
+        raise Invalid(f"{name!r} must not start with '.' (it names a folder of the outputs)")
+    if len(name) > MAX_NAME_LENGTH:
+        raise Invalid(f"is {len(name)} characters long; at most {MAX_NAME_LENGTH}")
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise Invalid(f"must be > 0, got {value}")
+
+
+def _not_negative(value: int) -> None:
+    if value < 0:
+        raise Invalid("must be >= 0")
+
+
+def _tolerances(per_output: Mapping[str, ToleranceSpec]) -> None:
+    for out, tol in per_output.items():
+        for key in ("atol", "rtol"):
+            value = getattr(tol, key)
+            if value is not None and value <= 0:
+                raise Invalid(f"must be > 0, got {value}", at=f".{out}.{key}")
+
+
+def _op_counts(counts: Mapping[str, int]) -> None:
+    for op, count in counts.items():
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", op):
+            raise Invalid(f"{op!r} is not an ONNX op type", at=f".{op}")
+        if count < 0:
+            raise Invalid(f"must be >= 0, got {count}", at=f".{op}")
+
+
+def _not_builtin(implementation: str | None) -> None:
+    if implementation in BUILTIN_ATTENTION:
+        raise Invalid(
+            f"{implementation!r} is a transformers built-in; hyperexport registers its "
+            "attention under another name (e.g. 'hyperexport')"
+        )
+
+
+def _custom_op_name(name: str) -> None:
+    if "::" not in name:
+        raise Invalid(f"{name!r} must look like 'domain::op'")
+
+
+def _env_names(names: list[str]) -> None:
+    for i, name in enumerate(names):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise Invalid(f"{name!r} is not an environment variable name", at=f"[{i}]")
+    if len(set(names)) != len(names):
+        raise Invalid("names a variable twice")
+
+
+def _implemented_task(task: str) -> None:
+    if task not in IMPLEMENTED_TASKS:
+        raise Invalid(
+            f"{task!r} is not implemented yet; implemented: {', '.join(IMPLEMENTED_TASKS)}"
+        )
+
+
+def _library(cls: type, name: str) -> Any:
+    """The library's default of option ``name`` of ``cls``: the recipe default is the same."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+# --------------------------------------------------------------------------------------------
+# Schemas: each recipe field declared once (type, default, allowed values, check, readers)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False, repr=False)
+class InputSpec(Section):
     """One example input, generated deterministically from ``seed``.
 
     Floats are uniform in ``[low, high)``; integers uniform in ``[low, high)`` (so token ids
@@ -60,71 +175,89 @@ class InputSpec:
     or by default each dynamic axis grown by a small amount.
     """
 
-    shape: list[int] = MISSING
-    dtype: str = "float32"
-    low: float = 0.0
-    high: float = 1.0
-    seed: int = 0
-    dynamic: dict[int, str] = field(default_factory=dict)
-    check_shape: list[int] | None = None
+    shape: list[int] = option(REQUIRED)
+    dtype: str = option("float32", choices=DTYPES)
+    low: float = option(0.0)
+    high: float = option(1.0)
+    seed: int = option(0)
+    dynamic: dict[int, str] = option(factory=dict)
+    check_shape: list[int] | None = option(None)
 
 
-@dataclass
-class ToleranceSpec:
+@dataclass(frozen=True, eq=False, repr=False)
+class ToleranceSpec(Section):
     """A per-output tolerance override; an unset value inherits ``check.atol``/``check.rtol``."""
 
-    atol: float | None = None
-    rtol: float | None = None
+    atol: float | None = option(None)
+    rtol: float | None = option(None)
 
 
-@dataclass
-class CheckSpec:
+_CHECK = ("check",)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class CheckSpec(Section):
     """What the check stage verifies.
 
     ``expect_ops`` maps a default-domain op type to the exact number of nodes of that type the
     final model *executes*: nodes of the main graph, plus each function's nodes times the number
     of times the function is called (nested calls multiply). ``{Attention: 4}`` on a 4-layer
     model holds whether the layers share one function (per_type) or have one each.
+
+    Tolerances are read by ``check`` only (changing one reruns only ``check``); what runs
+    (``function_scope``, ``expect_ops``) by ``evaluate`` too.
     """
 
-    atol: float = 1e-4
-    rtol: float = 1e-3
-    per_output: dict[str, ToleranceSpec] = field(default_factory=dict)
-    function_scope: str = "all"
-    expect_ops: dict[str, int] = field(default_factory=dict)
+    atol: float = option(_library(CheckSettings, "atol"), readers=_CHECK, check=_positive)
+    rtol: float = option(_library(CheckSettings, "rtol"), readers=_CHECK, check=_positive)
+    per_output: dict[str, ToleranceSpec] = option(factory=dict, readers=_CHECK, check=_tolerances)
+    function_scope: str = option(
+        _library(CheckSettings, "function_scope"), readers=CHECK_STAGES, choices=FUNCTION_SCOPES
+    )
+    expect_ops: dict[str, int] = option(factory=dict, readers=CHECK_STAGES, check=_op_counts)
 
 
-@dataclass
-class AttentionSpec:
+@dataclass(frozen=True, eq=False, repr=False)
+class AttentionSpec(Section):
     """``implementation``: the transformers attention entry to export with (``hyperexport``
     exports each attention call as one node). ``promote_opset24`` rewrites those nodes to
     default-domain ``Attention`` and makes the final model opset 24 whatever ``opset`` says:
     ``opset`` is then only the export opset."""
 
-    implementation: str | None = None
-    promote_opset24: bool = False
+    implementation: str | None = option(
+        _library(AttentionOptions, "implementation"),
+        readers=(*MODEL_STAGES, "rewrite"),
+        check=_not_builtin,
+    )
+    # Promotion is the rewrite's (and what the checks expect), not the export's.
+    promote_opset24: bool = option(
+        _library(AttentionOptions, "promote_opset24"), readers=("rewrite", *CHECK_STAGES)
+    )
 
 
-@dataclass
-class RewriteSpec:
+_REWRITE = ("rewrite",)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class RewriteSpec(Section):
     """Optional rewrite passes; all off by default, as in the library's ``RewriteOptions``
     (fusing constants freezes masks and position embeddings at the traced shape; the optimizer
     costs several times the export)."""
 
-    fold_leftovers: bool = False
-    fuse_constants: bool = False
-    optimize: bool = False
+    fold_leftovers: bool = option(_library(RewriteOptions, "fold_leftovers"), readers=_REWRITE)
+    fuse_constants: bool = option(_library(RewriteOptions, "fuse_constants"), readers=_REWRITE)
+    optimize: bool = option(_library(RewriteOptions, "optimize"), readers=_REWRITE)
 
 
-@dataclass
-class CustomOpSpec:
-    name: str = MISSING
-    symbolic: str = MISSING
-    opset: int = MISSING
+@dataclass(frozen=True, eq=False, repr=False)
+class CustomOpSpec(Section):
+    name: str = option(REQUIRED, check=_custom_op_name)
+    symbolic: str = option(REQUIRED)
+    opset: int = option(REQUIRED)
 
 
-@dataclass
-class RecipeConfig:
+@dataclass(frozen=True, eq=False, repr=False)
+class RecipeConfig(Section):
     """One model to export. ``model`` is ``{_target_: factory, **kwargs}``; the factory's module
     (and a local ``checkpoint``, if any, resolved relative to the recipe file) define the model.
 
@@ -134,26 +267,36 @@ class RecipeConfig:
 
     ``fallback: true`` lets the export stage retry on the other path (``dynamo``) when the chosen
     one fails; it is logged at WARNING and recorded in the model's metadata and the report.
+
+    ``dynamo`` has no default: the export path is always the recipe's explicit choice.
     """
 
-    name: str = MISSING
-    model: dict[str, Any] = MISSING
-    checkpoint: str | None = None
-    # ``auto`` or {name: InputSpec}; ``auto`` or [import path, ...] (see AUTO above).
-    inputs: Any = MISSING
-    hiera: Any = MISSING
-    dynamic: str = "none"
-    method: str = "forward"
-    opset: int = 18
-    dynamo: bool = False
-    fallback: bool = False
-    functions: str = "per_instance"
-    attention: AttentionSpec = field(default_factory=AttentionSpec)
-    rewrite: RewriteSpec = field(default_factory=RewriteSpec)
-    check: CheckSpec = field(default_factory=CheckSpec)
-    custom_ops: list[CustomOpSpec] = field(default_factory=list)
-    external_data: bool = False
-    external_data_threshold: int = 1024
+    name: str = option(REQUIRED, check=_name)
+    model: dict[str, Any] = option(REQUIRED, readers=MODEL_STAGES)
+    # The checkpoint is keyed by the model's fingerprint (its files' digests), not by its path.
+    checkpoint: str | None = option(None)
+    inputs: dict[str, InputSpec] | Literal["auto"] = option(REQUIRED, readers=MODEL_STAGES)
+    hiera: list[str] | Literal["auto"] = option(REQUIRED, readers=MODEL_STAGES)
+    dynamic: str = option("none", readers=MODEL_STAGES, choices=DYNAMIC_MODES)
+    method: str = option(_library(ExportOptions, "method"), readers=MODEL_STAGES)
+    opset: int = option(18, readers=("export", *CHECK_STAGES))
+    dynamo: bool = option(REQUIRED, readers=(*MODEL_STAGES, *CHECK_STAGES))
+    fallback: bool = option(_library(ExportOptions, "fallback"), readers=("export", *CHECK_STAGES))
+    functions: str = option(
+        _library(ExportOptions, "functions"), readers=("export", "rewrite"), choices=FUNCTION_MODES
+    )
+    attention: AttentionSpec = section(AttentionSpec)
+    rewrite: RewriteSpec = section(RewriteSpec)
+    check: CheckSpec = section(CheckSpec)
+    custom_ops: list[CustomOpSpec] = option(factory=list, readers=("export",))
+    external_data: bool = option(False, readers=_REWRITE)
+    external_data_threshold: int = option(
+        _library(ExportOptions, "external_data_threshold"), readers=_REWRITE, check=_not_negative
+    )
+    # What the model reads besides its arguments: the values of these variables enter the keys
+    # of the stages that run it (runner/session.py, model fingerprint), as digests.
+    env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
+    task: str = option("forward", readers=MODEL_STAGES, choices=TASKS, check=_implemented_task)
 
 
 @dataclass
@@ -182,7 +325,8 @@ class Recipe:
     Attributes:
         name: ``name`` field (used in the outputs path).
         file: The recipe file it came from (for messages).
-        data: The recipe with every default filled in, as JSON-compatible data.
+        data: The recipe with every default filled in, as JSON-compatible data (what the
+            runner slices and keys).
         checkpoint: Absolute checkpoint path, if the recipe has one.
     """
 
@@ -190,6 +334,11 @@ class Recipe:
     file: str
     data: Mapping[str, Any]
     checkpoint: Path | None = None
+
+    @functools.cached_property
+    def config(self) -> RecipeConfig:
+        """The recipe typed (``data`` is its :func:`~hyperexport.config.fields.to_json`)."""
+        return from_json(RecipeConfig, self.data)
 
 
 @dataclass(frozen=True)
@@ -209,9 +358,6 @@ def _outputs_root(value: str | None = None) -> str:
     return str(Path(value).expanduser().resolve()) if value else str(DEFAULT_OUTPUTS_DIR)
 
 
-@functools.lru_cache(maxsize=1)
-def _schema() -> Any:
-    # Building a structured config is slow (tens of ms); the schema is built once per process.
-    schema = OmegaConf.structured(RecipeConfig)
-    OmegaConf.set_readonly(schema, True)
-    return schema
+def stage_reads(stage: str) -> tuple[str, ...]:
+    """The recipe fields stage ``stage`` reads: those declaring it among their ``readers``."""
+    return reads_of(RecipeConfig, stage)

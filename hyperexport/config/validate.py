@@ -4,43 +4,40 @@ from __future__ import annotations
 
 import logging
 import re
+import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING as DC_MISSING
-from dataclasses import fields, is_dataclass
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from omegaconf import MISSING, OmegaConf
-
+from hyperexport.config.fields import (
+    REQUIRED,
+    Invalid,
+    from_json,
+    hints,
+    is_required,
+    section_type,
+    spec_of,
+    to_json,
+    typed_value,
+)
 from hyperexport.config.imports import _locate_module, _top_level_names, split_import_path
 from hyperexport.config.schema import (
     AUTO,
-    BUILTIN_ATTENTION,
-    DTYPES,
-    DYNAMIC_MODES,
-    FUNCTION_MODES,
-    FUNCTION_SCOPES,
-    OPSET_RANGES,
     PROMOTE_MIN_OPSET,
     REMOTE_MODES,
-    AttentionSpec,
     BuildConfig,
     BuildSettings,
-    CheckSpec,
     InputSpec,
     Recipe,
     RecipeConfig,
-    RewriteSpec,
     _outputs_root,
-    _schema,
 )
+from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import RecipeError, did_you_mean
 
 log = logging.getLogger(__name__)
-
-#: Longest recipe ``name``: it is a folder name under the outputs root.
-MAX_NAME_LENGTH = 64
 
 
 # --------------------------------------------------------------------------------------------
@@ -48,8 +45,23 @@ MAX_NAME_LENGTH = 64
 # --------------------------------------------------------------------------------------------
 
 
+def _describe(tp: Any) -> str:
+    """How an error names type ``tp`` ("must be {description}")."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin is list:
+        return "a list"
+    if origin is dict or section_type(tp) is not None:
+        return "a mapping"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, str(tp)
+    )
+
+
 class _Checker:
-    """Checks a recipe against a schema dataclass, raising RecipeError on the first problem."""
+    """Checks data against a schema dataclass, raising RecipeError on the first problem: the
+    field's type, then its declared ``choices`` and ``check`` (config/fields.py)."""
 
     def __init__(self, recipe_file: str) -> None:
         self.file = recipe_file
@@ -60,7 +72,7 @@ class _Checker:
     def dataclass_(self, schema: type, data: Any, where: str) -> None:
         if not isinstance(data, Mapping):
             self.fail(where or "<recipe>", f"must be a mapping, got {type(data).__name__}")
-        hints = typing.get_type_hints(schema)
+        types_ = hints(schema)
         names = [f.name for f in fields(schema)]
         for key in data:
             if key not in names:
@@ -68,23 +80,49 @@ class _Checker:
                 self.fail(path, f"unknown key{did_you_mean(str(key), names)}")
         for f in fields(schema):
             path = f"{where}.{f.name}" if where else f.name
-            required = f.default is MISSING or (
-                f.default is DC_MISSING and f.default_factory is DC_MISSING
-            )
-            if f.name not in data or data[f.name] == "???":
-                if required:
-                    self.fail(path, "missing required field")
+            if f.name not in data or data[f.name] == REQUIRED:
+                if is_required(f):
+                    hint = f" ({_describe(types_[f.name])})" if types_[f.name] is bool else ""
+                    self.fail(path, f"missing required field{hint}")
                 continue
-            self.value(hints[f.name], data[f.name], path)
+            self.value(types_[f.name], data[f.name], path)
+            self.declared(f, types_[f.name], data[f.name], path)
+
+    def declared(self, f: Any, tp: Any, value: Any, where: str) -> None:
+        """The field's declared ``choices`` and ``check`` on a well-typed ``value``."""
+        spec = spec_of(f)
+        if spec.choices is not None and value not in spec.choices:
+            hint = (
+                did_you_mean(value, [str(c) for c in spec.choices])
+                if isinstance(value, str)
+                else ""
+            )
+            self.fail(where, f"must be one of {spec.choices}, got {value!r}{hint}")
+        if spec.check is not None:
+            try:
+                spec.check(typed_value(tp, value))
+            except Invalid as e:
+                self.fail(f"{where}{e.at}", e.reason)
 
     def value(self, tp: Any, value: Any, where: str) -> None:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if origin in (typing.Union, types.UnionType):
             if value is None and type(None) in args:
                 return
-            tp = next(a for a in args if a is not type(None))
+            members = [a for a in args if a is not type(None)]
+            match = next((a for a in members if _shape_of(a, value)), None)
+            if match is None:
+                if len(members) == 1:
+                    match = members[0]
+                else:
+                    wanted = " or ".join(_describe(a) for a in members)
+                    self.fail(where, f"must be {wanted}, got {value!r}")
+            tp = match
             origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if isinstance(tp, type) and is_dataclass(tp):
+        if origin is Literal:
+            if value not in args:
+                self.fail(where, f"must be {_describe(tp)}, got {value!r}")
+        elif section_type(tp) is not None:
             self.dataclass_(tp, value, where)
         elif origin is list:
             if not isinstance(value, list):
@@ -110,6 +148,18 @@ class _Checker:
             self.fail(where, f"must be a string, got {value!r}")
 
 
+def _shape_of(tp: Any, value: Any) -> bool:
+    """Whether ``value`` is the kind of data ``tp`` describes (which Union member to check)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return isinstance(value, str) and all(isinstance(a, str) for a in typing.get_args(tp))
+    if origin is list:
+        return isinstance(value, list)
+    if origin is dict or section_type(tp) is not None:
+        return isinstance(value, Mapping)
+    return False
+
+
 def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     """Validate a composed recipe and fill in its defaults.
 
@@ -125,141 +175,67 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     """
     check = _Checker(recipe_file)
     check.dataclass_(RecipeConfig, data, "")
-    _check_auto_fields(check, data)
-    container = OmegaConf.to_container(OmegaConf.merge(_schema(), dict(data)))
-    assert isinstance(container, dict)
-    merged = typing.cast("dict[str, Any]", container)
-    merged["inputs"] = _inputs_with_defaults(merged["inputs"])
-    _check_semantics(check, merged)
+    config = from_json(RecipeConfig, data)
+    _check_semantics(check, config)
     checkpoint = None
-    if merged.get("checkpoint"):
-        checkpoint = Path(merged["checkpoint"]).expanduser()
+    if config.checkpoint:
+        checkpoint = Path(config.checkpoint).expanduser()
         if not checkpoint.is_absolute():
             checkpoint = Path(recipe_file).resolve().parent / checkpoint
         if not checkpoint.exists():
             check.fail("checkpoint", f"{checkpoint} does not exist")
-    return Recipe(name=merged["name"], file=recipe_file, data=merged, checkpoint=checkpoint)
+    return Recipe(name=config.name, file=recipe_file, data=to_json(config), checkpoint=checkpoint)
 
 
-def _check_name(check: _Checker, name: str) -> None:
-    """``name`` is one folder under the outputs root: no separators, no ``.``/``..``, bounded."""
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        check.fail("name", f"{name!r} may only contain letters, digits, '_', '.', '-'")
-    if name.startswith("."):
-        check.fail("name", f"{name!r} must not start with '.' (it names a folder of the outputs)")
-    if len(name) > MAX_NAME_LENGTH:
-        check.fail("name", f"is {len(name)} characters long; at most {MAX_NAME_LENGTH}")
-
-
-def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
-    _check_name(check, r["name"])
-    low, high = OPSET_RANGES[r["dynamo"]]
-    if not low <= r["opset"] <= high:
-        path = "dynamo=True" if r["dynamo"] else "dynamo=False (TorchScript)"
-        check.fail("opset", f"{r['opset']} is out of range for {path}: supported {low}..{high}")
-    if r["functions"] not in FUNCTION_MODES:
-        check.fail(
-            "functions",
-            f"must be one of {FUNCTION_MODES}{did_you_mean(r['functions'], FUNCTION_MODES)}",
-        )
-    target = r["model"].get("_target_")
+def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
+    """Relations between fields, and what only the environment can tell (importability)."""
+    low, high = OPSET_RANGES[r.dynamo]
+    if not low <= r.opset <= high:
+        path = "dynamo=True" if r.dynamo else "dynamo=False (TorchScript)"
+        check.fail("opset", f"{r.opset} is out of range for {path}: supported {low}..{high}")
+    target = r.model.get("_target_")
     if not isinstance(target, str) or not target:
         check.fail("model._target_", "missing required field (import path of the model factory)")
     _check_import(check, "model._target_", target)
-    if r["inputs"] != AUTO:
-        if not r["inputs"]:
-            check.fail("inputs", "at least one input is required")
-        for name, spec in r["inputs"].items():
-            _check_input(check, f"inputs.{name}", spec)
-        _check_dim_names(check, r["inputs"])
-    if r["hiera"] != AUTO:
-        if not r["hiera"]:
-            check.fail("hiera", "at least one class is required")
-        for i, path in enumerate(r["hiera"]):
-            _check_import(check, f"hiera[{i}]", path)
-    c = r["check"]
-    for key in ("atol", "rtol"):
-        if c[key] <= 0:
-            check.fail(f"check.{key}", f"must be > 0, got {c[key]}")
-    for out, tol in c["per_output"].items():
-        for key in ("atol", "rtol"):
-            if tol[key] is not None and tol[key] <= 0:
-                check.fail(f"check.per_output.{out}.{key}", f"must be > 0, got {tol[key]}")
-    if c["function_scope"] not in FUNCTION_SCOPES:
-        check.fail(
-            "check.function_scope",
-            f"must be one of {FUNCTION_SCOPES}{did_you_mean(c['function_scope'], FUNCTION_SCOPES)}",
-        )
-    for op, count in c["expect_ops"].items():
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", op):
-            check.fail(f"check.expect_ops.{op}", f"{op!r} is not an ONNX op type")
-        if count < 0:
-            check.fail(f"check.expect_ops.{op}", f"must be >= 0, got {count}")
-    _check_attention(check, r["attention"])
-    if r["attention"]["promote_opset24"] and r["opset"] < PROMOTE_MIN_OPSET:
-        check.fail(
-            "opset",
-            f"{r['opset']} is too old for attention.promote_opset24: the export opset must be "
-            f">= {PROMOTE_MIN_OPSET} (promotion re-declares the model at 24 without converting "
-            "ops such as ReduceMean, whose signature changed at 18)",
-        )
-    for i, op in enumerate(r["custom_ops"]):
-        if "::" not in op["name"]:
-            check.fail(f"custom_ops[{i}].name", f"{op['name']!r} must look like 'domain::op'")
-        _check_import(check, f"custom_ops[{i}].symbolic", op["symbolic"])
-    if r["external_data_threshold"] < 0:
-        check.fail("external_data_threshold", "must be >= 0")
-
-
-# --------------------------------------------------------------------------------------------
-# ``inputs`` / ``hiera`` / ``dynamic``: explicit values, or ``auto`` (resolved by the stages)
-# --------------------------------------------------------------------------------------------
-def _check_auto_fields(check: _Checker, data: Mapping[str, Any]) -> None:
-    """``inputs``: ``auto`` or {name: InputSpec}; ``hiera``: ``auto`` or a list of import paths;
-    ``dynamic``: ``none`` or ``auto``, and ``auto`` only with ``inputs: auto``."""
-    inputs, hiera = data.get("inputs"), data.get("hiera")
-    if isinstance(inputs, str):
-        if inputs != AUTO:
-            check.fail("inputs", f"must be {AUTO!r} or a mapping of input specs, got {inputs!r}")
-    else:
-        check.value(dict[str, InputSpec], inputs, "inputs")
-    if isinstance(hiera, str):
-        if hiera != AUTO:
-            check.fail("hiera", f"must be {AUTO!r} or a list of class import paths, got {hiera!r}")
-    else:
-        check.value(list[str], hiera, "hiera")
-    dynamic = data.get("dynamic", "none")
-    if dynamic not in DYNAMIC_MODES:
-        check.fail("dynamic", f"must be one of {DYNAMIC_MODES}, got {dynamic!r}")
-    if dynamic == AUTO and inputs != AUTO:
+    if r.dynamic == AUTO and r.inputs != AUTO:
         check.fail(
             "dynamic",
             "auto applies to inputs: auto; explicit inputs name their axes in inputs.<name>.dynamic",
         )
-
-
-def _inputs_with_defaults(inputs: Any) -> Any:
-    """Explicit input specs with InputSpec's defaults filled in (``auto`` as is)."""
-    if inputs == AUTO:
-        return inputs
-    schema = OmegaConf.structured(InputSpec)
-    return {
-        name: OmegaConf.to_container(OmegaConf.merge(schema, dict(spec)))
-        for name, spec in inputs.items()
-    }
-
-
-def _check_input(check: _Checker, where: str, spec: Mapping[str, Any]) -> None:
-    if spec["dtype"] not in DTYPES:
+    if not isinstance(r.inputs, str):
+        if not r.inputs:
+            check.fail("inputs", "at least one input is required")
+        for name, spec in r.inputs.items():
+            _check_input(check, f"inputs.{name}", spec)
+        _check_dim_names(check, r.inputs)
+    if not isinstance(r.hiera, str):
+        if not r.hiera:
+            check.fail("hiera", "at least one class is required")
+        for i, path in enumerate(r.hiera):
+            _check_import(check, f"hiera[{i}]", path)
+    if r.attention.promote_opset24 and r.attention.implementation is None:
         check.fail(
-            f"{where}.dtype",
-            f"unknown dtype {spec['dtype']!r}{did_you_mean(spec['dtype'], DTYPES)}",
+            "attention.implementation",
+            "missing: attention.promote_opset24 needs an implementation to promote "
+            "(e.g. 'hyperexport')",
         )
-    if any(d <= 0 for d in spec["shape"]):
-        check.fail(f"{where}.shape", f"dimensions must be positive, got {spec['shape']}")
-    if not spec["low"] < spec["high"]:
-        check.fail(f"{where}.high", f"must be greater than low ({spec['low']}), got {spec['high']}")
-    shape, dynamic, second = spec["shape"], spec["dynamic"], spec["check_shape"]
+    if r.attention.promote_opset24 and r.opset < PROMOTE_MIN_OPSET:
+        check.fail(
+            "opset",
+            f"{r.opset} is too old for attention.promote_opset24: the export opset must be "
+            f">= {PROMOTE_MIN_OPSET} (promotion re-declares the model at 24 without converting "
+            "ops such as ReduceMean, whose signature changed at 18)",
+        )
+    for i, op in enumerate(r.custom_ops):
+        _check_import(check, f"custom_ops[{i}].symbolic", op.symbolic)
+
+
+def _check_input(check: _Checker, where: str, spec: InputSpec) -> None:
+    if any(d <= 0 for d in spec.shape):
+        check.fail(f"{where}.shape", f"dimensions must be positive, got {spec.shape}")
+    if not spec.low < spec.high:
+        check.fail(f"{where}.high", f"must be greater than low ({spec.low}), got {spec.high}")
+    shape, dynamic, second = spec.shape, spec.dynamic, spec.check_shape
     for axis, dim in dynamic.items():
         if not 0 <= axis < len(shape):
             check.fail(
@@ -288,20 +264,20 @@ def _check_input(check: _Checker, where: str, spec: Mapping[str, Any]) -> None:
             )
 
 
-def _check_dim_names(check: _Checker, inputs: Mapping[str, Mapping[str, Any]]) -> None:
+def _check_dim_names(check: _Checker, inputs: Mapping[str, InputSpec]) -> None:
     """A dim name shared by several inputs has one size in the trace and one at check_shape."""
     traced: dict[str, tuple[str, int]] = {}
     second: dict[str, tuple[str, int | None]] = {}
     for name, spec in inputs.items():
-        for axis, dim in sorted(spec["dynamic"].items()):
-            size = spec["shape"][axis]
+        for axis, dim in sorted(spec.dynamic.items()):
+            size = spec.shape[axis]
             other = traced.setdefault(dim, (name, size))
             if other[1] != size:
                 check.fail(
                     f"inputs.{name}.shape",
                     f"dim {dim!r} is {size} on axis {axis} but {other[1]} in inputs.{other[0]}",
                 )
-            probe = spec["check_shape"][axis] if spec["check_shape"] is not None else None
+            probe = spec.check_shape[axis] if spec.check_shape is not None else None
             first = second.setdefault(dim, (name, probe))
             if first[1] != probe:
                 check.fail(
@@ -309,22 +285,6 @@ def _check_dim_names(check: _Checker, inputs: Mapping[str, Mapping[str, Any]]) -
                     f"dim {dim!r} is {probe} here but {first[1]} in inputs.{first[0]}.check_shape"
                     " (give every input sharing a dim the same check size)",
                 )
-
-
-def _check_attention(check: _Checker, attention: Mapping[str, Any]) -> None:
-    implementation = attention["implementation"]
-    if attention["promote_opset24"] and implementation is None:
-        check.fail(
-            "attention.implementation",
-            "missing: attention.promote_opset24 needs an implementation to promote "
-            "(e.g. 'hyperexport')",
-        )
-    if implementation in BUILTIN_ATTENTION:
-        check.fail(
-            "attention.implementation",
-            f"{implementation!r} is a transformers built-in; hyperexport registers its "
-            "attention under another name (e.g. 'hyperexport')",
-        )
 
 
 def _check_import(check: _Checker, where: str, path: str) -> None:
@@ -409,12 +369,8 @@ def check_override_keys(overrides: Sequence[str], recipe_file: str) -> None:
         RecipeError: The key is not a recipe field, a build setting or ``recipe``/``recipe_file``.
     """
     top = {f.name for f in fields(RecipeConfig)} | {"build", "recipe", "recipe_file", "hydra"}
-    nested: dict[str, type] = {
-        "build": BuildConfig,
-        "check": CheckSpec,
-        "attention": AttentionSpec,
-        "rewrite": RewriteSpec,
-    }
+    sections = {name: tp for name, tp in hints(RecipeConfig).items() if section_type(tp)}
+    nested: dict[str, type] = {"build": BuildConfig, **sections}
     for item in overrides:
         if item.startswith(("-", "+", "~")) or "=" not in item:
             continue

@@ -159,6 +159,10 @@ def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
         reasons += diff_values(old.get("weights"), new.get("weights"), label="weights") or [
             "weights changed"
         ]
+    old_env, new_env = old.get("env", {}), new.get("env", {})
+    changed_env = sorted(n for n in set(old_env) | set(new_env) if old_env.get(n) != new_env.get(n))
+    if changed_env:
+        reasons.append(f"environment of the model changed ({', '.join(changed_env)})")
     old_files, new_files = old.get("files", {}), new.get("files", {})
     for name in sorted(set(old_files) | set(new_files)):
         if old_files.get(name) != new_files.get(name):

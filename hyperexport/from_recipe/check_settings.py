@@ -1,26 +1,28 @@
-"""The check's :class:`~hyperexport.check.CheckSettings` from a recipe slice.
+"""The check's :class:`~hyperexport.check.CheckSettings` from the typed recipe, in one place.
 
 Two stages read them: ``evaluate`` the expectations and the function scope (what to run),
-``check`` the tolerances as well (how to judge). Each reads only its own slice.
+``check`` the tolerances as well (how to judge). Each passes its own slice: the tolerances
+are set only when the slice holds them, so changing one reruns only ``check``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
 from hyperexport.check.settings import CheckSettings, Tolerance
+from hyperexport.config.fields import is_read
+from hyperexport.config.schema import RecipeConfig
 
 
-def expectations(
-    params: Mapping[str, Any], hiera: tuple[str, ...], fallback_from: str | None = None
+def check_settings(
+    recipe: RecipeConfig, hiera: tuple[str, ...], fallback_from: str | None = None
 ) -> CheckSettings:
-    """What the final model must declare, and which functions run alone; no tolerance is read.
+    """The settings of the checks from the recipe (or a stage's slice of it).
 
     Args:
-        params: A slice holding ``check.function_scope``, ``check.expect_ops``, ``opset``,
-            ``dynamo``, ``fallback`` and ``attention.promote_opset24``.
+        recipe: Holds ``check.function_scope``, ``check.expect_ops``, ``opset``, ``dynamo``,
+            ``fallback`` and ``attention.promote_opset24``; and, for the ``check`` stage,
+            ``check.atol``, ``check.rtol`` and ``check.per_output``.
         hiera: Qualified hiera class names (each must become a function).
         fallback_from: The manifest's record of a fallback, if the export fell back. Only a
             recipe with ``fallback: true`` accepts the other path; otherwise the metadata check
@@ -34,32 +36,21 @@ def expectations(
       manifest records that the export fell back;
     * ``check.expect_ops``: executed counts of default-domain op types (``op_counts``).
     """
-    c = params["check"]
-    promote = bool((params.get("attention") or {}).get("promote_opset24"))
-    dynamo = bool(params["dynamo"])
-    if fallback_from is not None and params.get("fallback"):
+    c = recipe.check
+    dynamo = recipe.dynamo
+    if fallback_from is not None and recipe.fallback:
         dynamo = not dynamo
-    return CheckSettings(
-        function_scope=c["function_scope"],
+    settings = CheckSettings(
+        function_scope=c.function_scope,
         expected_classes=tuple(hiera),
-        expected_opset=24 if promote else int(params["opset"]),
+        expected_opset=24 if recipe.attention.promote_opset24 else recipe.opset,
         expected_dynamo=dynamo,
-        expected_ops=tuple(sorted((op, int(n)) for op, n in (c.get("expect_ops") or {}).items())),
+        expected_ops=tuple(sorted(c.expect_ops.items())),
     )
-
-
-def check_settings(
-    params: Mapping[str, Any], hiera: tuple[str, ...], fallback_from: str | None = None
-) -> CheckSettings:
-    """:func:`expectations` plus the tolerances (``check.atol``, ``check.rtol``, ``per_output``)."""
-    c = params["check"]
+    if not is_read(c, "atol"):  # evaluate: no tolerance
+        return settings
     per_output = tuple(
-        (name, Tolerance(t.get("atol") or c["atol"], t.get("rtol") or c["rtol"]))
-        for name, t in sorted((c.get("per_output") or {}).items())
+        (name, Tolerance(t.atol or c.atol, t.rtol or c.rtol))
+        for name, t in sorted(c.per_output.items())
     )
-    return dataclasses.replace(
-        expectations(params, hiera, fallback_from),
-        atol=float(c["atol"]),
-        rtol=float(c["rtol"]),
-        per_output=per_output,
-    )
+    return dataclasses.replace(settings, atol=c.atol, rtol=c.rtol, per_output=per_output)

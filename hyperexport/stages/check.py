@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hyperexport.atomic import atomic_write_bytes
+from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import (
     CHECK_JSON,
     CHECK_SUMMARY,
@@ -20,6 +21,7 @@ from hyperexport.contracts.names import (
     REFERENCE_DIR,
 )
 from hyperexport.engine.stage import StageInputs
+from hyperexport.stages.recipe_stage import RecipeStage
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from hyperexport.check.model_evaluator import ModelEvaluator
 
 
-class CheckStage:
+class CheckStage(RecipeStage):
     """``judge`` → ``check.json`` and ``check.txt``; a failed check fails the build.
 
     The check's outputs are written before it raises, so the report can show them; the runner
@@ -39,20 +41,15 @@ class CheckStage:
     name: str = "check"
     version: int = 5
     upstream: tuple[str, ...] = ("export", "rewrite", "evaluate")
-    reads: tuple[str, ...] = (
-        "check",
-        "opset",
-        "dynamo",
-        "fallback",
-        "attention.promote_opset24",
-    )
+    #: Derived from the schema: the recipe fields that declare "check" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
     #: numpy judges; the ONNX libraries run only for localisation, and then shape the result.
     libraries: tuple[str, ...] = ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxruntime")
     publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY)
     artifacts: Mapping[str, str] = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
 
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.check.evaluation import Evaluation
         from hyperexport.check.judge import judge
         from hyperexport.check.tensors import CapturedArrays
@@ -64,7 +61,7 @@ class CheckStage:
         rewrite_dir = inputs.dir("rewrite")
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
         evaluation = Evaluation.load(inputs.dir("evaluate"))
-        settings = check_settings(params, capture.record.hiera, manifest.fallback_from)
+        settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
         evaluator: ModelEvaluator | None = None
 
         def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE, REFERENCE_DIR
 from hyperexport.engine.stage import StageInputs
+from hyperexport.stages.recipe_stage import RecipeStage
 
 
-class EvaluateStage:
+class EvaluateStage(RecipeStage):
     """``evaluate_model`` → ``evaluation.json`` + ``evaluation.npz`` (``check/evaluation.py``).
 
     What it finds is judged by the ``check`` stage; a model that runs but is wrong does not fail
@@ -27,29 +28,23 @@ class EvaluateStage:
     #: The reference capture comes from the export (``reference/``): the capture its bundle was
     #: exported from, which after a fallback is not the trace's.
     upstream: tuple[str, ...] = ("export", "rewrite")
-    reads: tuple[str, ...] = (
-        "check.function_scope",
-        "check.expect_ops",
-        "opset",
-        "dynamo",
-        "fallback",
-        "attention.promote_opset24",
-    )
+    #: Derived from the schema: the recipe fields that declare "evaluate" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
     libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxruntime", "numpy", "ml-dtypes")
     publish: tuple[str, ...] = ()
     artifacts: Mapping[str, str] = {}
 
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.check.model_evaluator import evaluate_model
         from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
-        from hyperexport.from_recipe.check_settings import expectations
+        from hyperexport.from_recipe.check_settings import check_settings
 
         capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
         rewrite_dir = inputs.dir("rewrite")
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
-        settings = expectations(params, capture.record.hiera, manifest.fallback_from)
+        settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
         evaluation = evaluate_model(
             rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays, settings
         )

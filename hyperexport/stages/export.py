@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import BUNDLE_JSON, CAPTURE_JSON, REFERENCE_DIR, TENSORS_NPZ
 from hyperexport.engine.stage import StageInputs
+from hyperexport.stages.recipe_stage import RecipeStage
 
 
-class ExportStage:
+class ExportStage(RecipeStage):
     """``export_units`` on the live model and the trace's capture.
 
     Besides the bundle, the stage writes the capture its bundle was exported from under
@@ -24,52 +25,38 @@ class ExportStage:
     name: str = "export"
     version: int = 4
     upstream: tuple[str, ...] = ("trace",)
-    reads: tuple[str, ...] = (
-        "model",
-        "inputs",
-        "hiera",
-        "dynamic",
-        "method",
-        "opset",
-        "dynamo",
-        "fallback",
-        "functions",
-        "custom_ops",
-        # Only the implementation: promotion to opset 24 is the rewrite stage's.
-        "attention.implementation",
-    )
+    #: Derived from the schema: the recipe fields that declare "export" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir")
     publish: tuple[str, ...] = ()
     artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
 
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.export.fallback import export_units_with_fallback
         from hyperexport.files import clone_or_copy
-        from hyperexport.from_recipe.export_options import export_options
-        from hyperexport.models.auto import resolve_auto
+        from hyperexport.from_recipe.export_options import export_options, resolve_explicit
 
         model = inputs.model()  # first: loading it registers the output types the trees name
         capture = Capture.load(inputs.dir("trace"))
         check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
-        params = resolve_auto(params, model, inputs.recipe_file)  # hiera/inputs: auto
-        options = export_options(params)
+        explicit = resolve_explicit(recipe, model, inputs.recipe_file)  # hiera/inputs: auto
+        options = export_options(recipe, explicit.inputs)
         first = capture
 
         def recapture(dynamo: bool) -> Capture:
             # The other path's capture semantics (see export_units_with_fallback).
             from hyperexport.capture.capture_model import capture_model
             from hyperexport.from_recipe.model import resolve_classes
-            from hyperexport.models.inputs import make_inputs
 
             return capture_model(
                 model,
                 (),
-                make_inputs(params["inputs"]),
-                hiera=resolve_classes(list(params["hiera"]), inputs.recipe_file),
-                method=params["method"],
+                explicit.example_inputs(),
+                hiera=resolve_classes(explicit.hiera, inputs.recipe_file),
+                method=recipe.method,
                 dynamo=dynamo,
                 attention=options.attention.implementation,
                 dynamic_axes={k: dict(v) for k, v in options.dynamic_axes} or None,
@@ -79,8 +66,8 @@ class ExportStage:
         _, used = export_units_with_fallback(
             model,
             capture,
-            opset=int(params["opset"]),
-            dynamo=bool(params["dynamo"]),
+            opset=recipe.opset,
+            dynamo=recipe.dynamo,
             options=options,
             out_dir=out_dir,
             recapture=recapture,

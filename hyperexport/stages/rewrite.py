@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from hyperexport import progress
 from hyperexport.atomic import atomic_write_bytes
+from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
 from hyperexport.engine.stage import StageInputs
+from hyperexport.stages.recipe_stage import RecipeStage
 
 
-class RewriteStage:
+class RewriteStage(RecipeStage):
     """``compose_model`` on the export bundle → ``model.onnx`` (+ external data) and ``manifest.json``.
 
     When no pass made a tensor for the data file, ``model.onnx.data`` is the export's
@@ -25,30 +26,25 @@ class RewriteStage:
     name: str = "rewrite"
     version: int = 3
     upstream: tuple[str, ...] = ("export",)
-    reads: tuple[str, ...] = (
-        "functions",
-        "rewrite",
-        "attention",
-        "external_data",
-        "external_data_threshold",
-    )
+    #: Derived from the schema: the recipe fields that declare "rewrite" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
     libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxscript")
     publish: tuple[str, ...] = (MODEL_FILE, f"{MODEL_FILE}.data", "*.onnx.data", MANIFEST_JSON)
     artifacts: Mapping[str, str] = {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
 
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.from_recipe.export_options import export_options
         from hyperexport.model_file import save_model
         from hyperexport.passes.pipeline import compose_model
 
-        model, manifest = compose_model(inputs.dir("export"), options=export_options(params))
+        model, manifest = compose_model(inputs.dir("export"), options=export_options(recipe))
         with progress.watch_bytes(out_dir, f"writing {MODEL_FILE}"):
             save_model(
                 model,
                 out_dir / MODEL_FILE,
-                external_data=bool(params["external_data"]),
-                threshold=int(params["external_data_threshold"]),
+                external_data=recipe.external_data,
+                threshold=recipe.external_data_threshold,
                 # The export's weight file unchanged: a link the cache stores without a copy.
                 link_unchanged=True,
             )

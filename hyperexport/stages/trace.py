@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON
 from hyperexport.engine.stage import StageInputs
+from hyperexport.stages.recipe_stage import RecipeStage
 
 
-class TraceStage:
+class TraceStage(RecipeStage):
     """``capture_model`` on the recipe's inputs → ``capture.json`` + ``tensors.npz``.
 
     The capture holds the reference outputs the check stage compares against, so check never
@@ -23,41 +24,36 @@ class TraceStage:
     name: str = "trace"
     version: int = 3
     upstream: tuple[str, ...] = ()
-    reads: tuple[str, ...] = (
-        "model",
-        "inputs",
-        "hiera",
-        "dynamic",
-        "method",
-        "dynamo",
-        "attention.implementation",
-    )
+    #: Derived from the schema: the recipe fields that declare "trace" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
     publish: tuple[str, ...] = (AUTO_FILE,)
     artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
 
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.capture_model import capture_model
-        from hyperexport.from_recipe.export_options import dynamic_axes, probe_shapes
+        from hyperexport.from_recipe.export_options import (
+            dynamic_axes,
+            probe_shapes,
+            resolve_explicit,
+        )
         from hyperexport.from_recipe.model import resolve_classes
-        from hyperexport.models.auto import resolve_auto
-        from hyperexport.models.inputs import make_inputs
 
         model = inputs.model()
-        params = resolve_auto(params, model, inputs.recipe_file, out_dir)  # hiera/inputs: auto
-        hiera = resolve_classes(list(params["hiera"]), inputs.recipe_file)
-        axes = {name: dict(a) for name, a in dynamic_axes(params["inputs"])}
+        explicit = resolve_explicit(recipe, model, inputs.recipe_file, out_dir)  # auto resolved
+        hiera = resolve_classes(explicit.hiera, inputs.recipe_file)
+        axes = {name: dict(a) for name, a in dynamic_axes(explicit.inputs)}
         capture = capture_model(
             model,
             (),
-            make_inputs(params["inputs"]),
+            explicit.example_inputs(),
             hiera=hiera,
-            method=params["method"],
-            dynamo=bool(params["dynamo"]),
-            attention=params["attention"]["implementation"],
+            method=recipe.method,
+            dynamo=recipe.dynamo,
+            attention=recipe.attention.implementation,
             dynamic_axes=axes or None,
-            probe_shapes=dict(probe_shapes(params["inputs"])) or None,
+            probe_shapes=dict(probe_shapes(explicit.inputs)) or None,
             strict_hiera=str(inputs.recipe_file),  # a build: a hiera class never run is exit 2
         )
         capture.save(out_dir)

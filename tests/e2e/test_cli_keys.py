@@ -51,6 +51,7 @@ model: {_target_: hxc_model.make, seed: 0}
 inputs:
   x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}
 hiera: [hxc_model.Block]
+dynamo: false
 rewrite: {optimize: false, fuse_constants: false}
 """
 

@@ -67,6 +67,7 @@ model: {_target_: hxk_model.make, seed: 0}
 inputs:
   x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}
 hiera: [hxk_model.Block]
+dynamo: false
 rewrite: {optimize: false, fuse_constants: false}
 """
 USER_MODULES = ("hxk_model", "hxk_helpers", "hxk_lib")

@@ -33,6 +33,7 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> BuildOutcome:
         "model": {"_target_": "hyperexport.zoo.tiny_llama", "num_layers": 2, "seed": 0},
         "inputs": "auto",
         "hiera": "auto",
+        "dynamo": False,
     }
     recipe = validate_recipe(data, str(root / "html.yaml"))
     settings = BuildSettings(str(root / "cache"), root / "out", False, ())

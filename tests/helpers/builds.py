@@ -104,6 +104,7 @@ def toy_package_recipe(pkg: Path, **changes: Any) -> Recipe:
         "model": {"_target_": "hx_toy.net.make", "seed": 0},
         "inputs": {"x": {"shape": [2, 8], "dtype": "float32", "low": -1.0, "high": 1.0}},
         "hiera": ["hx_toy.net.Block"],
+        "dynamo": False,
         "rewrite": {"optimize": False, "fuse_constants": False},
     }
     for dotted, value in changes.items():

@@ -28,6 +28,7 @@ inputs:
   x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}
 hiera:
   - hx_toy.net.Block
+dynamo: false
 rewrite: {optimize: false, fuse_constants: false}
 """
 

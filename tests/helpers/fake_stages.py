@@ -92,6 +92,7 @@ def recipe(**overrides: Any) -> Recipe:
         "model": {"_target_": "hyperexport.zoo.tiny_llama", "num_layers": 1, "seed": 0},
         "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
         "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
+        "dynamo": False,
     }
     for dotted, value in overrides.items():
         target = data

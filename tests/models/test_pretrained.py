@@ -28,6 +28,7 @@ def _recipe(path: Path | str, **model: Any) -> dict[str, Any]:
         "model": {"_target_": "hyperexport.models.pretrained", "path": str(path), **model},
         "inputs": "auto",
         "hiera": "auto",
+        "dynamo": False,
     }
 
 
@@ -133,6 +134,7 @@ def test_cli_exits_2_with_one_line_naming_the_field(llama_checkpoint: Path, tmp_
         "model": {"_target_": "torch.nn.Linear", "in_features": 4, "out_features": 2},
         "inputs": {"input": {"shape": [2, 4]}},
         "hiera": "auto",
+        "dynamo": False,
     }
     result = _cli(blocks, tmp_path)
     assert result.returncode == exit_codes.INVALID, result.stderr[-2000:]

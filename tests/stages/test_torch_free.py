@@ -23,6 +23,7 @@ model: {_target_: hx_free.net.make, seed: 0}
 inputs:
   x: {shape: [2, 8], dtype: float32, low: -1.0, high: 1.0}
 hiera: [hx_free.net.Block]
+dynamo: false
 rewrite: {optimize: false, fuse_constants: false}
 """
 

@@ -1,0 +1,36 @@
+"""The base of the pipeline's stages: ``reads`` from the schema, ``run`` on the typed slice.
+
+The runner hands a stage its recipe slice as JSON data (what it keys). :class:`RecipeStage`
+types it once (:func:`~hyperexport.config.fields.from_json`, ``partial``) and calls
+:meth:`RecipeStage.run_recipe`: a stage body reads ``recipe.opset``, never ``params["opset"]``,
+and reading a field the stage does not declare raises
+:class:`~hyperexport.config.fields.UnreadFieldError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hyperexport.config.fields import from_json
+from hyperexport.config.schema import RecipeConfig
+from hyperexport.engine.stage import StageInputs
+
+
+class RecipeStage:
+    """Implements the stage protocol's ``run`` for a stage written against the typed recipe.
+
+    A subclass sets ``name`` and ``reads = stage_reads(name)`` and implements
+    :meth:`run_recipe`.
+    """
+
+    name: str
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        """Type ``params`` (this stage's slice) and run :meth:`run_recipe` on it."""
+        self.run_recipe(from_json(RecipeConfig, params, partial=True), inputs, out_dir)
+
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        """Produce the stage's outputs from the typed slice ``recipe`` (unread fields raise)."""
+        raise NotImplementedError(type(self).__name__)

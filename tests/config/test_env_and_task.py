@@ -1,0 +1,58 @@
+"""``env`` (the environment variables the model reads, keyed as digests) and ``task``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hyperexport.builds.session import model_fingerprint
+from hyperexport.config import validate_recipe
+from hyperexport.config.schema import stage_reads
+from hyperexport.engine.hashing import FileDigestIndex
+from hyperexport.engine.keys import explain
+
+BASE = {
+    "name": "t",
+    "model": {"_target_": "hyperexport.zoo.tiny_llama"},
+    "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
+    "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
+    "dynamo": False,
+}
+
+
+def test_env_default_and_readers() -> None:
+    recipe = validate_recipe(BASE, "/r/t.yaml")
+    assert recipe.data["env"] == []
+    for stage in ("trace", "export"):
+        assert "env" in stage_reads(stage), stage
+    for stage in ("rewrite", "evaluate", "check"):
+        assert "env" not in stage_reads(stage), stage
+
+
+def test_env_values_enter_the_model_fingerprint_as_digests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = validate_recipe({**BASE, "env": ["HX_TEST_TOKEN"]}, "/r/t.yaml")
+    index = FileDigestIndex(tmp_path / "index.json")
+    monkeypatch.delenv("HX_TEST_TOKEN", raising=False)
+    unset = model_fingerprint(recipe, index)
+    assert unset["env"] == {"HX_TEST_TOKEN": None}
+    monkeypatch.setenv("HX_TEST_TOKEN", "secret-value-1")
+    first = model_fingerprint(recipe, index)
+    monkeypatch.setenv("HX_TEST_TOKEN", "secret-value-2")
+    second = model_fingerprint(recipe, index)
+    assert first["env"] != second["env"] and first["env"] != unset["env"]
+    assert "secret-value" not in repr(first) + repr(second)  # a digest, never the value
+    reason = explain({"model": first}, {"model": second})
+    assert "environment of the model changed (HX_TEST_TOKEN)" in reason
+    # A recipe without env keeps its fingerprint free of it.
+    assert "env" not in model_fingerprint(validate_recipe(BASE, "/r/t.yaml"), index)
+
+
+def test_task_default_readers_and_implemented_set() -> None:
+    from hyperexport.config.schema import IMPLEMENTED_TASKS, TASKS
+
+    assert validate_recipe(BASE, "/r/t.yaml").data["task"] == "forward"
+    assert all("task" in stage_reads(s) for s in ("trace", "export"))
+    assert set(IMPLEMENTED_TASKS) <= set(TASKS)

@@ -1,0 +1,116 @@
+"""Each recipe field is declared once: readers, derived reads, the typed recipe and its slices."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hyperexport.stages as stages_package
+from hyperexport.config import RECIPES_DIR, compose_recipe
+from hyperexport.config.fields import (
+    UnreadFieldError,
+    defaults_of,
+    from_json,
+    leaves,
+    readers_of,
+    to_json,
+)
+from hyperexport.config.schema import RecipeConfig, stage_reads
+from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.engine.stage import recipe_slice
+from hyperexport.stages import PIPELINE
+from hyperexport.stages.recipe_stage import RecipeStage
+
+RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def composed() -> dict[str, Any]:
+    return {name: compose_recipe([f"recipe={name}"])[0] for name in RECIPES}
+
+
+def test_every_declared_reader_is_a_stage() -> None:
+    readers = readers_of(RecipeConfig)
+    unknown = {path: r for path, r in readers.items() if not set(r) <= set(STAGE_NAMES)}
+    assert not unknown
+    assert {s for r in readers.values() for s in r} == set(STAGE_NAMES)
+
+
+def test_every_recipe_s_fields_are_declared_and_read_by_existing_stages(
+    composed: dict[str, Any],
+) -> None:
+    declared = {path for path, _ in leaves(RecipeConfig)}
+    for name, recipe in composed.items():
+        paths = {
+            f"{key}.{sub}" if isinstance(value, dict) and f"{key}.{sub}" in declared else key
+            for key, value in recipe.data.items()
+            for sub in (value if isinstance(value, dict) else [None])
+        }
+        assert paths <= declared, name
+        for stage in PIPELINE:
+            for path in stage_reads(stage.name):
+                assert path in declared or any(p.startswith(f"{path}.") for p in declared)
+                assert stage.name in STAGE_NAMES
+
+
+def test_stage_reads_are_derived_from_the_schema() -> None:
+    for stage in PIPELINE:
+        assert stage.reads == stage_reads(stage.name), stage.name
+        assert isinstance(stage, RecipeStage)
+
+
+def test_typed_recipe_serialises_to_the_same_data(composed: dict[str, Any]) -> None:
+    """The runner keys the JSON slice: the typed object must round-trip to the same data."""
+    for name, recipe in composed.items():
+        assert to_json(recipe.config) == dict(recipe.data), name
+        for stage in PIPELINE:
+            params = recipe_slice(recipe.data, stage.reads)
+            assert to_json(from_json(RecipeConfig, params, partial=True)) == params, stage.name
+
+
+def test_a_stage_cannot_read_a_field_it_does_not_declare(composed: dict[str, Any]) -> None:
+    recipe = composed["tiny_llama"]
+    evaluate = from_json(
+        RecipeConfig, recipe_slice(recipe.data, stage_reads("evaluate")), partial=True
+    )
+    assert evaluate.check.function_scope == recipe.data["check"]["function_scope"]
+    with pytest.raises(UnreadFieldError, match=r"CheckSpec\.atol is not in this stage's reads"):
+        _ = evaluate.check.atol
+    with pytest.raises(UnreadFieldError, match=r"RecipeConfig\.model"):
+        _ = evaluate.model
+
+
+def test_defaults_are_the_dataclass_defaults() -> None:
+    defaults = defaults_of(RecipeConfig)
+    instance = RecipeConfig()
+    for f in dataclasses.fields(RecipeConfig):
+        assert to_json(getattr(instance, f.name)) == defaults[f.name], f.name
+
+
+def _indexes_params(tree: ast.AST) -> list[int]:
+    """Lines where a name ``params`` is subscripted or ``.get``-ed."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "params":
+            lines.append(node.lineno)
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "get"
+            and getattr(node.value, "id", None) == "params"
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_stage_indexes_params_with_strings() -> None:
+    """Stages implement ``run_recipe(recipe: RecipeConfig, ...)``: typed attributes only."""
+    folder = Path(stages_package.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        assert not _indexes_params(ast.parse(path.read_text(encoding="utf-8"))), path.name
+    for stage in PIPELINE:
+        assert "run" not in type(stage).__dict__, f"{stage.name} overrides RecipeStage.run"
+        assert type(stage).run_recipe is not RecipeStage.run_recipe, stage.name
