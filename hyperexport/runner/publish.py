@@ -44,6 +44,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from hyperexport.atomic import atomic_write_bytes
+from hyperexport.errors import ForeignPathError
 from hyperexport.runner.entries import OutputFile
 from hyperexport.runner.files import clone_or_copy
 from hyperexport.runner.hashing import atomic_write_json, sha256_file, sha256_text
@@ -256,14 +257,25 @@ def _write_file(store: CacheStore, f: _File, target: Path, local: Workspace | No
     store.index.remember(target, f.digest)
 
 
+def check_not_foreign(link: Path) -> None:
+    """Refuse a path at ``link`` that hyperexport did not create (anything but a symlink).
+
+    Raises:
+        ForeignPathError: ``link`` is a real file or directory (a user's data, or a folder of
+            an older hyperexport's layout): it is never moved, overwritten or deleted.
+    """
+    if not link.is_symlink() and os.path.lexists(link):
+        raise ForeignPathError(link)
+
+
 def _swap_link(link: Path, directory: Path) -> None:
-    """Point ``link`` at ``directory`` with one ``os.replace`` (a relative symlink)."""
-    if link.exists() and not link.is_symlink():
-        # A folder published by an older hyperexport: move it aside (one rename), so the
-        # link can take its place; the cleanup below removes it.
-        aside = link.parent / BUILDS / f"{link.name}.legacy-{secrets.token_hex(4)}"
-        log.info("moving %s (an older layout) to %s", link, aside)
-        os.rename(link, aside)
+    """Point ``link`` at ``directory`` with one ``os.replace`` (a relative symlink).
+
+    Raises:
+        ForeignPathError: ``link`` is a path hyperexport did not create (checked again here:
+            it may have appeared while the build ran); ``os.replace`` would overwrite a file.
+    """
+    check_not_foreign(link)
     tmp = link.parent / f".{link.name}.link-{secrets.token_hex(4)}"
     os.symlink(os.path.relpath(directory, link.parent), tmp)
     try:
@@ -276,15 +288,16 @@ def _swap_link(link: Path, directory: Path) -> None:
 def remove_publication(link: Path) -> None:
     """Remove a published variant: the link, the directory it names, and ``.builds`` if empty.
 
-    A real directory (the layout of older versions) is removed as a whole.
+    Only what hyperexport created is removed: a real file or directory at ``link`` is left
+    untouched, with a WARNING.
     """
     if link.is_symlink():
         target = link.resolve()
         link.unlink(missing_ok=True)
-        if target.parent.name == BUILDS:
+        if target.parent == (link.parent / BUILDS).resolve():
             shutil.rmtree(target, ignore_errors=True)
-    elif link.is_dir():
-        shutil.rmtree(link)
+    elif os.path.lexists(link):
+        log.warning("%s was not created by hyperexport (not a link); left untouched", link)
     builds = link.parent / BUILDS
     if builds.is_dir() and not any(builds.iterdir()):
         builds.rmdir()

@@ -14,11 +14,17 @@ from typing import Any
 
 from hyperexport import exit_codes
 from hyperexport.config import BuildSettings, Recipe
-from hyperexport.errors import CacheUnavailableError
+from hyperexport.errors import CacheUnavailableError, ForeignPathError
 from hyperexport.runner import fingerprint
 from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.hashing import FileDigestIndex, sha256_text
-from hyperexport.runner.publish import CorruptBlobError, Publication, publish_build
+from hyperexport.runner.publish import (
+    FAILED_SUFFIX,
+    CorruptBlobError,
+    Publication,
+    check_not_foreign,
+    publish_build,
+)
 from hyperexport.runner.remote import remote_from_settings
 from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
 from hyperexport.runner.stage import Stage
@@ -103,7 +109,9 @@ def run_build(
         overrides: The command-line overrides, recorded in full in the report.
     """
     recipe_dir = settings.outputs_dir / recipe.name
-    try:  # the cache: usable, or one line and exit 3 before any stage runs
+    try:  # the cache and the outputs: usable, or one line and exit 3 before any stage runs
+        for name in (variant, variant + FAILED_SUFFIX):  # never a user's file or folder
+            check_not_foreign(recipe_dir / name)
         store = open_store(
             default_cache_dir(settings.cache_dir),
             dry_run=settings.dry_run,
@@ -187,6 +195,8 @@ def _publish(
                 local=runner.workspace,
             )
             return result, publication
+        except ForeignPathError as e:  # appeared while the build ran: left untouched
+            return _unavailable(e, recipe_dir / variant)
         except CorruptBlobError as e:  # found while cloned out: rebuild the affected stage
             if attempt or store.read_only:  # a read-only cache cannot heal
                 error = CacheUnavailableError(f"{e} in cache {store.root}")
