@@ -164,6 +164,11 @@ class RecipeConfig:
     custom_ops: list[CustomOpSpec] = field(default_factory=list)
     external_data: bool = False
     external_data_threshold: int = 1024
+    # --- env (issue 21): environment variables the model reads --------------------------------
+    # Their values enter the keys of the stages that run the model (trace, export), through the
+    # model fingerprint (runner/fingerprint.py: env_fingerprint). Names only: [A-Za-z_][A-Za-z0-9_]*.
+    env: list[str] = field(default_factory=list)
+    # --- end env
 
 
 @dataclass

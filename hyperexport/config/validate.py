@@ -209,6 +209,13 @@ def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
         _check_import(check, f"custom_ops[{i}].symbolic", op["symbolic"])
     if r["external_data_threshold"] < 0:
         check.fail("external_data_threshold", "must be >= 0")
+    # --- env (issue 21): names of environment variables the model reads
+    for i, name in enumerate(r["env"]):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            check.fail(f"env[{i}]", f"{name!r} is not an environment variable name")
+    if len(set(r["env"])) != len(r["env"]):
+        check.fail("env", "names a variable twice")
+    # --- end env
 
 
 # --------------------------------------------------------------------------------------------

@@ -238,6 +238,15 @@ def model_argument_files(model_cfg: Mapping[str, Any], recipe_file: str) -> dict
     return found
 
 
+def keyed_paths(data: Mapping[str, Any], recipe_file: str, checkpoint: Path | None) -> list[Path]:
+    """The checkpoint and the files or folders ``model:`` arguments name: keyed by content
+    here, so their reads are not discovered dependencies too (those would be absolute)."""
+    return [
+        *([checkpoint] if checkpoint is not None else []),
+        *model_argument_files(data["model"], recipe_file).values(),
+    ]
+
+
 def model_imports(data: Mapping[str, Any]) -> list[str]:
     """The import paths a recipe names for its model: factory, hiera classes, symbolics."""
     return [
@@ -253,11 +262,25 @@ def model_fingerprint(
     """The declared code, the weights and the argument files of a validated recipe's model.
 
     Returns:
-        ``{"code": ..., "weights": ..., "files": {dotted field: {name: digest}}}``.
+        ``{"code": ..., "weights": ..., "files": {dotted field: {name: digest}}}``, and
+        ``"env": {name: digest of the value, or None if unset}`` when the recipe's ``env``
+        names variables.
     """
     files = model_argument_files(data["model"], recipe_file)
-    return {
+    found = {
         "code": code_fingerprint(model_imports(data), index),
         "weights": weights_fingerprint(data["model"].get("seed"), checkpoint, index),
         "files": {field: path_digests(path, index) for field, path in sorted(files.items())},
+    }
+    if data.get("env"):
+        found["env"] = env_fingerprint(data["env"])
+    return found
+
+
+def env_fingerprint(names: Iterable[str]) -> dict[str, str | None]:
+    """``{name: sha256 of its value, or None when unset}`` of the environment variables the
+    model reads (the recipe's ``env``). Values are hashed: a secret never lands in the cache."""
+    return {
+        name: None if os.environ.get(name) is None else sha256_text(os.environ[name])
+        for name in sorted(names)
     }

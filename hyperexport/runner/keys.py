@@ -159,6 +159,17 @@ def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
         reasons += diff_values(old.get("weights"), new.get("weights"), label="weights") or [
             "weights changed"
         ]
+    old_env, new_env = old.get("env", {}), new.get("env", {})
+    for name in sorted(set(old_env) | set(new_env)):
+        if name not in old_env:
+            reasons.append(f"env {name} declared")
+        elif name not in new_env:
+            reasons.append(f"env {name} no longer declared")
+        elif old_env[name] != new_env[name]:
+            what = (
+                "set" if old_env[name] is None else "unset" if new_env[name] is None else "changed"
+            )
+            reasons.append(f"env {name} {what}")
     old_files, new_files = old.get("files", {}), new.get("files", {})
     for name in sorted(set(old_files) | set(new_files)):
         if old_files.get(name) != new_files.get(name):

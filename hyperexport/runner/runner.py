@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.errors import CorruptRecordError, StageError
-from hyperexport.runner import discovered
+from hyperexport.runner import discovered, opened
 from hyperexport.runner.code_closure import ImportMemo, package_sources, stage_code
 from hyperexport.runner.discovered import DiscoveredDeps
 from hyperexport.runner.entries import ActionEntry
@@ -104,6 +104,9 @@ class BuildRequest:
         dry_run: Only report what would happen; write nothing.
         code_roots: hyperexport modules the recipe names for its model (a factory in
             ``hyperexport.zoo``): code that the stages running the model run besides their own.
+        not_discovered: Paths whose reads are not discovered dependencies: keyed by content
+            already (the checkpoint, the files ``model:`` arguments name) or the build's own
+            (the outputs). The cache is excluded always.
     """
 
     recipe_name: str
@@ -115,6 +118,7 @@ class BuildRequest:
     force: frozenset[str] = frozenset()
     dry_run: bool = False
     code_roots: tuple[str, ...] = ()
+    not_discovered: tuple[str, ...] = ()
 
 
 @dataclass
@@ -195,6 +199,9 @@ class Runner:
         self.discovered = DiscoveredDeps(store.root, store.index, read_only=store.read_only)
         self.imports = ImportMemo(store.root / "index" / "imports.json", read_only=store.read_only)
         self._final = True
+        #: Paths opened by the stages that ran the model in this build (``opened.py``): the
+        #: model's load and trace read them, so every later such stage depends on them too.
+        self._opened: set[str] = set()
         self._held = contextlib.ExitStack()  # the single-flight lock of the current stage
         #: The last build's checkouts; kept after :meth:`run` only inside ``with runner:``, for
         #: publishing to take its large copies (:meth:`Workspace.hand_over`).
@@ -223,6 +230,7 @@ class Runner:
 
     def _run_once(self, request: BuildRequest) -> BuildResult:
         result = BuildResult()
+        self._opened = set()
         model = _Memo(self.load_model)
         workspace = self._new_workspace()
 
@@ -307,9 +315,13 @@ class Runner:
         resolution = self.discovered.resolve(declared)
         return resolution.key, resolution.reason
 
-    def _output_key(self, stage: Stage, declared: str) -> str:
-        """The key a successful run is stored under; records the modules it loaded."""
-        return self.discovered.record(declared) if stage.needs_model else declared
+    def _output_key(self, request: BuildRequest, stage: Stage, declared: str) -> str:
+        """The key a successful run is stored under; records the modules it loaded and the
+        files the model opened."""
+        if not stage.needs_model:
+            return declared
+        exclude = (str(self.store.root), *request.not_discovered)
+        return self.discovered.record(declared, opened.regular_files(self._opened, exclude))
 
     def _one(
         self,
@@ -421,7 +433,12 @@ class Runner:
             out_dir = scratch / "out"
             out_dir.mkdir()
             try:
-                stage.run(params, inputs, out_dir)
+                with (
+                    opened.recording(self._opened)
+                    if stage.needs_model
+                    else contextlib.nullcontext(self._opened)
+                ):
+                    stage.run(params, inputs, out_dir)
             except Exception as e:
                 if stage.upstream and not self._final and _is_corrupt_record(e):
                     keys = tuple(result.entries[u].key for u in stage.upstream)
@@ -431,7 +448,7 @@ class Runner:
                 result.failed_files = _small_text_files(out_dir)
                 status = "failed"
             else:
-                key = self._output_key(stage, declared)
+                key = self._output_key(request, stage, declared)
                 result.entries[stage.name] = self.store.commit(
                     key,
                     stage.name,

@@ -15,7 +15,7 @@ from typing import Any
 from hyperexport import exit_codes
 from hyperexport.config import BuildSettings, Recipe
 from hyperexport.errors import CacheUnavailableError, ForeignPathError
-from hyperexport.runner import fingerprint
+from hyperexport.runner import discovered, fingerprint
 from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.hashing import FileDigestIndex, sha256_text
 from hyperexport.runner.publish import (
@@ -112,15 +112,16 @@ def run_build(
     try:  # the cache and the outputs: usable, or one line and exit 3 before any stage runs
         for name in (variant, variant + FAILED_SUFFIX):  # never a user's file or folder
             check_not_foreign(recipe_dir / name)
-        store = open_store(
-            default_cache_dir(settings.cache_dir),
-            dry_run=settings.dry_run,
-            remote=remote_from_settings(
-                settings.remote,
-                "read_only" if settings.dry_run else settings.remote_mode,
-                settings.storage_options,
-            ),
-        )
+        with discovered.machinery():  # what the remote tier imports is not the model's
+            store = open_store(
+                default_cache_dir(settings.cache_dir),
+                dry_run=settings.dry_run,
+                remote=remote_from_settings(
+                    settings.remote,
+                    "read_only" if settings.dry_run else settings.remote_mode,
+                    settings.storage_options,
+                ),
+            )
     except CacheUnavailableError as e:
         return _unavailable(e, recipe_dir / variant)
     request = BuildRequest(
@@ -133,6 +134,10 @@ def run_build(
         force=frozenset(settings.force),
         dry_run=settings.dry_run,
         code_roots=fingerprint.package_modules(fingerprint.model_imports(recipe.data)),
+        not_discovered=(
+            str(settings.outputs_dir),
+            *(str(p) for p in fingerprint.keyed_paths(recipe.data, recipe.file, recipe.checkpoint)),
+        ),
     )
     # Inside the block the last build's checkouts stay, for publishing to take (workspace.py).
     with Runner(store, load_model) as runner:

@@ -223,7 +223,7 @@ def test_s3_read_only_mode_fetches_but_never_uploads(s3_endpoint: str, tmp_path:
     assert any("/actions/" in k for k in keys) and any("/blobs/" in k for k in keys)
     assert not any(k.endswith(".tmp") for k in keys)
     c = _fake_build(tmp_path, "c", remote, "read_only", **options)
-    assert _statuses(c) == HITS
+    assert _statuses(c) == HITS, [s.line() for s in c.result.stages]
 
 
 def test_unreachable_s3_endpoint_is_exit_3(tmp_path: Path) -> None:
