@@ -107,21 +107,24 @@ def _path_entries() -> list[Path]:
 
 
 def _relative_file(name: str, file: Path, entries: list[Path]) -> str | None:
-    """The file relative to the folder its top-level package sits in.
+    """The file relative to the ``sys.path`` folder (``entries``) holding it, else to the
+    folder its top-level package sits in.
 
-    ``a/b/c.py`` for module ``a.b.c`` at ``/x/a/b/c.py``. A module registered under a name that
-    does not match its place is named relative to the ``sys.path`` folder (``entries``)
-    holding it; None if there is none.
+    ``a/b/c.py`` for module ``a.b.c`` at ``/x/a/b/c.py`` with ``/x`` on ``sys.path``. The
+    ``sys.path`` folder comes first: a module registered under a name that does not match its
+    place (a Cython utility module ``_cyutility`` living in ``scipy/_lib/``) is found there
+    again. The package folder serves editable installs that map a package from outside
+    ``sys.path``. None if neither applies.
     """
+    for entry in entries:
+        if file.is_relative_to(entry):
+            return file.relative_to(entry).as_posix()
     parts = name.split(".")
     depth = len(parts) if file.stem == "__init__" else len(parts) - 1
     if depth < len(file.parents):
         rel = file.relative_to(file.parents[depth])
         if rel.parts[0].split(".")[0] == parts[0]:
             return rel.as_posix()
-    for entry in entries:
-        if file.is_relative_to(entry):
-            return file.relative_to(entry).as_posix()
     return None
 
 
