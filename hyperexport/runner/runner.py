@@ -27,7 +27,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -382,7 +382,9 @@ class Runner:
         key, stale = self._resolve(stage, declared)
         if key is None and self.store.remote is not None:
             key = self._resolve_remote(declared) or key
-        lookup = self.store.lookup(key) if key is not None else Lookup("missing")
+        lookup = (
+            self._complete(stage, self.store.lookup(key)) if key is not None else Lookup("missing")
+        )
         if dry_run or self.store.read_only or (lookup.status == "hit" and not forced):
             return key, stale, lookup
         self._held.enter_context(self.store.single_flight(declared, f"stage {stage.name}"))
@@ -393,8 +395,35 @@ class Runner:
             again_key = fresh.key
         else:
             again_key = declared
-        again = self.store.lookup(again_key) if again_key is not None else Lookup("missing")
+        again = (
+            self._complete(stage, self.store.lookup(again_key))
+            if again_key is not None
+            else Lookup("missing")
+        )
         return (again_key, "", again) if again.status == "hit" else (key, stale, lookup)
+
+    def _complete(self, stage: Stage, lookup: Lookup) -> Lookup:
+        """``lookup``, or ``corrupt`` when its entry lacks an output the stage declares (its
+        ``artifacts``): an incomplete entry is a miss, warned about and discarded."""
+        if lookup.status != "hit" or lookup.entry is None:
+            return lookup
+        missing = sorted(
+            {
+                *missing_outputs(stage, (f.path for f in lookup.entry.outputs)),
+                *lookup.entry.missing(),
+            }
+        )
+        if not missing:
+            return lookup
+        detail = f"lacks {', '.join(missing)}"
+        log.warning(
+            "cache entry %s of stage %s %s; treating it as a miss",
+            lookup.entry.key[:12],
+            stage.name,
+            detail,
+        )
+        self.store.discard(lookup.entry.key)
+        return Lookup("corrupt", detail=detail)
 
     def _resolve_remote(self, declared: str) -> str | None:
         """The full key of a dependency set recorded on the remote that holds here, if any.
@@ -448,12 +477,19 @@ class Runner:
                 result.failed_files = _small_text_files(out_dir)
                 status = "failed"
             else:
+                missing = missing_outputs(stage, _relative_files(out_dir))
+                if missing:  # never commit an incomplete entry
+                    error = RuntimeError(f"stage {stage.name} did not write {', '.join(missing)}")
+                    result.error = StageError(stage.name, error)
+                    result.error.__cause__ = error
+                    return "failed", f"RuntimeError: {error}", key
                 key = self._output_key(request, stage, declared)
                 result.entries[stage.name] = self.store.commit(
                     key,
                     stage.name,
                     out_dir,
                     recipe=request.recipe_name,
+                    declares=sorted(set(stage.artifacts.values())),
                     known=self.workspace.digest_of if self.workspace is not None else None,
                 )
                 if stage.needs_model and self.store.remote is not None:  # after the entry
@@ -523,6 +559,16 @@ def _reason(
         return "previous run failed" if previous.get("status") == "failed" else "not in cache"
     prev_material = previous.get("material") if previous else None
     return explain(prev_material if isinstance(prev_material, Mapping) else None, material)
+
+
+def missing_outputs(stage: Stage, present: Iterable[str]) -> list[str]:
+    """The outputs ``stage`` declares (the files of its ``artifacts``) not in ``present``."""
+    have = set(present)
+    return sorted({f for f in stage.artifacts.values() if f not in have})
+
+
+def _relative_files(out_dir: Path) -> list[str]:
+    return [p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if not p.is_dir()]
 
 
 def _no_model(stage: str) -> Callable[[], Any]:
