@@ -36,6 +36,7 @@ from hyperexport.config.schema import (
     _schema,
 )
 from hyperexport.errors import RecipeError, did_you_mean
+from hyperexport.machinery import machinery
 
 log = logging.getLogger(__name__)
 
@@ -391,12 +392,14 @@ def validate_build(
 def _check_remote_url(check: _Checker, url: str) -> None:
     """``build.remote`` names a filesystem fsspec knows, whose package is installed."""
     try:
-        import fsspec
+        with machinery():  # the remote tier's, not the model's: never keyed
+            import fsspec
     except ImportError:
         check.fail("build.remote", "needs fsspec: pip install 'hyperexport[remote]'")
     protocol = url.split("://", 1)[0] if "://" in url else "file"
     try:
-        fsspec.get_filesystem_class(protocol)
+        with machinery():
+            fsspec.get_filesystem_class(protocol)
     except ValueError:
         check.fail("build.remote", f"unknown filesystem {protocol!r} in {url!r}")
     except ImportError as e:

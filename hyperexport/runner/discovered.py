@@ -15,8 +15,8 @@ share one process. The record is a *dependency set*:
   opened`), by content, named relative to the ``sys.path`` folder holding them (else by their
   absolute path).
 
-Modules that hyperexport's own machinery loaded before any model ran (:func:`machinery`: the
-remote tier's fsspec) are left out, so that a setting of ``build.*`` never changes a key.
+Modules that hyperexport's own machinery loaded before any model ran
+(:func:`hyperexport.machinery.machinery`: the remote tier's fsspec) are left out, so that a setting of ``build.*`` never changes a key.
 
 hyperexport's own modules are left out: the code a stage runs is in its key already
 (:mod:`hyperexport.runner.code_closure`). Nothing is keyed by an absolute path, so a cache moved
@@ -34,7 +34,6 @@ holds, the stage reruns, and the reason names what changed (``model code changed
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata as metadata
 import importlib.util
@@ -43,12 +42,13 @@ import logging
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from hyperexport.machinery import MACHINERY
 from hyperexport.runner.code_closure import PACKAGE
 from hyperexport.runner.fingerprint import distribution_version
 from hyperexport.runner.hashing import (
@@ -71,24 +71,6 @@ _NOT_RECORDED = frozenset((PACKAGE, "__main__", "__mp_main__"))
 #: ``{"modules": {name: [relative file, digest]}, "dists": {name: version},
 #: "files": {relative or absolute path: digest}}``.
 DependencySet = dict[str, dict[str, Any]]
-
-#: Modules hyperexport's machinery imported (:func:`machinery`): never recorded.
-_MACHINERY: set[str] = set()
-
-
-@contextlib.contextmanager
-def machinery() -> Iterator[None]:
-    """Modules first imported inside the block belong to hyperexport's machinery (the remote
-    tier's fsspec, say), not to the model: they are left out of every dependency set.
-
-    A module the model imports too, but that the machinery loaded first, is then not keyed by
-    its content; its distribution's version still is, when a stage declares it.
-    """
-    before = set(sys.modules)
-    try:
-        yield
-    finally:
-        _MACHINERY.update(set(sys.modules) - before)
 
 
 def _is_stdlib(top: str) -> bool:
@@ -167,7 +149,7 @@ def snapshot(index: FileDigestIndex, opened: Iterable[str] = ()) -> DependencySe
         top = name.partition(".")[0]
         if (
             top in _NOT_RECORDED
-            or name in _MACHINERY
+            or name in MACHINERY
             or _is_stdlib(top)
             or not isinstance(module, ModuleType)
         ):

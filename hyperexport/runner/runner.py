@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.errors import CorruptRecordError, StageError
+from hyperexport.machinery import machinery
 from hyperexport.runner import discovered, opened
 from hyperexport.runner.code_closure import ImportMemo, package_sources, stage_code
 from hyperexport.runner.discovered import DiscoveredDeps
@@ -345,7 +346,8 @@ class Runner:
         material = self._material(request, stage, params, upstream)
         declared = stage_key(material)
         forced = stage.name in request.force
-        key, stale, lookup = self._lookup(stage, declared, forced, request.dry_run)
+        with machinery():  # the cache's and remote tier's imports are not the model's
+            key, stale, lookup = self._lookup(stage, declared, forced, request.dry_run)
         if lookup.status == "hit" and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
@@ -484,16 +486,17 @@ class Runner:
                     result.error.__cause__ = error
                     return "failed", f"RuntimeError: {error}", key
                 key = self._output_key(request, stage, declared)
-                result.entries[stage.name] = self.store.commit(
-                    key,
-                    stage.name,
-                    out_dir,
-                    recipe=request.recipe_name,
-                    declares=sorted(set(stage.artifacts.values())),
-                    known=self.workspace.digest_of if self.workspace is not None else None,
-                )
-                if stage.needs_model and self.store.remote is not None:  # after the entry
-                    self.store.remote.upload_deps(declared, self.discovered.path(declared))
+                with machinery():
+                    result.entries[stage.name] = self.store.commit(
+                        key,
+                        stage.name,
+                        out_dir,
+                        recipe=request.recipe_name,
+                        declares=sorted(set(stage.artifacts.values())),
+                        known=self.workspace.digest_of if self.workspace is not None else None,
+                    )
+                    if stage.needs_model and self.store.remote is not None:  # after the entry
+                        self.store.remote.upload_deps(declared, self.discovered.path(declared))
                 status = "ok"
         self.store.record_run(
             request.recipe_name, stage.name, _record(key, declared, material, status)

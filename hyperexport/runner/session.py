@@ -15,7 +15,8 @@ from typing import Any
 from hyperexport import exit_codes
 from hyperexport.config import BuildSettings, Recipe
 from hyperexport.errors import CacheUnavailableError, ForeignPathError
-from hyperexport.runner import discovered, fingerprint
+from hyperexport.machinery import machinery
+from hyperexport.runner import fingerprint
 from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.hashing import FileDigestIndex, sha256_text
 from hyperexport.runner.publish import (
@@ -112,7 +113,7 @@ def run_build(
     try:  # the cache and the outputs: usable, or one line and exit 3 before any stage runs
         for name in (variant, variant + FAILED_SUFFIX):  # never a user's file or folder
             check_not_foreign(recipe_dir / name)
-        with discovered.machinery():  # what the remote tier imports is not the model's
+        with machinery():  # what the remote tier imports is not the model's
             store = open_store(
                 default_cache_dir(settings.cache_dir),
                 dry_run=settings.dry_run,

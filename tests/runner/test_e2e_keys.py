@@ -23,6 +23,7 @@ import yaml
 from hyperexport.config import BuildSettings, Recipe, validate_recipe
 from hyperexport.runner import code_closure
 from hyperexport.runner.session import BuildOutcome, run_build
+from hyperexport.runner.store import CacheStore
 from hyperexport.stages import PIPELINE, model_loader
 
 MODEL = """
@@ -389,3 +390,108 @@ def test_an_edited_installed_library_reruns_and_a_restored_one_hits_again(
     restored = build(load(user), cache, outputs)
     assert statuses(restored) == ALL_HIT
     assert model_bytes(restored) == pristine
+
+
+def _published(outcome: BuildOutcome) -> dict[str, bytes]:
+    """Every published file but the three that carry timings."""
+    timed = {"report.json", "report.html", "summary.txt"}
+    root = outcome.out_dir.resolve()
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in timed
+    }
+
+
+def test_keys_and_artifacts_are_the_same_in_fresh_caches_with_and_without_a_remote(
+    user: Path, tmp_path: Path
+) -> None:
+    """Issue 21: evaluation.json embedded timings (the check key differed between two fresh
+    caches), and a remote's fsspec joined the recorded modules (trace, export, check keys).
+
+    In one process the second build has more modules loaded than the first (a sweep's jobs
+    share a process), so the modules recorded by trace and export differ: their *declared* keys
+    are compared here, every full key in fresh processes by the slow test below.
+    """
+    outcomes, declared = [], []
+    for name, remote in (("a", None), ("b", None), ("c", (tmp_path / "remote").as_uri())):
+        _forget_user_modules()
+        settings = BuildSettings(
+            cache_dir=str(tmp_path / name / "cache"),
+            outputs_dir=tmp_path / name / "out",
+            dry_run=False,
+            force=(),
+            remote=remote,
+        )
+        recipe = load(user)
+        outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+        assert statuses(outcome) == ALL_RAN
+        outcomes.append(outcome)
+        store = CacheStore(tmp_path / name / "cache")
+        declared.append({s: store.previous_run("keys", s)["declared"] for s in ALL_RAN})
+    keys = [
+        {s.name: s.key for s in o.result.stages if s.name not in ("trace", "export")}
+        for o in outcomes
+    ]
+    assert declared[0] == declared[1] == declared[2]
+    assert keys[0] == keys[1] == keys[2]
+    files = [_published(o) for o in outcomes]
+    assert "check.json" in files[0]
+    assert files[0] == files[1] == files[2]
+
+
+BUILD = """
+import sys
+from hyperexport.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_every_key_is_the_same_in_fresh_processes_with_and_without_a_remote(
+    user: Path, tmp_path: Path
+) -> None:
+    import json
+    import subprocess
+
+    keys, files = [], []
+    for name, remote in (("a", None), ("b", None), ("c", (tmp_path / "remote").as_uri())):
+        args = [
+            f"recipe_file={user}",
+            f"build.cache_dir={tmp_path / name / 'cache'}",
+            f"build.outputs_dir={tmp_path / name / 'out'}",
+            *([f"build.remote={remote}"] if remote else []),
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user.parent), *sys.path])}
+        proc = subprocess.run(
+            [sys.executable, "-c", BUILD, *args], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = tmp_path / name / "out" / "keys" / "default"
+        report = json.loads((out / "report.json").read_text())
+        keys.append({s["name"]: s["key"] for s in report["stages"]})
+        files.append(
+            {
+                p.name: p.read_bytes()
+                for p in out.resolve().iterdir()
+                if p.name not in ("report.json", "report.html", "summary.txt")
+            }
+        )
+    assert keys[0] == keys[1] == keys[2]
+    assert files[0] == files[1] == files[2]
+
+
+def test_modules_the_machinery_imports_are_not_recorded(tmp_path: Path) -> None:
+    from hyperexport.machinery import machinery
+    from hyperexport.runner import discovered
+    from hyperexport.runner.hashing import FileDigestIndex
+
+    (tmp_path / "hxk_machinery_only.py").write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with machinery():
+            importlib.import_module("hxk_machinery_only")
+        assert "hxk_machinery_only" not in discovered.snapshot(FileDigestIndex(None))["modules"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("hxk_machinery_only", None)
