@@ -139,7 +139,25 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
             checkpoint = Path(recipe_file).resolve().parent / checkpoint
         if not checkpoint.exists():
             check.fail("checkpoint", f"{checkpoint} does not exist")
+        _check_checkpoint(check, checkpoint)
     return Recipe(name=merged["name"], file=recipe_file, data=merged, checkpoint=checkpoint)
+
+
+#: What the checkpoint loader reads (``stages/model.py``): safetensors, or a torch state dict.
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+def _check_checkpoint(check: _Checker, checkpoint: Path) -> None:
+    """A ``.safetensors`` file, a folder holding some, or a torch state dict file."""
+    if checkpoint.is_dir():
+        if not any(checkpoint.glob("*.safetensors")):
+            check.fail("checkpoint", f"folder {checkpoint} holds no .safetensors file")
+    elif checkpoint.suffix not in CHECKPOINT_SUFFIXES:
+        check.fail(
+            "checkpoint",
+            f"{checkpoint} is not a checkpoint: expected a .safetensors file, a folder of them, "
+            f"or a torch state dict ({', '.join(CHECKPOINT_SUFFIXES[1:])})",
+        )
 
 
 def _check_name(check: _Checker, name: str) -> None:
