@@ -24,15 +24,17 @@ Cache faults heal rather than fail:
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.errors import CorruptRecordError, StageError
+from hyperexport.errors import CacheUnavailableError, CorruptRecordError, StageError
 from hyperexport.machinery import machinery
 from hyperexport.runner import discovered, opened
 from hyperexport.runner.code_closure import ImportMemo, package_sources, stage_code
@@ -471,6 +473,7 @@ class Runner:
                 ):
                     stage.run(params, inputs, out_dir)
             except Exception as e:
+                _raise_if_refused(e, self.store.root, "cache")
                 if stage.upstream and not self._final and _is_corrupt_record(e):
                     keys = tuple(result.entries[u].key for u in stage.upstream)
                     raise _CorruptUpstream(f"stage {stage.name}: {e}", keys) from e
@@ -486,7 +489,7 @@ class Runner:
                     result.error.__cause__ = error
                     return "failed", f"RuntimeError: {error}", key
                 key = self._output_key(request, stage, declared)
-                with machinery():
+                with machinery(), _refusals_are_unavailable(self.store.root, "cache"):
                     result.entries[stage.name] = self.store.commit(
                         key,
                         stage.name,
@@ -505,6 +508,36 @@ class Runner:
             cause = result.error.__cause__
             return "failed", f"{type(cause).__name__}: {cause}", key
         return "ran", "", key
+
+
+#: A filesystem refusing writes: full, read-only, not permitted, over quota. In the cache or the
+#: outputs, this is the environment's fault, not the build's: exit code 3, naming the directory.
+REFUSED = frozenset(
+    e
+    for e in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, getattr(errno, "EDQUOT", None))
+    if e is not None
+)
+
+
+def _raise_if_refused(error: BaseException, root: Path, what: str) -> None:
+    """Raise :class:`CacheUnavailableError` for a refused write (:data:`REFUSED`) under
+    ``root``, naming the directory and the reason; else return."""
+    if not isinstance(error, OSError) or error.errno not in REFUSED:
+        return
+    names = [n for n in (error.filename, error.filename2) if isinstance(n, (str, os.PathLike))]
+    if names and not any(Path(os.fspath(n)).absolute().is_relative_to(root) for n in names):
+        return  # the filesystem refused something else: the stage's own failure
+    reason = error.strerror or os.strerror(error.errno or 0)
+    raise CacheUnavailableError(f"{what} directory {root}: {reason}") from error
+
+
+@contextlib.contextmanager
+def _refusals_are_unavailable(root: Path, what: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        _raise_if_refused(e, root, what)
+        raise
 
 
 class _CorruptUpstream(Exception):

@@ -27,7 +27,7 @@ from hyperexport.runner.publish import (
     publish_build,
 )
 from hyperexport.runner.remote import remote_from_settings
-from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
+from hyperexport.runner.runner import REFUSED, BuildRequest, BuildResult, Runner
 from hyperexport.runner.stage import Stage
 from hyperexport.runner.store import default_cache_dir, open_store
 
@@ -203,6 +203,12 @@ def _publish(
             return result, publication
         except ForeignPathError as e:  # appeared while the build ran: left untouched
             return _unavailable(e, recipe_dir / variant)
+        except OSError as e:  # the outputs' filesystem refused (full, read-only, quota)
+            if e.errno not in REFUSED:
+                raise
+            reason = e.strerror or str(e)
+            error = CacheUnavailableError(f"outputs directory {recipe_dir.parent}: {reason}")
+            return _unavailable(error, recipe_dir / variant)
         except CorruptBlobError as e:  # found while cloned out: rebuild the affected stage
             if attempt or store.read_only:  # a read-only cache cannot heal
                 error = CacheUnavailableError(f"{e} in cache {store.root}")
