@@ -36,6 +36,17 @@ log = logging.getLogger("hyperexport")
 SUBCOMMANDS = {"cache": "hyperexport.cli.cache", "show": "hyperexport.cli.show"}
 #: The one line printed on Ctrl-C.
 INTERRUPTED_MESSAGE = "interrupted (Ctrl-C): stopped; nothing half-written was published"
+#: The one line printed on SIGTERM (sent by CI runners and SLURM at a timeout).
+TERMINATED_MESSAGE = "terminated (SIGTERM): stopped; nothing half-written was published"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, like Ctrl-C: every cleanup that Ctrl-C runs
+    (scratch folders, an unfinished publication) runs for it too."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def _version() -> str:
@@ -65,13 +76,26 @@ def _run(args: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python -m hyperexport`` and of the ``hyperexport`` console script."""
+    import signal
+    import threading
+
     args = list(sys.argv[1:] if argv is None else argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = _run(args)
+    except Terminated:
+        sys.stdout.flush()
+        print(f"[ERROR] {TERMINATED_MESSAGE}", file=sys.stderr)
+        code = exit_codes.TERMINATED
     except KeyboardInterrupt:
         sys.stdout.flush()
         print(f"[ERROR] {INTERRUPTED_MESSAGE}", file=sys.stderr)
         code = exit_codes.INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     sys.exit(code)
 
 

@@ -157,6 +157,35 @@ def complete_output_names(
     return (*given, *rest)
 
 
+def _check_model_and_hiera(model: Any, hiera: Any) -> None:
+    """A torch module, and ``hiera`` a sequence (a string would be read letter by letter)."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise OptionsError("model", f"must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(hiera, (str, bytes, type)):
+        raise OptionsError(
+            "hiera", f"must be a list of classes or import paths, not one {type(hiera).__name__}"
+        )
+
+
+def _check_symbolics(options: ExportOptions) -> None:
+    """Every custom-op symbolic imports and is callable, before the model runs."""
+    import importlib
+
+    for op in options.custom_ops:
+        module, _, name = op.symbolic.partition(":")
+        try:
+            target = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            message = f"symbolic {op.symbolic!r} cannot be imported: {e}"
+            raise OptionsError("custom_ops", message) from e
+        if not callable(target):
+            raise OptionsError(
+                "custom_ops", f"symbolic {op.symbolic!r} is a {type(target).__name__}, not callable"
+            )
+
+
 def export_hyper_onnx(
     model: Any,
     args: Any,
@@ -207,6 +236,7 @@ def export_hyper_onnx(
     Raises:
         OptionsError: An argument or option is invalid (before anything runs).
     """
+    _check_model_and_hiera(model, hiera)
     request = ExportRequest(
         f=f,
         opset_version=opset_version,
@@ -218,6 +248,7 @@ def export_hyper_onnx(
     )
     args, kwargs = split_trailing_kwargs(args, kwargs)
     options, keep_units = _hyperonnx_keywords(request.options, hyperonnx)
+    _check_symbolics(options)
     check_export_budget(_state_bytes(model), external_data=external_data)
     if dynamic_axes:
         # As with torch.onnx.export, entries may name outputs too; which output dims are dynamic

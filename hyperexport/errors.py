@@ -117,3 +117,16 @@ class CorruptRecordError(HyperExportError, ValueError):
 class CacheUnavailableError(HyperExportError):
     """The cache cannot serve this build: not a directory, not writable when a stage must run,
     or its remote unreachable. The message names the directory (or URL); exit code 3."""
+
+
+class ForeignPathError(CacheUnavailableError):
+    """A path under the outputs that hyperexport did not create stands where a publication
+    goes (a real directory or file at ``<recipe>/<variant>``). It is never moved, overwritten
+    or deleted: the build stops before any stage runs, naming it; exit code 3."""
+
+    def __init__(self, path: object) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} exists and was not created by hyperexport (not a publication link); "
+            "it is left untouched: move it away or choose another outputs directory"
+        )

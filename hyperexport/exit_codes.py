@@ -7,8 +7,10 @@
 * ``UNAVAILABLE`` (3): the environment cannot serve the build: the cache or outputs directory
   cannot be used (not a directory, not writable when a stage must run, remote unreachable).
 * ``INTERRUPTED`` (130): interrupted by the user (Ctrl-C); nothing half-written is left behind.
+* ``TERMINATED`` (143, 128 + SIGTERM): terminated (a CI runner's or SLURM's timeout), handled
+  like Ctrl-C: one line, scratch removed, the previous publication kept.
 
-A multirun exits with the worst code of its jobs, in the order 130 > 2 > 3 > 1 > 0.
+A multirun exits with the worst code of its jobs, in the order 130 > 143 > 2 > 3 > 1 > 0.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ FAILED = 1
 INVALID = 2
 UNAVAILABLE = 3
 INTERRUPTED = 130
+TERMINATED = 143
 
-_SEVERITY = (OK, FAILED, UNAVAILABLE, INVALID, INTERRUPTED)
+_SEVERITY = (OK, FAILED, UNAVAILABLE, INVALID, TERMINATED, INTERRUPTED)
 
 
 def worst(codes: list[int] | tuple[int, ...]) -> int:

@@ -12,6 +12,7 @@ import io
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from hyperexport.contracts.names import BUILTIN_ATTENTION, OPSET_RANGES
@@ -231,6 +232,17 @@ def _is_binary_writer(f: Any) -> bool:
     return callable(getattr(f, "write", None)) and not isinstance(f, io.TextIOBase)
 
 
+def _check_destination(path: Path) -> None:
+    """``f`` names a file that can be written: not a folder, in a writable folder."""
+    if path.is_dir():
+        raise OptionsError("f", f"{path} is a directory; name the .onnx file to write")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise OptionsError("f", f"folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OptionsError("f", f"folder {folder} is not writable")
+
+
 @dataclass(frozen=True)
 class ExportRequest:
     """``export_hyper_onnx``'s flat arguments, checked before anything runs.
@@ -281,6 +293,8 @@ class ExportRequest:
             raise OptionsError(
                 "f", f"must be a path or a binary file object, got {type(self.f).__name__}"
             )
+        if is_path:
+            _check_destination(Path(os.fspath(self.f)))
         if self.external_data and not is_path:
             raise OptionsError(
                 "external_data", "needs a file path for f (the data file goes beside it)"

@@ -254,7 +254,16 @@ main(sys.argv[1:])
 """
 
 
-def test_ctrl_c_exits_130_with_one_line_and_nothing_half_written(toy: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "code", "line"),
+    [
+        ("SIGINT", 130, "interrupted (Ctrl-C)"),
+        ("SIGTERM", 143, "terminated (SIGTERM)"),  # issue 21: rc 143 with no message, scratch kept
+    ],
+)
+def test_ctrl_c_exits_130_with_one_line_and_nothing_half_written(
+    toy: Path, tmp_path: Path, signum: str, code: int, line: str
+) -> None:
     import signal
 
     marker = tmp_path / "paused"
@@ -277,12 +286,12 @@ def test_ctrl_c_exits_130_with_one_line_and_nothing_half_written(toy: Path, tmp_
         time.sleep(0.05)
     staged = Path(marker.read_text())
     assert (staged / "model.onnx").is_file()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signum))
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    assert proc.returncode == code
     assert "Traceback" not in stderr
     assert stderr.rstrip().splitlines()[-1] == (
-        "[ERROR] interrupted (Ctrl-C): stopped; nothing half-written was published"
+        f"[ERROR] {line}: stopped; nothing half-written was published"
     )
     assert not staged.exists()  # the unfinished publication was removed
     assert not (outputs / "toy" / "default").exists()

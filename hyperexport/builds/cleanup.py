@@ -5,6 +5,7 @@ link names them and their lock is free).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -22,15 +23,16 @@ _ORPHAN_LOCK_AGE = 600.0
 def remove_publication(link: Path) -> None:
     """Remove a published variant: the link, the directory it names, and ``.builds`` if empty.
 
-    A real directory (the layout of older versions) is removed as a whole.
+    Only what hyperexport created is removed: a real file or directory at ``link`` is left
+    untouched, with a WARNING.
     """
     if link.is_symlink():
         target = link.resolve()
         link.unlink(missing_ok=True)
-        if target.parent.name == BUILDS:
+        if target.parent == (link.parent / BUILDS).resolve():
             shutil.rmtree(target, ignore_errors=True)
-    elif link.is_dir():
-        shutil.rmtree(link)
+    elif os.path.lexists(link):
+        log.warning("%s was not created by hyperexport (not a link); left untouched", link)
     builds = link.parent / BUILDS
     if builds.is_dir() and not any(builds.iterdir()):
         builds.rmdir()

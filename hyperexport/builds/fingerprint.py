@@ -16,15 +16,18 @@
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import importlib.metadata as metadata
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from hyperexport.contracts.names import CHECKPOINT_CONFIG
 from hyperexport.engine.code_closure import PACKAGE
 from hyperexport.engine.environment import SITE_DIRS
 from hyperexport.engine.hashing import FileDigestIndex, canonical_json, sha256_text
@@ -141,16 +144,67 @@ def _module_of(import_path: str) -> str:
 def weights_fingerprint(
     seed: Any, checkpoint: Path | None, index: FileDigestIndex
 ) -> dict[str, Any]:
-    """The seed and, when a checkpoint is used, the digests of its file(s) (names relative)."""
+    """The seed and, when a checkpoint is used, the digests of the file(s) its loader reads
+    (``stages/model.py``: a file, or a folder's ``*.safetensors``; names relative)."""
     if checkpoint is None:
         return {"seed": seed, "checkpoint": None}
+    if checkpoint.is_dir():
+        files = sorted(checkpoint.glob("*.safetensors"))
+        return {
+            "seed": seed,
+            "checkpoint": {p.name: index.digest(p) for p in files if p.is_file()},
+        }
     return {"seed": seed, "checkpoint": path_digests(checkpoint, index)}
 
 
+#: The files of a ``from_pretrained`` folder that transformers' loaders read (model, config,
+#: weights and their index, tokenizer, processors, generation config, custom code), as the
+#: names transformers defines them (``transformers.utils``: CONFIG_NAME, SAFE_WEIGHTS_NAME,
+#: ...; tokenizer files by their class's ``vocab_files_names``). Kept as patterns so that a
+#: no-op build need not import transformers; ``tests/runner/test_fingerprint.py`` checks them
+#: against transformers' own constants. A README or an image beside them is not read.
+PRETRAINED_FILES = (
+    CHECKPOINT_CONFIG,
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model*.bin.index.json",
+    "*.py",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template*",
+    "vocab*",
+    "merges.txt",
+    "*.model",
+    "*.tiktoken",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "feature_extractor_config.json",
+)
+
+
+def _is_pretrained_folder(path: Path) -> bool:
+    return path.is_dir() and (path / CHECKPOINT_CONFIG).is_file()
+
+
 def path_digests(path: Path, index: FileDigestIndex) -> dict[str, str]:
-    """``{relative name: digest}`` of a file, or of every file under a directory."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    base = path.parent if path.is_file() else path
+    """``{relative name: digest}`` of a file, of the loader's files of a ``from_pretrained``
+    folder (one holding ``config.json``: :data:`PRETRAINED_FILES`), or of every file under any
+    other folder (a factory may read any of them)."""
+    if path.is_file():
+        files, base = [path], path.parent
+    elif _is_pretrained_folder(path):
+        files = sorted(
+            p
+            for p in path.iterdir()
+            if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in PRETRAINED_FILES)
+        )
+        base = path
+    else:
+        files, base = sorted(p for p in path.rglob("*") if p.is_file()), path
     return {p.relative_to(base).as_posix(): index.digest(p) for p in files}
 
 
@@ -190,6 +244,15 @@ def model_argument_files(model_cfg: Mapping[str, Any], recipe_file: str) -> dict
     return found
 
 
+def keyed_paths(data: Mapping[str, Any], recipe_file: str, checkpoint: Path | None) -> list[Path]:
+    """The checkpoint and the files or folders ``model:`` arguments name: keyed by content
+    here, so their reads are not discovered dependencies too (those would be absolute)."""
+    return [
+        *([checkpoint] if checkpoint is not None else []),
+        *model_argument_files(data["model"], recipe_file).values(),
+    ]
+
+
 def model_imports(data: Mapping[str, Any]) -> list[str]:
     """The import paths a recipe names for its model: factory, hiera classes, symbolics."""
     return [
@@ -205,11 +268,25 @@ def model_fingerprint(
     """The declared code, the weights and the argument files of a validated recipe's model.
 
     Returns:
-        ``{"code": ..., "weights": ..., "files": {dotted field: {name: digest}}}``.
+        ``{"code": ..., "weights": ..., "files": {dotted field: {name: digest}}}``, and
+        ``"env": {name: digest of the value, or None if unset}`` when the recipe's ``env``
+        names variables.
     """
     files = model_argument_files(data["model"], recipe_file)
-    return {
+    found = {
         "code": code_fingerprint(model_imports(data), index),
         "weights": weights_fingerprint(data["model"].get("seed"), checkpoint, index),
         "files": {field: path_digests(path, index) for field, path in sorted(files.items())},
+    }
+    if data.get("env"):
+        found["env"] = env_fingerprint(data["env"])
+    return found
+
+
+def env_fingerprint(names: Iterable[str]) -> dict[str, str | None]:
+    """``{name: sha256 of its value, or None when unset}`` of the environment variables the
+    model reads (the recipe's ``env``). Values are hashed: a secret never lands in the cache."""
+    return {
+        name: None if os.environ.get(name) is None else sha256_text(os.environ[name])
+        for name in sorted(names)
     }

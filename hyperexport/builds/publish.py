@@ -60,6 +60,7 @@ from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
 from hyperexport.engine.workspace import Workspace
+from hyperexport.errors import ForeignPathError
 from hyperexport.files import clone_or_copy
 
 log = logging.getLogger(__name__)
@@ -257,14 +258,25 @@ def _write_file(store: CacheStore, f: _File, target: Path, local: Workspace | No
     store.index.remember(target, f.digest)
 
 
+def check_not_foreign(link: Path) -> None:
+    """Refuse a path at ``link`` that hyperexport did not create (anything but a symlink).
+
+    Raises:
+        ForeignPathError: ``link`` is a real file or directory (a user's data, or a folder of
+            an older hyperexport's layout): it is never moved, overwritten or deleted.
+    """
+    if not link.is_symlink() and os.path.lexists(link):
+        raise ForeignPathError(link)
+
+
 def _swap_link(link: Path, directory: Path) -> None:
-    """Point ``link`` at ``directory`` with one ``os.replace`` (a relative symlink)."""
-    if link.exists() and not link.is_symlink():
-        # A folder published by an older hyperexport: move it aside (one rename), so the
-        # link can take its place; the cleanup below removes it.
-        aside = link.parent / BUILDS / f"{link.name}.legacy-{secrets.token_hex(4)}"
-        log.info("moving %s (an older layout) to %s", link, aside)
-        os.rename(link, aside)
+    """Point ``link`` at ``directory`` with one ``os.replace`` (a relative symlink).
+
+    Raises:
+        ForeignPathError: ``link`` is a path hyperexport did not create (checked again here:
+            it may have appeared while the build ran); ``os.replace`` would overwrite a file.
+    """
+    check_not_foreign(link)
     tmp = link.parent / f".{link.name}.link-{secrets.token_hex(4)}"
     os.symlink(os.path.relpath(directory, link.parent), tmp)
     try:

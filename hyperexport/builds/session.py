@@ -6,7 +6,6 @@ This is what the CLI calls for every (sweep) job; tests call it directly with th
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,15 +15,22 @@ from typing import Any
 from hyperexport import exit_codes
 from hyperexport.builds import fingerprint
 from hyperexport.builds.fingerprint import ENV_DISTRIBUTIONS
-from hyperexport.builds.publish import CorruptBlobError, Publication, publish_build
+from hyperexport.builds.layout import FAILED_SUFFIX
+from hyperexport.builds.publish import (
+    CorruptBlobError,
+    Publication,
+    check_not_foreign,
+    publish_build,
+)
 from hyperexport.config import BuildSettings, Recipe
 from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import FileDigestIndex, sha256_text
+from hyperexport.engine.machinery import machinery
 from hyperexport.engine.remote import remote_from_settings
-from hyperexport.engine.runner import BuildRequest, BuildResult, Runner
+from hyperexport.engine.runner import REFUSED, BuildRequest, BuildResult, Runner
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import default_cache_dir, open_store
-from hyperexport.errors import CacheUnavailableError
+from hyperexport.errors import CacheUnavailableError, ForeignPathError
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +87,9 @@ def variant_dir(overrides: Sequence[str]) -> str:
 
 
 def model_fingerprint(recipe: Recipe, index: FileDigestIndex) -> dict[str, Any]:
-    """Declared code, weights and argument files of a recipe's model (see ``fingerprint``),
-    and the environment variables it reads (the recipe's ``env``) as ``{name: digest}``."""
-    found = fingerprint.model_fingerprint(recipe.data, recipe.file, recipe.checkpoint, index)
-    if recipe.config.env:
-        found["env"] = env_digests(recipe.config.env)
-    return found
-
-
-def env_digests(names: Sequence[str]) -> dict[str, str | None]:
-    """``{name: sha256 of its value, or None if unset}``: the values key the stages that run
-    the model without being written anywhere (a token stays out of the cache's records)."""
-    values = {name: os.environ.get(name) for name in names}
-    return {name: None if v is None else sha256_text(v) for name, v in sorted(values.items())}
+    """Declared code, weights and argument files of a recipe's model, and the environment
+    variables it reads (the recipe's ``env``), see :func:`fingerprint.model_fingerprint`."""
+    return fingerprint.model_fingerprint(recipe.data, recipe.file, recipe.checkpoint, index)
 
 
 def run_build(
@@ -116,16 +112,19 @@ def run_build(
         overrides: The command-line overrides, recorded in full in the report.
     """
     recipe_dir = settings.outputs_dir / recipe.name
-    try:  # the cache: usable, or one line and exit 3 before any stage runs
-        store = open_store(
-            default_cache_dir(settings.cache_dir),
-            dry_run=settings.dry_run,
-            remote=remote_from_settings(
-                settings.remote,
-                "read_only" if settings.dry_run else settings.remote_mode,
-                settings.storage_options,
-            ),
-        )
+    try:  # the cache and the outputs: usable, or one line and exit 3 before any stage runs
+        for name in (variant, variant + FAILED_SUFFIX):  # never a user's file or folder
+            check_not_foreign(recipe_dir / name)
+        with machinery():  # what the remote tier imports is not the model's
+            store = open_store(
+                default_cache_dir(settings.cache_dir),
+                dry_run=settings.dry_run,
+                remote=remote_from_settings(
+                    settings.remote,
+                    "read_only" if settings.dry_run else settings.remote_mode,
+                    settings.storage_options,
+                ),
+            )
     except CacheUnavailableError as e:
         return _unavailable(e, recipe_dir / variant)
     request = BuildRequest(
@@ -138,6 +137,10 @@ def run_build(
         force=frozenset(settings.force),
         dry_run=settings.dry_run,
         code_roots=fingerprint.package_modules(fingerprint.model_imports(recipe.data)),
+        not_discovered=(
+            str(settings.outputs_dir),
+            *(str(p) for p in fingerprint.keyed_paths(recipe.data, recipe.file, recipe.checkpoint)),
+        ),
     )
     # Inside the block the last build's checkouts stay, for publishing to take (workspace.py).
     with Runner(store, load_model) as runner:
@@ -200,6 +203,14 @@ def _publish(
                 local=runner.workspace,
             )
             return result, publication
+        except ForeignPathError as e:  # appeared while the build ran: left untouched
+            return _unavailable(e, recipe_dir / variant)
+        except OSError as e:  # the outputs' filesystem refused (full, read-only, quota)
+            if e.errno not in REFUSED:
+                raise
+            reason = e.strerror or str(e)
+            error = CacheUnavailableError(f"outputs directory {recipe_dir.parent}: {reason}")
+            return _unavailable(error, recipe_dir / variant)
         except CorruptBlobError as e:  # found while cloned out: rebuild the affected stage
             if attempt or store.read_only:  # a read-only cache cannot heal
                 error = CacheUnavailableError(f"{e} in cache {store.root}")

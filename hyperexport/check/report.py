@@ -150,7 +150,6 @@ class FunctionResult:
             "outputs": [o.to_json() for o in self.outputs],
             "error": self.error,
             "reason": self.reason,
-            "seconds": round(self.seconds, 4),
         }
 
 
@@ -229,7 +228,6 @@ class CheckReport:
             "unchecked_calls": list(self.unchecked_calls),
             "first_divergent_module": self.first_divergent_module,
             "first_divergent_call": self.first_divergent_call,
-            "timings": {name: round(seconds, 4) for name, seconds in self.timings},
         }
 
     def summary_lines(self) -> list[str]:

@@ -1,5 +1,6 @@
 """``cache verify``: re-hash every blob; drop corrupt blobs and every entry that names a missing or
-corrupt blob (or cannot be read), so that no later lookup trusts them.
+corrupt blob (dangling), lacks an output its stage declares (incomplete), or cannot be read, so
+that no later lookup trusts them.
 
 Everything else is left alone: a blob no entry names is not corrupt (``cache gc`` removes it),
 and a build running meanwhile only adds complete blobs (written under a temporary name, then
@@ -44,7 +45,8 @@ class VerifyResult:
 
 
 def verify(store: CacheStore) -> VerifyResult:
-    """Re-hash every blob of ``store``, then check every entry against what is left."""
+    """Re-hash every blob of ``store``, then check every entry against what is left, and
+    against the outputs its stage declared (recorded in the entry)."""
     result = VerifyResult()
     for digest, path in store.blob_paths():
         try:
@@ -66,6 +68,15 @@ def verify(store: CacheStore) -> VerifyResult:
         path.unlink(missing_ok=True)
     for info in inventory.entries:
         result.entries += 1
+        lacking = info.entry.missing()
+        if lacking:
+            result.dropped_entries += 1
+            what = f"{info.stage}, {', '.join(info.recipes) or 'recipe unknown'}"
+            result.problems.append(
+                f"entry {info.key[:12]} ({what}): dropped, incomplete (lacks {', '.join(lacking)})"
+            )
+            info.path.unlink(missing_ok=True)
+            continue
         for f in info.entry.outputs:
             blob = store.blob_path(f.digest)
             try:

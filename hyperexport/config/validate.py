@@ -35,6 +35,7 @@ from hyperexport.config.schema import (
     _outputs_root,
 )
 from hyperexport.contracts.names import OPSET_RANGES
+from hyperexport.engine.machinery import machinery
 from hyperexport.errors import RecipeError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,25 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
             checkpoint = Path(recipe_file).resolve().parent / checkpoint
         if not checkpoint.exists():
             check.fail("checkpoint", f"{checkpoint} does not exist")
+        _check_checkpoint(check, checkpoint)
     return Recipe(name=config.name, file=recipe_file, data=to_json(config), checkpoint=checkpoint)
+
+
+#: What the checkpoint loader reads (``from_recipe/model.py``): safetensors, or a torch state dict.
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+def _check_checkpoint(check: _Checker, checkpoint: Path) -> None:
+    """A ``.safetensors`` file, a folder holding some, or a torch state dict file."""
+    if checkpoint.is_dir():
+        if not any(checkpoint.glob("*.safetensors")):
+            check.fail("checkpoint", f"folder {checkpoint} holds no .safetensors file")
+    elif checkpoint.suffix not in CHECKPOINT_SUFFIXES:
+        check.fail(
+            "checkpoint",
+            f"{checkpoint} is not a checkpoint: expected a .safetensors file, a folder of them, "
+            f"or a torch state dict ({', '.join(CHECKPOINT_SUFFIXES[1:])})",
+        )
 
 
 def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
@@ -344,12 +363,14 @@ def validate_build(
 def _check_remote_url(check: _Checker, url: str) -> None:
     """``build.remote`` names a filesystem fsspec knows, whose package is installed."""
     try:
-        import fsspec
+        with machinery():  # the remote tier's, not the model's: never keyed
+            import fsspec
     except ImportError:
         check.fail("build.remote", "needs fsspec: pip install 'hyperexport[remote]'")
     protocol = url.split("://", 1)[0] if "://" in url else "file"
     try:
-        fsspec.get_filesystem_class(protocol)
+        with machinery():
+            fsspec.get_filesystem_class(protocol)
     except ValueError:
         check.fail("build.remote", f"unknown filesystem {protocol!r} in {url!r}")
     except ImportError as e:

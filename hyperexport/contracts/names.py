@@ -26,6 +26,8 @@ CAPTURE_RECORD = CAPTURE_JSON
 REFERENCE_DIR = "reference"
 #: The trace: the resolution of ``auto`` (published), when the recipe used it.
 AUTO_FILE = "auto.json"
+#: A transformers checkpoint folder is one holding this file (its model config).
+CHECKPOINT_CONFIG = "config.json"
 #: The rewrite: the final model (+ ``<model>.data`` with external data) and its manifest.
 MODEL_FILE = "model.onnx"
 MANIFEST_JSON = "manifest.json"

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import logging
+import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +44,7 @@ class ModuleSource:
     Attributes:
         name: Dotted module name (``hyperexport.check.report``).
         relpath: File path relative to the package's parent (``hyperexport/check/report.py``).
-        digest: sha256 of the file's bytes.
+        digest: sha256 of the file's tokens without comments (:func:`token_digest`).
         module_level: Import statements that run when the module is loaded.
         function_level: Import statements inside its functions.
     """
@@ -108,6 +110,27 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> tuple[list[Impo
     return module_level, function_level
 
 
+_NOT_CODE = frozenset((tokenize.COMMENT, tokenize.NL))
+
+
+def token_digest(data: bytes) -> str:
+    """sha256 of a Python source's tokens without comments and blank lines.
+
+    A comment, a blank line or spacing inside a line cannot change what the code does, so it
+    changes no key; docstrings are strings the code can read, and count. A source that does
+    not tokenize is keyed by its bytes.
+    """
+    digest = hashlib.sha256()
+    try:
+        for tok in tokenize.tokenize(io.BytesIO(data).readline):
+            if tok.type not in _NOT_CODE:
+                digest.update(f"{tok.type}:{tok.string}\0".encode())
+    except (tokenize.TokenError, SyntaxError) as e:
+        log.debug("cannot tokenize (%s); keyed by bytes", e)
+        return hashlib.sha256(data).hexdigest()
+    return digest.hexdigest()
+
+
 def _parse(data: bytes, path: Path, name: str) -> tuple[list[Import], list[Import]]:
     try:
         tree = ast.parse(data, filename=str(path))
@@ -132,16 +155,19 @@ class ImportMemo(JsonMemo):
 
     what = "import memo"
 
-    def get(self, key: str) -> tuple[list[Import], list[Import]] | None:
-        """The ``(module-level, function-level)`` imports recorded for ``key``, if well-formed."""
+    def get(self, key: str) -> tuple[tuple[list[Import], list[Import]], str] | None:
+        """The ``(module-level, function-level)`` imports and the token digest recorded for
+        ``key``, if well-formed."""
         value: Any = self._load().get(key)
         try:
-            return _statements(value[0]), _statements(value[1])
+            imports = _statements(value[0]), _statements(value[1])
+            tokens = value[2]
         except (TypeError, ValueError, IndexError, KeyError):
             return None
+        return (imports, tokens) if isinstance(tokens, str) else None
 
-    def put(self, key: str, imports: tuple[list[Import], list[Import]]) -> None:
-        self._set(key, [[[b, list(n)] for b, n in part] for part in imports])
+    def put(self, key: str, imports: tuple[list[Import], list[Import]], tokens: str) -> None:
+        self._set(key, [*([[b, list(n)] for b, n in part] for part in imports), tokens])
 
     def save(self) -> None:
         """Write the memo if it changed; a failed write is a WARNING (the next build parses)."""
@@ -171,15 +197,16 @@ def read_package(root: Path, memo: ImportMemo | None = None) -> dict[str, Module
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         memo_key = f"{name}:{digest}"  # relative imports resolve against the module's name
-        imports = memo.get(memo_key) if memo is not None else None
-        if imports is None:
-            imports = _parse(data, path, name)
+        found = memo.get(memo_key) if memo is not None else None
+        if found is None:
+            found = _parse(data, path, name), token_digest(data)
             if memo is not None:
-                memo.put(memo_key, imports)
+                memo.put(memo_key, *found)
+        imports, tokens = found
         sources[name] = ModuleSource(
             name=name,
             relpath=path.relative_to(root.parent).as_posix(),
-            digest=digest,
+            digest=tokens,
             module_level=tuple(imports[0]),
             function_level=tuple(imports[1]),
         )

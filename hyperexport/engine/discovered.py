@@ -6,9 +6,17 @@ user code records, after it ran, every module present in ``sys.modules`` outside
 library: all of them, not only those it imported, since sweep jobs under Hydra's basic launcher
 share one process. The record is a *dependency set*:
 
-* local and editable sources by module name, file (relative to the folder its top-level
-  package was found in) and content digest;
-* installed distributions by name and version, one entry per distribution.
+* every module's file, local, editable or installed in site-packages, by module name, file
+  (relative to the folder its top-level package was found in) and content digest: an edited
+  installed library (a local patch, a vendored fix) is a change like an edited helper;
+* installed distributions by name and version, one entry per distribution (for the reason:
+  ``numpy 1.26.4→2.0.0``);
+* the files the stage opened for reading or loaded with ``ctypes`` (:mod:`~hyperexport.engine.
+  opened`), by content, named relative to the ``sys.path`` folder holding them (else by their
+  absolute path).
+
+Modules that hyperexport's own machinery loaded before any model ran
+(:func:`hyperexport.engine.machinery.machinery`: the remote tier's fsspec) are left out, so that a setting of ``build.*`` never changes a key.
 
 hyperexport's own modules are left out: the code a stage runs is in its key already
 (:mod:`hyperexport.engine.code_closure`). Nothing is keyed by an absolute path, so a cache moved
@@ -31,9 +39,10 @@ import importlib.metadata as metadata
 import importlib.util
 import json
 import logging
+import os
 import sys
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -47,15 +56,19 @@ from hyperexport.engine.hashing import (
     canonical_json,
     sha256_text,
 )
+from hyperexport.engine.machinery import MACHINERY
 
 log = logging.getLogger(__name__)
 
-DEPS_FORMAT = 1
+DEPS_FORMAT = 2
+#: Format 1 keyed installed libraries by version only: its sets are not trusted.
+_OLDER_FORMATS = (1,)
 #: Dependency sets kept per declared key (newest first); older ones are dropped.
 MAX_SETS = 8
 _NOT_RECORDED = frozenset((PACKAGE, "__main__", "__mp_main__"))
 
-#: ``{"modules": {name: [relative file, digest]}, "dists": {name: version}}``.
+#: ``{"modules": {name: [relative file, digest]}, "dists": {name: version},
+#: "files": {relative or absolute path: digest}}``.
 DependencySet = dict[str, dict[str, Any]]
 
 
@@ -75,21 +88,24 @@ def _path_entries() -> list[Path]:
 
 
 def _relative_file(name: str, file: Path, entries: list[Path]) -> str | None:
-    """The file relative to the folder its top-level package sits in.
+    """The file relative to the ``sys.path`` folder (``entries``) holding it, else to the
+    folder its top-level package sits in.
 
-    ``a/b/c.py`` for module ``a.b.c`` at ``/x/a/b/c.py``. A module registered under a name that
-    does not match its place is named relative to the ``sys.path`` folder (``entries``)
-    holding it; None if there is none.
+    ``a/b/c.py`` for module ``a.b.c`` at ``/x/a/b/c.py`` with ``/x`` on ``sys.path``. The
+    ``sys.path`` folder comes first: a module registered under a name that does not match its
+    place (a Cython utility module ``_cyutility`` living in ``scipy/_lib/``) is found there
+    again. The package folder serves editable installs that map a package from outside
+    ``sys.path``. None if neither applies.
     """
+    for entry in entries:
+        if file.is_relative_to(entry):
+            return file.relative_to(entry).as_posix()
     parts = name.split(".")
     depth = len(parts) if file.stem == "__init__" else len(parts) - 1
     if depth < len(file.parents):
         rel = file.relative_to(file.parents[depth])
         if rel.parts[0].split(".")[0] == parts[0]:
             return rel.as_posix()
-    for entry in entries:
-        if file.is_relative_to(entry):
-            return file.relative_to(entry).as_posix()
     return None
 
 
@@ -119,20 +135,28 @@ def _in_stdlib(file: Path) -> bool:
     return any(file.is_relative_to(d) for d in _stdlib_dirs())
 
 
-def snapshot(index: FileDigestIndex) -> DependencySet:
-    """The dependency set of this process now: every non-stdlib module in ``sys.modules``."""
+def snapshot(index: FileDigestIndex, opened: Iterable[str] = ()) -> DependencySet:
+    """The dependency set of this process now: every non-stdlib module in ``sys.modules``
+    (installed ones too, by content), and the regular files ``opened`` (absolute, resolved:
+    :func:`hyperexport.engine.opened.regular_files`)."""
     modules: dict[str, list[str]] = {}
     dists: dict[str, str | None] = {}
     owners_of: dict[str, list[str] | None] = {}
+    module_files: set[str] = set()
     entries = _path_entries()
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
-        if top in _NOT_RECORDED or _is_stdlib(top) or not isinstance(module, ModuleType):
+        if (
+            top in _NOT_RECORDED
+            or name in MACHINERY
+            or _is_stdlib(top)
+            or not isinstance(module, ModuleType)
+        ):
             continue
         file = _module_file(module)
         if file is None or not file.is_absolute():
             # Namespace packages, modules made at run time, and submodules with a relative
-            # __file__ (torch.ops): keyed through their top-level module's distribution.
+            # __file__ (torch.ops): keyed through their top-level module.
             top_module = sys.modules.get(top)
             file = _module_file(top_module) if top_module is not None else None
             if file is None or not file.is_absolute():
@@ -143,10 +167,11 @@ def snapshot(index: FileDigestIndex) -> DependencySet:
             if site_top not in owners_of:
                 owners_of[site_top] = _distributions_by_top().get(site_top) or None
             owners = owners_of[site_top]
-            if owners is not None:  # an installed distribution: its version stands for its files
+            if owners is not None:  # its version names the change; its files are keyed below
                 dists.update((dist, distribution_version(dist)) for dist in owners)
-                continue
         elif _in_stdlib(file):
+            continue
+        if name in modules:
             continue
         rel = _relative_file(name, file, entries)
         if rel is None:
@@ -158,10 +183,34 @@ def snapshot(index: FileDigestIndex) -> DependencySet:
             )
             rel = file.as_posix()
         try:
-            modules[name] = [rel, index.digest(file)]
+            modules[name] = [rel, index.digest_at(str(file))]
+            module_files.add(os.path.realpath(file))
         except OSError as e:  # deleted since it was imported: nothing to validate it against
             log.warning("module %s: cannot hash %s (%s); not recorded", name, file, e)
-    return {"modules": dict(sorted(modules.items())), "dists": dict(sorted(dists.items()))}
+    files: dict[str, str] = {}
+    for path in opened:
+        if path in module_files or _in_stdlib(Path(path)) or Path(path).is_relative_to(_OWN_DIR):
+            continue
+        try:
+            files[_file_label(path, entries)] = index.digest_at(path)
+        except OSError as e:
+            log.warning("cannot hash %s, which the model opened (%s); not recorded", path, e)
+    return {
+        "modules": dict(sorted(modules.items())),
+        "dists": dict(sorted(dists.items())),
+        "files": dict(sorted(files.items())),
+    }
+
+
+_OWN_DIR = Path(__file__).resolve().parent.parent
+
+
+def _file_label(path: str, entries: list[Path]) -> str:
+    """A file named relative to the longest ``sys.path`` folder holding it, else absolute."""
+    for entry in entries:
+        if Path(path).is_relative_to(entry):
+            return Path(path).relative_to(entry).as_posix()
+    return path
 
 
 def set_digest(deps: DependencySet) -> str:
@@ -197,38 +246,85 @@ def _package_roots(top: str) -> list[Path]:
     return []
 
 
-def _current_file(name: str, rel: str, entries: list[Path]) -> Path | None:
-    """Where recorded file ``rel`` of module ``name`` is now: under its top-level package's
-    folder (editable installs map packages outside ``sys.path``), else a ``sys.path`` folder."""
-    if Path(rel).is_absolute():
-        return Path(rel) if Path(rel).is_file() else None
-    for root in [*_package_roots(name.partition(".")[0]), *entries]:
-        candidate = root / rel
-        if candidate.is_file():
-            return candidate
-    return None
+class _Locator:
+    """Finds recorded files where they are now; folders of top-level packages memoised."""
+
+    def __init__(self) -> None:
+        self.entries = _path_entries()
+        self._roots: dict[str, list[str]] = {}
+
+    def roots(self, top: str) -> list[str]:
+        if top not in self._roots:
+            self._roots[top] = [str(r) for r in _package_roots(top)]
+        return self._roots[top]
+
+    def module_file(self, name: str, rel: str) -> str | None:
+        """Where recorded file ``rel`` of module ``name`` is now: under its top-level
+        package's folder (editable installs map packages outside ``sys.path``), else a
+        ``sys.path`` folder."""
+        if rel.startswith("/"):
+            return rel if os.path.isfile(rel) else None
+        for root in [*self.roots(name.partition(".")[0]), *map(str, self.entries)]:
+            candidate = f"{root}/{rel}"
+            if os.path.isfile(candidate):
+                return candidate
+        return None
+
+    def data_file(self, label: str) -> str | None:
+        if label.startswith("/"):
+            return label if os.path.isfile(label) else None
+        for entry in self.entries:
+            candidate = f"{entry}/{label}"
+            if os.path.isfile(candidate):
+                return candidate
+        return None
 
 
-def changes(deps: DependencySet, index: FileDigestIndex) -> list[str]:
+def changes(
+    deps: DependencySet, index: FileDigestIndex, seen: dict[str, str | None] | None = None
+) -> list[str]:
     """What no longer holds in ``deps``: ``["myhelpers.py", "numpy 1.26.4→2.0.0", ...]``.
 
-    Files are named by their recorded relative path (``… removed`` when gone); distributions
-    by name and versions. Empty when every dependency still matches.
+    Module files are named by their recorded relative path (``… removed`` when gone), files
+    the model read as ``file:<name>``, distributions by name and versions. Empty when every
+    dependency still matches.
+
+    Args:
+        deps: A recorded dependency set.
+        index: The digest index (stat-keyed fast path).
+        seen: Digests found so far in this build (``{location: digest or None}``), shared
+            between the stages so that a file is checked once.
     """
     found: list[str] = []
-    entries = _path_entries()
+    where = _Locator()
+    seen = {} if seen is None else seen
+
+    def now(kind: str, name: str, rel: str) -> str | None:
+        memo = f"{kind}:{name.partition('.')[0]}:{rel}"
+        if memo not in seen:
+            current = where.module_file(name, rel) if kind == "m" else where.data_file(rel)
+            digest = None
+            if current is not None:
+                try:
+                    digest = index.digest_at(current)
+                except OSError as e:
+                    log.warning("cannot hash %s: %s", current, e)
+                    digest = ""
+            seen[memo] = digest
+        return seen[memo]
+
     for name, (rel, digest) in deps.get("modules", {}).items():
-        current = _current_file(name, rel, entries)
+        current = now("m", name, rel)
         if current is None:
             found.append(f"{rel} removed")
-            continue
-        try:
-            now = index.digest(current)
-        except OSError as e:
-            log.warning("cannot hash %s: %s", current, e)
-            now = None
-        if now != digest:
+        elif current != digest:
             found.append(rel)
+    for label, digest in deps.get("files", {}).items():
+        current = now("f", "", label)
+        if current is None:
+            found.append(f"file:{label} removed")
+        elif current != digest:
+            found.append(f"file:{label}")
     for dist, version in deps.get("dists", {}).items():
         now_version = distribution_version(dist)
         if now_version != version:
@@ -238,14 +334,16 @@ def changes(deps: DependencySet, index: FileDigestIndex) -> list[str]:
 
 def describe(found: list[str], limit: int = 3) -> str:
     """A rerun reason from :func:`changes`: ``model code changed (myhelpers.py)``."""
-    files = [c for c in found if "→" not in c]
     dists = [c for c in found if "→" in c]
+    read = [c.removeprefix("file:") for c in found if c.startswith("file:")]
+    files = [c for c in found if "→" not in c and not c.startswith("file:")]
     parts = []
-    if files:
-        shown = ", ".join(files[:limit]) + (
-            f", +{len(files) - limit} more" if len(files) > limit else ""
-        )
-        parts.append(f"model code changed ({shown})")
+    for what, names in (("model code changed", files), ("file read by the model changed", read)):
+        if names:
+            shown = ", ".join(names[:limit]) + (
+                f", +{len(names) - limit} more" if len(names) > limit else ""
+            )
+            parts.append(f"{what} ({shown})")
     parts += dists[:limit]
     if len(dists) > limit:
         parts.append(f"+{len(dists) - limit} more")
@@ -279,6 +377,7 @@ class DiscoveredDeps:
     index: FileDigestIndex
     read_only: bool = False
     _memo: dict[str, list[DependencySet]] = field(default_factory=dict, repr=False)
+    _seen: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     def path(self, declared: str) -> Path:
         return self.root / "deps" / declared[:2] / f"{declared}.json"
@@ -296,6 +395,9 @@ class DiscoveredDeps:
             log.warning("ignoring unreadable dependency record %s: %s", path, e)
             return []
         found = data.get("sets") if isinstance(data, dict) else None
+        if isinstance(found, list) and data.get("format") in _OLDER_FORMATS:
+            log.info("dependency record %s is of an older format; not used", path)
+            return []
         if not isinstance(found, list) or data.get("format") != DEPS_FORMAT:
             log.warning("ignoring dependency record %s of an unknown format", path)
             return []
@@ -311,15 +413,16 @@ class DiscoveredDeps:
         """The full key of the first recorded set that still holds, else why none does."""
         first_change = ""
         for deps in self.sets(declared):
-            found = changes(deps, self.index)
+            found = changes(deps, self.index, self._seen)
             if not found:
                 return Resolution(full_key(declared, deps))
             first_change = first_change or describe(found)
         return Resolution(None, first_change)
 
-    def record(self, declared: str) -> str:
-        """Snapshot this process's modules as a set of ``declared``; returns the full key."""
-        deps = snapshot(self.index)
+    def record(self, declared: str, opened: Iterable[str] = ()) -> str:
+        """Snapshot this process's modules and the files ``opened`` as a set of ``declared``;
+        returns the full key."""
+        deps = snapshot(self.index, opened)
         if not self.read_only:
             kept = [s for s in self.sets(declared) if set_digest(s) != set_digest(deps)]
             sets = [deps, *kept][:MAX_SETS]
@@ -331,8 +434,10 @@ class DiscoveredDeps:
 def _valid_set(deps: Any) -> bool:
     if not isinstance(deps, dict):
         return False
-    modules, dists = deps.get("modules"), deps.get("dists")
+    modules, dists, files = deps.get("modules"), deps.get("dists"), deps.get("files")
     if not isinstance(modules, dict) or not isinstance(dists, dict):
+        return False
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         return False
     return all(
         isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)

@@ -37,6 +37,13 @@ class ActionEntry:
     outputs: tuple[OutputFile, ...]
     # The recipe whose build computed the entry (shown by ``cache ls``; not part of the key).
     recipe: str | None = None
+    #: The outputs its stage declares (``artifacts``): an entry lacking one is incomplete.
+    declares: tuple[str, ...] = ()
+
+    def missing(self) -> list[str]:
+        """The declared outputs this entry lacks (an incomplete entry, never served)."""
+        have = {f.path for f in self.outputs}
+        return sorted(d for d in self.declares if d not in have)
 
     def digests(self) -> dict[str, str]:
         """``{relative path: digest}``: what later stages' keys include."""
@@ -51,6 +58,8 @@ class ActionEntry:
         }
         if self.recipe is not None:
             data["recipe"] = self.recipe
+        if self.declares:
+            data["declares"] = list(self.declares)
         return data
 
     @classmethod
@@ -62,9 +71,13 @@ class ActionEntry:
             if not re.fullmatch(r"[0-9a-f]{64}", f.digest) or _unsafe_relpath(f.path):
                 raise ValueError(f"bad output record {f}")
         recipe = data.get("recipe")
+        declares = data.get("declares", [])
+        if not isinstance(declares, list) or not all(isinstance(d, str) for d in declares):
+            raise ValueError("bad declared outputs")
         return cls(
             key=str(data["key"]),
             stage=str(data["stage"]),
             outputs=outputs,
             recipe=recipe if isinstance(recipe, str) else None,
+            declares=tuple(declares),
         )

@@ -160,9 +160,16 @@ def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             "weights changed"
         ]
     old_env, new_env = old.get("env", {}), new.get("env", {})
-    changed_env = sorted(n for n in set(old_env) | set(new_env) if old_env.get(n) != new_env.get(n))
-    if changed_env:
-        reasons.append(f"environment of the model changed ({', '.join(changed_env)})")
+    for name in sorted(set(old_env) | set(new_env)):
+        if name not in old_env:
+            reasons.append(f"env {name} declared")
+        elif name not in new_env:
+            reasons.append(f"env {name} no longer declared")
+        elif old_env[name] != new_env[name]:
+            what = (
+                "set" if old_env[name] is None else "unset" if new_env[name] is None else "changed"
+            )
+            reasons.append(f"env {name} {what}")
     old_files, new_files = old.get("files", {}), new.get("files", {})
     for name in sorted(set(old_files) | set(new_files)):
         if old_files.get(name) != new_files.get(name):

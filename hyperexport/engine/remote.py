@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 #: fsspec protocols whose single-object writes are atomic (no temporary name needed).
 _ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"})
+#: An entry or dependency record is small JSON; a larger object is not one (a WARNING, a miss).
+MAX_RECORD_BYTES = 64 << 20
+_CHUNK = 1 << 20
 
 
 class Remote:
@@ -96,6 +99,8 @@ class Remote:
         self.root = root.rstrip("/")
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self._atomic_put = bool(_ATOMIC_PUT & set(protocols))
+        #: Blobs found not to match their digest here: the next upload replaces them.
+        self._bad: set[str] = set()
         self._check()
 
     def _check(self) -> None:
@@ -122,13 +127,15 @@ class Remote:
     def read_entry(self, key: str) -> ActionEntry | None:
         """The remote entry of ``key``, checked; None when absent or unusable (a WARNING)."""
         try:
-            data = self.fs.cat_file(self.action_path(key))
+            data = self._read_bounded(self.action_path(key), MAX_RECORD_BYTES)
         except FileNotFoundError:
             return None
         except Exception as e:
             log.warning("remote cache %s: cannot read entry %s (%s)", self.url, key[:12], e)
             return None
         try:
+            if len(data) > MAX_RECORD_BYTES:
+                raise ValueError(f"over {MAX_RECORD_BYTES} bytes")
             entry = ActionEntry.from_json(json.loads(data))
             if entry.key != key:
                 raise ValueError(f"entry records key {entry.key[:12]}")
@@ -149,16 +156,18 @@ class Remote:
             blob.parent.mkdir(parents=True, exist_ok=True)
             tmp = blob.parent / f".{f.digest[:12]}.{secrets.token_hex(4)}.download"
             try:
-                self.fs.get_file(self.blob_path(f.digest), str(tmp))
-                if tmp.stat().st_size != f.size or sha256_file(tmp) != f.digest:
+                read = self._download(self.blob_path(f.digest), tmp, f.size)
+                if read != f.size or sha256_file(tmp) != f.digest:
                     log.warning(
-                        "remote cache %s: blob of %s does not match its digest; a miss%s",
+                        "remote cache %s: blob of %s does not match its digest%s; a miss%s",
                         self.url,
                         f.path,
-                        " (removed there; this build uploads it again)" if self.writable else "",
+                        f" (more than the declared {f.size} bytes)" if read > f.size else "",
+                        " (this build replaces it with its own verified blob)"
+                        if self.writable
+                        else "",
                     )
-                    if self.writable:
-                        self.fs.rm_file(self.blob_path(f.digest))
+                    self._bad.add(f.digest)  # never deleted there: replaced by a verified upload
                     return False
                 store.adopt_blob(tmp, f.digest)
             except Exception as e:
@@ -188,8 +197,10 @@ class Remote:
         try:
             for f in entry.outputs:
                 remote = self.blob_path(f.digest)
-                if self._has(remote, f.size):
+                if f.digest not in self._bad and self._has(remote, f.size):
                     continue
+                if sha256_file(store.blob_path(f.digest)) != f.digest:  # only verified bytes
+                    raise ValueError(f"local blob of {f.path} does not match its digest")
                 self._put_file(store.blob_path(f.digest), remote)
             data = json.dumps(entry.to_json(), sort_keys=True, indent=1).encode("utf-8")
             self._put_bytes(data, self.action_path(entry.key))
@@ -214,7 +225,10 @@ class Remote:
 
     def _read_deps(self, declared: str) -> list[Any]:
         try:
-            data = json.loads(self.fs.cat_file(self.deps_path(declared)))
+            raw = self._read_bounded(self.deps_path(declared), MAX_RECORD_BYTES)
+            if len(raw) > MAX_RECORD_BYTES:
+                raise ValueError(f"over {MAX_RECORD_BYTES} bytes")
+            data = json.loads(raw)
         except FileNotFoundError:
             return []
         except Exception as e:
@@ -258,6 +272,25 @@ class Remote:
                 type(e).__name__,
                 e,
             )
+
+    def _read_bounded(self, path: str, limit: int) -> bytes:
+        """At most ``limit + 1`` bytes of ``path`` (one more than allowed shows it is over)."""
+        with self.fs.open(path, "rb") as src:
+            data: bytes = src.read(limit + 1)
+        return data
+
+    def _download(self, path: str, target: Path, size: int) -> int:
+        """Copy ``path`` to ``target``, reading at most ``size + 1`` bytes; returns how many
+        were read (over ``size``: the object is not what its entry declares)."""
+        read = 0
+        with self.fs.open(path, "rb") as src, open(target, "wb") as dst:
+            while read <= size:
+                chunk = src.read(min(_CHUNK, size + 1 - read))
+                if not chunk:
+                    break
+                dst.write(chunk)
+                read += len(chunk)
+        return read
 
     def _has(self, path: str, size: int) -> bool:
         try:

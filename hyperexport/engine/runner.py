@@ -24,24 +24,27 @@ Cache faults heal rather than fail:
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import logging
+import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.engine import discovered
+from hyperexport.engine import discovered, opened
 from hyperexport.engine.code_closure import ImportMemo, package_sources, stage_code
 from hyperexport.engine.discovered import DiscoveredDeps
 from hyperexport.engine.entries import ActionEntry
 from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.keys import explain, key_material, key_params, stage_key
+from hyperexport.engine.machinery import machinery
 from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
 from hyperexport.engine.store import CacheStore, CorruptBlobError, Lookup
 from hyperexport.engine.workspace import Workspace
-from hyperexport.errors import CorruptRecordError, StageError
+from hyperexport.errors import CacheUnavailableError, CorruptRecordError, StageError
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,9 @@ class BuildRequest:
         dry_run: Only report what would happen; write nothing.
         code_roots: hyperexport modules the recipe names for its model (a factory in
             ``hyperexport.zoo``): code that the stages running the model run besides their own.
+        not_discovered: Paths whose reads are not discovered dependencies: keyed by content
+            already (the checkpoint, the files ``model:`` arguments name) or the build's own
+            (the outputs). The cache is excluded always.
     """
 
     recipe_name: str
@@ -115,6 +121,7 @@ class BuildRequest:
     force: frozenset[str] = frozenset()
     dry_run: bool = False
     code_roots: tuple[str, ...] = ()
+    not_discovered: tuple[str, ...] = ()
 
 
 @dataclass
@@ -195,6 +202,9 @@ class Runner:
         self.discovered = DiscoveredDeps(store.root, store.index, read_only=store.read_only)
         self.imports = ImportMemo(store.root / "index" / "imports.json", read_only=store.read_only)
         self._final = True
+        #: Paths opened by the stages that ran the model in this build (``opened.py``): the
+        #: model's load and trace read them, so every later such stage depends on them too.
+        self._opened: set[str] = set()
         self._held = contextlib.ExitStack()  # the single-flight lock of the current stage
         #: The last build's checkouts; kept after :meth:`run` only inside ``with runner:``, for
         #: publishing to take its large copies (:meth:`Workspace.hand_over`).
@@ -223,6 +233,7 @@ class Runner:
 
     def _run_once(self, request: BuildRequest) -> BuildResult:
         result = BuildResult()
+        self._opened = set()
         model = _Memo(self.load_model)
         workspace = self._new_workspace()
 
@@ -307,9 +318,13 @@ class Runner:
         resolution = self.discovered.resolve(declared)
         return resolution.key, resolution.reason
 
-    def _output_key(self, stage: Stage, declared: str) -> str:
-        """The key a successful run is stored under; records the modules it loaded."""
-        return self.discovered.record(declared) if stage.needs_model else declared
+    def _output_key(self, request: BuildRequest, stage: Stage, declared: str) -> str:
+        """The key a successful run is stored under; records the modules it loaded and the
+        files the model opened."""
+        if not stage.needs_model:
+            return declared
+        exclude = (str(self.store.root), *request.not_discovered)
+        return self.discovered.record(declared, opened.regular_files(self._opened, exclude))
 
     def _one(
         self,
@@ -333,7 +348,8 @@ class Runner:
         material = self._material(request, stage, params, upstream)
         declared = stage_key(material)
         forced = stage.name in request.force
-        key, stale, lookup = self._lookup(stage, declared, forced, request.dry_run)
+        with machinery():  # the cache's and remote tier's imports are not the model's
+            key, stale, lookup = self._lookup(stage, declared, forced, request.dry_run)
         if lookup.status == "hit" and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
@@ -370,7 +386,9 @@ class Runner:
         key, stale = self._resolve(stage, declared)
         if key is None and self.store.remote is not None:
             key = self._resolve_remote(declared) or key
-        lookup = self.store.lookup(key) if key is not None else Lookup("missing")
+        lookup = (
+            self._complete(stage, self.store.lookup(key)) if key is not None else Lookup("missing")
+        )
         if dry_run or self.store.read_only or (lookup.status == "hit" and not forced):
             return key, stale, lookup
         self._held.enter_context(self.store.single_flight(declared, f"stage {stage.name}"))
@@ -381,8 +399,35 @@ class Runner:
             again_key = fresh.key
         else:
             again_key = declared
-        again = self.store.lookup(again_key) if again_key is not None else Lookup("missing")
+        again = (
+            self._complete(stage, self.store.lookup(again_key))
+            if again_key is not None
+            else Lookup("missing")
+        )
         return (again_key, "", again) if again.status == "hit" else (key, stale, lookup)
+
+    def _complete(self, stage: Stage, lookup: Lookup) -> Lookup:
+        """``lookup``, or ``corrupt`` when its entry lacks an output the stage declares (its
+        ``artifacts``): an incomplete entry is a miss, warned about and discarded."""
+        if lookup.status != "hit" or lookup.entry is None:
+            return lookup
+        missing = sorted(
+            {
+                *missing_outputs(stage, (f.path for f in lookup.entry.outputs)),
+                *lookup.entry.missing(),
+            }
+        )
+        if not missing:
+            return lookup
+        detail = f"lacks {', '.join(missing)}"
+        log.warning(
+            "cache entry %s of stage %s %s; treating it as a miss",
+            lookup.entry.key[:12],
+            stage.name,
+            detail,
+        )
+        self.store.discard(lookup.entry.key)
+        return Lookup("corrupt", detail=detail)
 
     def _resolve_remote(self, declared: str) -> str | None:
         """The full key of a dependency set recorded on the remote that holds here, if any.
@@ -421,8 +466,14 @@ class Runner:
             out_dir = scratch / "out"
             out_dir.mkdir()
             try:
-                stage.run(params, inputs, out_dir)
+                with (
+                    opened.recording(self._opened)
+                    if stage.needs_model
+                    else contextlib.nullcontext(self._opened)
+                ):
+                    stage.run(params, inputs, out_dir)
             except Exception as e:
+                _raise_if_refused(e, self.store.root, "cache")
                 if stage.upstream and not self._final and _is_corrupt_record(e):
                     keys = tuple(result.entries[u].key for u in stage.upstream)
                     raise _CorruptUpstream(f"stage {stage.name}: {e}", keys) from e
@@ -431,16 +482,24 @@ class Runner:
                 result.failed_files = _small_text_files(out_dir)
                 status = "failed"
             else:
-                key = self._output_key(stage, declared)
-                result.entries[stage.name] = self.store.commit(
-                    key,
-                    stage.name,
-                    out_dir,
-                    recipe=request.recipe_name,
-                    known=self.workspace.digest_of if self.workspace is not None else None,
-                )
-                if stage.needs_model and self.store.remote is not None:  # after the entry
-                    self.store.remote.upload_deps(declared, self.discovered.path(declared))
+                missing = missing_outputs(stage, _relative_files(out_dir))
+                if missing:  # never commit an incomplete entry
+                    error = RuntimeError(f"stage {stage.name} did not write {', '.join(missing)}")
+                    result.error = StageError(stage.name, error)
+                    result.error.__cause__ = error
+                    return "failed", f"RuntimeError: {error}", key
+                key = self._output_key(request, stage, declared)
+                with machinery(), _refusals_are_unavailable(self.store.root, "cache"):
+                    result.entries[stage.name] = self.store.commit(
+                        key,
+                        stage.name,
+                        out_dir,
+                        recipe=request.recipe_name,
+                        declares=sorted(set(stage.artifacts.values())),
+                        known=self.workspace.digest_of if self.workspace is not None else None,
+                    )
+                    if stage.needs_model and self.store.remote is not None:  # after the entry
+                        self.store.remote.upload_deps(declared, self.discovered.path(declared))
                 status = "ok"
         self.store.record_run(
             request.recipe_name, stage.name, _record(key, declared, material, status)
@@ -449,6 +508,36 @@ class Runner:
             cause = result.error.__cause__
             return "failed", f"{type(cause).__name__}: {cause}", key
         return "ran", "", key
+
+
+#: A filesystem refusing writes: full, read-only, not permitted, over quota. In the cache or the
+#: outputs, this is the environment's fault, not the build's: exit code 3, naming the directory.
+REFUSED = frozenset(
+    e
+    for e in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, getattr(errno, "EDQUOT", None))
+    if e is not None
+)
+
+
+def _raise_if_refused(error: BaseException, root: Path, what: str) -> None:
+    """Raise :class:`CacheUnavailableError` for a refused write (:data:`REFUSED`) under
+    ``root``, naming the directory and the reason; else return."""
+    if not isinstance(error, OSError) or error.errno not in REFUSED:
+        return
+    names = [n for n in (error.filename, error.filename2) if isinstance(n, (str, os.PathLike))]
+    if names and not any(Path(os.fspath(n)).absolute().is_relative_to(root) for n in names):
+        return  # the filesystem refused something else: the stage's own failure
+    reason = error.strerror or os.strerror(error.errno or 0)
+    raise CacheUnavailableError(f"{what} directory {root}: {reason}") from error
+
+
+@contextlib.contextmanager
+def _refusals_are_unavailable(root: Path, what: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        _raise_if_refused(e, root, what)
+        raise
 
 
 class _CorruptUpstream(Exception):
@@ -506,6 +595,16 @@ def _reason(
         return "previous run failed" if previous.get("status") == "failed" else "not in cache"
     prev_material = previous.get("material") if previous else None
     return explain(prev_material if isinstance(prev_material, Mapping) else None, material)
+
+
+def missing_outputs(stage: Stage, present: Iterable[str]) -> list[str]:
+    """The outputs ``stage`` declares (the files of its ``artifacts``) not in ``present``."""
+    have = set(present)
+    return sorted({f for f in stage.artifacts.values() if f not in have})
+
+
+def _relative_files(out_dir: Path) -> list[str]:
+    return [p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if not p.is_dir()]
 
 
 def _no_model(stage: str) -> Callable[[], Any]:

@@ -39,7 +39,7 @@ import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -275,6 +275,7 @@ class CacheStore:
         out_dir: Path,
         *,
         recipe: str | None = None,
+        declares: Sequence[str] = (),
         known: Callable[[Path], str | None] | None = None,
     ) -> ActionEntry:
         """Move every file of ``out_dir`` into the blob store, then write the entry (last).
@@ -286,7 +287,8 @@ class CacheStore:
         see ``workspace.py``): it is recorded under that file's digest, whose blob the store
         already has, without reading or copying anything. Any other symlink is refused.
 
-        ``recipe`` (the building recipe's name) is recorded in the entry for ``cache ls``.
+        ``recipe`` (the building recipe's name) is recorded in the entry for ``cache ls``, and
+        ``declares`` (the outputs the stage declares) for ``cache verify``.
 
         Raises:
             ValueError: ``out_dir`` holds a symlink ``known`` does not vouch for.
@@ -310,7 +312,9 @@ class CacheStore:
                 size = path.stat().st_size
                 self._put_blob(path, digest, size, move=True)
             outputs.append(OutputFile(rel, digest, size))
-        entry = ActionEntry(key=key, stage=stage, outputs=tuple(outputs), recipe=recipe)
+        entry = ActionEntry(
+            key=key, stage=stage, outputs=tuple(outputs), recipe=recipe, declares=tuple(declares)
+        )
         self.write_entry(entry)
         if self.remote is not None:
             self.remote.upload(entry, self)

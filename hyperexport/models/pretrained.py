@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hyperexport.contracts.names import CHECKPOINT_CONFIG
 from hyperexport.errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def _local_checkpoint(path: str, revision: str | None, trust_remote_code: bool) 
 
 def read_checkpoint_config(directory: Path) -> dict[str, Any]:
     """``config.json`` of a checkpoint directory as data; a RecipeError when it is not one."""
-    file = directory / "config.json"
+    file = directory / CHECKPOINT_CONFIG
     if not file.is_file():
         found = sorted(p.name for p in directory.iterdir())[:5]
         raise RecipeError(

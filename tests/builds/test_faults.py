@@ -248,3 +248,75 @@ def test_kill_9_of_a_real_cli_build_mid_export_then_rebuild(tmp_path: Path) -> N
     assert clean.returncode == 0, clean.stderr
     model = Path("outputs") / "toy" / "default" / "model.onnx"
     assert (tmp_path / model).read_bytes() == (clean_root / model).read_bytes()
+
+
+# -- the filesystem refuses a write: full, read-only, not permitted, over quota ----------------
+class _Refusing:
+    """A stage that writes into its scratch folder, where the filesystem refuses with ``code``."""
+
+    def __init__(self, base: Any, code: int, inside: bool) -> None:
+        self._base, self._code, self._inside = base, code, inside
+        for name in ("name", "version", "upstream", "reads", "needs_model", "libraries"):
+            setattr(self, name, getattr(base, name))
+        self.publish, self.artifacts = base.publish, base.artifacts
+
+    def run(self, params: Any, inputs: Any, out_dir: Path) -> None:
+        target = out_dir / "model.onnx" if self._inside else Path("/nonexistent/elsewhere")
+        raise OSError(self._code, os.strerror(self._code), str(target))
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EDQUOT", "EROFS", "EACCES"])
+def test_a_refused_write_in_the_cache_is_exit_3_naming_it(
+    tmp_path: Path, code: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 21: a full cache filesystem gave rc 1, "stage 'rewrite' failed: [Errno 28]"."""
+    import errno
+
+    pipeline = list(stages())
+    index = next(i for i, s in enumerate(pipeline) if s.name == "rewrite")
+    pipeline[index] = _Refusing(pipeline[index], getattr(errno, code), inside=True)
+    with caplog.at_level(logging.ERROR):
+        outcome = run_build(
+            recipe(),
+            settings(tmp_path / "cache", tmp_path / "outputs"),
+            stages=pipeline,
+            load_model=lambda: "model",
+        )
+    assert outcome.exit_code == exit_codes.UNAVAILABLE
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"cache directory {tmp_path / 'cache'}: {os.strerror(getattr(errno, code))}"]
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []  # no scratch left
+
+
+def test_a_refused_write_elsewhere_is_the_stages_own_failure(tmp_path: Path) -> None:
+    import errno
+
+    pipeline = list(stages())
+    index = next(i for i, s in enumerate(pipeline) if s.name == "rewrite")
+    pipeline[index] = _Refusing(pipeline[index], errno.EACCES, inside=False)
+    outcome = run_build(
+        recipe(),
+        settings(tmp_path / "cache", tmp_path / "outputs"),
+        stages=pipeline,
+        load_model=lambda: "model",
+    )
+    assert outcome.exit_code == exit_codes.FAILED
+
+
+def test_a_full_outputs_filesystem_is_exit_3_naming_the_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 21: full outputs gave rc 3 with a message naming a cache blob."""
+    import errno
+
+    from hyperexport.builds import publish
+
+    def full(source: Path, target: Path) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(source))
+
+    monkeypatch.setattr(publish, "clone_or_copy", full)
+    with caplog.at_level(logging.ERROR):
+        outcome = _build(tmp_path)
+    assert outcome.exit_code == exit_codes.UNAVAILABLE
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"outputs directory {tmp_path / 'outputs'}: {os.strerror(errno.ENOSPC)}"]

@@ -135,3 +135,71 @@ def test_model_argument_files_are_keyed_by_content(tmp_path: Path) -> None:
     assert sorted(fp["files"]["model.path"]) == ["config.json", "model.safetensors"]
     (pretrained / "config.json").write_text('{"a": 1}')
     assert model_fingerprint(data, str(recipe), None, index) != fp
+
+
+def test_a_readme_or_image_beside_a_pretrained_folder_is_not_keyed(tmp_path: Path) -> None:
+    """Issue 24: a README.md added to a from_pretrained folder reran all five stages."""
+    from hyperexport.builds.fingerprint import path_digests
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "modeling_x.py"):
+        (folder / name).write_text(name)
+    before = path_digests(folder, FileDigestIndex(None))
+    assert sorted(before) == ["config.json", "model.safetensors", "modeling_x.py", "tokenizer.json"]
+    (folder / "README.md").write_text("notes")
+    (folder / "picture.png").write_bytes(b"\x89PNG")
+    assert path_digests(folder, FileDigestIndex(None)) == before
+    (folder / "generation_config.json").write_text("{}")
+    assert "generation_config.json" in path_digests(folder, FileDigestIndex(None))
+
+
+def test_pretrained_patterns_cover_transformers_own_file_names() -> None:
+    import fnmatch
+
+    import transformers.utils as tu
+    from transformers import LlamaTokenizerFast
+
+    from hyperexport.builds.fingerprint import PRETRAINED_FILES
+
+    names = [
+        tu.CONFIG_NAME,
+        tu.GENERATION_CONFIG_NAME,
+        tu.SAFE_WEIGHTS_NAME,
+        tu.SAFE_WEIGHTS_INDEX_NAME,
+        tu.WEIGHTS_NAME,
+        tu.WEIGHTS_INDEX_NAME,
+        *LlamaTokenizerFast.vocab_files_names.values(),
+        "special_tokens_map.json",
+        "tokenizer_config.json",
+    ]
+    for name in names:
+        assert any(fnmatch.fnmatch(name, p) for p in PRETRAINED_FILES), name
+
+
+def test_a_checkpoint_folder_counts_only_the_files_its_loader_reads(tmp_path: Path) -> None:
+    from hyperexport.builds.fingerprint import weights_fingerprint
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "a.safetensors").write_bytes(b"w")
+    before = weights_fingerprint(0, folder, FileDigestIndex(None))
+    (folder / "README.md").write_text("notes")
+    assert weights_fingerprint(0, folder, FileDigestIndex(None)) == before
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "empty_folder"])
+def test_a_checkpoint_that_is_not_one_is_refused_by_validation(tmp_path: Path, target: str) -> None:
+    """Issue 21: checkpoint=../../../../etc/passwd gave rc 1 "list index out of range"."""
+    from hyperexport.config import validate_recipe
+    from hyperexport.errors import RecipeError
+    from tests.helpers.fake_stages import recipe
+
+    path = target if target.startswith("/") else str(tmp_path / target)
+    if not target.startswith("/"):
+        Path(path).mkdir()
+    data = dict(recipe().data)
+    data["checkpoint"] = path
+    with pytest.raises(RecipeError) as raised:
+        validate_recipe(data, str(tmp_path / "r.yaml"))
+    assert raised.value.field == "checkpoint"

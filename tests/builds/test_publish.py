@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -176,15 +177,6 @@ def test_failed_check_keeps_the_good_build_and_publishes_the_failure(tmp_path: P
     assert len(list((variant.parent / BUILDS).iterdir())) == 1
 
 
-def test_folder_of_an_older_layout_is_replaced(tmp_path: Path) -> None:
-    variant = tmp_path / "outputs" / "fake" / "default"
-    variant.mkdir(parents=True)
-    (variant / "model.onnx").write_bytes(b"from an older hyperexport")
-    run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
-    _consistent(variant)
-    assert len(list((variant.parent / BUILDS).iterdir())) == 1
-
-
 def test_stale_publications_are_removed_unless_their_lock_is_held(tmp_path: Path) -> None:
     run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
     recipe_dir = tmp_path / "outputs" / "fake"
@@ -282,3 +274,44 @@ def test_variant_dir_is_one_path_component() -> None:
         name = variant_dir([item])
         assert "/" not in name and "\\" not in name and "\x00" not in name
         assert name not in (".", "..")
+
+
+@pytest.mark.parametrize("name", ["default", "default.failed"])
+def test_a_users_folder_at_the_variant_is_never_touched(tmp_path: Path, name: str) -> None:
+    """A real folder where a publication goes is the user's: exit 3 naming it, before any
+    stage runs, and its file is still there (issue 21: it was moved aside and deleted)."""
+    users = tmp_path / "outputs" / "fake" / name
+    users.mkdir(parents=True)
+    (users / "notes.txt").write_text("mine")
+    ran: list[str] = []
+    outcome = run_build(
+        recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: ran.append("m")
+    )
+    assert outcome.exit_code == 3
+    assert (users / "notes.txt").read_text() == "mine"
+    assert ran == [] and not (tmp_path / "outputs" / "fake" / BUILDS).exists()
+
+
+def test_a_users_folder_appearing_during_the_build_is_never_touched(tmp_path: Path) -> None:
+    stages = list(pipeline())
+    users = tmp_path / "outputs" / "fake" / "default"
+
+    def plant(params: object) -> None:
+        users.mkdir(parents=True, exist_ok=True)
+        (users / "notes.txt").write_text("mine")
+
+    stages[-1] = replace(stages[-1], fail=plant)
+    outcome = run_build(recipe(), _settings(tmp_path), stages=stages, load_model=lambda: "m")
+    assert outcome.exit_code == 3
+    assert (users / "notes.txt").read_text() == "mine"
+    assert not users.is_symlink()
+
+
+def test_removing_a_publication_spares_a_users_folder(tmp_path: Path) -> None:
+    from hyperexport.builds.publish import remove_publication
+
+    users = tmp_path / "fake" / "default"
+    users.mkdir(parents=True)
+    (users / "notes.txt").write_text("mine")
+    remove_publication(users)
+    assert (users / "notes.txt").read_text() == "mine"

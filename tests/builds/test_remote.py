@@ -6,6 +6,7 @@ talks to it over HTTP as it would to AWS.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -220,7 +221,7 @@ def test_s3_read_only_mode_fetches_but_never_uploads(s3_endpoint: str, tmp_path:
     assert any("/actions/" in k for k in keys) and any("/blobs/" in k for k in keys)
     assert not any(k.endswith(".tmp") for k in keys)
     c = _fake_build(tmp_path, "c", remote, "read_only", **options)
-    assert statuses(c) == HITS
+    assert statuses(c) == HITS, [s.line() for s in c.result.stages]
 
 
 def test_unreachable_s3_endpoint_is_exit_3(tmp_path: Path) -> None:
@@ -277,3 +278,33 @@ def _real_build(recipe_: Any, setup: Path, remote: str, endpoint: str) -> BuildO
     report = json.loads((outcome.out_dir / "report.json").read_text())
     assert report["check"]["ok"] is True
     return outcome
+
+
+def test_an_oversized_remote_blob_is_read_only_to_its_declared_size_and_never_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: a 300 MB object declared as 6964 B was downloaded in full before the size
+    check, then deleted on the remote."""
+    remote_dir = tmp_path / "remote"
+    a = _fake_build(tmp_path, "a", f"file://{remote_dir}")
+    big = next(f for f in a.result.entries["export"].outputs if f.path == "big.bin")
+    blob = remote_dir / "blobs" / big.digest[:2] / big.digest
+    planted = b"\0" * (big.size + (8 << 20))
+    blob.write_bytes(planted)
+    reads: list[int] = []
+    download = Remote._download
+
+    def counted(self: Remote, path: str, target: Path, size: int) -> int:
+        reads.append(download(self, path, target, size))
+        return reads[-1]
+
+    monkeypatch.setattr(Remote, "_download", counted)
+    with caplog.at_level(logging.WARNING):
+        b = _fake_build(tmp_path, "b", f"file://{remote_dir}", "read_only")
+    assert b.exit_code == 0 and statuses(b)["export"] == "ran"
+    assert f"more than the declared {big.size} bytes" in caplog.text
+    assert max(reads) == big.size + 1  # stopped one byte past what the entry declares
+    assert blob.read_bytes() == planted  # a read-only build never writes, nor deletes
+    c = _fake_build(tmp_path, "c", f"file://{remote_dir}")  # read_write: replaced, verified
+    assert c.exit_code == 0
+    assert hashlib.sha256(blob.read_bytes()).hexdigest() == big.digest

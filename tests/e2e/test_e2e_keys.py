@@ -12,6 +12,7 @@ import importlib
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,14 @@ import yaml
 from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.config import BuildSettings, Recipe, validate_recipe
 from hyperexport.engine import code_closure
+from hyperexport.engine.store import CacheStore
 from hyperexport.stages import PIPELINE, model_loader
 from tests.helpers.statuses import statuses
 
 MODEL = """
+import os
+from pathlib import Path
+
 import torch
 from safetensors.torch import load_file
 
@@ -58,6 +63,13 @@ def make(dim: int = 8, layers: int = 2, seed: int = 0, pretrained: str | None = 
     net = Net(dim, layers)
     if pretrained is not None:  # a from_pretrained-style folder, relative to the working dir
         net.load_state_dict(load_file(f"{pretrained}/weights.safetensors"))
+    # What the recipe does not name: a data file beside the module, an environment variable.
+    gain_file = Path(__file__).with_name("hxk_gain.txt")
+    gain = float(gain_file.read_text()) if gain_file.exists() else 1.0
+    gain *= float(os.environ.get("HXK_GAIN", "1"))
+    with torch.no_grad():
+        for block in net.blocks:
+            block.fc.weight.mul_(gain)
     return net.eval()
 """
 HELPERS = "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n"
@@ -70,7 +82,7 @@ hiera: [hxk_model.Block]
 dynamo: false
 rewrite: {optimize: false, fuse_constants: false}
 """
-USER_MODULES = ("hxk_model", "hxk_helpers", "hxk_lib")
+USER_MODULES = ("hxk_model", "hxk_helpers", "hxk_lib", "hxk_inst")
 ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "evaluate": "ran", "check": "ran"}
 ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "hit"}
 
@@ -234,7 +246,13 @@ def test_check_code_edit_reruns_only_check(
     report.write_text(report.read_text().replace('"""', '"""Edited. ', 1))
     monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
     again = build(load(user), cache, outputs)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "ran"}
+    assert statuses(again) == {
+        "trace": "hit",
+        "export": "hit",
+        "rewrite": "hit",
+        "evaluate": "hit",
+        "check": "ran",
+    }
     assert reasons(again)["check"] == "hyperexport code changed (check/judge.py)"
     compose = tree / "passes" / "compose_functions.py"
     compose.write_text(compose.read_text() + "\n# edited\n")
@@ -283,3 +301,196 @@ def test_promote_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
     assert keys[False]["export"] == keys[True]["export"]
     assert keys[False]["rewrite"] != keys[True]["rewrite"]
     assert keys[False]["check"] != keys[True]["check"]
+
+
+@pytest.fixture
+def not_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temporary directory elsewhere: files the model reads from tmp_path are the user's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+
+def test_a_data_file_the_model_reads_is_discovered(
+    user: Path, tmp_path: Path, not_temp: None
+) -> None:
+    """Issue 21: a file the model's code opens (not named in the recipe) was not seen: all
+    stages hit, and the published model was stale."""
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    (user.parent / "hxk_gain.txt").write_text("1.0")
+    before = model_bytes(build(load(user), cache, outputs))
+    assert statuses(build(load(user), cache, outputs)) == ALL_HIT
+    (user.parent / "hxk_gain.txt").write_text("0.5")
+    plan = build(load(user), cache, outputs, dry_run=True)
+    assert plan.lines[1] == "trace: would run (file read by the model changed (hxk_gain.txt))"
+    again = build(load(user), cache, outputs)
+    assert statuses(again)["trace"] == "ran" and statuses(again)["export"] == "ran"
+    assert model_bytes(again) != before
+    assert again.report is not None and again.report["check"]["ok"] is True  # ORT vs torch
+
+
+def test_a_declared_environment_variable_is_keyed(
+    user: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``env: [NAME]``: the variable's value enters the keys of the stages that run the model,
+    and a dry run names it."""
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    monkeypatch.setenv("HXK_GAIN", "1")
+    before = model_bytes(build(load(user, env=["HXK_GAIN"]), cache, outputs))
+    monkeypatch.setenv("HXK_GAIN", "0.5")
+    plan = build(load(user, env=["HXK_GAIN"]), cache, outputs, dry_run=True)
+    assert plan.lines[1] == "trace: would run (env HXK_GAIN changed)"
+    again = build(load(user, env=["HXK_GAIN"]), cache, outputs)
+    assert statuses(again) == ALL_RAN
+    assert model_bytes(again) != before
+    assert again.report is not None and again.report["check"]["ok"] is True
+    monkeypatch.setenv("HXK_GAIN", "1")  # back: the first build's entries hit again
+    assert statuses(build(load(user, env=["HXK_GAIN"]), cache, outputs)) == ALL_HIT
+
+
+def _install(site: Path, gain: str) -> None:
+    """``hxk_inst`` 1.0 installed in ``site`` (a site-packages folder), exporting ``GAIN``."""
+    (site / "hxk_inst").mkdir(parents=True, exist_ok=True)
+    (site / "hxk_inst" / "__init__.py").write_text(f"GAIN = {gain}\n")
+    info = site / "hxk_inst-1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hxk-inst\nVersion: 1.0\n")
+    (info / "RECORD").write_text("hxk_inst/__init__.py,,\n")
+    (info / "top_level.txt").write_text("hxk_inst\n")
+
+
+def test_an_edited_installed_library_reruns_and_a_restored_one_hits_again(
+    user: Path, tmp_path: Path
+) -> None:
+    """Issue 21: a patched library in site-packages (same version) was a hit, and a forced
+    build under the patch wrote its entry under the pristine key."""
+    from hyperexport.engine import discovered
+    from hyperexport.engine import environment as fingerprint
+
+    site = tmp_path / "venv" / "lib" / "python3" / "site-packages"
+    _install(site, "1.0")
+    sys.path.insert(0, str(site))
+    for memo in (discovered._distributions_by_top, fingerprint._dist_info_versions):
+        memo.cache_clear()
+    fingerprint.distribution_version.cache_clear()
+    helpers = user.parent / "hxk_helpers.py"
+    helpers.write_text(
+        HELPERS.replace("import torch\n", "import torch\nfrom hxk_inst import GAIN\n").replace(
+            "torch.relu(x)", "torch.relu(x) * GAIN"
+        )
+    )
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    pristine = model_bytes(build(load(user), cache, outputs))
+    _install(site, "3.0")  # a local patch: same version, other code
+    plan = build(load(user), cache, outputs, dry_run=True)
+    assert plan.lines[1] == "trace: would run (model code changed (hxk_inst/__init__.py))"
+    patched = build(load(user), cache, outputs)
+    assert statuses(patched) == ALL_RAN
+    assert model_bytes(patched) != pristine
+    _install(site, "1.0")  # restored: its own entries, not the patched ones
+    restored = build(load(user), cache, outputs)
+    assert statuses(restored) == ALL_HIT
+    assert model_bytes(restored) == pristine
+
+
+def _published(outcome: BuildOutcome) -> dict[str, bytes]:
+    """Every published file but the three that carry timings."""
+    timed = {"report.json", "report.html", "summary.txt"}
+    root = outcome.out_dir.resolve()
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in timed
+    }
+
+
+def test_keys_and_artifacts_are_the_same_in_fresh_caches_with_and_without_a_remote(
+    user: Path, tmp_path: Path
+) -> None:
+    """Issue 21: evaluation.json embedded timings (the check key differed between two fresh
+    caches), and a remote's fsspec joined the recorded modules (trace, export, check keys).
+
+    In one process the second build has more modules loaded than the first (a sweep's jobs
+    share a process), so the modules recorded by trace and export differ: their *declared* keys
+    are compared here, every full key in fresh processes by the slow test below.
+    """
+    outcomes, declared = [], []
+    for name, remote in (("a", None), ("b", None), ("c", (tmp_path / "remote").as_uri())):
+        _forget_user_modules()
+        settings = BuildSettings(
+            cache_dir=str(tmp_path / name / "cache"),
+            outputs_dir=tmp_path / name / "out",
+            dry_run=False,
+            force=(),
+            remote=remote,
+        )
+        recipe = load(user)
+        outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+        assert statuses(outcome) == ALL_RAN
+        outcomes.append(outcome)
+        store = CacheStore(tmp_path / name / "cache")
+        declared.append({s: store.previous_run("keys", s)["declared"] for s in ALL_RAN})
+    keys = [
+        {s.name: s.key for s in o.result.stages if s.name not in ("trace", "export")}
+        for o in outcomes
+    ]
+    assert declared[0] == declared[1] == declared[2]
+    assert keys[0] == keys[1] == keys[2]
+    files = [_published(o) for o in outcomes]
+    assert "check.json" in files[0]
+    assert files[0] == files[1] == files[2]
+
+
+BUILD = """
+import sys
+from hyperexport.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_every_key_is_the_same_in_fresh_processes_with_and_without_a_remote(
+    user: Path, tmp_path: Path
+) -> None:
+    import json
+    import subprocess
+
+    keys, files = [], []
+    for name, remote in (("a", None), ("b", None), ("c", (tmp_path / "remote").as_uri())):
+        args = [
+            f"recipe_file={user}",
+            f"build.cache_dir={tmp_path / name / 'cache'}",
+            f"build.outputs_dir={tmp_path / name / 'out'}",
+            *([f"build.remote={remote}"] if remote else []),
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user.parent), *sys.path])}
+        proc = subprocess.run(
+            [sys.executable, "-c", BUILD, *args], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = tmp_path / name / "out" / "keys" / "default"
+        report = json.loads((out / "report.json").read_text())
+        keys.append({s["name"]: s["key"] for s in report["stages"]})
+        files.append(
+            {
+                p.name: p.read_bytes()
+                for p in out.resolve().iterdir()
+                if p.name not in ("report.json", "report.html", "summary.txt")
+            }
+        )
+    assert keys[0] == keys[1] == keys[2]
+    assert files[0] == files[1] == files[2]
+
+
+def test_modules_the_machinery_imports_are_not_recorded(tmp_path: Path) -> None:
+    from hyperexport.engine import discovered
+    from hyperexport.engine.hashing import FileDigestIndex
+    from hyperexport.engine.machinery import machinery
+
+    (tmp_path / "hxk_machinery_only.py").write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with machinery():
+            importlib.import_module("hxk_machinery_only")
+        assert "hxk_machinery_only" not in discovered.snapshot(FileDigestIndex(None))["modules"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("hxk_machinery_only", None)

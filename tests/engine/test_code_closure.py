@@ -120,3 +120,33 @@ def test_malformed_memo_entries_are_parsed_again(tmp_path: Path) -> None:
     (tmp_path / "imports.json").write_text(json.dumps(data))
     again = read_package(code_closure.PACKAGE_DIR, ImportMemo(tmp_path / "imports.json"))
     assert again == read_package(code_closure.PACKAGE_DIR)
+
+
+def test_a_comment_changes_no_digest_but_code_and_docstrings_do() -> None:
+    """Issue 24: a comment added to hyperexport/errors.py reran all five stages."""
+    from hyperexport.engine.code_closure import token_digest
+
+    base = b'"""Doc."""\n\ndef f(x):\n    return x + 1\n'
+    same = [
+        b'"""Doc."""\n\n# a note\ndef f(x):  # why\n    return x + 1\n',
+        b'"""Doc."""\n\n\n\ndef f(x):\n    return x+1\n',
+    ]
+    other = [
+        b'"""Doc!"""\n\ndef f(x):\n    return x + 1\n',  # code can read a docstring
+        b'"""Doc."""\n\ndef f(x):\n    return x + 2\n',
+        b'"""Doc."""\n\ndef f(x):\n    return "# x + 1"\n',  # a '#' inside a string is code
+    ]
+    assert all(token_digest(s) == token_digest(base) for s in same)
+    assert all(token_digest(s) != token_digest(base) for s in other)
+
+
+def test_a_comment_in_a_package_module_changes_no_stage_code(tmp_path: Path) -> None:
+    root = tmp_path / "hyperexport"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "errors.py").write_text("class E(Exception):\n    pass\n")
+    before = closure(["hyperexport.errors"], read_package(root))
+    (root / "errors.py").write_text("# why E exists\nclass E(Exception):\n    pass  # nothing\n")
+    assert closure(["hyperexport.errors"], read_package(root)) == before
+    (root / "errors.py").write_text("class E(ValueError):\n    pass\n")
+    assert closure(["hyperexport.errors"], read_package(root)) != before

@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,18 +45,18 @@ def user_code(tmp_path: Path) -> Iterator[Path]:
         del sys.modules[name]
 
 
-def test_snapshot_names_local_files_relatively_and_dists_by_version(user_code: Path) -> None:
+def test_snapshot_names_files_relatively_and_dists_by_version(user_code: Path) -> None:
     deps = snapshot(FileDigestIndex(None))
     assert deps["modules"]["hxd_helpers"][0] == "hxd_helpers.py"
     assert deps["modules"]["hxd_pkg.util"][0] == "hxd_pkg/util.py"
     assert deps["modules"]["hxd_pkg"][0] == "hxd_pkg/__init__.py"
     assert not any(name.startswith("hyperexport") for name in deps["modules"])
     assert not any(name in sys.stdlib_module_names for name in deps["modules"])
-    assert deps["dists"]["pytest"] is not None  # installed: by version, not by file
-    assert not any(name.startswith("_pytest") for name in deps["modules"])
+    assert deps["dists"]["pytest"] is not None  # installed: by version (for the reason) ...
+    assert deps["modules"]["_pytest.python"][0] == "_pytest/python.py"  # ... and by content
     # A single-file module in site-packages belongs to its own distribution, not to whichever
     # module of that folder came first.
-    assert "typing_extensions" not in deps["modules"]
+    assert deps["modules"]["typing_extensions"][0] == "typing_extensions.py"
     assert any(d.lower().replace("-", "_") == "typing_extensions" for d in deps["dists"])
     assert not any(name.startswith("_sysconfigdata") for name in deps["modules"])  # stdlib
     text = json.dumps(deps)
@@ -138,7 +139,7 @@ def test_several_sets_per_declared_key(user_code: Path, tmp_path: Path) -> None:
         sys.modules.pop("hxd_extra", None)
 
 
-@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"format": 1, "sets": [{"x": 1}]}'])
+@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"format": 2, "sets": [{"x": 1}]}'])
 def test_corrupt_record_is_a_warning_and_no_hit(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, content: str
 ) -> None:
@@ -155,3 +156,110 @@ def test_read_only_records_nothing(user_code: Path, tmp_path: Path) -> None:
     records = DiscoveredDeps(tmp_path / "cache", FileDigestIndex(None), read_only=True)
     records.record(DECLARED)
     assert not (tmp_path / "cache").exists()
+
+
+def test_an_older_record_is_not_trusted(user_code: Path, tmp_path: Path) -> None:
+    """Format 1 keyed installed libraries by version only: its sets could hide a patched
+    library, so they are not used (the stage reruns once)."""
+    records = DiscoveredDeps(tmp_path / "cache", FileDigestIndex(None))
+    records.record(DECLARED)
+    path = records.path(DECLARED)
+    data = json.loads(path.read_text())
+    data["format"] = 1
+    path.write_text(json.dumps(data))
+    assert DiscoveredDeps(tmp_path / "cache", FileDigestIndex(None)).resolve(DECLARED).key is None
+
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Iterator[Path]:
+    """A distribution installed in a ``site-packages`` folder on sys.path: ``hxd_inst`` 1.0."""
+    from hyperexport.engine import discovered
+    from hyperexport.engine import environment as fingerprint
+
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    (site / "hxd_inst").mkdir(parents=True)
+    (site / "hxd_inst" / "__init__.py").write_text("GAIN = 1.0\n")
+    info = site / "hxd_inst-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hxd-inst\nVersion: 1.0\n")
+    (info / "RECORD").write_text("hxd_inst/__init__.py,,\nhxd_inst-1.0.dist-info/RECORD,,\n")
+    (info / "top_level.txt").write_text("hxd_inst\n")
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    for memo in (discovered._distributions_by_top, fingerprint._dist_info_versions):
+        memo.cache_clear()
+    fingerprint.distribution_version.cache_clear()
+    importlib.import_module("hxd_inst")
+    yield site
+    sys.path.remove(str(site))
+    sys.modules.pop("hxd_inst", None)
+    for memo in (discovered._distributions_by_top, fingerprint._dist_info_versions):
+        memo.cache_clear()
+    fingerprint.distribution_version.cache_clear()
+
+
+def test_an_edited_installed_library_is_a_change(installed: Path, tmp_path: Path) -> None:
+    """Issue 21: a local patch of a library in site-packages (same version) was not seen."""
+    index = FileDigestIndex(None)
+    deps = snapshot(index)
+    assert deps["dists"]["hxd-inst"] == "1.0"
+    assert deps["modules"]["hxd_inst"][0] == "hxd_inst/__init__.py"
+    assert changes(deps, index) == []
+    pristine_key = DiscoveredDeps(tmp_path / "cache", index).record(DECLARED)
+    init = installed / "hxd_inst" / "__init__.py"
+    pristine = init.read_text()
+    init.write_text("GAIN = 2.0\n")
+    assert changes(deps, FileDigestIndex(None)) == ["hxd_inst/__init__.py"]
+    records = DiscoveredDeps(tmp_path / "cache", FileDigestIndex(None))
+    patched_key = records.record(DECLARED)
+    init.write_text(pristine)  # restored: the original set holds again, under its own key
+    restored = DiscoveredDeps(tmp_path / "cache", FileDigestIndex(None)).resolve(DECLARED)
+    assert restored.key == pristine_key == full_key(DECLARED, deps) != patched_key
+
+
+def test_files_the_model_read_are_keyed_by_content(
+    user_code: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hyperexport.engine import opened
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # tmp_path is not temp here
+
+    data = user_code / "table.txt"
+    data.write_text("1 2 3")
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(b"x")
+    seen: set[str] = set()
+    with opened.recording(seen):
+        data.read_text()
+        with open(outside, "rb"):
+            pass
+        (user_code / "written.txt").write_text("not a dependency")
+    files = opened.regular_files(seen, exclude=())
+    assert str(data.resolve()) in files and str(outside.resolve()) in files
+    assert str((user_code / "written.txt").resolve()) not in files
+    index = FileDigestIndex(None)
+    deps = snapshot(index, files)
+    assert deps["files"]["table.txt"]  # relative to its sys.path folder
+    assert changes(deps, index) == []
+    data.write_text("1 2 4")
+    found = changes(deps, FileDigestIndex(None))
+    assert found == ["file:table.txt"]
+    assert describe(found) == "file read by the model changed (table.txt)"
+
+
+def test_the_temporary_directory_and_excluded_folders_are_not_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hyperexport.engine import opened
+
+    temp, cache, pycache = tmp_path / "tmp", tmp_path / "cache", tmp_path / "__pycache__"
+    for folder in (temp, cache, pycache):
+        folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    paths = {tmp_path / "kept.txt", temp / "t", cache / "blob", pycache / "m.pyc"}
+    for path in paths:
+        path.write_text("x")
+    found = opened.regular_files(
+        {*map(str, paths), "/proc/self/status", "libm.so.6"}, (str(cache),)
+    )
+    assert found == [str((tmp_path / "kept.txt").resolve())]

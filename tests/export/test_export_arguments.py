@@ -152,3 +152,60 @@ def test_external_data_beside_the_target_whatever_the_cwd_holds(
         (got, *_) = session.run(None, {"x": x.numpy()})
         np.testing.assert_allclose(got, model(x)[0].detach().numpy(), atol=1e-5)
     assert sorted(os.listdir(target.parent)) == ["m.onnx", "m.onnx.data"]  # no temp leftovers
+
+
+class _Runs(Top):
+    """Records that forward ran: bad input must be refused before the model runs."""
+
+    ran = False
+
+    def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        _Runs.ran = True
+        return super().forward(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("case", "field"),
+    [
+        ("lambda", "model"),
+        ("hiera_string", "hiera"),
+        ("f_directory", "f"),
+        ("f_unwritable", "f"),
+        ("f_missing_folder", "f"),
+        ("symbolic_not_callable", "custom_ops"),
+        ("symbolic_missing", "custom_ops"),
+    ],
+)
+def test_bad_library_input_is_typed_and_refused_before_the_model_runs(
+    tmp_path: Path, case: str, field: str
+) -> None:
+    """Issue 21: a lambda gave an AttributeError, hiera="Blk" was read letter by letter, an f
+    that is a folder ran the whole model then failed untyped."""
+    from hyperexport.options import CustomOpSymbolic
+
+    _Runs.ran = False
+    model: object = _Runs()
+    hiera: object = [Cell]
+    f: object = tmp_path / "m.onnx"
+    options = ExportOptions()
+    if case == "lambda":
+        model = lambda x: x  # noqa: E731
+    elif case == "hiera_string":
+        hiera = "Cell"
+    elif case == "f_directory":
+        f = tmp_path
+    elif case == "f_unwritable":
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere")
+        f = locked / "m.onnx"
+    elif case == "f_missing_folder":
+        f = tmp_path / "nope" / "m.onnx"
+    elif case.startswith("symbolic"):
+        target = "os:sep" if case == "symbolic_not_callable" else "os:no_such_symbolic"
+        options = ExportOptions(custom_ops=(CustomOpSymbolic("my::op", target, 18),))
+    with pytest.raises(OptionsError) as raised:
+        export_hyper_onnx(model, (torch.randn(2, 4),), f, hiera=hiera, options=options)
+    assert raised.value.field == field, raised.value
+    assert not _Runs.ran
