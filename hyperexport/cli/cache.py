@@ -67,7 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "recipes", nargs="*", metavar="RECIPE", help="recipes/ names (default: all)"
     )
-    status.add_argument("--recipe-file", type=Path, action="append", default=[], metavar="PATH")
+    status.add_argument(
+        "--recipe-file",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a recipe kept outside recipes/ (repeatable)",
+    )
     status.add_argument(
         "--override", action="append", default=[], metavar="KEY=VALUE", help="a recipe override"
     )
