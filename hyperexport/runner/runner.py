@@ -88,6 +88,10 @@ class StageResult:
         return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s"
 
 
+#: The variant of a build without swept values (:func:`hyperexport.runner.session.variant_dir`).
+DEFAULT_VARIANT = "default"
+
+
 @dataclass(frozen=True)
 class BuildRequest:
     """One build of one recipe.
@@ -104,6 +108,8 @@ class BuildRequest:
         dry_run: Only report what would happen; write nothing.
         code_roots: hyperexport modules the recipe names for its model (a factory in
             ``hyperexport.zoo``): code that the stages running the model run besides their own.
+        variant: The swept-values name (``"opset=17"``, ``"default"``): each variant keeps its
+            own run records, so a sweep job's reasons compare with its own previous build.
     """
 
     recipe_name: str
@@ -115,6 +121,14 @@ class BuildRequest:
     force: frozenset[str] = frozenset()
     dry_run: bool = False
     code_roots: tuple[str, ...] = ()
+    variant: str = DEFAULT_VARIANT
+
+    @property
+    def run_name(self) -> str:
+        """The name of this variant's run records: the recipe's, plus ``@variant`` unless default."""
+        if self.variant == DEFAULT_VARIANT:
+            return self.recipe_name
+        return f"{self.recipe_name}@{self.variant}"
 
 
 @dataclass
@@ -322,7 +336,10 @@ class Runner:
     ) -> StageResult:
         start = time.perf_counter()
         params = recipe_slice(request.recipe, stage.reads)
-        previous = self.store.previous_run(request.recipe_name, stage.name)
+        own = self.store.previous_run(request.run_name, stage.name)
+        previous = own  # a variant's first build compares with the recipe's default variant
+        if own is None and request.variant != DEFAULT_VARIANT:
+            previous = self.store.previous_run(request.recipe_name, stage.name)
         waiting = [u for u in stage.upstream if u in pending]
         if waiting:  # dry run only: the upstream outputs (and so this key) are not known yet
             material = self._material(request, stage, params, {})
@@ -337,9 +354,9 @@ class Runner:
         if lookup.status == "hit" and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
-            if not request.dry_run and (previous or {}).get("key") != key:
+            if not request.dry_run and (own or {}).get("key") != key:
                 record = _record(key, declared, material, "ok")
-                self.store.record_run(request.recipe_name, stage.name, record)
+                self.store.record_run(request.run_name, stage.name, record)
             return StageResult(stage.name, "hit", key, "", time.perf_counter() - start)
         reason = _reason(forced, lookup.status, stale, previous, declared, material)
         if request.dry_run:
@@ -443,7 +460,7 @@ class Runner:
                     self.store.remote.upload_deps(declared, self.discovered.path(declared))
                 status = "ok"
         self.store.record_run(
-            request.recipe_name, stage.name, _record(key, declared, material, status)
+            request.run_name, stage.name, _record(key, declared, material, status)
         )
         if result.error is not None and result.error.stage == stage.name:
             cause = result.error.__cause__

@@ -20,13 +20,12 @@ from hyperexport.runner.fingerprint import environment_fingerprint
 from hyperexport.runner.hashing import FileDigestIndex, sha256_text
 from hyperexport.runner.publish import CorruptBlobError, Publication, publish_build
 from hyperexport.runner.remote import remote_from_settings
-from hyperexport.runner.runner import BuildRequest, BuildResult, Runner
+from hyperexport.runner.runner import DEFAULT_VARIANT, BuildRequest, BuildResult, Runner
 from hyperexport.runner.stage import Stage
 from hyperexport.runner.store import default_cache_dir, open_store
 
 log = logging.getLogger(__name__)
 
-DEFAULT_VARIANT = "default"
 # Overrides that select *where* or *whether* to build, not *what*: not part of the outputs path.
 _PATH_EXCLUDED = re.compile(r"^(build\.|hydra[./]|recipe$|recipe_file$)")
 # A variant folder name longer than this is cut and given a digest suffix: with the publication
@@ -125,6 +124,7 @@ def run_build(
         force=frozenset(settings.force),
         dry_run=settings.dry_run,
         code_roots=fingerprint.package_modules(fingerprint.model_imports(recipe.data)),
+        variant=variant,
     )
     # Inside the block the last build's checkouts stay, for publishing to take (workspace.py).
     with Runner(store, load_model) as runner:
