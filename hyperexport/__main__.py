@@ -14,6 +14,7 @@ Subcommands (``python -m hyperexport <command> ...``) that are not builds:
 
     python -m hyperexport cache status|ls|show|verify|gc|clean ...   # hyperexport.cli.cache
     python -m hyperexport show model.onnx                            # hyperexport.cli.show
+    python -m hyperexport lock [--build]                             # hyperexport.cli.lock
     python -m hyperexport --version
     python -m hyperexport --help        # this front door (hyperexport.cli.help); --hydra-help: Hydra's
 
@@ -34,7 +35,11 @@ from hyperexport import exit_codes
 log = logging.getLogger("hyperexport")
 
 #: Subcommands: ``{name: module}``; each module has ``main(argv: list[str]) -> int``.
-SUBCOMMANDS = {"cache": "hyperexport.cli.cache", "show": "hyperexport.cli.show"}
+SUBCOMMANDS = {
+    "cache": "hyperexport.cli.cache",
+    "show": "hyperexport.cli.show",
+    "lock": "hyperexport.cli.lock",
+}
 #: The one line printed on Ctrl-C.
 INTERRUPTED_MESSAGE = "interrupted (Ctrl-C): stopped; nothing half-written was published"
 

@@ -3,6 +3,7 @@
 Commands (each prints plain text, one line per entry, for logs)::
 
     status [RECIPE ...] [--recipe-file PATH] [--override KEY=VALUE]   what a build would run, why
+    status --lock                                                     which locked variants would rebuild
     ls [--stage NAME] [--recipe NAME]                                 entries, least recently used first
     show KEY                                                          one entry (a unique key prefix is enough)
     verify                                                            re-hash every blob, drop corrupt entries
@@ -11,7 +12,7 @@ Commands (each prints plain text, one line per entry, for logs)::
 
 Every command but ``clean`` takes ``--cache-dir DIR`` (default: ``$HYPEREXPORT_CACHE_DIR``, else
 ``~/.cache/hyperexport``, as the build). Exit codes (:mod:`hyperexport.exit_codes`): 0 done;
-1 ``verify`` found corruption (it was dropped); 2 invalid arguments, an unknown or ambiguous key,
+1 ``verify`` found corruption (it was dropped), or ``status --lock`` found hyperexport.lock stale; 2 invalid arguments, an unknown or ambiguous key,
 or (``status``) an invalid recipe; 3 the cache or outputs directory cannot be used.
 """
 
@@ -78,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--override", action="append", default=[], metavar="KEY=VALUE", help="a recipe override"
     )
+    status.add_argument(
+        "--lock",
+        action="store_true",
+        help="compare with hyperexport.lock instead: which locked variants would rebuild, "
+        "and why (exit 1 when the lock is stale); builds nothing",
+    )
 
     ls = sub.add_parser("ls", parents=[common], help="entries, least recently used first")
     ls.add_argument("--stage", help="only entries of this stage")
@@ -142,6 +149,10 @@ def _when(epoch: float, now: float) -> str:
 def cmd_status(args: argparse.Namespace, root: Path) -> int:
     from hyperexport.cli.cache_status import plan_recipe, repository_recipes
 
+    if args.lock:
+        from hyperexport.cli.lock import status_lock
+
+        return status_lock()
     known = repository_recipes()
     for name in args.recipes:
         if name not in known:

@@ -14,6 +14,7 @@ from pathlib import Path
 SUBCOMMANDS_HELP = (
     ("cache", "inspect and manage the build cache: status, ls, show, verify, gc, clean"),
     ("show", "print the function hierarchy of an .onnx file"),
+    ("lock", "write hyperexport.lock: what CI builds, its inputs' and artifacts' digests"),
 )
 
 #: ``(override, what it does)``: the overrides of a day's work. Any recipe field is
@@ -88,7 +89,7 @@ def render_help(recipes_dir: Path) -> str:
     lines = [
         "usage: hyperexport [recipe=NAME] [FIELD=VALUE ...] [build.*=VALUE ...]",
         "       hyperexport -m [FIELD=V1,V2 ...]          (a sweep)",
-        "       hyperexport {cache,show} ...              (see hyperexport COMMAND --help)",
+        "       hyperexport {cache,show,lock} ...         (see hyperexport COMMAND --help)",
         "",
         "Build hierarchical ONNX models from recipes: trace -> export -> rewrite -> evaluate ->",
         "check, each stage cached by what it depends on. Artifacts: outputs/<recipe>/<variant>/.",

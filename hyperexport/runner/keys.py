@@ -195,9 +195,9 @@ def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     old_files, new_files = old.get("files", {}), new.get("files", {})
     for name in sorted(set(old_files) | set(new_files)):
         if old_files.get(name) != new_files.get(name):
-            changed = changed_files(old_files.get(name) or {}, new_files.get(name) or {})
+            which = changed_files(old_files.get(name) or {}, new_files.get(name) or {})
             reasons.append(
-                f"files of {name} changed ({changed})" if changed else f"files of {name} changed"
+                f"files of {name} changed ({which})" if which else f"files of {name} changed"
             )
     return reasons
 

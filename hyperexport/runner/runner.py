@@ -336,9 +336,9 @@ class Runner:
     ) -> StageResult:
         start = time.perf_counter()
         params = recipe_slice(request.recipe, stage.reads)
-        own = self.store.previous_run(request.run_name, stage.name)
-        previous = own  # a variant's first build compares with the recipe's default variant
-        if own is None and request.variant != DEFAULT_VARIANT:
+        own_run = self.store.previous_run(request.run_name, stage.name)
+        previous = own_run  # a variant's first build compares with the recipe's default variant
+        if own_run is None and request.variant != DEFAULT_VARIANT:
             previous = self.store.previous_run(request.recipe_name, stage.name)
         waiting = [u for u in stage.upstream if u in pending]
         if waiting:  # dry run only: the upstream outputs (and so this key) are not known yet
@@ -354,7 +354,7 @@ class Runner:
         if lookup.status == "hit" and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
-            if not request.dry_run and (own or {}).get("key") != key:
+            if not request.dry_run and (own_run or {}).get("key") != key:
                 record = _record(key, declared, material, "ok")
                 self.store.record_run(request.run_name, stage.name, record)
             return StageResult(stage.name, "hit", key, "", time.perf_counter() - start)
