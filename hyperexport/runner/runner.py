@@ -355,7 +355,7 @@ class Runner:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
             if not request.dry_run and (own_run or {}).get("key") != key:
-                record = _record(key, declared, material, "ok")
+                record = _record(key, declared, material, "ok", request.recipe_name)
                 self.store.record_run(request.run_name, stage.name, record)
             return StageResult(stage.name, "hit", key, "", time.perf_counter() - start)
         reason = _reason(forced, lookup.status, stale, previous, declared, material)
@@ -460,7 +460,9 @@ class Runner:
                     self.store.remote.upload_deps(declared, self.discovered.path(declared))
                 status = "ok"
         self.store.record_run(
-            request.run_name, stage.name, _record(key, declared, material, status)
+            request.run_name,
+            stage.name,
+            _record(key, declared, material, status, request.recipe_name),
         )
         if result.error is not None and result.error.stage == stage.name:
             cause = result.error.__cause__
@@ -495,8 +497,16 @@ def _failed(stage: str, error: _CorruptUpstream, result: BuildResult) -> StageRe
     return StageResult(stage, "failed", None, f"{type(cause).__name__}: {cause}", 0.0)
 
 
-def _record(key: str, declared: str, material: Mapping[str, Any], status: str) -> dict[str, Any]:
-    return {"key": key, "declared": declared, "status": status, "material": dict(material)}
+def _record(
+    key: str, declared: str, material: Mapping[str, Any], status: str, recipe: str
+) -> dict[str, Any]:
+    return {
+        "key": key,
+        "declared": declared,
+        "status": status,
+        "material": dict(material),
+        "recipe": recipe,  # the records of a sweep variant live under <recipe>@<variant>
+    }
 
 
 def _without_upstream(previous: Mapping[str, Any] | None) -> dict[str, Any] | None:
