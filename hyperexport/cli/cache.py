@@ -9,10 +9,12 @@ Commands (each prints plain text, one line per entry, for logs)::
     verify                                                            re-hash every blob, drop corrupt entries
     gc [--max-size SIZE] [--older-than AGE] [--grace AGE] [--dry-run] LRU eviction and garbage removal
     clean [RECIPE[/VARIANT] ...] [--outputs-dir DIR] [--yes]          remove outputs of recipes that are gone
+    push URL [--recipe NAME] [--storage-option K=V]                   seed a remote from this cache
+    pull URL [--recipe NAME] [--storage-option K=V]                   fill this cache from a remote
 
 Every command but ``clean`` takes ``--cache-dir DIR`` (default: ``$HYPEREXPORT_CACHE_DIR``, else
 ``~/.cache/hyperexport``, as the build). Exit codes (:mod:`hyperexport.exit_codes`): 0 done;
-1 ``verify`` found corruption (it was dropped), or ``status --lock`` found hyperexport.lock stale; 2 invalid arguments, an unknown or ambiguous key,
+1 ``verify`` found corruption (it was dropped), ``push``/``pull`` failed to transfer an entry, or ``status --lock`` found hyperexport.lock stale; 2 invalid arguments, an unknown or ambiguous key,
 or (``status``) an invalid recipe; 3 the cache or outputs directory cannot be used.
 """
 
@@ -29,6 +31,7 @@ from hyperexport import exit_codes
 from hyperexport.cli.quantities import human_age, human_size, parse_age, parse_size
 from hyperexport.cli.table import render_table
 from hyperexport.cli.usage import UnusableDirectory, UsageError, check_dir
+from hyperexport.errors import CacheUnavailableError
 from hyperexport.runner.store import CacheStore, default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -107,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
 
+    from hyperexport.cli.cache_sync import add_arguments as add_sync_arguments
+
+    push = sub.add_parser("push", parents=[common], help="upload local entries to a remote")
+    add_sync_arguments(push)
+    pull = sub.add_parser("pull", parents=[common], help="download remote entries into the cache")
+    add_sync_arguments(pull)
+
     from hyperexport.cli.clean_outputs import add_arguments as add_clean_arguments
 
     clean = sub.add_parser("clean", help="remove outputs of recipes that are gone")
@@ -130,12 +140,12 @@ def main(argv: list[str]) -> int:
     root = default_cache_dir(args.cache_dir)
     try:
         if args.command != "clean":
-            check_dir(root, "cache", writable=args.command in ("verify", "gc"))
+            check_dir(root, "cache", writable=args.command in ("verify", "gc", "pull"))
         return int(COMMANDS[args.command](args, root))
     except UsageError as e:
         print(f"hyperexport cache {args.command}: {e}", file=sys.stderr)
         return exit_codes.INVALID
-    except (UnusableDirectory, OSError) as e:
+    except (UnusableDirectory, OSError, CacheUnavailableError) as e:
         print(f"hyperexport cache {args.command}: {e}", file=sys.stderr)
         return exit_codes.UNAVAILABLE
 
@@ -315,6 +325,18 @@ def cmd_clean(args: argparse.Namespace, root: Path) -> int:
     return run_clean(args)
 
 
+def cmd_push(args: argparse.Namespace, root: Path) -> int:
+    from hyperexport.cli import cache_sync
+
+    return cache_sync.cmd_push(args, root)
+
+
+def cmd_pull(args: argparse.Namespace, root: Path) -> int:
+    from hyperexport.cli import cache_sync
+
+    return cache_sync.cmd_pull(args, root)
+
+
 COMMANDS = {
     "status": cmd_status,
     "ls": cmd_ls,
@@ -322,4 +344,6 @@ COMMANDS = {
     "verify": cmd_verify,
     "gc": cmd_gc,
     "clean": cmd_clean,
+    "push": cmd_push,
+    "pull": cmd_pull,
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 #: ``(command, what it does)`` of every subcommand ``__main__`` dispatches.
 SUBCOMMANDS_HELP = (
-    ("cache", "inspect and manage the build cache: status, ls, show, verify, gc, clean"),
+    ("cache", "inspect and manage the build cache: status, ls, show, verify, gc, clean, push, pull"),
     ("show", "print the function hierarchy of an .onnx file"),
     ("lock", "write hyperexport.lock: what CI builds, its inputs' and artifacts' digests"),
 )
