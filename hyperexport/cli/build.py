@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hyperexport import exit_codes
+from hyperexport.cli.threads import parallel_jobs, share_cores
 from hyperexport.cli.usage import UnusableDirectory, check_dir
 from hyperexport.config import (
     BUILD_KEYS,
@@ -98,12 +100,16 @@ def build_from_config(cfg: DictConfig) -> int:
     num = int(hydra_cfg.job.num) if sweep_dir is not None else 0
     if sweep_dir is not None:
         sweep.write_job_record(sweep_dir, sweep.started_record(num, overrides))
+        launcher: Any = OmegaConf.to_container(hydra_cfg.launcher, resolve=True)
+        share_cores(parallel_jobs(launcher, os.cpu_count() or 1))
+    start = time.perf_counter()
     code, outcome, error = _validate_and_build(cfg, hydra_cfg.runtime.choices.get("recipe"))
     if sweep_dir is not None:
         report = outcome.report if outcome is not None else None
         if outcome is not None and report is None:  # a dry run: what would run
             report = {"stages": [s.to_json() for s in outcome.result.stages], "status": "dry run"}
-        record = sweep.job_record(num, overrides, code, report, error=error)
+        seconds = time.perf_counter() - start
+        record = sweep.job_record(num, overrides, code, report, error=error, seconds=seconds)
         sweep.write_job_record(sweep_dir, record)
     return code
 
