@@ -47,7 +47,7 @@ from hyperexport.atomic import atomic_write_bytes
 from hyperexport.runner.entries import OutputFile
 from hyperexport.runner.files import clone_or_copy
 from hyperexport.runner.hashing import atomic_write_json, sha256_file, sha256_text
-from hyperexport.runner.report_html import write_report_html
+from hyperexport.runner.report_html import model_io, write_report_html
 from hyperexport.runner.runner import BuildRequest, BuildResult
 from hyperexport.runner.stage import Stage
 from hyperexport.runner.store import CacheStore
@@ -445,6 +445,8 @@ def build_report(
         else None,
         "environment": dict(request.env),
         "cache_dir": str(store.root),
+        # The model's inputs and outputs with traced shapes and dtypes (report.html shows them).
+        "io": model_io(json.loads(capture_text)) if capture_text else None,
     }
 
 
