@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hyperexport import exit_codes
+from hyperexport.cli.sweep_check import refused_jobs, sweep_jobs
 from hyperexport.cli.threads import parallel_jobs, share_cores
 from hyperexport.cli.usage import UnusableDirectory, check_dir
 from hyperexport.config import (
@@ -186,6 +187,14 @@ def main(argv: Sequence[str]) -> int:
     except RecipeError as e:
         _log_refusal("%s", e)
         return exit_codes.INVALID
+    jobs = sweep_jobs(args)
+    if jobs is not None and len(jobs) > 1:  # every job valid before the first one runs
+        refused = refused_jobs(jobs, extra)
+        if refused:
+            for line in refused:
+                _log_refusal("%s", line)
+            _log_refusal("%d of %d jobs refused; none was run", len(refused), len(jobs))
+            return exit_codes.INVALID
     try:
         _check_directories(args)
     except UnusableDirectory as e:
