@@ -14,7 +14,9 @@ Subcommands (``python -m hyperexport <command> ...``) that are not builds:
 
     python -m hyperexport cache status|ls|show|verify|gc|clean ...   # hyperexport.cli.cache
     python -m hyperexport show model.onnx                            # hyperexport.cli.show
+    python -m hyperexport lock [--build]                             # hyperexport.cli.lock
     python -m hyperexport --version
+    python -m hyperexport --help        # this front door (hyperexport.cli.help); --hydra-help: Hydra's
 
 The build itself is :mod:`hyperexport.cli.build`. The ``hyperexport`` console script is the same
 entry point. Exit codes are those of
@@ -33,7 +35,11 @@ from hyperexport import exit_codes
 log = logging.getLogger("hyperexport")
 
 #: Subcommands: ``{name: module}``; each module has ``main(argv: list[str]) -> int``.
-SUBCOMMANDS = {"cache": "hyperexport.cli.cache", "show": "hyperexport.cli.show"}
+SUBCOMMANDS = {
+    "cache": "hyperexport.cli.cache",
+    "show": "hyperexport.cli.show",
+    "lock": "hyperexport.cli.lock",
+}
 #: The one line printed on Ctrl-C.
 INTERRUPTED_MESSAGE = "interrupted (Ctrl-C): stopped; nothing half-written was published"
 #: The one line printed on SIGTERM (sent by CI runners and SLURM at a timeout).
@@ -66,6 +72,12 @@ def _run(args: list[str]) -> int:
         return exit_codes.OK
     import importlib
 
+    if args[:1] not in ([c] for c in SUBCOMMANDS) and ("--help" in args or "-h" in args):
+        from hyperexport.cli.help import render_help
+        from hyperexport.config.paths import RECIPES_DIR
+
+        print(render_help(RECIPES_DIR), end="")
+        return exit_codes.OK
     if args and args[0] in SUBCOMMANDS:
         command = importlib.import_module(SUBCOMMANDS[args[0]])
         return int(command.main(args[1:]))

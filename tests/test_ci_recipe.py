@@ -112,8 +112,11 @@ def test_remote_workflow_builds_every_recipe_read_only_on_pull_requests(tmp_path
     assert pull_request in command
     remote = tmp_path / "remote"
     remote.mkdir()
+    fork = "${{ github.event.pull_request.head.repo.fork == true }}"
+    assert f"+build.storage_options.anon={fork}" in command  # forks read anonymously
     command = (
         command.replace(pull_request, "read_only")
+        .replace(fork, "false")
         .replace("${{ github.workspace }}", str(tmp_path))
         .replace("s3://my-bucket/hyperexport", remote.as_uri())
     )

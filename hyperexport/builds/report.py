@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.atomic import atomic_write_bytes
-from hyperexport.builds.report_html import write_report_html
+from hyperexport.builds.report_html import model_io, write_report_html
 from hyperexport.builds.summary import function_tree
 from hyperexport.engine.hashing import atomic_write_json
 from hyperexport.engine.runner import BuildRequest, BuildResult
@@ -118,6 +118,8 @@ def build_report(
         else None,
         "environment": dict(request.env),
         "cache_dir": str(store.root),
+        # The model's inputs and outputs with traced shapes and dtypes (report.html shows them).
+        "io": model_io(json.loads(capture_text)) if capture_text else None,
     }
 
 

@@ -1,6 +1,7 @@
 """``report.html`` beside ``report.json``: one self-contained page a person can open after a build.
 
-It shows the function tree (built in the browser from the report's data, with a text copy for
+It shows what was built and with what (date, opset, export path, overrides, model size,
+library versions), the model's inputs and outputs with shapes and dtypes, the function tree (built in the browser from the report's data, with a text copy for
 readers without scripts), what ``hiera: auto`` / ``inputs: auto`` chose and why, stage timings
 and the reason each stage ran, the check per output and per function, and a picture of the
 hierarchy: Graphviz SVG where ``dot`` is installed, else the same tree as text. Everything is
@@ -15,13 +16,14 @@ import json
 import logging
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hyperexport.atomic import atomic_write_text
 from hyperexport.builds.summary import render_tree
-from hyperexport.contracts.names import AUTO_FILE
+from hyperexport.contracts.names import AUTO_FILE, MANIFEST_JSON, MODEL_FILE
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +93,31 @@ def write_report_html(out_dir: Path, report: Mapping[str, Any]) -> Path:
     rebuild does not run Graphviz again).
     """
     auto = _read_json(out_dir / AUTO_FILE)
+    manifest = _read_json(out_dir / MANIFEST_JSON)
     path = out_dir / REPORT_HTML
     digest = hashlib.sha256(hierarchy_dot(report).encode("utf-8")).hexdigest()
     picture = _previous_picture(path, digest)
     if picture is None:
         picture = hierarchy_svg(report)
-    page = render_report_html(report, auto=auto, picture=picture, picture_key=digest)
+    page = render_report_html(
+        report,
+        auto=auto,
+        picture=picture,
+        picture_key=digest,
+        manifest=manifest,
+        built=_built(out_dir),
+    )
     atomic_write_text(path, page)
     return path
+
+
+def _built(out_dir: Path) -> str:
+    """When the model in ``out_dir`` was published (its file's time, UTC), or ""."""
+    try:
+        when = (out_dir / MODEL_FILE).stat().st_mtime
+    except OSError:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
 
 
 def _previous_picture(path: Path, digest: str) -> str | None:
@@ -123,6 +142,47 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         log.warning("report.html: %s is unreadable (%s); leaving it out", path, e)
         return None
     return data if isinstance(data, dict) else None
+
+
+def model_io(capture: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The model's inputs and outputs with shapes and dtypes, from the trace's ``capture.json``.
+
+    Names are the argument names (``input_ids``) and output fields (``last_hidden_state``);
+    shapes are those traced (dynamic axes are listed with the inputs of ``auto``).
+    """
+    tensors = {
+        t[0]: (list(t[1]), str(t[2]))
+        for t in capture.get("tensors") or []
+        if isinstance(t, list) and len(t) == 3
+    }
+    out: dict[str, list[dict[str, Any]]] = {}
+    for side in ("inputs", "outputs"):
+        rows = []
+        for name, key in _tensor_leaves(capture.get(side), ""):
+            shape, dtype = tensors.get(key, (None, None))
+            rows.append({"name": name or key, "shape": shape, "dtype": dtype})
+        out[side] = rows
+    return out
+
+
+def _tensor_leaves(node: Any, path: str) -> list[tuple[str, str]]:
+    """``(name, tensor key)`` of every tensor in a captured structure (``["tensor", key]``,
+    ``["dict", [[name, node], ...]]``, ``["object", class, [[field, node], ...]]``,
+    ``["tuple"|"list", [node, ...]]``)."""
+    if not isinstance(node, list) or not node:
+        return []
+    kind = node[0]
+    if kind == "tensor" and len(node) == 2 and isinstance(node[1], str):
+        return [(path, node[1])]
+    found: list[tuple[str, str]] = []
+    if kind in ("dict", "object") and isinstance(node[-1], list):
+        for pair in node[-1]:
+            if isinstance(pair, list) and len(pair) == 2:
+                found += _tensor_leaves(pair[1], f"{path}.{pair[0]}" if path else str(pair[0]))
+    elif kind in ("tuple", "list") and len(node) == 2 and isinstance(node[1], list):
+        for i, child in enumerate(node[1]):
+            found += _tensor_leaves(child, f"{path}[{i}]" if path else f"output_{i}")
+    return found
 
 
 def hierarchy_dot(report: Mapping[str, Any]) -> str:
@@ -230,6 +290,58 @@ def _check(report: Mapping[str, Any]) -> str:
     )
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def _overview(report: Mapping[str, Any], manifest: Mapping[str, Any] | None, built: str) -> str:
+    """What was built and with what: date, opset, path, overrides, size, versions."""
+    recipe = (report.get("recipe") or {}).get("config") or {}
+    files = report.get("files") or {}
+    size = sum(
+        int(info.get("size") or 0)
+        for name, info in files.items()
+        if name.startswith(MODEL_FILE) and isinstance(info, Mapping)
+    )
+    opset = (manifest or {}).get("opset", recipe.get("opset"))
+    promoted = (recipe.get("attention") or {}).get("promote_opset24")
+    path = (report.get("export_path") or {}).get("dynamo")
+    overrides = report.get("overrides") or []
+    env = report.get("environment") or {}
+    versions = ", ".join(
+        f"{name} {version}" for name, version in sorted((env.get("packages") or {}).items())
+    )
+    rows = [
+        ("built", built or "-"),
+        ("opset", f"{opset}" + (" (export; the final model is opset 24)" if promoted else "")),
+        ("export path", "-" if path is None else ("dynamo" if path else "torchscript")),
+        ("functions", (manifest or {}).get("function_mode") or recipe.get("functions") or "-"),
+        ("overrides", " ".join(overrides) if overrides else "none (the recipe as written)"),
+        ("model size", _size(size) if size else "-"),
+        ("python", env.get("python") or "-"),
+        ("versions", versions or "-"),
+    ]
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    return f'<h2>build</h2><table id="overview">{body}</table>'
+
+
+def _io(report: Mapping[str, Any]) -> str:
+    io = report.get("io") or {}
+    parts = []
+    for side in ("inputs", "outputs"):
+        rows = [
+            f"<tr><td>{_e(t.get('name'))}</td><td>{_e(t.get('shape'))}</td>"
+            f"<td>{_e(t.get('dtype'))}</td></tr>"
+            for t in io.get(side) or []
+        ]
+        parts.append(f"<h3>{side}</h3>" + _table(["name", "shape (traced)", "dtype"], rows))
+    return '<h2 id="io">inputs and outputs</h2>' + "".join(parts)
+
+
 def _auto(auto: Mapping[str, Any] | None) -> str:
     if not auto:
         return ""
@@ -254,6 +366,8 @@ def render_report_html(
     auto: Mapping[str, Any] | None = None,
     picture: str | None = None,
     picture_key: str = "",
+    manifest: Mapping[str, Any] | None = None,
+    built: str = "",
 ) -> str:
     """The page for ``report`` (report.json's content).
 
@@ -262,6 +376,8 @@ def render_report_html(
         auto: The content of auto.json, if the recipe used ``auto``.
         picture: The hierarchy as an inline SVG, or None for the text tree.
         picture_key: Digest of the DOT the picture was drawn from (to reuse it next time).
+        manifest: The content of manifest.json (opset, export path, function mode).
+        built: When the model was published (UTC).
     """
     recipe = report.get("recipe") or {}
     functions = list(report.get("functions") or [])
@@ -284,6 +400,8 @@ def render_report_html(
         f"<h1>{_e(recipe.get('name'))}: {_status(report.get('status') == 'ok')}</h1>",
         f"<p>recipe file: {_e(recipe.get('file'))}<br>model: {_e(model or '-')}</p>",
         f'<p class="bad">error: {_e(error)}</p>' if error else "",
+        _overview(report, manifest, built),
+        _io(report),
         "<h2>function tree (class → function &times; calls)</h2>",
         '<div id="function-tree" data-rendered="0">'
         f"<noscript><pre>{_e(tree_text)}</pre></noscript></div>",

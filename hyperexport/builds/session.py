@@ -27,14 +27,13 @@ from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import FileDigestIndex, sha256_text
 from hyperexport.engine.machinery import machinery
 from hyperexport.engine.remote import remote_from_settings
-from hyperexport.engine.runner import REFUSED, BuildRequest, BuildResult, Runner
+from hyperexport.engine.runner import DEFAULT_VARIANT, REFUSED, BuildRequest, BuildResult, Runner
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import default_cache_dir, open_store
 from hyperexport.errors import CacheUnavailableError, ForeignPathError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_VARIANT = "default"
 # Overrides that select *where* or *whether* to build, not *what*: not part of the outputs path.
 _PATH_EXCLUDED = re.compile(r"^(build\.|hydra[./]|recipe$|recipe_file$)")
 # A variant folder name longer than this is cut and given a digest suffix: with the publication
@@ -141,6 +140,7 @@ def run_build(
             str(settings.outputs_dir),
             *(str(p) for p in fingerprint.keyed_paths(recipe.data, recipe.file, recipe.checkpoint)),
         ),
+        variant=variant,
     )
     # Inside the block the last build's checkouts stay, for publishing to take (workspace.py).
     with Runner(store, load_model) as runner:

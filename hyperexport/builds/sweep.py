@@ -39,6 +39,7 @@ def job_record(
     report: Mapping[str, Any] | None,
     *,
     error: str | None = None,
+    seconds: float | None = None,
 ) -> dict[str, Any]:
     """The record of one job, from its build report (None when the job was refused).
 
@@ -48,9 +49,16 @@ def job_record(
         exit_code: The job's exit code.
         report: The build's ``report.json`` content, if a build ran.
         error: Why the job was refused or failed, when there is no report.
+        seconds: The job's wall time (validation, build and publication).
     """
     stages = [
-        {"name": s["name"], "status": s["status"], "key": s.get("key"), "reason": s.get("reason")}
+        {
+            "name": s["name"],
+            "status": s["status"],
+            "key": s.get("key"),
+            "reason": s.get("reason"),
+            "seconds": s.get("seconds"),
+        }
         for s in (report or {}).get("stages", [])
     ]
     check = (report or {}).get("check")
@@ -65,6 +73,7 @@ def job_record(
         if not isinstance(check, Mapping)
         else ("passed" if check.get("ok") else "failed"),
         "error": (report or {}).get("error") or error,
+        "seconds": None if seconds is None else round(seconds, 3),
     }
 
 
@@ -91,10 +100,20 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("ignoring unreadable job record %s: %s", path, e)
     ordered = [jobs[n] for n in sorted(jobs)]
+    by_stage: dict[str, float] = {}
+    for job in ordered:
+        for stage in job.get("stages") or []:
+            if isinstance(stage.get("seconds"), (int, float)):
+                by_stage[stage["name"]] = by_stage.get(stage["name"], 0.0) + stage["seconds"]
     return {
         "format": SWEEP_FORMAT,
         "sweep_dir": str(sweep_dir),
         "exit_code": exit_codes.worst([int(j["exit_code"]) for j in ordered]),
+        # Summed over the jobs (jobs side by side overlap: the sum exceeds the wall time).
+        "seconds": {
+            "jobs": round(sum(j.get("seconds") or 0.0 for j in ordered), 3),
+            "stages": {name: round(t, 3) for name, t in by_stage.items()},
+        },
         "jobs": ordered,
     }
 

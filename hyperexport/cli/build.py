@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 from hyperexport import exit_codes
 from hyperexport.builds import sweep
 from hyperexport.builds.session import BuildOutcome, run_build, variant_dir
+from hyperexport.cli.sweep_check import refused_jobs, sweep_jobs
+from hyperexport.cli.threads import parallel_jobs, share_cores
 from hyperexport.cli.usage import UnusableDirectory, check_dir
 from hyperexport.config import (
     BUILD_KEYS,
@@ -98,12 +101,16 @@ def build_from_config(cfg: DictConfig) -> int:
     num = int(hydra_cfg.job.num) if sweep_dir is not None else 0
     if sweep_dir is not None:
         sweep.write_job_record(sweep_dir, sweep.started_record(num, overrides))
+        launcher: Any = OmegaConf.to_container(hydra_cfg.launcher, resolve=True)
+        share_cores(parallel_jobs(launcher, os.cpu_count() or 1))
+    start = time.perf_counter()
     code, outcome, error = _validate_and_build(cfg, hydra_cfg.runtime.choices.get("recipe"))
     if sweep_dir is not None:
         report = outcome.report if outcome is not None else None
         if outcome is not None and report is None:  # a dry run: what would run
             report = {"stages": [s.to_json() for s in outcome.result.stages], "status": "dry run"}
-        record = sweep.job_record(num, overrides, code, report, error=error)
+        seconds = time.perf_counter() - start
+        record = sweep.job_record(num, overrides, code, report, error=error, seconds=seconds)
         sweep.write_job_record(sweep_dir, record)
     return code
 
@@ -180,6 +187,14 @@ def main(argv: Sequence[str]) -> int:
     except RecipeError as e:
         _log_refusal("%s", e)
         return exit_codes.INVALID
+    jobs = sweep_jobs(args)
+    if jobs is not None and len(jobs) > 1:  # every job valid before the first one runs
+        refused = refused_jobs(jobs, extra)
+        if refused:
+            for line in refused:
+                _log_refusal("%s", line)
+            _log_refusal("%d of %d jobs refused; none was run", len(refused), len(jobs))
+            return exit_codes.INVALID
     try:
         _check_directories(args)
     except UnusableDirectory as e:

@@ -3,15 +3,18 @@
 Commands (each prints plain text, one line per entry, for logs)::
 
     status [RECIPE ...] [--recipe-file PATH] [--override KEY=VALUE]   what a build would run, why
+    status --lock                                                     which locked variants would rebuild
     ls [--stage NAME] [--recipe NAME]                                 entries, least recently used first
     show KEY                                                          one entry (a unique key prefix is enough)
     verify                                                            re-hash every blob, drop corrupt entries
     gc [--max-size SIZE] [--older-than AGE] [--grace AGE] [--dry-run] LRU eviction and garbage removal
     clean [RECIPE[/VARIANT] ...] [--outputs-dir DIR] [--yes]          remove outputs of recipes that are gone
+    push URL [--recipe NAME] [--storage-option K=V]                   seed a remote from this cache
+    pull URL [--recipe NAME] [--storage-option K=V]                   fill this cache from a remote
 
 Every command but ``clean`` takes ``--cache-dir DIR`` (default: ``$HYPEREXPORT_CACHE_DIR``, else
 ``~/.cache/hyperexport``, as the build). Exit codes (:mod:`hyperexport.exit_codes`): 0 done;
-1 ``verify`` found corruption (it was dropped); 2 invalid arguments, an unknown or ambiguous key,
+1 ``verify`` found corruption (it was dropped), ``push``/``pull`` failed to transfer an entry, or ``status --lock`` found hyperexport.lock stale; 2 invalid arguments, an unknown or ambiguous key,
 or (``status``) an invalid recipe; 3 the cache or outputs directory cannot be used.
 """
 
@@ -29,6 +32,7 @@ from hyperexport.cli.quantities import human_age, human_size, parse_age, parse_s
 from hyperexport.cli.table import render_table
 from hyperexport.cli.usage import UnusableDirectory, UsageError, check_dir
 from hyperexport.engine.store import CacheStore, default_cache_dir
+from hyperexport.errors import CacheUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "recipes", nargs="*", metavar="RECIPE", help="recipes/ names (default: all)"
     )
-    status.add_argument("--recipe-file", type=Path, action="append", default=[], metavar="PATH")
+    status.add_argument(
+        "--recipe-file",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a recipe kept outside recipes/ (repeatable)",
+    )
     status.add_argument(
         "--override", action="append", default=[], metavar="KEY=VALUE", help="a recipe override"
+    )
+    status.add_argument(
+        "--lock",
+        action="store_true",
+        help="compare with hyperexport.lock instead: which locked variants would rebuild, "
+        "and why (exit 1 when the lock is stale); builds nothing",
     )
 
     ls = sub.add_parser("ls", parents=[common], help="entries, least recently used first")
@@ -92,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="never evict what was used more recently than this (default 1h)",
     )
     gc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+
+    from hyperexport.cli.cache_sync import add_arguments as add_sync_arguments
+
+    push = sub.add_parser("push", parents=[common], help="upload local entries to a remote")
+    add_sync_arguments(push)
+    pull = sub.add_parser("pull", parents=[common], help="download remote entries into the cache")
+    add_sync_arguments(pull)
 
     from hyperexport.cli.clean_outputs import add_arguments as add_clean_arguments
 
@@ -116,12 +140,12 @@ def main(argv: list[str]) -> int:
     root = default_cache_dir(args.cache_dir)
     try:
         if args.command != "clean":
-            check_dir(root, "cache", writable=args.command in ("verify", "gc"))
+            check_dir(root, "cache", writable=args.command in ("verify", "gc", "pull"))
         return int(COMMANDS[args.command](args, root))
     except UsageError as e:
         print(f"hyperexport cache {args.command}: {e}", file=sys.stderr)
         return exit_codes.INVALID
-    except (UnusableDirectory, OSError) as e:
+    except (UnusableDirectory, OSError, CacheUnavailableError) as e:
         print(f"hyperexport cache {args.command}: {e}", file=sys.stderr)
         return exit_codes.UNAVAILABLE
 
@@ -135,6 +159,10 @@ def _when(epoch: float, now: float) -> str:
 def cmd_status(args: argparse.Namespace, root: Path) -> int:
     from hyperexport.cli.cache_status import plan_recipe, repository_recipes
 
+    if args.lock:
+        from hyperexport.cli.lock import status_lock
+
+        return status_lock()
     known = repository_recipes()
     for name in args.recipes:
         if name not in known:
@@ -297,6 +325,18 @@ def cmd_clean(args: argparse.Namespace, root: Path) -> int:
     return run_clean(args)
 
 
+def cmd_push(args: argparse.Namespace, root: Path) -> int:
+    from hyperexport.cli import cache_sync
+
+    return cache_sync.cmd_push(args, root)
+
+
+def cmd_pull(args: argparse.Namespace, root: Path) -> int:
+    from hyperexport.cli import cache_sync
+
+    return cache_sync.cmd_pull(args, root)
+
+
 COMMANDS = {
     "status": cmd_status,
     "ls": cmd_ls,
@@ -304,4 +344,6 @@ COMMANDS = {
     "verify": cmd_verify,
     "gc": cmd_gc,
     "clean": cmd_clean,
+    "push": cmd_push,
+    "pull": cmd_pull,
 }

@@ -74,7 +74,8 @@ def recipes_by_key(store: CacheStore) -> dict[str, set[str]]:
             continue
         key = data.get("key") if isinstance(data, Mapping) else None
         if isinstance(key, str):
-            found[key].add(path.parent.name)
+            recipe = data.get("recipe")  # a sweep variant's folder is <recipe>_<variant>
+            found[key].add(recipe if isinstance(recipe, str) else path.parent.name)
     return found
 
 

@@ -225,14 +225,20 @@ def render(info: ModelInfo, *, io: bool = True) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str]) -> int:
-    """``show MODEL [--json] [--no-io]``; returns the exit code."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``show`` argument parser."""
     parser = argparse.ArgumentParser(
         prog="hyperexport show", description="Print the function tree of an ONNX model."
     )
     parser.add_argument("model", type=Path, help="an .onnx file")
     parser.add_argument("--json", action="store_true", help="print the tree as JSON")
     parser.add_argument("--no-io", action="store_true", help="leave out function inputs/outputs")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``show MODEL [--json] [--no-io]``; returns the exit code."""
+    parser = build_parser()
     try:
         args = parser.parse_args(list(argv))
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help

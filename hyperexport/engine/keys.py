@@ -100,8 +100,37 @@ def _show(value: Any) -> str:
     return text if len(text) <= _MAX_VALUE else text[: _MAX_VALUE - 1] + "…"
 
 
+def _show_pair(old: Any, new: Any) -> str:
+    """``old→new``, each cut to :data:`_MAX_VALUE`; two long strings that share a beginning
+    show from the last ``.`` (or ``/``) before they part, so the cut never hides the change."""
+    if isinstance(old, str) and isinstance(new, str) and max(len(old), len(new)) > _MAX_VALUE:
+        common = 0
+        while common < min(len(old), len(new)) and old[common] == new[common]:
+            common += 1
+        start = max(old.rfind(".", 0, common), old.rfind("/", 0, common)) + 1
+        if start > 0:
+            return f"…{_show(old[start:])}→…{_show(new[start:])}"
+    return f"{_show(old)}→{_show(new)}"
+
+
+def _diff_lists(name: str, old: list[Any], new: list[Any]) -> str:
+    """The first difference of two lists: ``hiera[1] …A→…B``, ``hiera[2] added (X)``."""
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            if isinstance(a, Mapping) and isinstance(b, Mapping):
+                return diff_values(a, b, label=f"{name}[{i}]")[0]
+            return f"{name}[{i}] {_show_pair(a, b)}"
+    if len(new) > len(old):
+        return f"{name}[{len(old)}] added ({_show(new[len(old)])})"
+    return f"{name}[{len(new)}] removed ({_show(old[len(new)])})"
+
+
 def diff_values(old: Any, new: Any, *, label: str = "") -> list[str]:
-    """``["a.b 1→2", "c added", ...]`` for the leaves that differ between ``old`` and ``new``."""
+    """``["a.b 1→2", "c added", ...]`` for the leaves that differ between ``old`` and ``new``.
+
+    A list is one leaf; where two lists differ, the first differing element is named
+    (``hiera[0] …LlamaDecoderLayer→…LlamaMLP``).
+    """
     before, after = _flatten(old, label), _flatten(new, label)
     changes = []
     for path in sorted(set(before) | set(after)):
@@ -111,7 +140,11 @@ def diff_values(old: Any, new: Any, *, label: str = "") -> list[str]:
         elif path not in after:
             changes.append(f"{name} removed")
         elif before[path] != after[path]:
-            changes.append(f"{name} {_show(before[path])}→{_show(after[path])}")
+            a, b = before[path], after[path]
+            if isinstance(a, list) and isinstance(b, list):
+                changes.append(_diff_lists(name, a, b))
+            else:
+                changes.append(f"{name} {_show_pair(a, b)}")
     return changes
 
 
@@ -173,8 +206,32 @@ def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     old_files, new_files = old.get("files", {}), new.get("files", {})
     for name in sorted(set(old_files) | set(new_files)):
         if old_files.get(name) != new_files.get(name):
-            reasons.append(f"files of {name} changed")
+            which = changed_files(old_files.get(name) or {}, new_files.get(name) or {})
+            reasons.append(
+                f"files of {name} changed ({which})" if which else f"files of {name} changed"
+            )
     return reasons
+
+
+#: How many changed files of a checkpoint a reason names before it counts the rest.
+_MAX_FILES = 5
+
+
+def changed_files(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """``"config.json, tokenizer.json added, +2 more"``: the files (``{name: digest}``) that
+    differ, sorted, up to :data:`_MAX_FILES` and then a count."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return ""
+    names = []
+    for name in sorted(set(old) | set(new)):
+        if name not in old:
+            names.append(f"{name} added")
+        elif name not in new:
+            names.append(f"{name} removed")
+        elif old[name] != new[name]:
+            names.append(name)
+    more = len(names) - _MAX_FILES
+    return ", ".join(names[:_MAX_FILES]) + (f", +{more} more" if more > 0 else "")
 
 
 def _code_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

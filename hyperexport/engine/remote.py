@@ -190,9 +190,16 @@ class Remote:
     def upload(self, entry: ActionEntry, store: LocalTier) -> None:
         """Upload ``entry``'s blobs (those not on the remote yet), then the entry itself.
 
-        A no-op in ``read_only`` mode; a failure is a WARNING (the local result stands).
+        In ``read_only`` mode a WARNING says that nothing was uploaded; a failure is a WARNING
+        (the local result stands).
         """
         if not self.writable:
+            log.warning(
+                "%s: computed entry %s locally; the remote cache %s is read-only, nothing uploaded",
+                entry.stage,
+                entry.key[:12],
+                self.url,
+            )
             return
         try:
             for f in entry.outputs:

@@ -91,6 +91,10 @@ class StageResult:
         return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s"
 
 
+#: The variant of a build without swept values (:func:`hyperexport.builds.session.variant_dir`).
+DEFAULT_VARIANT = "default"
+
+
 @dataclass(frozen=True)
 class BuildRequest:
     """One build of one recipe.
@@ -110,6 +114,8 @@ class BuildRequest:
         not_discovered: Paths whose reads are not discovered dependencies: keyed by content
             already (the checkpoint, the files ``model:`` arguments name) or the build's own
             (the outputs). The cache is excluded always.
+        variant: The swept-values name (``"opset=17"``, ``"default"``): each variant keeps its
+            own run records, so a sweep job's reasons compare with its own previous build.
     """
 
     recipe_name: str
@@ -122,6 +128,14 @@ class BuildRequest:
     dry_run: bool = False
     code_roots: tuple[str, ...] = ()
     not_discovered: tuple[str, ...] = ()
+    variant: str = DEFAULT_VARIANT
+
+    @property
+    def run_name(self) -> str:
+        """The name of this variant's run records: the recipe's, plus ``@variant`` unless default."""
+        if self.variant == DEFAULT_VARIANT:
+            return self.recipe_name
+        return f"{self.recipe_name}@{self.variant}"
 
 
 @dataclass
@@ -337,7 +351,10 @@ class Runner:
     ) -> StageResult:
         start = time.perf_counter()
         params = recipe_slice(request.recipe, stage.reads)
-        previous = self.store.previous_run(request.recipe_name, stage.name)
+        own_run = self.store.previous_run(request.run_name, stage.name)
+        previous = own_run  # a variant's first build compares with the recipe's default variant
+        if own_run is None and request.variant != DEFAULT_VARIANT:
+            previous = self.store.previous_run(request.recipe_name, stage.name)
         waiting = [u for u in stage.upstream if u in pending]
         if waiting:  # dry run only: the upstream outputs (and so this key) are not known yet
             material = self._material(request, stage, params, {})
@@ -353,9 +370,9 @@ class Runner:
         if lookup.status == "hit" and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
-            if not request.dry_run and (previous or {}).get("key") != key:
-                record = _record(key, declared, material, "ok")
-                self.store.record_run(request.recipe_name, stage.name, record)
+            if not request.dry_run and (own_run or {}).get("key") != key:
+                record = _record(key, declared, material, "ok", request.recipe_name)
+                self.store.record_run(request.run_name, stage.name, record)
             return StageResult(stage.name, "hit", key, "", time.perf_counter() - start)
         reason = _reason(forced, lookup.status, stale, previous, declared, material)
         if request.dry_run:
@@ -502,7 +519,9 @@ class Runner:
                         self.store.remote.upload_deps(declared, self.discovered.path(declared))
                 status = "ok"
         self.store.record_run(
-            request.recipe_name, stage.name, _record(key, declared, material, status)
+            request.run_name,
+            stage.name,
+            _record(key, declared, material, status, request.recipe_name),
         )
         if result.error is not None and result.error.stage == stage.name:
             cause = result.error.__cause__
@@ -567,8 +586,16 @@ def _failed(stage: str, error: _CorruptUpstream, result: BuildResult) -> StageRe
     return StageResult(stage, "failed", None, f"{type(cause).__name__}: {cause}", 0.0)
 
 
-def _record(key: str, declared: str, material: Mapping[str, Any], status: str) -> dict[str, Any]:
-    return {"key": key, "declared": declared, "status": status, "material": dict(material)}
+def _record(
+    key: str, declared: str, material: Mapping[str, Any], status: str, recipe: str
+) -> dict[str, Any]:
+    return {
+        "key": key,
+        "declared": declared,
+        "status": status,
+        "material": dict(material),
+        "recipe": recipe,  # the records of a sweep variant live under <recipe>@<variant>
+    }
 
 
 def _without_upstream(previous: Mapping[str, Any] | None) -> dict[str, Any] | None:

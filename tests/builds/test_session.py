@@ -145,3 +145,26 @@ def test_corrupt_published_blob_is_rebuilt(tmp_path: Path, size: int) -> None:
     statuses = {s.name: s.status for s in again.result.stages}
     assert statuses == {"trace": "hit", "export": "hit", "rewrite": "ran", "check": "hit"}
     assert again.model_path is not None and again.model_path.read_bytes() == expected
+
+
+def test_a_sweep_job_explains_against_its_own_variant(tmp_path: Path) -> None:
+    """Jobs of a sweep share the recipe's name; each compares with its own previous build (its
+    first with the recipe's default variant), never with whichever job ran last."""
+    settings = _settings(tmp_path)
+
+    def reasons(variant: str, **overrides: object) -> dict[str, str]:
+        outcome = run_build(
+            recipe(**overrides),
+            settings,
+            stages=pipeline(),
+            load_model=lambda: "m",
+            variant=variant,
+        )
+        assert outcome.exit_code == 0, outcome.lines
+        return {s.name: s.reason for s in outcome.result.stages if s.status == "ran"}
+
+    reasons("default", opset=18)
+    assert reasons("opset=17", opset=17)["export"] == "opset 18→17"
+    assert reasons("opset=20", opset=20)["export"] == "opset 18→20"  # not 17→20
+    again = reasons("opset=17", opset=17, check__atol=1e-3)
+    assert set(again) == {"check"} and again["check"] == "check.atol 0.0001→0.001"

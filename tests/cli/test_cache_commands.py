@@ -350,16 +350,37 @@ def test_a_hit_on_an_entry_gc_removed_is_a_miss(tmp_path: Path, store: CacheStor
         CacheStore.mark_used = original  # type: ignore[method-assign]
 
 
+# Collects with the tightest bound until the stop file (argv[2]) appears; after each run it
+# prints and flushes "GC RUN <n>", the event the test waits on.
 GC_LOOP = """
-import sys, time
+import os, sys
 from hyperexport.cli.cache import main
-end = time.time() + float(sys.argv[2])
 runs = 0
-while time.time() < end:
+while not os.path.exists(sys.argv[2]):
     assert main(["gc", "--max-size", "0", "--grace", "60s", "--cache-dir", sys.argv[1]]) == 0
     runs += 1
-print("GC RUNS", runs)
+    print("GC RUN", runs, flush=True)
+print("GC DONE", runs, flush=True)
 """
+
+#: A bound on how long one gc run may take on a loaded machine; only a hung gc reaches it.
+_GC_RUN_LIMIT = 300.0
+
+
+def _gc_runs(log: Path) -> int:
+    """How many gc runs the loop has finished, from its log."""
+    lines = [line for line in log.read_text().splitlines() if line.startswith("GC RUN ")]
+    return int(lines[-1].split()[-1]) if lines else 0
+
+
+def _wait_for_gc_run(gc: subprocess.Popen[bytes], log: Path, after: int) -> int:
+    """Block until the gc loop has finished a run beyond ``after``; the new count."""
+    deadline = time.monotonic() + _GC_RUN_LIMIT
+    while (runs := _gc_runs(log)) <= after:
+        assert gc.poll() is None, f"gc died: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"gc hung: {log.read_text()[-2000:]}"
+        time.sleep(0.05)
+    return runs
 
 
 def _age(root: Path, seconds: float) -> None:
@@ -374,31 +395,35 @@ def test_gc_racing_builds_never_breaks_them(tmp_path: Path, store: CacheStore) -
     """Builds hit, reuse and write entries while another process collects with the tightest
     size bound. Under the documented rule (the grace period is longer than a build) gc evicts
     everything idle around them, including entries the builds share and refresh, and no build
-    may fail, no entry may ever name a missing blob."""
+    may fail, no entry may ever name a missing blob.
+
+    No time window: gc runs in a loop and reports each run; every build starts after a gc run
+    it has not seen yet, and gc stops when the test creates the stop file.
+    """
     aged = {opset: keys(build(tmp_path, opset=opset)) for opset in (13, 14, 15)}
     _age(store.root, 3600)  # idle for an hour: gc may take all of it
-    fresh = (16, 17, 18)  # new export keys; the trace key is shared with the aged builds
+    fresh = (16, 17, 18, 16, 17, 18)  # new export keys; the trace key is shared with the aged
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    log = tmp_path / "gc.log"  # a file, not a pipe
+    log, stop = tmp_path / "gc.log", tmp_path / "gc.stop"  # a file, not a pipe
     with open(log, "w") as sink:
         gc = subprocess.Popen(
-            [sys.executable, "-c", GC_LOOP, str(store.root), "5"],
+            [sys.executable, "-c", GC_LOOP, str(store.root), str(stop)],
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
-        builds = 0
+        seen = 0
         try:
-            while gc.poll() is None:
-                build(tmp_path, opset=fresh[builds % len(fresh)])  # asserts exit code 0
-                builds += 1
-                time.sleep(0.3)
+            for opset in fresh:
+                seen = _wait_for_gc_run(gc, log, seen)
+                build(tmp_path, opset=opset)  # asserts exit code 0
+            seen = _wait_for_gc_run(gc, log, seen)
         finally:
-            gc.wait(timeout=60)
+            stop.touch()
+            gc.wait(timeout=_GC_RUN_LIMIT)
     text = log.read_text()
     assert gc.returncode == 0, text[-2000:]
-    assert int(text.split()[-1]) > 3
-    assert builds >= 3
+    assert int(text.split()[-1]) >= len(fresh) + 1
     # gc did evict under the builds: the aged builds' own export entries are gone.
     assert all(not store.action_path(k["export"]).exists() for k in aged.values())
     assert_consistent(store)

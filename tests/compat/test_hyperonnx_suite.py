@@ -8,7 +8,8 @@ the list of excluded tests with their reasons).
 
 Which tests: ``HYPERONNX_TESTS=<dir>`` names a directory holding HyperONNX's ``tests/`` (e.g. a
 checkout of its repository); otherwise the sdist of hyperonnx 2.0.1 is used if it ships its
-tests, and as it does not, the newest release whose sdist does (1.0.3). Only the four files of
+tests, and as it does not, the newest release whose sdist does (1.0.3). The archives are kept
+in pytest's cache directory, so only the first run downloads them. Only the four files of
 public behaviour run (:data:`SUITE`); HyperONNX's tests of its internals (its ``module_spec``
 cache, custom-op and onnxscript plumbing, function composition and constant fusion on its own
 graph representation) have no counterpart to test here.
@@ -46,30 +47,46 @@ PLUGIN_DIR = Path(__file__).parent
 REPO = PLUGIN_DIR.parents[1]
 
 
-def _download(version: str, into: Path) -> Path | None:
-    """The unpacked sdist of ``hyperonnx==version``, or None when the registry has none."""
+def _download(version: str, archives: Path, into: Path) -> Path | None:
+    """The unpacked sdist of ``hyperonnx==version``, or None when the registry has none.
+
+    The archive is kept in ``archives/<version>`` (pytest's cache directory) and fetched only
+    when it is not there yet, so a second run downloads nothing; it is unpacked into ``into``.
+    """
+    kept = archives / version
+    kept.mkdir(parents=True, exist_ok=True)
+    found = sorted(kept.glob("hyperonnx-*.tar.gz"))
+    if not found:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+        command += ["--ignore-requires-python", f"hyperonnx=={version}", "-d", str(kept)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        found = sorted(kept.glob("hyperonnx-*.tar.gz"))
+        if proc.returncode != 0 or not found:
+            return None
     target = into / version
-    target.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-    command += ["--ignore-requires-python", f"hyperonnx=={version}", "-d", str(target)]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    archives = sorted(target.glob("hyperonnx-*.tar.gz"))
-    if proc.returncode != 0 or not archives:
-        return None
-    with tarfile.open(archives[0]) as archive:
+    target.mkdir(parents=True)
+    with tarfile.open(found[0]) as archive:
         archive.extractall(target, filter="data")
     return next(p for p in target.iterdir() if p.is_dir())
 
 
 @pytest.fixture(scope="module")
-def hyperonnx_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory whose ``tests/`` holds HyperONNX's tests (a copy, outside the repository)."""
+def hyperonnx_tests(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A directory whose ``tests/`` holds HyperONNX's tests (a copy, outside the repository).
+
+    The sdists are downloaded once into pytest's cache directory (``.pytest_cache``) and
+    reused by later runs; without the cache provider they go to a temporary directory.
+    """
     given = os.environ.get("HYPERONNX_TESTS")
     if given:
         return Path(given)
     root = tmp_path_factory.mktemp("hyperonnx-sdist")
+    cache = getattr(request.config, "cache", None)
+    archives = cache.mkdir("hyperonnx-sdist") if cache is not None else root / "archives"
     with ThreadPoolExecutor(len(RELEASES)) as pool:  # the downloads dominate the fast test
-        unpacked = list(pool.map(lambda v: _download(v, root), RELEASES))
+        unpacked = list(pool.map(lambda v: _download(v, archives, root), RELEASES))
     for version, source in zip(RELEASES, unpacked):
         if source is None:
             pytest.skip(f"hyperonnx=={version} could not be downloaded (registry unreachable?)")

@@ -213,7 +213,7 @@ def test_pretrained_folder_argument_is_hashed(
     (folder / "config.json").write_text('{"dim": 8, "note": "edited"}')
     again = build(recipe, cache, outputs)
     assert statuses(again)["trace"] == "ran" and statuses(again)["export"] == "ran"
-    assert reasons(again)["trace"] == "files of model.pretrained changed"
+    assert reasons(again)["trace"] == "files of model.pretrained changed (config.json)"
     save_file(hxk_model.make(seed=4).state_dict(), str(folder / "weights.safetensors"))
     third = build(recipe, cache, outputs)
     assert statuses(third) == ALL_RAN

@@ -22,6 +22,10 @@ needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="Chromium is not installed (apt-get install chromium; .ci/run does it)",
 )
+needs_graphviz = pytest.mark.skipif(
+    shutil.which("dot") is None,
+    reason="Graphviz (dot) is not installed (apt-get install graphviz; .ci/run does it)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +101,7 @@ def test_without_graphviz_the_hierarchy_is_text(
     assert '<pre id="hierarchy-text">' in page and "Graphviz is not installed" in page
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz (dot) is not installed")
+@needs_graphviz
 def test_with_graphviz_the_hierarchy_is_a_picture(build: BuildOutcome) -> None:
     assert build.report is not None
     svg = report_html.hierarchy_svg(build.report)
@@ -176,8 +180,12 @@ def _decode_png(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
 def test_a_rebuild_with_the_same_hierarchy_reuses_the_picture(
     build: BuildOutcome, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Needs no Graphviz: the first picture is a stand-in, what is proven is its reuse."""
     assert build.report is not None
+    monkeypatch.setattr(report_html, "hierarchy_svg", lambda report: "<svg>zero</svg>")
+    report_html.write_report_html(build.out_dir, build.report)
     before = (build.out_dir / report_html.REPORT_HTML).read_text()
+    assert "<svg>zero</svg>" in before
     monkeypatch.setattr(report_html, "hierarchy_svg", lambda report: pytest.fail("re-rendered"))
     report_html.write_report_html(build.out_dir, build.report)
     assert (build.out_dir / report_html.REPORT_HTML).read_text() == before
@@ -185,3 +193,33 @@ def test_a_rebuild_with_the_same_hierarchy_reuses_the_picture(
     monkeypatch.setattr(report_html, "hierarchy_svg", lambda report: "<svg>one</svg>")
     report_html.write_report_html(build.out_dir, changed)
     assert "<svg>one</svg>" in (build.out_dir / report_html.REPORT_HTML).read_text()
+
+
+def test_the_page_says_what_was_built_and_with_what(build: BuildOutcome) -> None:
+    """Versions, opset, overrides, inputs and outputs with shapes and dtypes, size, date."""
+    assert build.report is not None
+    report_html.write_report_html(build.out_dir, build.report)
+    page = (build.out_dir / report_html.REPORT_HTML).read_text()
+    overview = page[page.index('<table id="overview">') : page.index('<h2 id="io">')]
+    env = build.report["environment"]
+    for name, version in env["packages"].items():
+        assert f"{name} {version}" in overview
+    assert re.search(r"<th>opset</th><td>18</td>", overview)
+    assert "none (the recipe as written)" in overview
+    assert re.search(r"<th>built</th><td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", overview)
+    size = sum(
+        info["size"]
+        for name, info in build.report["files"].items()
+        if name.startswith("model.onnx")
+    )
+    assert size > 0 and report_html._size(size) in overview
+    io = build.report["io"]
+    import onnx
+
+    graph = onnx.load(str(build.out_dir / "model.onnx"), load_external_data=False).graph
+    first = graph.input[0]
+    dims = [d.dim_value for d in first.type.tensor_type.shape.dim]
+    assert io["inputs"][0]["name"] == first.name and io["inputs"][0]["shape"] == dims
+    assert len(io["outputs"]) == len(graph.output)
+    for t in io["inputs"] + io["outputs"]:
+        assert f"<td>{t['name']}</td><td>{t['shape']}</td><td>{t['dtype']}</td>" in page

@@ -55,3 +55,33 @@ def test_reason_for_upstream_env_model_version() -> None:
 
 def test_diff_values_added_removed() -> None:
     assert diff_values({"a": 1}, {"b": 1}) == ["a removed", "b added"]
+
+
+LAYER = "transformers.models.llama.modeling_llama.LlamaDecoderLayer"
+MLP = "transformers.models.llama.modeling_llama.LlamaMLP"
+
+
+def test_a_list_change_names_its_first_differing_element() -> None:
+    """Two long class paths that share a prefix: the reason shows where they part."""
+    old = _material(params={"hiera": [LAYER]})
+    assert explain(old, _material(params={"hiera": [MLP]})) == (
+        "hiera[0] …LlamaDecoderLayer→…LlamaMLP"
+    )
+    assert explain(old, _material(params={"hiera": [LAYER, MLP]})) == (
+        f"hiera[1] added ({MLP[:39]}…)"
+    )
+    assert explain(_material(params={"hiera": [LAYER, MLP]}), old) == (
+        f"hiera[1] removed ({MLP[:39]}…)"
+    )
+    assert diff_values({"x": [{"a": 1}]}, {"x": [{"a": 2}]}) == ["x[0].a 1→2"]
+
+
+def test_a_checkpoint_change_names_the_files_up_to_five() -> None:
+    files = {f"shard-{i}.safetensors": "a" * 64 for i in range(8)}
+    old = _material(model={"files": {"model.path": {**files, "README.md": "r"}}})
+    edited = {**{n: "b" * 64 for n in files}, "config.json": "c"}
+    new = _material(model={"files": {"model.path": edited}})
+    assert explain(old, new) == (
+        "files of model.path changed (README.md removed, config.json added, "
+        "shard-0.safetensors, shard-1.safetensors, shard-2.safetensors, +5 more)"
+    )

@@ -1,0 +1,89 @@
+"""``hyperexport lock`` and ``cache status --lock``: the committed lock is fresh, a change of
+what a variant depends on makes it stale with the reason, and ``--build`` records artifacts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hyperexport.cli import lock, lockfile
+
+TWO_VARIANTS = """\
+variants:
+  - {recipe: tiny_llama}
+  - {recipe: tiny_llama, overrides: [opset=17]}
+"""
+
+
+def _lock(tmp_path: Path, *args: str) -> int:
+    config = tmp_path / "lock.yaml"
+    if not config.exists():
+        config.write_text(TWO_VARIANTS)
+    return lock.main(["--lock-file", str(tmp_path / "x.lock"), "--config", str(config), *args])
+
+
+def _status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    code = lock.status_lock(tmp_path / "x.lock", tmp_path / "lock.yaml")
+    return code, capsys.readouterr().out
+
+
+def test_the_committed_lock_is_fresh(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regenerate with `python -m hyperexport lock` (and commit) when this fails."""
+    assert lockfile.LOCK_FILE.is_file()
+    code = lock.status_lock()
+    assert code == 0, capsys.readouterr().out
+
+
+def test_a_stale_lock_names_the_variant_and_the_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _lock(tmp_path) == 0
+    text = (tmp_path / "x.lock").read_text()
+    data = json.loads(text)
+    assert sorted(data["variants"]) == ["tiny_llama/default", "tiny_llama/opset=17"]
+    assert text == lockfile.render_lock(lockfile.read_lock(tmp_path / "x.lock"))  # sorted, stable
+    assert data["variants"]["tiny_llama/opset=17"]["fields"]["opset"] == 17
+    assert str(Path.home()) not in text and str(tmp_path) not in text  # nothing of the machine
+    assert _status(tmp_path, capsys)[0] == 0
+
+    (tmp_path / "lock.yaml").write_text(TWO_VARIANTS.replace("opset=17", "opset=16"))
+    code, out = _status(tmp_path, capsys)
+    assert code == 1
+    assert "tiny_llama/opset=16" in out and "not in hyperexport.lock" in out
+    assert "tiny_llama/opset=17" in out and "no longer built" in out
+
+    entries = lockfile.read_lock(tmp_path / "x.lock")
+    entries["tiny_llama/default"].inputs["fields"]["opset"] = 19
+    entries["tiny_llama/default"].inputs["versions"]["onnx"] = "0.0"
+    lockfile.write_lock(entries, tmp_path / "x.lock")
+    code, out = _status(tmp_path, capsys)
+    assert "opset 19→18" in out and "onnx 0.0→" in out
+
+    assert _lock(tmp_path) == 0
+    assert _status(tmp_path, capsys)[0] == 0
+
+
+def test_a_bad_variant_list_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "lock.yaml").write_text("variants:\n  - {recipe: no_such_recipe}\n")
+    assert _lock(tmp_path) == 2
+    assert "variants[0].recipe" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_build_records_the_published_artifacts(tmp_path: Path) -> None:
+    (tmp_path / "lock.yaml").write_text("variants:\n  - {recipe: tiny_llama}\n")
+    args = ["--build", "--cache-dir", str(tmp_path / "c"), "--outputs-dir", str(tmp_path / "o")]
+    assert _lock(tmp_path, *args) == 0
+    entry = lockfile.read_lock(tmp_path / "x.lock")["tiny_llama/default"]
+    published = tmp_path / "o" / "tiny_llama" / "default"
+    from hyperexport.engine.hashing import sha256_file
+
+    assert "model.onnx" in entry.artifacts
+    assert entry.artifacts["model.onnx"] == sha256_file(published / "model.onnx")
+    assert _lock(tmp_path) == 0  # inputs unchanged: the artifacts are kept without building
+    assert lockfile.read_lock(tmp_path / "x.lock")["tiny_llama/default"].artifacts == (
+        entry.artifacts
+    )
