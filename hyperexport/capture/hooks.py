@@ -23,14 +23,6 @@ from hyperexport.capture.attribute_reads import ReadLog, original_class, record_
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.root import RootHolder
 from hyperexport.capture.tensor_store import load_arrays, raw_dtype, save_arrays
-from hyperexport.capture.torch_bridge import (
-    is_tracing,
-    pause_tracing,
-    quiet_torchscript_exporter,
-    resume_tracing,
-    torch_dtype,
-    torch_dtype_name,
-)
 from hyperexport.contracts.names import CAPTURE_JSON, PROBE_PREFIX, TENSORS_NPZ
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.errors import (
@@ -41,6 +33,14 @@ from hyperexport.errors import (
     OptionsError,
     RecipeError,
     did_you_mean,
+)
+from hyperexport.versions import (
+    is_tracing,
+    pause_tracing,
+    quiet_torchscript_exporter,
+    resume_tracing,
+    torch_dtype,
+    torch_dtype_name,
 )
 
 log = logging.getLogger(__name__)
