@@ -23,7 +23,7 @@ class RewriteStage:
     """
 
     name: str = "rewrite"
-    version: int = 3
+    version: int = 4  # 4: the model records the library versions it was built with
     upstream: tuple[str, ...] = ("export",)
     reads: tuple[str, ...] = (
         "functions",
@@ -33,7 +33,15 @@ class RewriteStage:
         "external_data_threshold",
     )
     needs_model: bool = False
-    libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxscript")
+    #: torch, transformers and onnxruntime too: their versions go into the model's metadata.
+    libraries: tuple[str, ...] = (
+        "onnx",
+        "onnx-ir",
+        "onnxscript",
+        "torch",
+        "transformers",
+        "onnxruntime",
+    )
     publish: tuple[str, ...] = (MODEL_FILE, f"{MODEL_FILE}.data", "*.onnx.data", MANIFEST_JSON)
     artifacts: Mapping[str, str] = {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
 
