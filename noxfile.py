@@ -62,6 +62,11 @@ LEGS: dict[str, dict[str, str]] = {
     "floors": dict(FLOORS),
 }
 
+#: Pinned in every leg to the release installed where nox runs (the pinned stack): none is an axis
+#: of the matrix, and left free, pip's resolver spends many minutes backtracking through boto
+#: releases to satisfy s3fs's and moto's narrow botocore ranges.
+STEADY = ("boto3", "botocore", "aiobotocore", "s3fs", "fsspec", "moto")
+
 #: What a result file records of the environment it ran in.
 REPORTED = ("torch", "transformers", "onnxscript", "onnx", "onnx-ir", "onnxruntime", "numpy")
 
@@ -69,8 +74,22 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["leg(cheap)"]
 
 
+def _steady() -> dict[str, str]:
+    """``{name: version}`` of :data:`STEADY` as installed where nox runs."""
+    from importlib import metadata
+
+    found = {}
+    for name in STEADY:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
 def _constraints(pins: dict[str, str]) -> str:
-    """constraints.txt with the leg's pins in place of (or beside) its own."""
+    """constraints.txt with the leg's pins in place of (or beside) its own, and the steady ones."""
+    pins = {**_steady(), **pins}
     lines = []
     for line in (REPO / "constraints.txt").read_text().splitlines():
         name = line.split("#", 1)[0].split("==", 1)[0].strip()
