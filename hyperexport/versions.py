@@ -153,6 +153,22 @@ def masking_export_flag() -> str | None:
     return None
 
 
+def traceable_sdpa_mask() -> Any:
+    """transformers 4.x's SDPA mask builder that the TorchScript tracer can trace.
+
+    transformers 4.57 builds masks on torch >= 2.6 with ``sdpa_mask_recent_torch``, which vmaps
+    the mask function under ``TransformGetItemToIndex`` (a custom autograd function): traced by
+    ``torch.jit.trace`` it fails with ``RuntimeError: unordered_map::at``. Its
+    ``sdpa_mask_older_torch`` builds the same mask without that. 5.x builds masks traceably.
+
+    Returns:
+        ``masking_utils.sdpa_mask_older_torch``, or None when the installed transformers has none.
+    """
+    from transformers import masking_utils
+
+    return getattr(masking_utils, "sdpa_mask_older_torch", None)
+
+
 def never_gqa(*args: Any, **kwargs: Any) -> bool:
     """Stand-in for transformers' ``sdpa_attention.use_gqa_in_sdpa``: always False.
 

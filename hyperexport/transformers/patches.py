@@ -22,7 +22,13 @@ from typing import Any
 import torch
 
 from hyperexport.errors import VersionsError
-from hyperexport.versions import masking_export_flag, never_gqa, release_in, transformers_version
+from hyperexport.versions import (
+    masking_export_flag,
+    never_gqa,
+    release_in,
+    traceable_sdpa_mask,
+    transformers_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +146,32 @@ def masks_as_under_torch_export() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def traceable_sdpa_mask_builder() -> Iterator[None]:
+    """Build SDPA masks with transformers 4.x's traceable builder during a TorchScript export.
+
+    See :func:`~hyperexport.versions.traceable_sdpa_mask`: 4.57's default builder fails under
+    ``torch.jit.trace`` (``unordered_map::at``). Both the module's ``sdpa_mask`` (which
+    ``eager_mask`` calls) and the ``"sdpa"`` entry of the mask interface are swapped.
+    """
+    from transformers import masking_utils
+
+    builder = traceable_sdpa_mask()
+    if builder is None:
+        raise VersionsError(
+            f"transformers {transformers_version()}: masking_utils has no sdpa_mask_older_torch; "
+            "the TorchScript path cannot trace its SDPA mask"
+        )
+    mapping = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    with _swapped(masking_utils, "sdpa_mask", builder):
+        original = mapping["sdpa"]
+        mapping["sdpa"] = builder
+        try:
+            yield
+        finally:
+            mapping["sdpa"] = original
+
+
 PATCHES: tuple[ExportPatch, ...] = (
     ExportPatch(
         name="packed_sequence_without_diff",
@@ -154,6 +186,13 @@ PATCHES: tuple[ExportPatch, ...] = (
         paths=(TORCHSCRIPT,),
         reason="SDPA with enable_gqa=True has no TorchScript symbolic",
         factory=sdpa_without_enable_gqa,
+    ),
+    ExportPatch(
+        name="traceable_sdpa_mask_builder",
+        transformers=">=4.54,<5",
+        paths=(TORCHSCRIPT,),
+        reason="4.x's vmapped SDPA mask builder fails under torch.jit.trace (unordered_map::at)",
+        factory=traceable_sdpa_mask_builder,
     ),
     ExportPatch(
         name="masks_as_under_torch_export",
