@@ -14,8 +14,8 @@ would bypass pip's configuration (the local torch wheel) and its cache.
 
 A leg varies one axis from the pinned stack (``constraints.txt``: torch 2.13.0, everything else
 the newest release), except ``floors``, which puts every declared floor together, and ``cheap``
-(transformers 4.57 with onnxscript and onnx at their floors), which CI runs after the default
-suite. torch legs other than the pin install the registry's CUDA build (run on the CPU); the
+(transformers 4.57 with onnxscript and onnx at their floors), meant to run in CI after the
+default suite once it passes. torch legs other than the pin install the registry's CUDA build (run on the CPU); the
 machine-wide pip cap on torch is lifted for that one install only (``PIP_CONSTRAINT=``), and a
 directory of already downloaded wheels may be named in ``HYPEREXPORT_WHEELS``. Run one torch
 leg at a time: each is about 4 GB of wheels.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -41,7 +42,7 @@ PINNED_TORCH = "2.13.0"
 #: The declared floors (pyproject.toml's lower bounds), as exact releases.
 FLOORS = {
     "torch": "2.9.1",
-    "transformers": "4.57.6",
+    "transformers": "5.24.0",
     "onnxscript": "0.6.0",
     "onnx": "1.19.0",
     "onnx-ir": "0.1.15",
@@ -58,7 +59,9 @@ LEGS: dict[str, dict[str, str]] = {
     "torch-2.11.0": {"torch": "2.11.0"},
     "torch-2.15.0": {"torch": "2.15.0"},
     **{f"{name}-floor": {name: FLOORS[name]} for name in FLOORS if name != "torch"},
-    "cheap": {name: FLOORS[name] for name in ("transformers", "onnxscript", "onnx")},
+    # transformers 4.57 (Optimum's exporter still needs < 4.58) with onnxscript and onnx at
+    # their floors: not yet passing (README "Tested versions"), so not the floor.
+    "cheap": {"transformers": "4.57.6", "onnxscript": FLOORS["onnxscript"], "onnx": FLOORS["onnx"]},
     "floors": dict(FLOORS),
 }
 
@@ -97,6 +100,17 @@ def _constraints(pins: dict[str, str]) -> str:
             continue
         lines.append(line)
     return "\n".join([*lines, *(f"{name}=={version}" for name, version in pins.items())]) + "\n"
+
+
+def _commit() -> str:
+    """The short commit the leg tests, with ``+dirty`` when the work tree has changes."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return head + ("+dirty" if dirty else "")
 
 
 def _counts(junit: Path) -> dict[str, Any]:
@@ -154,6 +168,7 @@ def leg(session: nox.Session, leg: str) -> None:
     installed = json.loads(str(versions).strip().splitlines()[-1])
     result: dict[str, Any] = {
         "leg": leg,
+        "commit": _commit(),
         "pins": pins,
         "installed": installed,
         "python": str(

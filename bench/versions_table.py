@@ -47,7 +47,7 @@ def render_table(results: dict[str, dict[str, Any]]) -> str:
     legs = [leg for leg in ORDER if leg in results]
     legs += sorted(set(results) - set(ORDER))
     pythons = sorted({results[leg]["python"] for leg in legs})
-    header = ["leg", *COLUMNS, "default tests", "zoo (`-m zoo`)"]
+    header = ["leg", "commit", *COLUMNS, "default tests", "zoo (`-m zoo`)"]
     lines = [
         f"Python {', '.join(pythons)} only (the one Python on the machine that ran them); "
         "bold: what the leg varies from the pinned stack.",
@@ -59,6 +59,7 @@ def render_table(results: dict[str, dict[str, Any]]) -> str:
         result = results[leg]
         cells = [
             f"`{leg}`",
+            str(result.get("commit", "?")),
             *(_version(result, name) for name in COLUMNS),
             _outcome(result["default"]),
             _outcome(result.get("zoo")),
