@@ -195,7 +195,7 @@ def export_hyper_onnx(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     opset_version: int = 18,
-    dynamo: bool = False,
+    dynamo: bool | None = None,
     hiera: Sequence[type | str] | None = None,
     external_data: bool = False,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
@@ -216,7 +216,9 @@ def export_hyper_onnx(
         output_names: Names of the flattened graph outputs (default: from the output structure).
             Fewer names than outputs name the first ones; the rest are numbered ``output_<i>``.
         opset_version: Default-domain opset. TorchScript path: up to 20 on torch 2.13.
-        dynamo: Which torch exporter to use. Always explicit; torch's own default changed in 2.9.
+        dynamo: Which torch exporter to use: ``True`` (``torch.export``, the dynamo exporter) or
+            ``False`` (the TorchScript exporter). Required: torch's own default changed in 2.9,
+            so there is no default here (:mod:`hyperexport.compat.hyperonnx` keeps HyperONNX's).
         hiera: Module classes (or import paths) whose calls become functions. The root model's
             own class makes the whole model one function (the main graph calls it once). A
             class that never runs is a WARNING naming it (a build's recipe is stricter).
@@ -234,8 +236,16 @@ def export_hyper_onnx(
         The export manifest (functions and call sites).
 
     Raises:
-        OptionsError: An argument or option is invalid (before anything runs).
+        OptionsError: An argument or option is invalid, or ``dynamo`` is not given (before
+            anything runs).
+        VersionsError: The installed libraries cannot serve the chosen path (before capture).
     """
+    if dynamo is None:
+        raise OptionsError(
+            "dynamo",
+            "must be given: dynamo=True (torch.export, the dynamo exporter) or dynamo=False "
+            "(the TorchScript exporter); there is no default, torch's own changed in 2.9",
+        )
     _check_model_and_hiera(model, hiera)
     request = ExportRequest(
         f=f,

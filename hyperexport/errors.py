@@ -68,6 +68,14 @@ class ResourceError(HyperExportError):
     """
 
 
+class VersionsError(HyperExportError):
+    """The installed libraries cannot work together on the chosen export path.
+
+    Raised before capture and export start; the message is one line naming both versions and
+    the release needed (the known combinations: ``hyperexport/versions.py``'s ``REQUIREMENTS``).
+    """
+
+
 class RecipeError(HyperExportError):
     """A recipe is invalid. Names the recipe file and the field."""
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hyperexport.atomic import atomic_write_text
-from hyperexport.capture.torch_bridge import (
+from hyperexport.versions import (
     is_tracing,
     pause_tracing,
     resume_tracing,

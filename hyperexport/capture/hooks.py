@@ -14,7 +14,7 @@ import torch
 from hyperexport.capture import signature, tree
 from hyperexport.capture.attribute_reads import ReadLog, original_class
 from hyperexport.capture.container import to_array
-from hyperexport.capture.torch_bridge import (
+from hyperexport.versions import (
     is_tracing,
     pause_tracing,
     resume_tracing,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hyperexport.capture import signature, tree
-from hyperexport.capture.torch_bridge import (
+from hyperexport.versions import (
     quiet_torchscript_exporter,
     resume_tracing,
 )

@@ -1,7 +1,8 @@
 """``python -m hyperexport show model.onnx``: the function tree of any ONNX model.
 
 Prints which module class became which local function, how often each is called and from where,
-node counts, opsets, and the model's and each function's inputs and outputs (with shapes where
+node counts, opsets, the library versions the model was built with (hyperexport's models
+record them), and the model's and each function's inputs and outputs (with shapes where
 the model declares them). Works on any ONNX file, hierarchical or not; the class comes from the
 function's ``hyperexport.module_class`` metadata when hyperexport wrote it. Reads the graph only
 (external weights are not loaded) and never imports torch.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport import exit_codes
+from hyperexport.contracts.names import META_VERSION_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +187,18 @@ def render(info: ModelInfo, *, io: bool = True) -> list[str]:
         f"{info.path}: ONNX IR {info.ir_version}, opsets {opsets}"
         + (f", producer {info.producer}" if info.producer else ""),
     ]
-    lines += [f"  {k}: {v}" for k, v in sorted(info.metadata.items())]
+    built_with = [
+        f"{k.removeprefix(META_VERSION_PREFIX)} {v}"
+        for k, v in info.metadata.items()
+        if k.startswith(META_VERSION_PREFIX)
+    ]
+    if built_with:
+        lines.append(f"  built with: {', '.join(built_with)}")
+    lines += [
+        f"  {k}: {v}"
+        for k, v in sorted(info.metadata.items())
+        if not k.startswith(META_VERSION_PREFIX)
+    ]
     lines += [
         f"inputs:  {_io(info.inputs)}",
         f"outputs: {_io(info.outputs)}",

@@ -124,7 +124,9 @@ def export_hyper_onnx(
         input_names: Names of the graph inputs.
         output_names: Names of the first graph outputs (the rest are numbered).
         opset_version: Default-domain opset (HyperONNX's default, 19).
-        dynamo: The torch exporter to use.
+        dynamo: The torch exporter to use. HyperONNX's own default, ``False`` (the TorchScript
+            exporter), is kept here so that its users can switch by changing the import;
+            hyperexport's :func:`~hyperexport.export_hyper_onnx` has no default and requires it.
         external_data: Large tensors in a separate data file (beside a path ``f``; in
             ``external_directory`` for a file object).
         hiera: Module classes whose calls become functions (the root's class too).

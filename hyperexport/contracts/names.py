@@ -65,6 +65,9 @@ META_FALLBACK = "hyperexport.fallback_from"
 META_FUNCTION_MODE = "hyperexport.function_mode"
 META_MODULE_CLASS = "hyperexport.module_class"
 META_MODULE_PATH = "hyperexport.module_path"
+#: ``hyperexport.version.<distribution>``: the versions a model was built with (torch,
+#: transformers, onnxscript, onnx, onnxruntime, hyperexport; ``versions.RECORDED_DISTRIBUTIONS``).
+META_VERSION_PREFIX = "hyperexport.version."
 
 # -- opsets -------------------------------------------------------------------------------------
 MIN_OPSET = 7

@@ -28,10 +28,10 @@ import onnx
 import onnx_ir as ir
 import torch
 
-from hyperexport.capture.torch_bridge import dynamo_export_caches, torch_dtype, torch_dtype_name
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError
 from hyperexport.export.placeholders import Dim, PlaceholderSpec
+from hyperexport.versions import dynamo_export_caches, torch_dtype, torch_dtype_name
 
 log = logging.getLogger(__name__)
 

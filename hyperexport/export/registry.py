@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+from hyperexport.errors import VersionsError
 from hyperexport.export.dynamo_path import DynamoPath
 from hyperexport.export.path import ExportPath
 from hyperexport.export.torchscript import TorchScriptPath
+from hyperexport.versions import unsupported
 
 #: Every export path, by the ``dynamo`` flag value that selects it.
 EXPORT_PATHS: dict[bool, ExportPath] = {False: TorchScriptPath(), True: DynamoPath()}
 
 
 def path_for(dynamo: bool) -> ExportPath:
-    """The export path that ``dynamo`` selects."""
+    """The export path that ``dynamo`` selects, once the installed libraries can serve it.
+
+    Raises:
+        VersionsError: A known-broken combination of installed versions for this path (one
+            line naming both), before anything is captured or exported.
+    """
+    problems = unsupported(dynamo)
+    if problems:
+        raise VersionsError(problems[0])
     return EXPORT_PATHS[dynamo]
 
 

@@ -19,11 +19,6 @@ import torch
 from hyperexport import progress
 from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
-from hyperexport.capture.torch_bridge import (
-    quiet_torchscript_exporter,
-    set_symbolic_output_type,
-    weights_out_of_shape_inference,
-)
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import HyperExportError, ModuleExportError
@@ -32,6 +27,11 @@ from hyperexport.export.path import ExportPath
 from hyperexport.export.placeholders import Dim, replace_children
 from hyperexport.export.weights import attach_torch_weights
 from hyperexport.options import CustomOpSymbolic, ExportOptions
+from hyperexport.versions import (
+    quiet_torchscript_exporter,
+    set_symbolic_output_type,
+    weights_out_of_shape_inference,
+)
 
 
 class TorchScriptPath(ExportPath):

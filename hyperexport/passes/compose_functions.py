@@ -25,6 +25,7 @@ from hyperexport.contracts.manifest import (
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, leaf_names
 from hyperexport.errors import RewriteError
 from hyperexport.passes import naming
+from hyperexport.versions import installed_version, installed_versions
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,11 @@ class ComposeFunctionsPass(ir.passes.InPlacePass):
         model.metadata_props[META_FUNCTION_MODE] = bundle.function_mode
         if bundle.fallback_from:
             model.metadata_props[META_FALLBACK] = bundle.fallback_from
+        # The libraries the model was built with, beside report.json's environment. They are
+        # in the keys of the stages that make the model (export, rewrite), so a cached model
+        # never names other versions than a fresh build would.
+        for name, version in installed_versions().items():
+            model.metadata_props[f"{names.META_VERSION_PREFIX}{name}"] = version
         # Our name with torch's version ("hyperexport 2.13.0") would mislead; say which
         # hyperexport made the model.
         model.producer_name, model.producer_version = "hyperexport", _own_version()
@@ -263,10 +269,8 @@ def _rename(values: Sequence[ir.Value], prefix: str, names: list[str], unit: Uni
 
 def _own_version() -> str:
     """hyperexport's installed version (package metadata: importing the package loads torch)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("hyperexport")
-    except PackageNotFoundError:
+    version = installed_version("hyperexport")
+    if version is None:
         log.warning("hyperexport is not installed; the model's producer_version says 'unknown'")
         return "unknown"
+    return version

@@ -24,12 +24,20 @@ class RewriteStage(RecipeStage):
     """
 
     name: str = "rewrite"
-    version: int = 3
+    version: int = 4  # 4: the model records the library versions it was built with
     upstream: tuple[str, ...] = ("export",)
     #: Derived from the schema: the recipe fields that declare "rewrite" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
-    libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxscript")
+    #: torch, transformers and onnxruntime too: their versions go into the model's metadata.
+    libraries: tuple[str, ...] = (
+        "onnx",
+        "onnx-ir",
+        "onnxscript",
+        "torch",
+        "transformers",
+        "onnxruntime",
+    )
     publish: tuple[str, ...] = (MODEL_FILE, f"{MODEL_FILE}.data", "*.onnx.data", MANIFEST_JSON)
     artifacts: Mapping[str, str] = {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
 

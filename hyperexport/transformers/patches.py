@@ -17,12 +17,18 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 import torch
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+
+from hyperexport.errors import VersionsError
+from hyperexport.versions import (
+    masking_export_flag,
+    never_gqa,
+    release_in,
+    traceable_sdpa_mask,
+    transformers_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +54,10 @@ class ExportPatch:
     reason: str
     factory: Callable[[], AbstractContextManager[None]]
 
-    def applies(self, dynamo: bool, version: Version) -> bool:
+    def applies(self, dynamo: bool, version: str) -> bool:
         """Whether the patch is needed on this export path with this transformers version."""
         path = DYNAMO if dynamo else TORCHSCRIPT
-        return path in self.paths and SpecifierSet(self.transformers).contains(
-            version, prereleases=True
-        )
+        return path in self.paths and release_in(version, self.transformers)
 
 
 @contextmanager
@@ -110,11 +114,12 @@ def sdpa_without_enable_gqa() -> Iterator[None]:
     With no mask (the causal case once packed-sequence detection answers "none"), transformers
     asks SDPA for ``enable_gqa=True``, which the TorchScript exporter cannot convert
     ("conversion of scaled_dot_product_attention not implemented if enable_gqa is True").
-    Repeating the heads computes the same attention.
+    Repeating the heads computes the same attention. (The hook's arguments differ between 4.57
+    and 5.x; :func:`~hyperexport.versions.never_gqa` takes either.)
     """
     from transformers.integrations import sdpa_attention
 
-    with _swapped(sdpa_attention, "use_gqa_in_sdpa", lambda attention_mask, key, value: False):
+    with _swapped(sdpa_attention, "use_gqa_in_sdpa", never_gqa):
         yield
 
 
@@ -123,14 +128,48 @@ def masks_as_under_torch_export() -> Iterator[None]:
     """Make ``masking_utils`` build attention masks as it does under ``torch.export``.
 
     Eagerly, transformers skips the SDPA mask (passes ``None``) when nothing is masked; under
-    ``torch.export`` it always builds one (``masking_utils.is_torchdynamo_exporting()``). The
+    ``torch.export`` it always builds one (``masking_utils.is_torchdynamo_exporting()``; in 4.57
+    ``is_torchdynamo_compiling()``, see :func:`~hyperexport.versions.masking_export_flag`). The
     capture runs eagerly for the dynamo path, so without this a decoder layer has one tensor
     input fewer at capture than at export, and the placeholder cannot stand in for it.
     """
     from transformers import masking_utils
 
-    with _swapped(masking_utils, "is_torchdynamo_exporting", lambda: True):
+    flag = masking_export_flag()
+    if flag is None:
+        raise VersionsError(
+            f"transformers {transformers_version()}: masking_utils has neither "
+            "is_torchdynamo_exporting nor is_torchdynamo_compiling; the dynamo path cannot make "
+            "it build the SDPA mask"
+        )
+    with _swapped(masking_utils, flag, lambda: True):
         yield
+
+
+@contextmanager
+def traceable_sdpa_mask_builder() -> Iterator[None]:
+    """Build SDPA masks with transformers 4.x's traceable builder during a TorchScript export.
+
+    See :func:`~hyperexport.versions.traceable_sdpa_mask`: 4.57's default builder fails under
+    ``torch.jit.trace`` (``unordered_map::at``). Both the module's ``sdpa_mask`` (which
+    ``eager_mask`` calls) and the ``"sdpa"`` entry of the mask interface are swapped.
+    """
+    from transformers import masking_utils
+
+    builder = traceable_sdpa_mask()
+    if builder is None:
+        raise VersionsError(
+            f"transformers {transformers_version()}: masking_utils has no sdpa_mask_older_torch; "
+            "the TorchScript path cannot trace its SDPA mask"
+        )
+    mapping = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    with _swapped(masking_utils, "sdpa_mask", builder):
+        original = mapping["sdpa"]
+        mapping["sdpa"] = builder
+        try:
+            yield
+        finally:
+            mapping["sdpa"] = original
 
 
 PATCHES: tuple[ExportPatch, ...] = (
@@ -149,6 +188,13 @@ PATCHES: tuple[ExportPatch, ...] = (
         factory=sdpa_without_enable_gqa,
     ),
     ExportPatch(
+        name="traceable_sdpa_mask_builder",
+        transformers=">=4.54,<5",
+        paths=(TORCHSCRIPT,),
+        reason="4.x's vmapped SDPA mask builder fails under torch.jit.trace (unordered_map::at)",
+        factory=traceable_sdpa_mask_builder,
+    ),
+    ExportPatch(
         name="masks_as_under_torch_export",
         transformers=">=4.54",
         paths=(DYNAMO,),
@@ -158,15 +204,7 @@ PATCHES: tuple[ExportPatch, ...] = (
 )
 
 
-def transformers_version() -> Version | None:
-    """The installed transformers version, or None when transformers is not installed."""
-    try:
-        return Version(metadata.version("transformers"))
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def patches_for(dynamo: bool, version: Version | None = None) -> list[ExportPatch]:
+def patches_for(dynamo: bool, version: str | None = None) -> list[ExportPatch]:
     """The patches needed on one export path.
 
     Args:
@@ -183,7 +221,7 @@ def patches_for(dynamo: bool, version: Version | None = None) -> list[ExportPatc
 
 
 @contextmanager
-def export_patches(dynamo: bool, version: Version | None = None) -> Iterator[list[str]]:
+def export_patches(dynamo: bool, version: str | None = None) -> Iterator[list[str]]:
     """Apply every transformers patch the chosen export path needs; restore them on exit.
 
     Args:

@@ -129,3 +129,25 @@ def test_the_subcommand_is_dispatched(nested_model: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "Block -> hyperexport.fn::" in result.stdout and "in:" not in result.stdout
+
+
+def test_the_model_records_and_show_prints_the_versions_it_was_built_with(
+    nested_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hyperexport.contracts.names import META_VERSION_PREFIX
+    from hyperexport.versions import RECORDED_DISTRIBUTIONS, installed_version
+
+    props = {p.key: p.value for p in onnx.load(nested_model).metadata_props}
+    for name in RECORDED_DISTRIBUTIONS:
+        version = installed_version(name)
+        if version is not None:  # transformers is optional
+            assert props[f"{META_VERSION_PREFIX}{name}"] == version
+    assert {"torch", "onnx", "onnxscript", "onnxruntime", "hyperexport"} <= {
+        k.removeprefix(META_VERSION_PREFIX) for k in props if k.startswith(META_VERSION_PREFIX)
+    }
+    assert show.main([str(nested_model)]) == exit_codes.OK
+    built_with = next(
+        line for line in capsys.readouterr().out.splitlines() if "built with:" in line
+    )
+    assert f"torch {installed_version('torch')}" in built_with
+    assert f"onnx {installed_version('onnx')}" in built_with

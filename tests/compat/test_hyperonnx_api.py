@@ -150,3 +150,9 @@ def test_promotion_and_registration_names() -> None:
     from transformers import AttentionInterface
 
     assert hyperonnx.HYPERONNX_ATTN_IMPL not in AttentionInterface._global_mapping
+
+
+def test_the_compat_entry_keeps_hyperonnx_default_of_dynamo_false() -> None:
+    import inspect
+
+    assert inspect.signature(hyperonnx.export_hyper_onnx).parameters["dynamo"].default is False

@@ -92,7 +92,12 @@ def test_a_keyword_given_twice_is_an_options_error() -> None:
     x, mask = _x(), _mask()
     with pytest.raises(OptionsError, match="mask"):
         export_hyper_onnx(
-            _model(), (x, {"mask": mask}), io.BytesIO(), kwargs={"mask": mask}, hiera=[Cell]
+            _model(),
+            (x, {"mask": mask}),
+            io.BytesIO(),
+            kwargs={"mask": mask},
+            hiera=[Cell],
+            dynamo=False,
         )
 
 
@@ -107,7 +112,9 @@ def test_fewer_output_names_name_the_first_and_number_the_rest(dynamo: bool) -> 
 
 def test_more_output_names_than_outputs_is_an_options_error() -> None:
     with pytest.raises(OptionsError, match="4 names for 3"):
-        export_hyper_onnx(_model(), (_x(),), io.BytesIO(), output_names=list("abcd"), hiera=[Cell])
+        export_hyper_onnx(
+            _model(), (_x(),), io.BytesIO(), output_names=list("abcd"), hiera=[Cell], dynamo=False
+        )
 
 
 def test_external_data_with_a_file_object_fails_before_the_export(monkeypatch) -> None:
@@ -117,7 +124,9 @@ def test_external_data_with_a_file_object_fails_before_the_export(monkeypatch) -
     model = _model()
     monkeypatch.setattr(model, "forward", must_not_run)
     with pytest.raises(OptionsError, match="external_data"):
-        export_hyper_onnx(model, (_x(),), io.BytesIO(), hiera=[Cell], external_data=True)
+        export_hyper_onnx(
+            model, (_x(),), io.BytesIO(), hiera=[Cell], external_data=True, dynamo=False
+        )
 
 
 def _export_with_data(model: nn.Module, path: Path, dynamo: bool) -> None:

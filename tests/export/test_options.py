@@ -145,3 +145,18 @@ def test_recipe_custom_ops_and_shared_fields_match() -> None:
     assert recipe.dynamo == schema.REQUIRED
     assert recipe.external_data == defaults["external_data"].default
     assert tuple(schema.BUILTIN_ATTENTION) == BUILTIN_ATTENTION
+
+
+def test_dynamo_has_no_default_and_its_absence_names_the_argument_and_both_values() -> None:
+    ran = []
+
+    class Spy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            ran.append(x)
+            return x
+
+    with pytest.raises(OptionsError) as info:
+        export_hyper_onnx(Spy(), (torch.ones(2, 3),), io.BytesIO())
+    assert info.value.field == "dynamo"
+    assert "dynamo=True" in str(info.value) and "dynamo=False" in str(info.value)
+    assert not ran

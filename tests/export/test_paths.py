@@ -130,7 +130,7 @@ import json, sys
 from pathlib import Path
 from hyperexport import export_hyper_onnx
 from tests.helpers.toys import Block, toy_inputs, toy_net
-export_hyper_onnx(toy_net(), toy_inputs(), Path(sys.argv[1]) / "m.onnx", hiera=[Block])
+export_hyper_onnx(toy_net(), toy_inputs(), Path(sys.argv[1]) / "m.onnx", hiera=[Block], dynamo=False)
 print("LOADED " + json.dumps("onnxscript" in sys.modules))
 """
 

@@ -1,20 +1,181 @@
-"""The one place that knows torch version differences (and the only one allowed private imports).
+"""The version bridge: the one module that knows where torch, transformers, onnx and onnxscript
+differ between releases, and the only one allowed private torch APIs.
 
-Everything else in hyperexport uses public torch APIs, and asks this module where torch moved
-or changed between releases.
+Everything else in hyperexport uses public APIs, and asks this module
+
+* which releases are installed (:func:`installed_versions`, read from package metadata without
+  importing the libraries; what a model's metadata and a build's report record);
+* whether they work together (:func:`unsupported`, asked before an export starts: one line
+  naming both versions, instead of an import error from deep inside torch);
+* where torch moved or changed (the private hooks below: tracing state, exporter caches);
+* how to swap transformers' attention and masking hooks, whose signatures and names changed
+  between 4.57 and 5.x (:func:`transformers_hooks`).
+
+It sits on the lowest layer: it imports only torch, transformers, onnx and onnxscript (lazily,
+inside functions, so that torch-free layers may read versions through it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata as metadata
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
 from packaging.version import Version
 
-TORCH_VERSION = Version(torch.__version__.split("+")[0])
+if TYPE_CHECKING:
+    import torch
+
+#: The libraries whose versions a model records (``metadata_props``) and ``hyperexport show``
+#: prints, in this order.
+RECORDED_DISTRIBUTIONS = (
+    "torch",
+    "transformers",
+    "onnxscript",
+    "onnx",
+    "onnxruntime",
+    "hyperexport",
+)
+
+
+@functools.lru_cache(maxsize=64)
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (local suffix kept), or None if absent."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def installed_versions(names: tuple[str, ...] = RECORDED_DISTRIBUTIONS) -> dict[str, str]:
+    """``{distribution: version}`` of the installed ones among ``names``, in that order."""
+    found = {name: installed_version(name) for name in names}
+    return {name: version for name, version in found.items() if version is not None}
+
+
+def _release(name: str) -> Version | None:
+    """The installed release of ``name`` without its local suffix (``2.13.0+cpu`` -> 2.13.0)."""
+    text = installed_version(name)
+    return Version(text.split("+")[0]) if text is not None else None
+
+
+def _at_least(name: str, release: str) -> bool:
+    """Whether ``name`` is installed at ``release`` or later."""
+    found = _release(name)
+    return found is not None and found >= Version(release)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """``needs`` at ``at_least`` whenever ``when`` is at ``from_release`` or later.
+
+    Attributes:
+        when: The distribution whose release brings the requirement (``"torch"``).
+        from_release: Its first release with the requirement.
+        needs: The distribution required.
+        at_least: Its lowest working release.
+        paths: The export paths that need it (``"dynamo"``, ``"torchscript"``).
+        reason: What fails otherwise.
+    """
+
+    when: str
+    from_release: str
+    needs: str
+    at_least: str
+    paths: tuple[str, ...]
+    reason: str
+
+
+#: Combinations known not to work. Each was seen failing; each message names both versions.
+REQUIREMENTS: tuple[Requirement, ...] = (
+    Requirement(
+        when="torch",
+        from_release="2.11",
+        needs="onnxscript",
+        at_least="0.6.0",
+        paths=("dynamo",),
+        reason="torch's dynamo exporter imports onnxscript._framework_apis.torch_2_11",
+    ),
+)
+
+
+def unsupported(dynamo: bool) -> list[str]:
+    """One line per known-broken combination of the installed libraries on this export path."""
+    path = "dynamo" if dynamo else "torchscript"
+    problems = []
+    for req in REQUIREMENTS:
+        if path not in req.paths or not _at_least(req.when, req.from_release):
+            continue
+        if _at_least(req.needs, req.at_least):
+            continue
+        problems.append(
+            f"{req.when} {installed_version(req.when)} needs {req.needs}>={req.at_least} on the "
+            f"{path} path, found {req.needs} {installed_version(req.needs) or '(not installed)'}"
+            f" ({req.reason})"
+        )
+    return problems
+
+
+# -- transformers ---------------------------------------------------------------------------------
+
+
+def transformers_version() -> str | None:
+    """The installed transformers version, or None when transformers is not installed."""
+    return installed_version("transformers")
+
+
+def release_in(version: str, specifier: str) -> bool:
+    """Whether release ``version`` (``"4.57.6"``) satisfies ``specifier`` (``">=4.54"``)."""
+    from packaging.specifiers import SpecifierSet
+
+    return SpecifierSet(specifier).contains(Version(version.split("+")[0]), prereleases=True)
+
+
+def masking_export_flag() -> str | None:
+    """The name of the function in ``transformers.masking_utils`` that tells mask creation it
+    runs under ``torch.export`` (then it always builds the SDPA mask instead of skipping it).
+
+    transformers 5.x asks ``is_torchdynamo_exporting()``; 4.57 asks ``is_torchdynamo_compiling()``
+    (only in ``_ignore_causal_mask_sdpa``, for the same decision).
+
+    Returns:
+        The name, or None when the installed transformers has neither.
+    """
+    from transformers import masking_utils
+
+    for name in ("is_torchdynamo_exporting", "is_torchdynamo_compiling"):
+        if callable(getattr(masking_utils, name, None)):
+            return name
+    return None
+
+
+def traceable_sdpa_mask() -> Any:
+    """transformers 4.x's SDPA mask builder that the TorchScript tracer can trace.
+
+    transformers 4.57 builds masks on torch >= 2.6 with ``sdpa_mask_recent_torch``, which vmaps
+    the mask function under ``TransformGetItemToIndex`` (a custom autograd function): traced by
+    ``torch.jit.trace`` it fails with ``RuntimeError: unordered_map::at``. Its
+    ``sdpa_mask_older_torch`` builds the same mask without that. 5.x builds masks traceably.
+
+    Returns:
+        ``masking_utils.sdpa_mask_older_torch``, or None when the installed transformers has none.
+    """
+    from transformers import masking_utils
+
+    return getattr(masking_utils, "sdpa_mask_older_torch", None)
+
+
+def never_gqa(*args: Any, **kwargs: Any) -> bool:
+    """Stand-in for transformers' ``sdpa_attention.use_gqa_in_sdpa``: always False.
+
+    Takes any arguments: the hook is ``(attention_mask, key)`` in 4.57 and
+    ``(attention_mask, key, value)`` in 5.x.
+    """
+    return False
 
 
 @contextlib.contextmanager
@@ -24,6 +185,8 @@ def quiet_torchscript_exporter() -> Iterator[None]:
     torch 2.13 warns on every ``dynamo=False`` export; a hierarchical export makes one call per
     unit, so the same warning would repeat for every module.
     """
+    import torch
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
@@ -34,12 +197,16 @@ def quiet_torchscript_exporter() -> Iterator[None]:
 
 def is_tracing() -> bool:
     """True while torch.jit tracing (the TorchScript exporter) runs."""
+    import torch
+
     return torch.jit.is_tracing()
 
 
 def pause_tracing() -> object:
     """Stop the TorchScript tracer recording ops; returns the state to give back to
     :func:`resume_tracing`. Tensors made meanwhile enter the trace as constants."""
+    import torch
+
     state = torch._C._get_tracing_state()
     torch._C._set_tracing_state(None)  # type: ignore[attr-defined]
     return state
@@ -47,6 +214,8 @@ def pause_tracing() -> object:
 
 def resume_tracing(state: object) -> None:
     """Undo :func:`pause_tracing`."""
+    import torch
+
     torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
 
 
@@ -58,7 +227,11 @@ def torch_dtype_name(dtype: torch.dtype) -> str:
 #: Every dtype torch defines, by :func:`torch_dtype_name`. Looked up in this table, never with
 #: ``getattr(torch, name)``: a name read back from a cached record must not reach torch's lazy
 #: submodule importer.
-_DTYPES = {torch_dtype_name(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
+@functools.cache
+def _dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {torch_dtype_name(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -67,7 +240,7 @@ def torch_dtype(name: str) -> torch.dtype:
     Raises:
         ValueError: ``name`` is not a torch dtype.
     """
-    dtype = _DTYPES.get(name)
+    dtype = _dtypes().get(name)
     if dtype is None:
         raise ValueError(f"unknown torch dtype {name!r}")
     return dtype
@@ -90,6 +263,8 @@ def set_symbolic_output_type(value: object, like: torch.Tensor, sizes: list[int 
     Without it, the TorchScript exporter warns for every custom op and loses the shape
     information that later symbolics (e.g. Linear -> Gemm vs MatMul) decide on.
     """
+    import torch
+
     tensor_type = torch._C.TensorType.create_from_tensor(like).with_sizes(sizes)
     value.setType(tensor_type)  # type: ignore[attr-defined]
 
@@ -119,6 +294,7 @@ def dynamo_export_caches() -> Iterator[None]:
     registry and stay there: callers must only pass ops whose translation never changes
     (hyperexport's placeholder ops, which are themselves defined once per process).
     """
+    import torch
     from torch.export import exported_program
     from torch.onnx._internal.exporter import _registration
 
@@ -160,6 +336,8 @@ def weights_out_of_shape_inference() -> Iterator[None]:
     only for shape-like constants, never for weights (their shapes and types are on the graph),
     so tensors of at least 1 MiB are left out of the dict it sees. Restored on exit.
     """
+    import torch
+
     original = torch._C._jit_pass_onnx_graph_shape_type_inference
 
     def infer(graph: Any, params_dict: dict[str, Any], opset: int) -> None:

@@ -1,0 +1,196 @@
+"""The version matrix: one nox session per leg, each in its own reused virtualenv.
+
+    nox -s "leg(cheap)"                 # one leg: build its venv, run the default tests and the
+                                        # zoo on both paths, write bench/versions/cheap.json
+    nox -s "leg(cheap)" -- --no-zoo     # the default tests only (what .ci/run does)
+    nox -l                              # every leg
+    python bench/versions_table.py      # then rewrite the README's "Tested versions" table
+
+Why nox: sessions are plain Python (the legs below are one dict, parametrized into sessions),
+it reuses each leg's virtualenv between runs (``-R``), installs with the ordinary pip, so the
+machine's pip configuration and download cache apply as they are, and it is well kept (one
+release every few months). tox would need the legs spelled as ini/toml environments, and uv
+would bypass pip's configuration (the local torch wheel) and its cache.
+
+A leg varies one axis from the pinned stack (``constraints.txt``: torch 2.13.0, everything else
+the newest release), except ``floors``, which puts every declared floor together, and ``cheap``
+(transformers 4.57 with onnxscript and onnx at their floors), meant to run in CI after the
+default suite once it passes. torch legs other than the pin install the registry's CUDA build (run on the CPU); the
+machine-wide pip cap on torch is lifted for that one install only (``PIP_CONSTRAINT=``), and a
+directory of already downloaded wheels may be named in ``HYPEREXPORT_WHEELS``. Run one torch
+leg at a time: each is about 4 GB of wheels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import nox
+
+REPO = Path(__file__).resolve().parent
+RESULTS = REPO / "bench" / "versions"
+PINNED_TORCH = "2.13.0"
+
+#: The declared floors (pyproject.toml's lower bounds), as exact releases.
+FLOORS = {
+    "torch": "2.9.1",
+    "transformers": "5.24.0",
+    "onnxscript": "0.6.0",
+    "onnx": "1.19.0",
+    "onnx-ir": "0.1.15",
+    "onnxruntime": "1.23.0",
+    "numpy": "1.26.4",
+}
+
+#: Every leg: its pins over the pinned stack. The pinned stack itself is the newest release of
+#: everything but torch, so "newest" of transformers, onnxscript, onnx, onnx-ir, onnxruntime
+#: and numpy is the ``pinned`` leg.
+LEGS: dict[str, dict[str, str]] = {
+    "pinned": {},
+    "torch-2.9.1": {"torch": "2.9.1"},
+    "torch-2.11.0": {"torch": "2.11.0"},
+    "torch-2.15.0": {"torch": "2.15.0"},
+    **{f"{name}-floor": {name: FLOORS[name]} for name in FLOORS if name != "torch"},
+    # transformers 4.57 (Optimum's exporter still needs < 4.58) with onnxscript and onnx at
+    # their floors: not yet passing (README "Tested versions"), so not the floor.
+    "cheap": {"transformers": "4.57.6", "onnxscript": FLOORS["onnxscript"], "onnx": FLOORS["onnx"]},
+    "floors": dict(FLOORS),
+}
+
+#: Pinned in every leg to the release installed where nox runs (the pinned stack): none is an axis
+#: of the matrix, and left free, pip's resolver spends many minutes backtracking through boto
+#: releases to satisfy s3fs's and moto's narrow botocore ranges.
+STEADY = ("boto3", "botocore", "aiobotocore", "s3fs", "fsspec", "moto")
+
+#: What a result file records of the environment it ran in.
+REPORTED = ("torch", "transformers", "onnxscript", "onnx", "onnx-ir", "onnxruntime", "numpy")
+
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["leg(cheap)"]
+
+
+def _steady() -> dict[str, str]:
+    """``{name: version}`` of :data:`STEADY` as installed where nox runs."""
+    from importlib import metadata
+
+    found = {}
+    for name in STEADY:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _constraints(pins: dict[str, str]) -> str:
+    """constraints.txt with the leg's pins in place of (or beside) its own, and the steady ones."""
+    pins = {**_steady(), **pins}
+    lines = []
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        name = line.split("#", 1)[0].split("==", 1)[0].strip()
+        if name and name in pins:
+            continue
+        lines.append(line)
+    return "\n".join([*lines, *(f"{name}=={version}" for name, version in pins.items())]) + "\n"
+
+
+def _commit() -> str:
+    """The short commit the leg tests, with ``+dirty`` when the work tree has changes."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
+def _counts(junit: Path) -> dict[str, Any]:
+    """passed / failed / skipped / xfailed counts and the failed tests' ids from a JUnit file."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0}
+    failed: list[str] = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        test_id = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            counts["failed"] += 1
+            failed.append(test_id)
+        elif (skipped := case.find("skipped")) is not None:
+            key = "xfailed" if skipped.get("type") == "pytest.xfail" else "skipped"
+            counts[key] += 1
+        else:
+            counts["passed"] += 1
+    return {**counts, "failed_tests": sorted(failed)}
+
+
+def _run_pytest(session: nox.Session, marker: str | None, junit: Path) -> dict[str, Any]:
+    args = ["python", "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider"]
+    if marker:
+        args += ["-m", marker]
+    start = time.monotonic()
+    session.run(*args, f"--junitxml={junit}", success_codes=[0, 1], env={"PYTHONPATH": str(REPO)})
+    return {**_counts(junit), "wall_seconds": round(time.monotonic() - start)}
+
+
+@nox.session(python="3.11")
+@nox.parametrize("leg", list(LEGS), ids=list(LEGS))
+def leg(session: nox.Session, leg: str) -> None:
+    """Build the leg's environment, run the default tests and the zoo, write its result file."""
+    pins = LEGS[leg]
+    tmp = Path(session.create_tmp())
+    constraints = tmp / "constraints.txt"
+    constraints.write_text(_constraints(pins))
+    env: dict[str, str] = {}
+    install = ["-c", str(constraints)]
+    if pins.get("torch", PINNED_TORCH) != PINNED_TORCH:
+        env["PIP_CONSTRAINT"] = ""  # the machine's cap on torch, lifted for this install only
+        if wheels := os.environ.get("HYPEREXPORT_WHEELS"):
+            install += ["--find-links", wheels]
+    start = time.monotonic()
+    session.install(*install, "-e", f"{REPO}[dev]", env=env)
+    setup_seconds = round(time.monotonic() - start)
+    versions = session.run(
+        "python",
+        "-c",
+        "import json, importlib.metadata as m\n"
+        f"print(json.dumps({{n: m.version(n) for n in {list(REPORTED)!r}}}))",
+        silent=True,
+    )
+    if versions is None:  # nox --install-only
+        return
+    installed = json.loads(str(versions).strip().splitlines()[-1])
+    result: dict[str, Any] = {
+        "leg": leg,
+        "commit": _commit(),
+        "pins": pins,
+        "installed": installed,
+        "python": str(
+            session.run(
+                "python", "-c", "import platform; print(platform.python_version())", silent=True
+            )
+        ).strip(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "setup_seconds": setup_seconds,
+        "default": _run_pytest(session, None, tmp / "default.xml"),
+    }
+    if "--no-zoo" not in session.posargs:
+        result["zoo"] = _run_pytest(session, "zoo", tmp / "zoo.xml")
+    if "--no-write" not in session.posargs:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        target = RESULTS / f"{leg}.json"
+        part = target.with_suffix(".json.part")
+        part.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        os.replace(part, target)
+        session.log(f"wrote {target.relative_to(REPO)}")
+    failed = result["default"]["failed"] + result.get("zoo", {}).get("failed", 0)
+    if failed:
+        session.error(f"leg {leg}: {failed} failed (see {tmp})")
+    print(f"leg {leg}: ok", file=sys.stderr)
