@@ -87,6 +87,46 @@ class ToleranceSpec:
     rtol: float | None = None
 
 
+# -- quantize (issue 26): the quantize stage's fields and the check's thresholds for it --------
+#: ``quantize.method`` values: ``none`` (the stage does nothing), or a method of
+#: ``passes/quantize_weights.py`` (int8 per column, dynamic activations; int4 blocks).
+QUANTIZE_METHODS = ("none", "int8_dynamic", "int4_block")
+
+
+@dataclass
+class QuantizeSpec:
+    """``quantize.*``: the quantize stage, after rewrite (off by default).
+
+    ``method``: ``none``, ``int8_dynamic`` (com.microsoft ``DynamicQuantizeMatMul``) or
+    ``int4_block`` (com.microsoft ``MatMulNBits``); ``block_size``: K elements per int4 block
+    (a power of two ≥ 16); ``exclude``: module paths (``lm_head``, ``layers.0.mlp``) or function
+    names (``LlamaMLP``) whose MatMuls stay in float.
+    """
+
+    method: str = "none"
+    block_size: int = 32
+    exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
+class QuantizedCheckSpec:
+    """``check.quantized.*``: how close the quantized model must stay to the float model it came
+    from, both run in ONNX Runtime on the captured inputs. Each whole-model output and each call
+    site run alone must reach ``min_cosine`` (cosine similarity) and stay under
+    ``max_rel_error`` (``|q - f| / |f|``, L2); outputs named like logits must agree on the top-1
+    class at ``min_top1`` of the positions. The defaults hold for int4 blocks of 32 on the zoo's
+    random-weight models (whose layers have no outliers; real checkpoints usually do better on
+    cosine, worse on single outlier layers, which the report names).
+    """
+
+    min_cosine: float = 0.95
+    max_rel_error: float = 0.35
+    min_top1: float = 0.75
+
+
+# -- end of quantize ---------------------------------------------------------------------------
+
+
 @dataclass
 class CheckSpec:
     """What the check stage verifies.
@@ -102,6 +142,7 @@ class CheckSpec:
     per_output: dict[str, ToleranceSpec] = field(default_factory=dict)
     function_scope: str = "all"
     expect_ops: dict[str, int] = field(default_factory=dict)
+    quantized: QuantizedCheckSpec = field(default_factory=QuantizedCheckSpec)  # quantize (issue 26)
 
 
 @dataclass
@@ -161,6 +202,7 @@ class RecipeConfig:
     attention: AttentionSpec = field(default_factory=AttentionSpec)
     rewrite: RewriteSpec = field(default_factory=RewriteSpec)
     check: CheckSpec = field(default_factory=CheckSpec)
+    quantize: QuantizeSpec = field(default_factory=QuantizeSpec)  # quantize (issue 26)
     custom_ops: list[CustomOpSpec] = field(default_factory=list)
     external_data: bool = False
     external_data_threshold: int = 1024

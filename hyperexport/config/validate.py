@@ -23,6 +23,7 @@ from hyperexport.config.schema import (
     FUNCTION_SCOPES,
     OPSET_RANGES,
     PROMOTE_MIN_OPSET,
+    QUANTIZE_METHODS,
     REMOTE_MODES,
     AttentionSpec,
     BuildConfig,
@@ -209,6 +210,34 @@ def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
         _check_import(check, f"custom_ops[{i}].symbolic", op["symbolic"])
     if r["external_data_threshold"] < 0:
         check.fail("external_data_threshold", "must be >= 0")
+    _check_quantize(check, r)
+
+
+# -- quantize (issue 26) -----------------------------------------------------------------------
+def _check_quantize(check: _Checker, r: Mapping[str, Any]) -> None:
+    """``quantize.*`` and ``check.quantized.*``; what needs the model (an ``exclude`` naming no
+    module, a method ONNX Runtime cannot run on the model's dtype) the quantize stage refuses."""
+    q = r["quantize"]
+    if q["method"] not in QUANTIZE_METHODS:
+        hint = did_you_mean(q["method"], QUANTIZE_METHODS)
+        check.fail(
+            "quantize.method", f"must be one of {QUANTIZE_METHODS}, got {q['method']!r}{hint}"
+        )
+    size = q["block_size"]
+    if size < 16 or size & (size - 1):
+        check.fail("quantize.block_size", f"must be a power of two >= 16, got {size}")
+    for i, name in enumerate(q["exclude"]):
+        if not name or name != name.strip():
+            check.fail(f"quantize.exclude[{i}]", f"{name!r} is not a module path or function name")
+    t = r["check"]["quantized"]
+    for key in ("min_cosine", "min_top1"):
+        if not 0.0 <= t[key] <= 1.0:
+            check.fail(f"check.quantized.{key}", f"must be in [0, 1], got {t[key]}")
+    if t["max_rel_error"] <= 0:
+        check.fail("check.quantized.max_rel_error", f"must be > 0, got {t['max_rel_error']}")
+
+
+# -- end of quantize ---------------------------------------------------------------------------
 
 
 # --------------------------------------------------------------------------------------------

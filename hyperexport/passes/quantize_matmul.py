@@ -192,7 +192,13 @@ class QuantizeMatMulsPass(ir.passes.InPlacePass):
         functions = _function_of(model)
         for candidate in candidates:
             operands = self._thread(
-                model, candidate.graph, candidate.source, candidate.transposed, threaded, sites, functions
+                model,
+                candidate.graph,
+                candidate.source,
+                candidate.transposed,
+                threaded,
+                sites,
+                functions,
             )
             self._replace(model, candidate, operands)
         model.opset_imports.setdefault(MS_DOMAIN, 1)
@@ -241,7 +247,9 @@ class QuantizeMatMulsPass(ir.passes.InPlacePass):
             made = []
             for name, array in zip(names, arrays, strict=True):
                 tensor = ir.Tensor(array, name=name)
-                node = ir.node("Constant", [], attributes={"value": tensor}, name=f"{name}/Constant")
+                node = ir.node(
+                    "Constant", [], attributes={"value": tensor}, name=f"{name}/Constant"
+                )
                 node.outputs[0].name = _fresh(name, graph)
                 node.outputs[0].type = ir.TensorType(tensor.dtype)
                 node.outputs[0].shape = ir.Shape(array.shape)
@@ -256,7 +264,9 @@ class QuantizeMatMulsPass(ir.passes.InPlacePass):
                 assert call.graph is not None
                 outer = call.inputs[index]
                 assert outer is not None
-                arguments = self._thread(model, call.graph, outer, transposed, done, sites, functions)
+                arguments = self._thread(
+                    model, call.graph, outer, transposed, done, sites, functions
+                )
                 count = len(call.inputs)
                 call.resize_inputs(count + len(arguments))
                 for offset, argument in enumerate(arguments):
@@ -307,3 +317,14 @@ def _fresh(name: str, graph: ir.Graph) -> str:
     while candidate in taken:
         candidate, i = f"{name}.{i}", i + 1
     return candidate
+
+
+def names_a_module(model: ir.Model, name: str) -> bool:
+    """Whether ``exclude`` entry ``name`` names something in ``model``: a function (by name or
+    module class), or a module path that a function or a weight lies under."""
+    for function in model.functions.values():
+        short_class = function.metadata_props.get(META_MODULE_CLASS, "").rsplit(".", 1)[-1]
+        path = function.metadata_props.get(META_MODULE_PATH, "")
+        if name in (function.name, short_class) or (path and _under(path, name)):
+            return True
+    return any(_under(weight, name) for weight in model.graph.initializers)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from hyperexport.check.evaluate import ModelEvaluator
     from hyperexport.check.evaluation import FunctionRun
+    from hyperexport.check.quantized_judge import QuantizedVerdict
 
 
 class CheckStage:
@@ -38,7 +39,7 @@ class CheckStage:
 
     name: str = "check"
     version: int = 5
-    upstream: tuple[str, ...] = ("export", "rewrite", "evaluate")
+    upstream: tuple[str, ...] = ("export", "rewrite", "quantize", "evaluate")
     reads: tuple[str, ...] = (
         "check",
         "opset",
@@ -79,9 +80,26 @@ class CheckStage:
 
         reference = CapturedArrays(capture.record, capture.arrays)
         report = judge(evaluation, manifest, capture.record, reference, settings, run_more)
-        text = json.dumps(report.to_json(), sort_keys=True, indent=1) + "\n"
+        data, lines = report.to_json(), report.summary_lines()
+        # quantize (issue 26): the quantized model against the float one, when there is one.
+        quantized = _quantized_verdict(inputs.dir("quantize"), params["check"])
+        if quantized is not None:
+            data["quantized"] = quantized.to_json()
+            lines = [*lines, *quantized.summary_lines()]
+        text = json.dumps(data, sort_keys=True, indent=1) + "\n"
         atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
-        atomic_write_bytes(
-            out_dir / CHECK_SUMMARY, ("\n".join(report.summary_lines()) + "\n").encode("utf-8")
-        )
+        atomic_write_bytes(out_dir / CHECK_SUMMARY, ("\n".join(lines) + "\n").encode("utf-8"))
         report.raise_for_failure()
+        if quantized is not None:
+            quantized.raise_for_failure()
+
+
+def _quantized_verdict(quantize_dir: Path, check: Mapping[str, Any]) -> QuantizedVerdict | None:
+    """``check.quantized.*`` applied to the quantize stage's comparison (None: not quantized)."""
+    from hyperexport.check.quantized_judge import QuantizedThresholds, judge_quantized
+    from hyperexport.check.quantized_record import QuantizedComparison
+
+    comparison = QuantizedComparison.load(quantize_dir)
+    if comparison is None:
+        return None
+    return judge_quantized(comparison, QuantizedThresholds.from_params(check))
