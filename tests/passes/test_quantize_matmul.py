@@ -146,7 +146,9 @@ def test_per_type_quantizes_inside_the_shared_body(method: str) -> None:
     assert ops["Inner"][op] == 1 and ops["Inner"]["MatMul"] == 0 and ops["Inner"]["Transpose"] == 0
     assert ops["main"]["Outer"] == 3  # still one function, three calls
     inner = model.functions[(FN, "Inner", "")]
-    assert [v.name for v in inner.inputs][:1] == ["u"] and len(inner.inputs) == 4  # u, q, scales, zp
+    assert [v.name for v in inner.inputs][:1] == ["u"] and len(
+        inner.inputs
+    ) == 4  # u, q, scales, zp
     assert not {"w0", "w1", "w2"} & set(model.graph.initializers)  # float weights are gone
     after = run_checked(model, _x())[0]
     x = np.maximum(_x()["x"], 0)
