@@ -22,12 +22,10 @@ import onnx_ir as ir
 
 from hyperexport.check.quantized_record import Closeness, QuantizedComparison
 from hyperexport.contracts.manifest import ExportManifest
+from hyperexport.contracts.names import QUANTIZED_DOMAIN, QUANTIZED_OP_TYPES
 from hyperexport.contracts.records import CaptureRecord
 
 log = logging.getLogger(__name__)
-
-#: The ops a quantized model may hold, in com.microsoft.
-QUANTIZED_OP_TYPES = ("MatMulNBits", "DynamicQuantizeMatMul", "MatMulInteger")
 
 
 def quantized_op_counts(model: ir.Model) -> dict[str, dict[str, int]]:
@@ -36,7 +34,11 @@ def quantized_op_counts(model: ir.Model) -> dict[str, dict[str, int]]:
     bodies: list[tuple[str, ir.Graph]] = [("main", model.graph)]
     bodies += [(f.name, f.graph) for f in model.functions.values()]
     for name, graph in bodies:
-        found = Counter(n.op_type for n in graph if n.op_type in QUANTIZED_OP_TYPES and n.domain)
+        found = Counter(
+            n.op_type
+            for n in graph
+            if n.domain == QUANTIZED_DOMAIN and n.op_type in QUANTIZED_OP_TYPES
+        )
         if found:
             counts[name] = dict(sorted(found.items()))
     return counts

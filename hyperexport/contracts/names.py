@@ -55,6 +55,9 @@ META_FALLBACK = "hyperexport.fallback_from"
 META_FUNCTION_MODE = "hyperexport.function_mode"
 META_MODULE_CLASS = "hyperexport.module_class"
 META_MODULE_PATH = "hyperexport.module_path"
+#: The quantized ops (domain ``com.microsoft``) the quantize stage writes, and ``show`` counts.
+QUANTIZED_DOMAIN = "com.microsoft"
+QUANTIZED_OP_TYPES = ("MatMulNBits", "DynamicQuantizeMatMul")
 
 # -- opsets -------------------------------------------------------------------------------------
 MIN_OPSET = 7

@@ -30,7 +30,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from hyperexport.contracts.names import META_MODULE_CLASS, META_MODULE_PATH
+from hyperexport.contracts.names import META_MODULE_CLASS, META_MODULE_PATH, QUANTIZED_DOMAIN
 from hyperexport.passes.call_sites import call_sites
 from hyperexport.passes.prune_function_io import PruneFunctionIOPass
 from hyperexport.passes.quantize_weights import (
@@ -44,7 +44,7 @@ from hyperexport.passes.quantize_weights import (
 
 log = logging.getLogger(__name__)
 
-MS_DOMAIN = "com.microsoft"
+MS_DOMAIN = QUANTIZED_DOMAIN
 #: The op each method makes, in :data:`MS_DOMAIN`.
 QUANTIZED_OPS = {INT4_BLOCK: "MatMulNBits", INT8_DYNAMIC: "DynamicQuantizeMatMul"}
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
