@@ -165,6 +165,9 @@ class RewriteSpec:
     fold_leftovers: bool = False
     fuse_constants: bool = False
     optimize: bool = False
+    #: quantize (issue 26): MatMul weights as main-graph initializers ([K, N]), fed to the
+    #: functions as inputs, so that ONNX Runtime's quantizers find them after inlining.
+    weights_as_initializers: bool = False
 
 
 @dataclass

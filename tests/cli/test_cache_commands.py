@@ -477,7 +477,7 @@ def test_status_says_what_would_run_and_why_without_torch(
     )
     tables = [t.strip().splitlines() for t in proc.stdout.split("RECIPE")[1:]]
     assert [line.split() for line in tables[0][1:6]] == [
-        ["toy", stage, "hit"] for stage in ("trace", "export", "rewrite", "evaluate", "check")
+        ["toy", stage, "hit"] for stage in ("trace", "export", "rewrite", "quantize", "evaluate", "check")
     ]
     assert tables[0][6] == f"1 of 1 recipes up to date, 0 invalid; cache {tmp_path / 'cache'}"
     assert [line.split()[:3] for line in tables[1][1:3]] == [

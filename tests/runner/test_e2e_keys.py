@@ -69,8 +69,8 @@ hiera: [hxk_model.Block]
 rewrite: {optimize: false, fuse_constants: false}
 """
 USER_MODULES = ("hxk_model", "hxk_helpers", "hxk_lib")
-ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "evaluate": "ran", "check": "ran"}
-ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "hit"}
+ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
+ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "hit"}
 
 
 def _forget_user_modules() -> None:
@@ -236,7 +236,7 @@ def test_check_code_edit_reruns_only_check(
     report.write_text(report.read_text().replace('"""', '"""Edited. ', 1))
     monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
     again = build(load(user), cache, outputs)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "ran"}
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "ran"}
     assert reasons(again)["check"] == "hyperexport code changed (check/judge.py)"
     compose = tree / "passes" / "compose_functions.py"
     compose.write_text(compose.read_text() + "\n# edited\n")
