@@ -94,12 +94,13 @@ def test_dry_run_reports_and_writes_nothing(toy_package: Path, tmp_path: Path) -
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     plan = build(toy_recipe(toy_package, opset=17), tmp_path, dry_run=True)
     assert plan.report is None
-    assert plan.lines[1:6] == (
+    assert plan.lines[1:7] == (
         "trace: hit",
         "export: would run (opset 18→17)",
         "rewrite: would run (after export)",
+        "quantize: would run (after export, rewrite)",
         "evaluate: would run (after export, rewrite; opset 18→17)",
-        "check: would run (after export, rewrite, evaluate; opset 18→17)",
+        "check: would run (after export, rewrite, quantize, evaluate; opset 18→17)",
     )
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
