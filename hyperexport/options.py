@@ -82,11 +82,15 @@ class RewriteOptions:
             default: it freezes values such as masks and position embeddings at the traced shape).
         optimize: Run onnxscript's optimizer with functions kept (not inlined). Off by default:
             on a 4-layer tiny Llama it costs several times the export itself.
+        weights_as_initializers: Every MatMul weight becomes a main-graph initializer in the
+            layout MatMul reads (``passes/weights_as_initializers.py``), passed to the functions
+            as inputs, so that standard quantizers find them after inlining.
     """
 
     fold_leftovers: bool = False
     fuse_constants: bool = False
     optimize: bool = False
+    weights_as_initializers: bool = False
 
     def __post_init__(self) -> None:
         _require_bools(self)

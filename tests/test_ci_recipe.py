@@ -48,20 +48,20 @@ def test_incremental_rebuild(toy: Path, tmp_path: Path) -> None:
         os.utime(path, (later, later))
     touched = run([f"recipe_file={toy}"], tmp_path, probe=True)
     assert probe_result(touched) == {"code": 0, "heavy": []}, touched.stderr
-    assert statuses(tmp_path) == dict.fromkeys(("trace", "export", "rewrite", "evaluate", "check"), "hit")
+    assert statuses(tmp_path) == dict.fromkeys(("trace", "export", "rewrite", "quantize", "evaluate", "check"), "hit")
 
     # one field that only the check reads
     toy.write_text(toy.read_text() + "check: {atol: 1.0e-3}\n")
     tolerance = run([f"recipe_file={toy}"], tmp_path)
     assert tolerance.returncode == 0, tolerance.stderr
-    assert statuses(tmp_path) == {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "ran"}
-    assert "check.atol 0.0001→0.001" in report(tmp_path)["stages"][4]["reason"]  # type: ignore[index]
+    assert statuses(tmp_path) == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "ran"}
+    assert "check.atol 0.0001→0.001" in report(tmp_path)["stages"][-1]["reason"]  # type: ignore[index]
 
     # one field that export reads: trace is reused, everything after it reruns
     toy.write_text(toy.read_text() + "opset: 17\n")
     opset = run([f"recipe_file={toy}"], tmp_path)
     assert opset.returncode == 0, opset.stderr
-    assert statuses(tmp_path) == {"trace": "hit", "export": "ran", "rewrite": "ran", "evaluate": "ran", "check": "ran"}
+    assert statuses(tmp_path) == {"trace": "hit", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
 
 
 def _workflow_step(name: str, path: Path = WORKFLOW) -> dict[str, Any]:

@@ -127,6 +127,7 @@ def test_rewrite_defaults_are_off() -> None:
         "fold_leftovers": False,
         "fuse_constants": False,
         "optimize": False,
+        "weights_as_initializers": False,
     }
     assert recipe.data["fallback"] is False
 
@@ -234,3 +235,31 @@ def test_unknown_force_stage() -> None:
         compose_recipe(["build.force=[exprt]"])
     assert info.value.field == "build.force"
     assert "did you mean 'export'" in info.value.reason
+
+
+# -- quantize (issue 26) -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("quantize.method", "int3", "quantize.method"),
+        ("quantize.block_size", 24, "quantize.block_size"),
+        ("quantize.block_size", 8, "quantize.block_size"),
+        ("quantize.exclude", [""], "quantize.exclude[0]"),
+        ("check.quantized.min_cosine", 1.5, "check.quantized.min_cosine"),
+        ("check.quantized.max_rel_error", 0.0, "check.quantized.max_rel_error"),
+    ],
+)
+def test_bad_quantize_fields_name_the_field(path: str, value: Any, field: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(_with(path, value), "/somewhere/bad.yaml")
+    assert info.value.field == field
+
+
+def test_quantize_defaults_do_nothing() -> None:
+    recipe = validate_recipe(_base(), "/somewhere/ok.yaml")
+    assert recipe.data["quantize"] == {"method": "none", "block_size": 32, "exclude": []}
+    assert recipe.data["check"]["quantized"] == {
+        "min_cosine": 0.95,
+        "max_rel_error": 0.35,
+        "min_top1": 0.75,
+    }

@@ -17,12 +17,16 @@ import json
 import logging
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hyperexport import exit_codes
-from hyperexport.contracts.names import META_VERSION_PREFIX
+from hyperexport.contracts.names import (
+    META_VERSION_PREFIX,
+    QUANTIZED_DOMAIN,
+    QUANTIZED_OP_TYPES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,7 @@ class FunctionInfo:
         callees: Functions its body calls, in first-call order.
         opsets: ``{domain: version}`` it imports.
         inputs: Its inputs. Outputs: its outputs.
+        quantized: Quantized op type (``com.microsoft``) -> nodes of that type in its body.
     """
 
     id: str
@@ -66,6 +71,7 @@ class FunctionInfo:
     opsets: dict[str, int]
     inputs: tuple[ValueInfo, ...]
     outputs: tuple[ValueInfo, ...]
+    quantized: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,14 @@ def _type_text(value: Any) -> str:
 
 def _values(values: Sequence[Any]) -> tuple[ValueInfo, ...]:
     return tuple(ValueInfo(v.name or "", _type_text(v)) for v in values)
+
+
+def _quantized(nodes: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in nodes:
+        if node.domain == QUANTIZED_DOMAIN and node.op_type in QUANTIZED_OP_TYPES:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _calls(nodes: Any, functions: Mapping[tuple[str, str, str], Any]) -> list[str]:
@@ -156,6 +170,7 @@ def describe_model(path: Path) -> ModelInfo:
                 opsets=dict(f.opset_imports),
                 inputs=_values(f.inputs),
                 outputs=_values(f.outputs),
+                quantized=_quantized(f),
             )
         )
     return ModelInfo(
@@ -217,9 +232,10 @@ def render(info: ModelInfo, *, io: bool = True) -> list[str]:
         again = " (shown above)" if fid in shown else ""
         fops = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(f.opsets.items()))
         where = f" at {f.module_path}" if f.module_path else ""
+        quantized = "".join(f", {op} x{n}" for op, n in f.quantized.items())
         lines.append(
             f"{pad}{_short_class(f)} -> {f.id}{where}: x{f.runs} ({f.call_sites} call sites), "
-            f"{f.nodes} nodes, {fops}{again}"
+            f"{f.nodes} nodes{quantized}, {fops}{again}"
         )
         if again:
             return

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from hyperexport.check.quantized_judge import QuantizedThresholds
 from hyperexport.check.settings import CheckSettings
 from hyperexport.config.fields import (
     REQUIRED,
@@ -77,6 +78,10 @@ TASKS = (
 #: The tasks a stage implements; a recipe asking for another is refused (exit 2). Implementing
 #: one is adding it here (and its use in the stages that read ``task``).
 IMPLEMENTED_TASKS = ("forward",)
+
+#: ``quantize.method`` values: ``none`` (the stage does nothing), or a method of
+#: ``passes/quantize_weights.py`` (int8 per column, dynamic activations; int4 blocks).
+QUANTIZE_METHODS = ("none", "int8_dynamic", "int4_block")
 
 #: The stages that run the model (they read what changes its behaviour: ``env``, ``task``).
 MODEL_STAGES = ("trace", "export")
@@ -154,6 +159,22 @@ def _implemented_task(task: str) -> None:
         )
 
 
+def _block_size(size: int) -> None:
+    if size < 16 or size & (size - 1):
+        raise Invalid(f"must be a power of two >= 16, got {size}")
+
+
+def _module_names(names: list[str]) -> None:
+    for i, name in enumerate(names):
+        if not name or name != name.strip():
+            raise Invalid(f"{name!r} is not a module path or function name", at=f"[{i}]")
+
+
+def _fraction(value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise Invalid(f"must be in [0, 1], got {value}")
+
+
 def _library(cls: type, name: str) -> Any:
     """The library's default of option ``name`` of ``cls``: the recipe default is the same."""
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)
@@ -196,6 +217,21 @@ _CHECK = ("check",)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
+class QuantizedCheckSpec(Section):
+    """``check.quantized.*``: how close the quantized model must stay to the float model it came
+    from, both run in ONNX Runtime on the captured inputs (meaning and defaults:
+    ``check/quantized_judge.py`` ``QuantizedThresholds``). Read by ``check`` only."""
+
+    min_cosine: float = option(
+        _library(QuantizedThresholds, "min_cosine"), readers=_CHECK, check=_fraction
+    )
+    max_rel_error: float = option(
+        _library(QuantizedThresholds, "max_rel_error"), readers=_CHECK, check=_positive
+    )
+    min_top1: float = option(_library(QuantizedThresholds, "min_top1"), readers=_CHECK, check=_fraction)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class CheckSpec(Section):
     """What the check stage verifies.
 
@@ -215,6 +251,7 @@ class CheckSpec(Section):
         _library(CheckSettings, "function_scope"), readers=CHECK_STAGES, choices=FUNCTION_SCOPES
     )
     expect_ops: dict[str, int] = option(factory=dict, readers=CHECK_STAGES, check=_op_counts)
+    quantized: QuantizedCheckSpec = section(QuantizedCheckSpec)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -247,6 +284,30 @@ class RewriteSpec(Section):
     fold_leftovers: bool = option(_library(RewriteOptions, "fold_leftovers"), readers=_REWRITE)
     fuse_constants: bool = option(_library(RewriteOptions, "fuse_constants"), readers=_REWRITE)
     optimize: bool = option(_library(RewriteOptions, "optimize"), readers=_REWRITE)
+    #: MatMul weights as main-graph initializers ([K, N]), fed to the functions as inputs, so
+    #: that ONNX Runtime's quantizers find them after inlining.
+    weights_as_initializers: bool = option(
+        _library(RewriteOptions, "weights_as_initializers"), readers=_REWRITE
+    )
+
+
+_QUANTIZE = ("quantize",)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class QuantizeSpec(Section):
+    """``quantize.*``: the quantize stage, after rewrite (off by default).
+
+    ``method``: ``none``, ``int8_dynamic`` (com.microsoft ``DynamicQuantizeMatMul``) or
+    ``int4_block`` (com.microsoft ``MatMulNBits``); ``block_size``: K elements per int4 block
+    (a power of two >= 16); ``exclude``: module paths (``lm_head``, ``layers.0.mlp``) or function
+    names (``LlamaMLP``) whose MatMuls stay in float. What needs the model (an ``exclude`` naming
+    no module, a method ONNX Runtime cannot run on the model's dtype) the stage refuses.
+    """
+
+    method: str = option("none", readers=_QUANTIZE, choices=QUANTIZE_METHODS)
+    block_size: int = option(32, readers=_QUANTIZE, check=_block_size)
+    exclude: list[str] = option(factory=list, readers=_QUANTIZE, check=_module_names)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -288,10 +349,14 @@ class RecipeConfig(Section):
     attention: AttentionSpec = section(AttentionSpec)
     rewrite: RewriteSpec = section(RewriteSpec)
     check: CheckSpec = section(CheckSpec)
+    quantize: QuantizeSpec = section(QuantizeSpec)
     custom_ops: list[CustomOpSpec] = option(factory=list, readers=("export",))
-    external_data: bool = option(False, readers=_REWRITE)
+    # How the model files are written: by rewrite, and by quantize for the quantized model.
+    external_data: bool = option(False, readers=(*_REWRITE, *_QUANTIZE))
     external_data_threshold: int = option(
-        _library(ExportOptions, "external_data_threshold"), readers=_REWRITE, check=_not_negative
+        _library(ExportOptions, "external_data_threshold"),
+        readers=(*_REWRITE, *_QUANTIZE),
+        check=_not_negative,
     )
     # What the model reads besides its arguments: the values of these variables enter the keys
     # of the stages that run it (runner/session.py, model fingerprint), as digests.

@@ -10,7 +10,7 @@ from __future__ import annotations
 # -- the build's stages --------------------------------------------------------------------------
 #: Their names, in pipeline order (``stages/pipeline.py`` builds them; a test holds the two
 #: together): what ``build.force`` accepts and what reports and sweep tables list.
-STAGE_NAMES = ("trace", "export", "rewrite", "evaluate", "check")
+STAGE_NAMES = ("trace", "export", "rewrite", "quantize", "evaluate", "check")
 
 # -- files of the stages' outputs ---------------------------------------------------------------
 #: The trace: the capture record and its tensors (numpy ``.npz``, never pickles).
@@ -31,6 +31,10 @@ CHECKPOINT_CONFIG = "config.json"
 #: The rewrite: the final model (+ ``<model>.data`` with external data) and its manifest.
 MODEL_FILE = "model.onnx"
 MANIFEST_JSON = "manifest.json"
+#: The quantize stage (``quantize.method`` other than ``none``): the quantized model (+ its
+#: ``.data``) beside the float one, and its manifest (per_type weight inputs renamed).
+QUANTIZED_MODEL_FILE = "model.quantized.onnx"
+QUANTIZED_MANIFEST_JSON = "manifest.quantized.json"
 #: The evaluate stage: what ONNX Runtime computed (``check/evaluation.py`` names its files).
 #: The check: its report and the report's summary lines.
 CHECK_JSON = "check.json"
@@ -68,6 +72,9 @@ META_MODULE_PATH = "hyperexport.module_path"
 #: ``hyperexport.version.<distribution>``: the versions a model was built with (torch,
 #: transformers, onnxscript, onnx, onnxruntime, hyperexport; ``versions.RECORDED_DISTRIBUTIONS``).
 META_VERSION_PREFIX = "hyperexport.version."
+#: The quantized ops (domain ``com.microsoft``) the quantize stage writes, and ``show`` counts.
+QUANTIZED_DOMAIN = "com.microsoft"
+QUANTIZED_OP_TYPES = ("MatMulNBits", "DynamicQuantizeMatMul")
 
 # -- opsets -------------------------------------------------------------------------------------
 MIN_OPSET = 7

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hyperexport.check.quantized_judge import QuantizedThresholds
 from hyperexport.check.settings import CheckSettings, Tolerance
 from hyperexport.config.fields import is_read
 from hyperexport.config.schema import RecipeConfig
@@ -54,3 +55,9 @@ def check_settings(
         for name, t in sorted(c.per_output.items())
     )
     return dataclasses.replace(settings, atol=c.atol, rtol=c.rtol, per_output=per_output)
+
+
+def quantized_thresholds(recipe: RecipeConfig) -> QuantizedThresholds:
+    """``check.quantized.*`` as the judge of the quantized model takes them."""
+    t = recipe.check.quantized
+    return QuantizedThresholds(t.min_cosine, t.max_rel_error, t.min_top1)

@@ -34,6 +34,7 @@ from hyperexport.passes.optimize import OptimizeKeepFunctionsPass
 from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.passes.prune_function_io import PruneFunctionIOPass
 from hyperexport.passes.specialize_instances import SpecializePerInstancePass
+from hyperexport.passes.weights_as_initializers import WeightsAsInitializersPass
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,11 @@ PASSES: tuple[PassEntry, ...] = (
         "fuse_constants",
         lambda i: i.options.rewrite.fuse_constants,
         lambda i: FuseConstantsIntoFunctionsPass(),
+    ),
+    PassEntry(
+        "weights_as_initializers",
+        lambda i: i.options.rewrite.weights_as_initializers,
+        lambda i: WeightsAsInitializersPass(),
     ),
     PassEntry("prune_function_io", _always, lambda i: PruneFunctionIOPass()),
     PassEntry(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from hyperexport.check.evaluation import FunctionRun
     from hyperexport.check.model_evaluator import ModelEvaluator
+    from hyperexport.check.quantized_judge import QuantizedVerdict
 
 
 class CheckStage(RecipeStage):
@@ -40,7 +41,7 @@ class CheckStage(RecipeStage):
 
     name: str = "check"
     version: int = 5
-    upstream: tuple[str, ...] = ("export", "rewrite", "evaluate")
+    upstream: tuple[str, ...] = ("export", "rewrite", "quantize", "evaluate")
     #: Derived from the schema: the recipe fields that declare "check" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
@@ -76,9 +77,27 @@ class CheckStage(RecipeStage):
 
         reference = CapturedArrays(capture.record, capture.arrays)
         report = judge(evaluation, manifest, capture.record, reference, settings, run_more)
-        text = json.dumps(report.to_json(), sort_keys=True, indent=1) + "\n"
+        data, lines = report.to_json(), report.summary_lines()
+        # quantize (issue 26): the quantized model against the float one, when there is one.
+        quantized = _quantized_verdict(inputs.dir("quantize"), recipe)
+        if quantized is not None:
+            data["quantized"] = quantized.to_json()
+            lines = [*lines, *quantized.summary_lines()]
+        text = json.dumps(data, sort_keys=True, indent=1) + "\n"
         atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
-        atomic_write_bytes(
-            out_dir / CHECK_SUMMARY, ("\n".join(report.summary_lines()) + "\n").encode("utf-8")
-        )
+        atomic_write_bytes(out_dir / CHECK_SUMMARY, ("\n".join(lines) + "\n").encode("utf-8"))
         report.raise_for_failure()
+        if quantized is not None:
+            quantized.raise_for_failure()
+
+
+def _quantized_verdict(quantize_dir: Path, recipe: RecipeConfig) -> QuantizedVerdict | None:
+    """``check.quantized.*`` applied to the quantize stage's comparison (None: not quantized)."""
+    from hyperexport.check.quantized_judge import judge_quantized
+    from hyperexport.check.quantized_record import QuantizedComparison
+    from hyperexport.from_recipe.check_settings import quantized_thresholds
+
+    comparison = QuantizedComparison.load(quantize_dir)
+    if comparison is None:
+        return None
+    return judge_quantized(comparison, quantized_thresholds(recipe))

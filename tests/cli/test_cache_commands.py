@@ -501,16 +501,16 @@ def test_status_says_what_would_run_and_why_without_torch(
         proc.stderr
     )
     tables = [t.strip().splitlines() for t in proc.stdout.split("RECIPE")[1:]]
-    assert [line.split() for line in tables[0][1:6]] == [
-        ["toy", stage, "hit"] for stage in ("trace", "export", "rewrite", "evaluate", "check")
+    assert [line.split() for line in tables[0][1:7]] == [
+        ["toy", stage, "hit"] for stage in ("trace", "export", "rewrite", "quantize", "evaluate", "check")
     ]
-    assert tables[0][6] == f"1 of 1 recipes up to date, 0 invalid; cache {tmp_path / 'cache'}"
+    assert tables[0][7] == f"1 of 1 recipes up to date, 0 invalid; cache {tmp_path / 'cache'}"
     assert [line.split()[:3] for line in tables[1][1:3]] == [
         ["toy", "trace", "hit"],
         ["toy", "export", "would"],
     ]
     assert tables[1][2].endswith("would run  opset 18→17")
-    assert [line.split()[0] for line in tables[2][1:11]] == ["tiny_llama"] * 5 + ["llama"] * 5
+    assert [line.split()[0] for line in tables[2][1:13]] == ["tiny_llama"] * 6 + ["llama"] * 6
     assert tables[2][1].split()[1:] == ["trace", "would", "run", "no", "previous", "build"]
     assert not (tmp_path / "outputs" / "tiny_llama").exists()
 

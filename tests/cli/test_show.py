@@ -151,3 +151,32 @@ def test_the_model_records_and_show_prints_the_versions_it_was_built_with(
     )
     assert f"torch {installed_version('torch')}" in built_with
     assert f"onnx {installed_version('onnx')}" in built_with
+
+
+def test_show_counts_quantized_ops_per_function(tmp_path: Path) -> None:
+    import numpy as np
+    import onnx_ir as ir
+
+    from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
+
+    text = """
+    <ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>
+    main (float[2,32] x, float[16,32] w) => (float[2,16] y) {
+      y = hyperexport.fn.Layer (x, w)
+    }
+    <domain: "hyperexport.fn", opset_import: ["" : 18]>
+    Layer (h, weight) => (out) {
+      t = Transpose <perm = [1, 0]> (weight)
+      out = MatMul (h, t)
+    }
+    """
+    model = ir.from_proto(onnx.parser.parse_model(text))
+    w = model.graph.inputs.pop(1)
+    w.const_value = ir.Tensor(np.ones((16, 32), dtype=np.float32), name="w")
+    model.graph.register_initializer(w)
+    QuantizeMatMulsPass("int4_block", block_size=16)(model)
+    path = tmp_path / "q.onnx"
+    ir.save(model, path)
+    info = show.describe_model(path)
+    assert info.functions[0].quantized == {"MatMulNBits": 1}
+    assert "Layer: x1 (1 call sites), 1 nodes, MatMulNBits x1" in "\n".join(show.render(info))

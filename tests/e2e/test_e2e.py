@@ -32,8 +32,8 @@ def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 toy_recipe = toy_package_recipe
 
 
-RAN_ALL = {"trace": "ran", "export": "ran", "rewrite": "ran", "evaluate": "ran", "check": "ran"}
-HIT_ALL = {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "hit"}
+RAN_ALL = {"trace": "ran", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
+HIT_ALL = {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "hit"}
 
 
 def test_cold_build_then_noop(toy_package: Path, tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ def test_cold_build_then_noop(toy_package: Path, tmp_path: Path) -> None:
 def test_tolerance_change_reruns_check_only(toy_package: Path, tmp_path: Path) -> None:
     build(toy_recipe(toy_package), tmp_path)
     again = build(toy_recipe(toy_package, check__atol=1e-3), tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "ran"}
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "ran"}
     assert reasons(again)["check"] == "check.atol 0.0001→0.001"
 
 
@@ -69,7 +69,7 @@ def test_opset_change_reruns_export_rewrite_check_not_trace(
 ) -> None:
     build(toy_recipe(toy_package), tmp_path)
     again = build(toy_recipe(toy_package, opset=17), tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "ran", "rewrite": "ran", "evaluate": "ran", "check": "ran"}
+    assert statuses(again) == {"trace": "hit", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
     assert reasons(again)["export"] == "opset 18→17"
     assert "  export: ran (opset 18→17)" in "\n".join(again.lines)
 
@@ -84,7 +84,7 @@ def test_source_edit_reruns_the_stages_that_run_it(toy_package: Path, tmp_path: 
         again = build(toy_recipe(toy_package), tmp_path)
     finally:
         source.write_text(TOY_SOURCE)
-    assert statuses(again) == {"trace": "ran", "export": "ran", "rewrite": "hit", "evaluate": "hit", "check": "hit"}
+    assert statuses(again) == {"trace": "ran", "export": "ran", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "hit"}
     assert reasons(again)["trace"].startswith("model code changed (hx_toy")
     assert reasons(again)["export"].startswith("model code changed (hx_toy")
 
@@ -94,12 +94,13 @@ def test_dry_run_reports_and_writes_nothing(toy_package: Path, tmp_path: Path) -
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     plan = build(toy_recipe(toy_package, opset=17), tmp_path, dry_run=True)
     assert plan.report is None
-    assert plan.lines[1:6] == (
+    assert plan.lines[1:7] == (
         "trace: hit",
         "export: would run (opset 18→17)",
         "rewrite: would run (after export)",
+        "quantize: would run (after export, rewrite)",
         "evaluate: would run (after export, rewrite; opset 18→17)",
-        "check: would run (after export, rewrite, evaluate; opset 18→17)",
+        "check: would run (after export, rewrite, quantize, evaluate; opset 18→17)",
     )
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
@@ -130,7 +131,7 @@ def test_truncated_blob_is_rebuilt(toy_package: Path, tmp_path: Path) -> None:
     with open(blob, "r+b") as fh:
         fh.truncate(100)
     again = build(toy_recipe(toy_package), tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "ran", "evaluate": "hit", "check": "hit"}
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "ran", "quantize": "hit", "evaluate": "hit", "check": "hit"}
     assert reasons(again)["rewrite"] == "cache entry corrupt"
     assert again.model_path is not None and again.model_path.read_bytes() == expected
 
@@ -198,10 +199,10 @@ def test_failed_check_is_not_cached_and_reruns_alone(tmp_path: Path) -> None:
     assert failed.report["check"]["ok"] is False  # the failed check's report is kept
     assert failed.model_path is not None and failed.model_path.is_file()  # there to inspect
     again = build(strict, tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "failed"}
+    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "failed"}
     loose, _ = compose_recipe([])
     fixed = build(loose, tmp_path)
-    assert statuses(fixed) == {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "ran"}
+    assert statuses(fixed) == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "ran"}
     assert reasons(fixed)["check"] == "check.atol 1e-12→0.0001, check.rtol 1e-12→0.001"
     assert fixed.report is not None and fixed.report["check"]["ok"] is True
 

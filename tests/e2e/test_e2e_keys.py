@@ -83,8 +83,8 @@ dynamo: false
 rewrite: {optimize: false, fuse_constants: false}
 """
 USER_MODULES = ("hxk_model", "hxk_helpers", "hxk_lib", "hxk_inst")
-ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "evaluate": "ran", "check": "ran"}
-ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "evaluate": "hit", "check": "hit"}
+ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
+ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "hit"}
 
 
 def _forget_user_modules() -> None:
@@ -250,6 +250,7 @@ def test_check_code_edit_reruns_only_check(
         "trace": "hit",
         "export": "hit",
         "rewrite": "hit",
+        "quantize": "hit",
         "evaluate": "hit",
         "check": "ran",
     }
