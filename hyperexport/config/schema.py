@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from hyperexport.check.quantized_judge import QuantizedThresholds
 from hyperexport.check.settings import CheckSettings
 from hyperexport.config.fields import (
     REQUIRED,
@@ -219,16 +218,19 @@ _CHECK = ("check",)
 @dataclass(frozen=True, eq=False, repr=False)
 class QuantizedCheckSpec(Section):
     """``check.quantized.*``: how close the quantized model must stay to the float model it came
-    from, both run in ONNX Runtime on the captured inputs (meaning and defaults:
-    ``check/quantized_judge.py`` ``QuantizedThresholds``). Read by ``check`` only."""
+    from, both run in ONNX Runtime on the captured inputs. Read by ``check`` only.
 
-    min_cosine: float = option(
-        _library(QuantizedThresholds, "min_cosine"), readers=_CHECK, check=_fraction
-    )
-    max_rel_error: float = option(
-        _library(QuantizedThresholds, "max_rel_error"), readers=_CHECK, check=_positive
-    )
-    min_top1: float = option(_library(QuantizedThresholds, "min_top1"), readers=_CHECK, check=_fraction)
+    Every whole-model output and every call site run alone must reach ``min_cosine`` (cosine
+    similarity) and stay under ``max_rel_error`` (``|q - f| / |f|``, L2); outputs named like
+    logits must agree on the top-1 class at ``min_top1`` of the positions. The defaults hold for
+    int4 blocks of 32 on the zoo's random-weight models (whose layers have no outliers; real
+    checkpoints usually do better on cosine, worse on single outlier layers, which the report
+    names).
+    """
+
+    min_cosine: float = option(0.95, readers=_CHECK, check=_fraction)
+    max_rel_error: float = option(0.35, readers=_CHECK, check=_positive)
+    min_top1: float = option(0.75, readers=_CHECK, check=_fraction)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
