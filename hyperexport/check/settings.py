@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hyperexport.contracts.names import FUNCTION_SCOPES
+from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 
 
 @dataclass(frozen=True)

@@ -20,40 +20,80 @@ for typos. Validation never imports torch: importability of classes is checked s
 
 from __future__ import annotations
 
-from hyperexport.config.hydra import (
-    compose_recipe,
-    load_recipe_yaml,
-    recipe_defaults,
-    recipe_file_of,
-    register_configs,
-)
-from hyperexport.config.imports import split_import_path
-from hyperexport.config.paths import CONF_DIR, DEFAULT_OUTPUTS_DIR, RECIPES_DIR, REPO_ROOT
-from hyperexport.config.schema import (
-    BUILD_KEYS,
-    BUILTIN_ATTENTION,
-    DTYPES,
-    FUNCTION_MODES,
-    FUNCTION_SCOPES,
-    OPSET_RANGES,
-    PROMOTE_MIN_OPSET,
-    AttentionSpec,
-    BuildConfig,
-    BuildSettings,
-    CheckSpec,
-    CustomOpSpec,
-    InputSpec,
-    Recipe,
-    RecipeConfig,
-    RewriteSpec,
-    ToleranceSpec,
-)
-from hyperexport.config.validate import (
-    check_override_keys,
-    check_recipe_choice,
-    validate_build,
-    validate_recipe,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hyperexport.config.hydra import (
+        compose_recipe,
+        load_recipe_yaml,
+        recipe_defaults,
+        recipe_file_of,
+        register_configs,
+    )
+    from hyperexport.config.imports import split_import_path
+    from hyperexport.config.paths import CONF_DIR, DEFAULT_OUTPUTS_DIR, RECIPES_DIR, REPO_ROOT
+    from hyperexport.config.schema import (
+        BUILD_KEYS,
+        BUILTIN_ATTENTION,
+        DTYPES,
+        FUNCTION_MODES,
+        FUNCTION_SCOPES,
+        OPSET_RANGES,
+        PROMOTE_MIN_OPSET,
+        AttentionSpec,
+        BuildConfig,
+        BuildSettings,
+        CheckSpec,
+        CustomOpSpec,
+        InputSpec,
+        Recipe,
+        RecipeConfig,
+        RewriteSpec,
+        ToleranceSpec,
+    )
+    from hyperexport.config.validate import (
+        check_override_keys,
+        check_recipe_choice,
+        validate_build,
+        validate_recipe,
+    )
+
+# Loaded on first access: a stage imports ``config.schema`` (its ``reads`` come from the schema),
+# and its key covers the modules it loads (runner/code_closure.py). Importing the schema must not
+# load validation and Hydra registration, or editing an error message would rebuild every stage.
+_LAZY = {
+    "AttentionSpec": "hyperexport.config.schema",
+    "BUILD_KEYS": "hyperexport.config.schema",
+    "BUILTIN_ATTENTION": "hyperexport.config.schema",
+    "BuildConfig": "hyperexport.config.schema",
+    "BuildSettings": "hyperexport.config.schema",
+    "CONF_DIR": "hyperexport.config.paths",
+    "CheckSpec": "hyperexport.config.schema",
+    "CustomOpSpec": "hyperexport.config.schema",
+    "DEFAULT_OUTPUTS_DIR": "hyperexport.config.paths",
+    "DTYPES": "hyperexport.config.schema",
+    "FUNCTION_MODES": "hyperexport.config.schema",
+    "FUNCTION_SCOPES": "hyperexport.config.schema",
+    "InputSpec": "hyperexport.config.schema",
+    "OPSET_RANGES": "hyperexport.config.schema",
+    "PROMOTE_MIN_OPSET": "hyperexport.config.schema",
+    "RECIPES_DIR": "hyperexport.config.paths",
+    "REPO_ROOT": "hyperexport.config.paths",
+    "Recipe": "hyperexport.config.schema",
+    "RecipeConfig": "hyperexport.config.schema",
+    "RewriteSpec": "hyperexport.config.schema",
+    "ToleranceSpec": "hyperexport.config.schema",
+    "check_override_keys": "hyperexport.config.validate",
+    "check_recipe_choice": "hyperexport.config.validate",
+    "compose_recipe": "hyperexport.config.hydra",
+    "load_recipe_yaml": "hyperexport.config.hydra",
+    "recipe_defaults": "hyperexport.config.hydra",
+    "recipe_file_of": "hyperexport.config.hydra",
+    "register_configs": "hyperexport.config.hydra",
+    "split_import_path": "hyperexport.config.imports",
+    "validate_build": "hyperexport.config.validate",
+    "validate_recipe": "hyperexport.config.validate",
+}
 
 __all__ = [
     "BUILD_KEYS",
@@ -88,3 +128,11 @@ __all__ = [
     "validate_build",
     "validate_recipe",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hyperexport.config' has no attribute {name!r}")

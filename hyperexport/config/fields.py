@@ -23,6 +23,7 @@ depend on a field its key does not cover.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -95,13 +96,19 @@ def spec_of(f: dataclasses.Field[Any]) -> FieldSpec:
 
 
 def is_required(f: dataclasses.Field[Any]) -> bool:
+    """Whether the field has no default (the recipe must set it)."""
     return f.default is REQUIRED or (
         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     )
 
 
 def hints(cls: type) -> dict[str, Any]:
-    """The resolved annotations of a schema dataclass."""
+    """The resolved annotations of a schema dataclass (resolved once per class)."""
+    return _hints(cls)
+
+
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -163,7 +170,7 @@ class Section:
 
     def __getattribute__(self, name: str) -> Any:
         value = object.__getattribute__(self, name)
-        if value is NOT_READ:
+        if isinstance(value, _NotRead):  # not identity: a copy (pickle) is not read either
             owner = type(self).__name__
             raise UnreadFieldError(
                 f"{owner}.{name} is not in this stage's reads: add the stage to the field's "
@@ -178,7 +185,7 @@ class Section:
 
 def is_read(obj: Any, name: str) -> bool:
     """Whether field ``name`` of the typed section ``obj`` was read (is in the stage's slice)."""
-    return object.__getattribute__(obj, name) is not NOT_READ
+    return not isinstance(object.__getattribute__(obj, name), _NotRead)
 
 
 def defaults_of(cls: type) -> dict[str, Any]:
@@ -272,7 +279,7 @@ def to_json(value: Any) -> Any:
         return {
             f.name: to_json(object.__getattribute__(value, f.name))
             for f in fields(value)
-            if object.__getattribute__(value, f.name) is not NOT_READ
+            if not isinstance(object.__getattribute__(value, f.name), _NotRead)
         }
     if isinstance(value, Mapping):
         return {k: to_json(v) for k, v in value.items()}

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from hyperexport.check.settings import CheckSettings
 from hyperexport.config.fields import (
     REQUIRED,
     Invalid,
@@ -54,8 +53,10 @@ DTYPES = (
 )
 
 
-# ``functions`` and ``check.function_scope`` values, and transformers' own attention
-# implementations (hyperexport registers its entry under another name): defined by the library.
+# ``functions`` values and transformers' own attention implementations (hyperexport registers
+# its entry under another name): defined by the library (hyperexport.options);
+# ``check.function_scope`` values in hyperexport.contracts.names, shared with the check library
+# (the stages that do not check must not load it: their keys would cover it).
 # Default-domain opsets each export path can produce, and the lowest export opset attention
 # promotion accepts (it re-declares the model at 24 without converting other ops, and the Reduce*
 # ops changed signature at 18): defined once, in hyperexport.contracts.names.
@@ -246,11 +247,11 @@ class CheckSpec(Section):
     (``function_scope``, ``expect_ops``) by ``evaluate`` too.
     """
 
-    atol: float = option(_library(CheckSettings, "atol"), readers=_CHECK, check=_positive)
-    rtol: float = option(_library(CheckSettings, "rtol"), readers=_CHECK, check=_positive)
+    atol: float = option(1e-4, readers=_CHECK, check=_positive)
+    rtol: float = option(1e-3, readers=_CHECK, check=_positive)
     per_output: dict[str, ToleranceSpec] = option(factory=dict, readers=_CHECK, check=_tolerances)
     function_scope: str = option(
-        _library(CheckSettings, "function_scope"), readers=CHECK_STAGES, choices=FUNCTION_SCOPES
+        "all", readers=CHECK_STAGES, choices=FUNCTION_SCOPES
     )
     expect_ops: dict[str, int] = option(factory=dict, readers=CHECK_STAGES, check=_op_counts)
     quantized: QuantizedCheckSpec = section(QuantizedCheckSpec)

@@ -7,6 +7,11 @@ any package may depend on this module.
 
 from __future__ import annotations
 
+# -- the check ----------------------------------------------------------------------------------
+#: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``): here
+#: so that the recipe schema and the check library share one set without one importing the other.
+FUNCTION_SCOPES = ("all", "first_instance", "none")
+
 # -- the build's stages --------------------------------------------------------------------------
 #: Their names, in pipeline order (``stages/pipeline.py`` builds them; a test holds the two
 #: together): what ``build.force`` accepts and what reports and sweep tables list.
