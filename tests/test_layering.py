@@ -34,6 +34,7 @@ APART = {("engine", "library"), ("library", "engine")}
 #: What the version bridge may import besides the standard library.
 VERSION_BRIDGE = "hyperexport.versions"
 VERSION_BRIDGE_MAY_IMPORT = {
+    "packaging",  # version parsing only (a dependency of torch's and onnx's own tools)
     "torch",
     "transformers",
     "onnx",

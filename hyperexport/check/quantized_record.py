@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.atomic import atomic_write_bytes
-
-QUANTIZED_JSON = "quantized.json"
+from hyperexport.contracts.names import QUANTIZED_JSON
 
 
 @dataclass(frozen=True)

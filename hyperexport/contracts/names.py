@@ -40,6 +40,8 @@ MANIFEST_JSON = "manifest.json"
 #: ``.data``) beside the float one, and its manifest (per_type weight inputs renamed).
 QUANTIZED_MODEL_FILE = "model.quantized.onnx"
 QUANTIZED_MANIFEST_JSON = "manifest.quantized.json"
+#: ... and the comparison of the quantized model with the float one (``check/quantized_record.py``).
+QUANTIZED_JSON = "quantized.json"
 #: The evaluate stage: what ONNX Runtime computed (``check/evaluation.py`` names its files).
 #: The check: its report and the report's summary lines.
 CHECK_JSON = "check.json"

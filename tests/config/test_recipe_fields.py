@@ -45,13 +45,18 @@ def test_every_recipe_holds_exactly_the_declared_fields(composed: dict[str, Any]
     """Composed and validated, every recipe has one value per declared field, and every path
     a stage reads names a declared field (or a whole section of them)."""
     declared = {path for path, _ in leaves(RecipeConfig)}
+    sections = {p.rsplit(".", 1)[0] for p in declared if "." in p}
+    sections |= {".".join(s.split(".")[:i]) for s in sections for i in range(1, s.count(".") + 1)}
+
+    def held(data: dict[str, Any], prefix: str = "") -> set[str]:
+        found: set[str] = set()
+        for key, value in data.items():
+            path = f"{prefix}{key}"
+            found |= held(value, f"{path}.") if path in sections else {path}
+        return found
+
     for name, recipe in composed.items():
-        held = {
-            f"{key}.{sub}" if f"{key}.{sub}" in declared else key
-            for key, value in recipe.data.items()
-            for sub in (value if key in SECTIONS else [""])
-        }
-        assert held == declared, name
+        assert held(dict(recipe.data)) == declared, name
     for stage in PIPELINE:
         for path in stage.reads:
             assert path in declared or path in SECTIONS, (stage.name, path)

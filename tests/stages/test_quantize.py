@@ -19,7 +19,7 @@ from hyperexport.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
 from hyperexport.errors import RecipeError
 from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
 from hyperexport.stages import PIPELINE, model_loader
-from tests.helpers.builds import statuses
+from tests.helpers.statuses import statuses
 
 RECIPE = ["recipe=zoo_qwen3", "functions=per_type", "dynamic=none"]
 
