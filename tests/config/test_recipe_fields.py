@@ -59,7 +59,7 @@ def test_every_recipe_holds_exactly_the_declared_fields(composed: dict[str, Any]
         assert held(dict(recipe.data)) == declared, name
     for stage in PIPELINE:
         for path in stage.reads:
-            assert path in declared or path in SECTIONS, (stage.name, path)
+            assert path in declared or path in sections, (stage.name, path)
 
 
 def test_stage_reads_are_derived_from_the_schema() -> None:
