@@ -23,11 +23,19 @@ def sweep_jobs(args: Sequence[str]) -> list[list[str]] | None:
     """The overrides of each job of a multirun (None when ``args`` is not one)."""
     if not any(a in _MULTIRUN_FLAGS for a in args):
         return None
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.utils import create_config_search_path
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hyperexport.config.paths import CONF_DIR
 
     overrides = [a for a in args if not a.startswith("-")]
     parsed = OverridesParser.create().parse_overrides(overrides)
+    # `recipe=glob(*)` lists the group's options: the parser needs a loader, as in the sweeper
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+    for override in parsed:
+        override.config_loader = loader
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 

@@ -39,3 +39,11 @@ def test_an_invalid_value_refuses_the_sweep_before_any_job_runs(
     assert any(m.startswith("job 1 (functions=per_bogus):") and "functions" in m for m in errors)
     assert "1 of 3 jobs refused; none was run" in errors
     assert not outputs.exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_glob_over_the_recipe_group_expands_to_its_recipes() -> None:
+    from hyperexport.config import RECIPES_DIR, register_configs
+
+    register_configs(None)
+    jobs = sweep_jobs(["-m", "recipe=glob(*)"])
+    assert jobs == [[f"recipe={p.stem}"] for p in sorted(RECIPES_DIR.glob("*.yaml"))]
