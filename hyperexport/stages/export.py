@@ -46,7 +46,9 @@ class ExportStage:
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
-        from hyperexport.export.fallback import export_units_with_fallback
+        from hyperexport.export.fallback import export_with_fallback
+        from hyperexport.export.path import ExportPath
+        from hyperexport.export.registry import path_for
         from hyperexport.files import clone_or_copy
         from hyperexport.from_recipe.export_options import export_options
         from hyperexport.models.auto import resolve_auto
@@ -58,8 +60,8 @@ class ExportStage:
         options = export_options(params)
         first = capture
 
-        def recapture(dynamo: bool) -> Capture:
-            # The other path's capture semantics (see export_units_with_fallback).
+        def recapture(path: ExportPath) -> Capture:
+            # The other path's capture semantics (see export_with_fallback).
             from hyperexport.capture.capture_model import capture_model
             from hyperexport.from_recipe.model import resolve_classes
             from hyperexport.models.inputs import make_inputs
@@ -70,17 +72,17 @@ class ExportStage:
                 make_inputs(params["inputs"]),
                 hiera=resolve_classes(list(params["hiera"]), inputs.recipe_file),
                 method=params["method"],
-                dynamo=dynamo,
+                dynamo=path.dynamo,
                 attention=options.attention.implementation,
                 dynamic_axes={k: dict(v) for k, v in options.dynamic_axes} or None,
                 probe_shapes={k: tuple(v) for k, v in options.probe_shapes} or None,
             )
 
-        _, used = export_units_with_fallback(
+        _, used = export_with_fallback(
             model,
             capture,
+            path=path_for(bool(params["dynamo"])),
             opset=int(params["opset"]),
-            dynamo=bool(params["dynamo"]),
             options=options,
             out_dir=out_dir,
             recapture=recapture,
