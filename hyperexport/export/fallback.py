@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -140,11 +141,17 @@ def export_units_with_fallback(
     output_names: tuple[str, ...] | None = None,
     recapture: Callable[[bool], Capture] | None = None,
 ) -> tuple[ExportBundle, Capture]:
-    """:func:`export_with_fallback` on the path the public ``dynamo`` flag selects.
+    """Deprecated: :func:`export_with_fallback` with ``path=path_for(dynamo)``, the one fallback
+    entry, whose ``recapture`` takes the :class:`ExportPath`.
 
     ``recapture(dynamo)`` captures the model for the retry's path; see
     :func:`export_with_fallback` for the rest.
     """
+    warnings.warn(
+        "export_units_with_fallback is deprecated; call export_with_fallback(path=path_for(dynamo))",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     again = None if recapture is None else (lambda path: recapture(path.dynamo))
     return export_with_fallback(
         model,

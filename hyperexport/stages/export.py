@@ -35,7 +35,9 @@ class ExportStage(RecipeStage):
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
-        from hyperexport.export.fallback import export_units_with_fallback
+        from hyperexport.export.fallback import export_with_fallback
+        from hyperexport.export.path import ExportPath
+        from hyperexport.export.registry import path_for
         from hyperexport.files import clone_or_copy
         from hyperexport.from_recipe.export_options import export_options, resolve_explicit
 
@@ -46,8 +48,8 @@ class ExportStage(RecipeStage):
         options = export_options(recipe, explicit.inputs)
         first = capture
 
-        def recapture(dynamo: bool) -> Capture:
-            # The other path's capture semantics (see export_units_with_fallback).
+        def recapture(path: ExportPath) -> Capture:
+            # The other path's capture semantics (see export_with_fallback).
             from hyperexport.capture.capture_model import capture_model
             from hyperexport.from_recipe.model import resolve_classes
 
@@ -57,17 +59,17 @@ class ExportStage(RecipeStage):
                 explicit.example_inputs(),
                 hiera=resolve_classes(explicit.hiera, inputs.recipe_file),
                 method=recipe.method,
-                dynamo=dynamo,
+                dynamo=path.dynamo,
                 attention=options.attention.implementation,
                 dynamic_axes={k: dict(v) for k, v in options.dynamic_axes} or None,
                 probe_shapes={k: tuple(v) for k, v in options.probe_shapes} or None,
             )
 
-        _, used = export_units_with_fallback(
+        _, used = export_with_fallback(
             model,
             capture,
+            path=path_for(recipe.dynamo),
             opset=recipe.opset,
-            dynamo=recipe.dynamo,
             options=options,
             out_dir=out_dir,
             recapture=recapture,

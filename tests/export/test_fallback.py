@@ -168,3 +168,28 @@ def test_fallback_captures_again_for_the_other_path(monkeypatch: pytest.MonkeyPa
     np.testing.assert_allclose(
         got, model(input_ids=ids).last_hidden_state.detach().numpy(), atol=1e-4
     )
+
+
+def test_the_dynamo_flag_entry_is_deprecated_and_calls_the_one_fallback(tmp_path: Path) -> None:
+    """``export_units_with_fallback`` warns, then behaves as ``export_with_fallback`` on
+    ``path_for(dynamo)``: its ``recapture`` gets the dynamo flag of the retry's path."""
+    model, x = _model()
+    call = CaptureCall(model, (x,), settings={"hiera": (Block,)})
+    asked: list[bool] = []
+
+    def recapture(dynamo: bool) -> Capture:
+        asked.append(dynamo)
+        return call(path_for(dynamo))
+
+    with pytest.warns(DeprecationWarning, match="export_with_fallback"):
+        bundle, _ = fallback.export_units_with_fallback(
+            model,
+            call(path_for(True)),
+            opset=18,
+            dynamo=True,
+            options=ExportOptions(fallback=True),
+            out_dir=tmp_path,
+            recapture=recapture,
+        )
+    assert asked == [False]
+    assert bundle.fallback_from is not None and not bundle.dynamo
