@@ -35,7 +35,7 @@ def test_sweep_reports_every_job_and_exits_with_the_worst_code(toy: Path, tmp_pa
     assert sweep["exit_code"] == 2
     good, bad = sweep["jobs"]
     assert good["exit_code"] == 0 and good["check"] == "passed" and "opset=17" in good["overrides"]
-    assert [s["status"] for s in good["stages"]] == ["ran"] * 5
+    assert [s["status"] for s in good["stages"]] == ["ran"] * 6
     assert all(len(s["key"]) == 64 for s in good["stages"])
     model = tmp_path / "outputs" / "toy" / "opset=17" / "model.onnx"
     assert good["artifact"] == str(model) and model.is_file()
