@@ -37,7 +37,7 @@ def test_build_then_noop_without_torch(toy: Path, tmp_path: Path) -> None:
     result = probe_result(noop)
     assert result == {"code": 0, "heavy": []}, noop.stderr
     stages = report(tmp_path)["stages"]
-    assert [s["status"] for s in stages] == ["hit"] * 5  # type: ignore[index]
+    assert [s["status"] for s in stages] == ["hit"] * 6  # type: ignore[index]
     assert "trace: hit" in noop.stderr
     # Speed is a benchmark's job (bench/bench_noop_build.py); what a test can assert without
     # flaking on a loaded machine is the cause of a slow no-op: torch was not imported (above).

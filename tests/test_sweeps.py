@@ -42,7 +42,7 @@ def test_sweep_reports_every_job_and_exits_with_the_worst_code(toy: Path, tmp_pa
     assert sweep["exit_code"] == 0
     first, second = sweep["jobs"]
     assert first["exit_code"] == 0 and first["check"] == "passed" and "opset=17" in first["overrides"]
-    assert [s["status"] for s in first["stages"]] == ["ran"] * 5
+    assert [s["status"] for s in first["stages"]] == ["ran"] * 6
     assert all(len(s["key"]) == 64 for s in first["stages"])
     assert all(isinstance(s["seconds"], float) for s in first["stages"]) and first["seconds"] > 0
     model = tmp_path / "outputs" / "toy" / "opset=17" / "model.onnx"

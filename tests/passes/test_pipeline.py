@@ -30,7 +30,9 @@ ALWAYS = [
     "topological_sort",
 ]
 EVERYTHING = ExportOptions(
-    rewrite=RewriteOptions(fold_leftovers=True, fuse_constants=True, optimize=True),
+    rewrite=RewriteOptions(
+        fold_leftovers=True, fuse_constants=True, optimize=True, weights_as_initializers=True
+    ),
     attention=AttentionOptions("hyperexport", promote_opset24=True),
 )
 
