@@ -548,15 +548,15 @@ def test_gc_acceptance_with_tiny_llama_opsets(
         assert outcome.exit_code == 0, outcome.lines
         return statuses(outcome)
 
-    assert real(17) == ["ran"] * 5
-    assert real(18) == ["hit", "ran", "ran", "ran", "ran"]
+    assert real(17) == ["ran"] * 6
+    assert real(18) == ["hit", "ran", "ran", "ran", "ran", "ran"]
     root = tmp_path / "cache"
     bound = disk_usage(root) - 1
     code, _lines, _ = run_cache(tmp_path, capsys, "gc", "--max-size", str(bound), "--grace", "0")
     assert code == 0
     assert disk_usage(root) <= bound
     assert_consistent(CacheStore(root))
-    assert real(18) == ["hit"] * 5
+    assert real(18) == ["hit"] * 6
     assert real(17)[0] == "hit"  # the shared trace was used last, so it was kept
 
 

@@ -90,6 +90,6 @@ def test_helper_edit_reruns_and_the_dry_run_names_it(tmp_path: Path) -> None:
     again = _run(tmp_path)
     assert again.returncode == 0, again.stderr
     report = json.loads((out / "report.json").read_text())
-    assert [s["status"] for s in report["stages"]] == ["ran"] * 5
+    assert [s["status"] for s in report["stages"]] == ["ran"] * 6
     assert report["check"]["ok"] is True  # ONNX Runtime matches torch with the new helper
     assert (out / "model.onnx").read_bytes() != before
