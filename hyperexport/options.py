@@ -237,12 +237,15 @@ def _is_binary_writer(f: Any) -> bool:
 
 
 def _check_destination(path: Path) -> None:
-    """``f`` names a file that can be written: not a folder, in a writable folder."""
+    """``f`` names a file that can be written: not a folder, under a writable folder (missing
+    folders on the way are created by the export)."""
     if path.is_dir():
         raise OptionsError("f", f"{path} is a directory; name the .onnx file to write")
     folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:  # missing folders are created
+        folder = folder.parent
     if not folder.is_dir():
-        raise OptionsError("f", f"folder {folder} does not exist")
+        raise OptionsError("f", f"{folder} is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OptionsError("f", f"folder {folder} is not writable")
 

@@ -256,7 +256,10 @@ def test_check_code_edit_reruns_only_check(
     }
     assert reasons(again)["check"] == "hyperexport code changed (check/judge.py)"
     compose = tree / "passes" / "compose_functions.py"
-    compose.write_text(compose.read_text() + "\n# edited\n")
+    compose.write_text(compose.read_text() + "\n# a comment changes no key\n")
+    monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
+    assert statuses(build(load(user), cache, outputs)) == ALL_HIT
+    compose.write_text(compose.read_text() + "\n_EDITED = True\n")
     monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
     third = build(load(user), cache, outputs)
     assert statuses(third)["trace"] == statuses(third)["export"] == "hit"

@@ -180,7 +180,7 @@ class _Runs(Top):
         ("hiera_string", "hiera"),
         ("f_directory", "f"),
         ("f_unwritable", "f"),
-        ("f_missing_folder", "f"),
+        ("f_under_a_file", "f"),
         ("symbolic_not_callable", "custom_ops"),
         ("symbolic_missing", "custom_ops"),
     ],
@@ -209,8 +209,9 @@ def test_bad_library_input_is_typed_and_refused_before_the_model_runs(
         if os.access(locked, os.W_OK):
             pytest.skip("running as a user who can write anywhere")
         f = locked / "m.onnx"
-    elif case == "f_missing_folder":
-        f = tmp_path / "nope" / "m.onnx"
+    elif case == "f_under_a_file":
+        (tmp_path / "afile").write_text("x")
+        f = tmp_path / "afile" / "sub" / "m.onnx"
     elif case.startswith("symbolic"):
         target = "os:sep" if case == "symbolic_not_callable" else "os:no_such_symbolic"
         options = ExportOptions(custom_ops=(CustomOpSymbolic("my::op", target, 18),))
