@@ -133,6 +133,30 @@ class CustomOpSpec:
     opset: int = MISSING
 
 
+# --- generation (issue 23): ``task`` and ``generation``; ported as one block ------------------
+#: ``task`` values built today: ``forward`` (one forward graph, the default) and
+#: ``text-generation`` (a ``*ForCausalLM`` step model with past/present KV, for onnxruntime-genai).
+TASKS = ("forward", "text-generation")
+
+
+@dataclass
+class GenerationSpec:
+    """The generation check of ``task: text-generation``.
+
+    ``prompts`` are token ids (no tokenizer needed); transformers' greedy ``generate`` of
+    ``max_new_tokens`` tokens for each (trace) is compared token for token with the same decode
+    in onnxruntime-genai (evaluate, check). ``padded_batch`` also decodes the prompts as one
+    left-padded batch.
+    """
+
+    prompts: list[list[int]] = field(default_factory=list)
+    max_new_tokens: int = 16
+    padded_batch: bool = True
+
+
+# --- end generation block ---------------------------------------------------------------------
+
+
 @dataclass
 class RecipeConfig:
     """One model to export. ``model`` is ``{_target_: factory, **kwargs}``; the factory's module
@@ -164,6 +188,9 @@ class RecipeConfig:
     custom_ops: list[CustomOpSpec] = field(default_factory=list)
     external_data: bool = False
     external_data_threshold: int = 1024
+    # generation (issue 23)
+    task: str = "forward"
+    generation: GenerationSpec = field(default_factory=GenerationSpec)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from hyperexport.config.schema import (
     OPSET_RANGES,
     PROMOTE_MIN_OPSET,
     REMOTE_MODES,
+    TASKS,
     AttentionSpec,
     BuildConfig,
     BuildSettings,
@@ -209,6 +210,28 @@ def _check_semantics(check: _Checker, r: dict[str, Any]) -> None:
         _check_import(check, f"custom_ops[{i}].symbolic", op["symbolic"])
     if r["external_data_threshold"] < 0:
         check.fail("external_data_threshold", "must be >= 0")
+    _check_generation(check, r)
+
+
+# --- generation (issue 23): ``task`` and ``generation`` -------------------------------------
+def _check_generation(check: _Checker, r: Mapping[str, Any]) -> None:
+    """``task`` is a known value; ``text-generation`` needs prompts of token ids and tokens to
+    generate. Lengths against the context are checked by the trace, which reads the config."""
+    if r["task"] not in TASKS:
+        check.fail("task", f"must be one of {TASKS}{did_you_mean(r['task'], TASKS)}")
+    g = r["generation"]
+    if g["max_new_tokens"] < 1:
+        check.fail("generation.max_new_tokens", f"must be >= 1, got {g['max_new_tokens']}")
+    for i, prompt in enumerate(g["prompts"]):
+        if not prompt:
+            check.fail(f"generation.prompts[{i}]", "is empty; a prompt needs at least one token id")
+        if any(t < 0 for t in prompt):
+            check.fail(f"generation.prompts[{i}]", "token ids must be >= 0")
+    if r["task"] == "text-generation" and not g["prompts"]:
+        check.fail("generation.prompts", "task text-generation needs at least one prompt")
+
+
+# --- end generation block -------------------------------------------------------------------
 
 
 # --------------------------------------------------------------------------------------------

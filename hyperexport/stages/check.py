@@ -19,6 +19,7 @@ from hyperexport.contracts.names import (
     MODEL_FILE,
     REFERENCE_DIR,
 )
+from hyperexport.generation.names import GENERATION_CHECK, TEXT_GENERATION
 from hyperexport.runner.stage import StageInputs
 
 if TYPE_CHECKING:
@@ -38,18 +39,20 @@ class CheckStage:
 
     name: str = "check"
     version: int = 5
-    upstream: tuple[str, ...] = ("export", "rewrite", "evaluate")
+    #: ``trace``: the reference decode of ``task: text-generation``.
+    upstream: tuple[str, ...] = ("trace", "export", "rewrite", "evaluate")
     reads: tuple[str, ...] = (
         "check",
         "opset",
         "dynamo",
         "fallback",
         "attention.promote_opset24",
+        "task",  # generation (issue 23)
     )
     needs_model: bool = False
     #: numpy judges; the ONNX libraries run only for localisation, and then shape the result.
     libraries: tuple[str, ...] = ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxruntime")
-    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY)
+    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY, GENERATION_CHECK)
     artifacts: Mapping[str, str] = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
@@ -81,7 +84,16 @@ class CheckStage:
         report = judge(evaluation, manifest, capture.record, reference, settings, run_more)
         text = json.dumps(report.to_json(), sort_keys=True, indent=1) + "\n"
         atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
-        atomic_write_bytes(
-            out_dir / CHECK_SUMMARY, ("\n".join(report.summary_lines()) + "\n").encode("utf-8")
-        )
+        lines = report.summary_lines()
+        generation_error = None
+        if params.get("task") == TEXT_GENERATION:  # tokens and logits of the decode
+            from hyperexport.generation.judge import judge_generation, summary_lines
+
+            results, generation_error = judge_generation(
+                inputs.dir("trace"), inputs.dir("evaluate"), out_dir
+            )
+            lines = [*lines, *summary_lines(results)]
+        atomic_write_bytes(out_dir / CHECK_SUMMARY, ("\n".join(lines) + "\n").encode("utf-8"))
         report.raise_for_failure()
+        if generation_error is not None:
+            raise generation_error

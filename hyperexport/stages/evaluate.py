@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE, REFERENCE_DIR
+from hyperexport.generation.names import TEXT_GENERATION
 from hyperexport.runner.stage import StageInputs
 
 
@@ -26,7 +27,8 @@ class EvaluateStage:
     version: int = 2
     #: The reference capture comes from the export (``reference/``): the capture its bundle was
     #: exported from, which after a fallback is not the trace's.
-    upstream: tuple[str, ...] = ("export", "rewrite")
+    #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``.
+    upstream: tuple[str, ...] = ("trace", "export", "rewrite")
     reads: tuple[str, ...] = (
         "check.function_scope",
         "check.expect_ops",
@@ -34,9 +36,17 @@ class EvaluateStage:
         "dynamo",
         "fallback",
         "attention.promote_opset24",
+        "task",  # generation (issue 23)
     )
     needs_model: bool = False
-    libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxruntime", "numpy", "ml-dtypes")
+    libraries: tuple[str, ...] = (
+        "onnx",
+        "onnx-ir",
+        "onnxruntime",
+        "numpy",
+        "ml-dtypes",
+        "onnxruntime-genai",
+    )
     publish: tuple[str, ...] = ()
     artifacts: Mapping[str, str] = {}
 
@@ -55,3 +65,7 @@ class EvaluateStage:
         )
         # The report names the model as published beside it, not this build's scratch copy.
         dataclasses.replace(evaluation, model_path=MODEL_FILE).save(out_dir)
+        if params.get("task") == TEXT_GENERATION:  # the decode, in onnxruntime-genai
+            from hyperexport.generation.evaluate import evaluate_generation
+
+            evaluate_generation(inputs.dir("trace"), rewrite_dir, out_dir)

@@ -37,6 +37,8 @@ class ExportStage:
         "custom_ops",
         # Only the implementation: promotion to opset 24 is the rewrite stage's.
         "attention.implementation",
+        "task",  # generation (issue 23): the step model with past/present KV
+        "generation",
     )
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir")
@@ -44,6 +46,16 @@ class ExportStage:
     artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.generation.task import task_scope
+
+        # task: text-generation runs the step model (past/present KV in and out); forward runs
+        # the model as loaded.
+        with task_scope(inputs.model(), params, inputs.recipe_file) as (model, params):
+            self._run(model, params, inputs, out_dir)
+
+    def _run(
+        self, model: Any, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path
+    ) -> None:
         from hyperexport.capture.hooks import Capture
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.export.fallback import export_units_with_fallback
@@ -51,7 +63,6 @@ class ExportStage:
         from hyperexport.runner.files import clone_or_copy
         from hyperexport.stages.options import export_options
 
-        model = inputs.model()  # first: loading it registers the output types the trees name
         capture = Capture.load(inputs.dir("trace"))
         check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
         params = resolve_auto(params, model, inputs.recipe_file)  # hiera/inputs: auto

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.contracts.names import CAPTURE_JSON
+from hyperexport.generation.names import GENAI_CONFIG, TOKENIZER_FILES
 from hyperexport.runner.stage import StageInputs
 
 
@@ -31,20 +32,32 @@ class TraceStage:
         "method",
         "dynamo",
         "attention.implementation",
+        "task",  # generation (issue 23)
+        "generation",
     )
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
-    publish: tuple[str, ...] = ("auto.json",)
+    #: ``genai_config.json`` and tokenizer files: written for ``task: text-generation`` only.
+    publish: tuple[str, ...] = ("auto.json", GENAI_CONFIG, *TOKENIZER_FILES)
     artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.generation.task import task_scope
+
+        # task: text-generation runs the step model (past/present KV in and out) and records
+        # the reference decode; forward runs the model as loaded.
+        with task_scope(inputs.model(), params, inputs.recipe_file, out_dir) as (model, params):
+            self._run(model, params, inputs, out_dir)
+
+    def _run(
+        self, model: Any, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path
+    ) -> None:
         from hyperexport.capture.hooks import capture_model
         from hyperexport.models.auto import resolve_auto
         from hyperexport.models.inputs import make_inputs
         from hyperexport.stages.model import resolve_classes
         from hyperexport.stages.options import dynamic_axes, probe_shapes
 
-        model = inputs.model()
         params = resolve_auto(params, model, inputs.recipe_file, out_dir)  # hiera/inputs: auto
         hiera = resolve_classes(list(params["hiera"]), inputs.recipe_file)
         axes = {name: dict(a) for name, a in dynamic_axes(params["inputs"])}
