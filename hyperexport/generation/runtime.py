@@ -69,8 +69,12 @@ def genai_decode(folder: Path, prompt: Sequence[int], steps: int) -> tuple[list[
     while not generator.is_done() and len(logits) < steps:
         logits.append(np.array(generator.get_logits(), dtype=np.float32).reshape(-1))
         generator.generate_next_token()
-    sequence = [int(t) for t in generator.get_sequence(0)]
-    return sequence[len(prompt) :], np.stack(logits)
+    tokens = [int(t) for t in generator.get_sequence(0)][len(prompt) :]
+    if len(tokens) == len(logits) - 1:
+        # The search stopped at an end-of-sequence id, which onnxruntime-genai 0.18 leaves out
+        # of the sequence (transformers keeps it): greedy chose it from the last logits.
+        tokens.append(int(np.argmax(logits[-1])))
+    return tokens, np.stack(logits)
 
 
 def _empty_past(session: object, batch: int) -> dict[str, np.ndarray]:

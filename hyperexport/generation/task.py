@@ -52,8 +52,12 @@ def require_causal_lm(model: Any, recipe_file: str) -> dict[str, Any]:
     return data
 
 
-def step_inputs(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Input specs (the recipe's ``inputs`` shape) of the step model, named as genai names them."""
+def step_inputs(config: Mapping[str, Any], dtype: str) -> dict[str, dict[str, Any]]:
+    """Input specs (the recipe's ``inputs`` shape) of the step model, named as genai names them.
+
+    ``dtype`` is the past KV's: the model's floating dtype as loaded (the config may still say
+    the checkpoint's).
+    """
     layers, kv_heads, head_size = kv_shape(config)
     batch, new, past = TRACED
     pbatch, pnew, ppast = PROBE
@@ -101,8 +105,6 @@ def step_inputs(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             {0: "batch", 1: "sequence_length"},
         ),
     }
-    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
-    dtype = dtype if dtype in ("float32", "float16", "bfloat16") else "float32"
     for layer in range(layers):
         for n, kind in enumerate(("key", "value")):
             specs[past_name(layer, kind)] = spec(
@@ -137,15 +139,13 @@ def check_prompts(params: Mapping[str, Any], config: Mapping[str, Any], recipe_f
             )
 
 
-def step_params(
-    params: Mapping[str, Any], config: Mapping[str, Any], recipe_file: str
-) -> dict[str, Any]:
+def step_params(params: Mapping[str, Any], config: Mapping[str, Any], dtype: str) -> dict[str, Any]:
     """The recipe slice with explicit step inputs, ``KVStep`` hiera and ``dynamic: none``."""
     out = dict(params)
     if "inputs" in params:
         if params["inputs"] != "auto":
             log.info("task text-generation: the step model's inputs replace the recipe's inputs")
-        out["inputs"] = step_inputs(config)
+        out["inputs"] = step_inputs(config, dtype)
     if "hiera" in params:
         extra = [] if params["hiera"] == "auto" else [h for h in params["hiera"] if h != KV_STEP]
         out["hiera"] = [KV_STEP, *extra]
@@ -165,8 +165,9 @@ def generation_task(
     config = require_causal_lm(model, recipe_file)
     check_prompts(params, config, recipe_file) if "generation" in params else None
     step = CausalLMStep(model).eval()
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     with explicit_kv_layers(model):
-        yield step, step_params(params, config, recipe_file)
+        yield step, step_params(params, config, dtype)
 
 
 @contextlib.contextmanager
