@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -32,28 +31,21 @@ def genai_folder(model_dir: Path, genai_config: Path, scratch: Path) -> Iterator
     """A folder holding the model, its data file and ``genai_config.json``, as published.
 
     onnxruntime-genai takes a folder and refuses a model path outside it, so the files are
-    hard-linked (copied, with a WARNING, where links cannot be made) into a folder under
-    ``scratch``, removed on exit.
+    copied into a folder under ``scratch``, removed on exit (a copy of the weights: for a large
+    model, evaluate needs that much disk for the duration). Not hard links: a link changes the input's ctime, and the
+    build then no longer trusts its held copy of the data file (``runner/workspace.py``).
+    Symlinks neither: ONNX Runtime refuses external data that leaves the model's folder.
     """
     folder = Path(tempfile.mkdtemp(prefix="genai-", dir=scratch))
     try:
         data = sorted(p.name for p in model_dir.iterdir() if p.name.startswith(MODEL_FILE + "."))
         names = [MODEL_FILE, *data]
         for name in names:
-            _link_or_copy(model_dir / name, folder / name)
+            shutil.copyfile((model_dir / name).resolve(), folder / name)
         shutil.copyfile(genai_config, folder / GENAI_CONFIG)
         yield folder
     finally:
         shutil.rmtree(folder)
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    source = source.resolve()
-    try:
-        os.link(source, target)
-    except OSError as e:
-        log.warning("cannot hard-link %s (%s); copying it", source, e)
-        shutil.copyfile(source, target)
 
 
 def genai_decode(folder: Path, prompt: Sequence[int], steps: int) -> tuple[list[int], np.ndarray]:
