@@ -163,7 +163,6 @@ def generation_task(
     from hyperexport.transformers.kv_layers import explicit_kv_layers
 
     config = require_causal_lm(model, recipe_file)
-    check_prompts(params, config, recipe_file) if "generation" in params else None
     step = CausalLMStep(model).eval()
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     with explicit_kv_layers(model):
