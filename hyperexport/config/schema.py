@@ -26,6 +26,7 @@ from hyperexport.config.fields import (
 from hyperexport.config.paths import DEFAULT_OUTPUTS_DIR
 from hyperexport.contracts.names import AUTO as AUTO
 from hyperexport.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
+from hyperexport.contracts.names import FORWARD, TEXT_GENERATION
 from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
@@ -69,15 +70,15 @@ DYNAMIC_MODES = ("none", AUTO)
 
 #: ``task`` values: what of the model is exported. ``forward`` is one graph of ``method``.
 TASKS = (
-    "forward",
-    "text-generation",
+    FORWARD,
+    TEXT_GENERATION,
     "text2text-generation",
     "automatic-speech-recognition",
     AUTO,
 )
 #: The tasks a stage implements; a recipe asking for another is refused (exit 2). Implementing
 #: one is adding it here (and its use in the stages that read ``task``).
-IMPLEMENTED_TASKS = ("forward",)
+IMPLEMENTED_TASKS = (FORWARD, TEXT_GENERATION)
 
 #: ``quantize.method`` values: ``none`` (the stage does nothing), or a method of
 #: ``passes/quantize_weights.py`` (int8 per column, dynamic activations; int4 blocks).
@@ -173,6 +174,19 @@ def _module_names(names: list[str]) -> None:
 def _fraction(value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise Invalid(f"must be in [0, 1], got {value}")
+
+
+def _prompts(prompts: list[list[int]]) -> None:
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise Invalid("is empty; a prompt needs at least one token id", at=f"[{i}]")
+        if any(t < 0 for t in prompt):
+            raise Invalid("token ids must be >= 0", at=f"[{i}]")
+
+
+def _at_least_one(value: int) -> None:
+    if value < 1:
+        raise Invalid(f"must be >= 1, got {value}")
 
 
 def _library(cls: type, name: str) -> Any:
@@ -321,6 +335,23 @@ class CustomOpSpec(Section):
 
 
 @dataclass(frozen=True, eq=False, repr=False)
+class GenerationSpec(Section):
+    """The generation check of ``task: text-generation`` (read by ``trace``, which records the
+    reference decode; the decode in onnxruntime-genai and its judgement follow from it).
+
+    ``prompts`` are token ids (no tokenizer needed); transformers' greedy ``generate`` of
+    ``max_new_tokens`` tokens for each (trace) is compared token for token with the same decode
+    in onnxruntime-genai (evaluate, check). ``padded_batch`` also decodes the prompts as one
+    left-padded batch. Lengths against the model's context are checked by the trace, which
+    reads the model's config.
+    """
+
+    prompts: list[list[int]] = option(factory=list, readers=("trace",), check=_prompts)
+    max_new_tokens: int = option(16, readers=("trace",), check=_at_least_one)
+    padded_batch: bool = option(True, readers=("trace",))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class RecipeConfig(Section):
     """One model to export. ``model`` is ``{_target_: factory, **kwargs}``; the factory's module
     (and a local ``checkpoint``, if any, resolved relative to the recipe file) define the model.
@@ -364,7 +395,11 @@ class RecipeConfig(Section):
     # What the model reads besides its arguments: the values of these variables enter the keys
     # of the stages that run it (runner/session.py, model fingerprint), as digests.
     env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
-    task: str = option("forward", readers=MODEL_STAGES, choices=TASKS, check=_implemented_task)
+    # What of the model is exported; the generation task also decodes in evaluate and check.
+    task: str = option(
+        FORWARD, readers=(*MODEL_STAGES, *CHECK_STAGES), choices=TASKS, check=_implemented_task
+    )
+    generation: GenerationSpec = section(GenerationSpec)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from hyperexport.config.schema import (
     RecipeConfig,
     _outputs_root,
 )
-from hyperexport.contracts.names import OPSET_RANGES
+from hyperexport.contracts.names import OPSET_RANGES, TEXT_GENERATION
 from hyperexport.engine.machinery import machinery
 from hyperexport.errors import RecipeError, did_you_mean
 
@@ -216,6 +216,8 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
     if not isinstance(target, str) or not target:
         check.fail("model._target_", "missing required field (import path of the model factory)")
     _check_import(check, "model._target_", target)
+    if r.task == TEXT_GENERATION and not r.generation.prompts:
+        check.fail("generation.prompts", f"task {TEXT_GENERATION} needs at least one prompt")
     if r.dynamic == AUTO and r.inputs != AUTO:
         check.fail(
             "dynamic",

@@ -51,6 +51,10 @@ CHECK_SUMMARY = "check.txt"
 #: ``hiera: auto`` / ``inputs: auto`` / ``dynamic: auto``: resolved on the live model
 #: (``models/auto.py``); recipe validation only checks the spelling.
 AUTO = "auto"
+#: ``task`` values (``config/schema.py`` ``TASKS``): one forward graph (the default), and the
+#: step model with past/present KV that onnxruntime-genai decodes with (``hyperexport/generation``).
+FORWARD = "forward"
+TEXT_GENERATION = "text-generation"
 #: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``).
 FUNCTION_SCOPES = ("all", "first_instance", "none")
 #: transformers' own attention implementations: hyperexport registers its entry under another

@@ -7,7 +7,12 @@ from typing import Any
 
 
 def make_inputs(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The recipe's example inputs as torch tensors, generated deterministically with numpy."""
+    """The recipe's example inputs as torch tensors, generated deterministically with numpy.
+
+    A dotted name nests: ``past_key_values.0.key`` is passed as
+    ``past_key_values={"0": {"key": tensor}}``, whose capture leaf (and ONNX input) name is the
+    dotted name again.
+    """
     import numpy as np
     import torch
 
@@ -26,4 +31,15 @@ def make_inputs(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 np.float32
             )
         tensors[name] = torch.from_numpy(array).to(getattr(torch, dtype))
-    return tensors
+    return _nest(tensors)
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for name, value in flat.items():
+        *parents, leaf = name.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested

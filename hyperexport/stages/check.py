@@ -19,8 +19,10 @@ from hyperexport.contracts.names import (
     MANIFEST_JSON,
     MODEL_FILE,
     REFERENCE_DIR,
+    TEXT_GENERATION,
 )
 from hyperexport.engine.stage import StageInputs
+from hyperexport.generation.names import GENERATION_CHECK
 from hyperexport.stages.recipe_stage import RecipeStage
 
 if TYPE_CHECKING:
@@ -41,13 +43,14 @@ class CheckStage(RecipeStage):
 
     name: str = "check"
     version: int = 5
-    upstream: tuple[str, ...] = ("export", "rewrite", "quantize", "evaluate")
+    #: ``trace``: the reference decode of ``task: text-generation``; ``quantize``: its comparison.
+    upstream: tuple[str, ...] = ("trace", "export", "rewrite", "quantize", "evaluate")
     #: Derived from the schema: the recipe fields that declare "check" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
     #: numpy judges; the ONNX libraries run only for localisation, and then shape the result.
     libraries: tuple[str, ...] = ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxruntime")
-    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY)
+    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY, GENERATION_CHECK)
     artifacts: Mapping[str, str] = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
@@ -85,8 +88,18 @@ class CheckStage(RecipeStage):
             lines = [*lines, *quantized.summary_lines()]
         text = json.dumps(data, sort_keys=True, indent=1) + "\n"
         atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
+        generation_error = None
+        if recipe.task == TEXT_GENERATION:  # tokens and logits of the decode
+            from hyperexport.generation.judge import judge_generation, summary_lines
+
+            results, generation_error = judge_generation(
+                inputs.dir("trace"), inputs.dir("evaluate"), out_dir
+            )
+            lines = [*lines, *summary_lines(results)]
         atomic_write_bytes(out_dir / CHECK_SUMMARY, ("\n".join(lines) + "\n").encode("utf-8"))
         report.raise_for_failure()
+        if generation_error is not None:
+            raise generation_error
         if quantized is not None:
             quantized.raise_for_failure()
 

@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
-from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE, REFERENCE_DIR
+from hyperexport.contracts.names import (
+    MANIFEST_JSON,
+    MODEL_FILE,
+    REFERENCE_DIR,
+    TEXT_GENERATION,
+)
 from hyperexport.engine.stage import StageInputs
 from hyperexport.stages.recipe_stage import RecipeStage
 
@@ -27,11 +32,19 @@ class EvaluateStage(RecipeStage):
     version: int = 2
     #: The reference capture comes from the export (``reference/``): the capture its bundle was
     #: exported from, which after a fallback is not the trace's.
-    upstream: tuple[str, ...] = ("export", "rewrite")
+    #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``.
+    upstream: tuple[str, ...] = ("trace", "export", "rewrite")
     #: Derived from the schema: the recipe fields that declare "evaluate" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
-    libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxruntime", "numpy", "ml-dtypes")
+    libraries: tuple[str, ...] = (
+        "onnx",
+        "onnx-ir",
+        "onnxruntime",
+        "numpy",
+        "ml-dtypes",
+        "onnxruntime-genai",
+    )
     publish: tuple[str, ...] = ()
     artifacts: Mapping[str, str] = {}
 
@@ -50,3 +63,7 @@ class EvaluateStage(RecipeStage):
         )
         # The report names the model as published beside it, not this build's scratch copy.
         dataclasses.replace(evaluation, model_path=MODEL_FILE).save(out_dir)
+        if recipe.task == TEXT_GENERATION:  # the decode, in onnxruntime-genai
+            from hyperexport.generation.evaluate import evaluate_generation
+
+            evaluate_generation(inputs.dir("trace"), rewrite_dir, out_dir)

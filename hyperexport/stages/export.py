@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import BUNDLE_JSON, CAPTURE_JSON, REFERENCE_DIR, TENSORS_NPZ
@@ -33,6 +34,15 @@ class ExportStage(RecipeStage):
     artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.config.fields import from_json, to_json
+        from hyperexport.generation.task import task_scope
+
+        # task: text-generation exports the step model (past/present KV in and out); forward
+        # the model as loaded. Loading it first registers the output types the trees name.
+        with task_scope(inputs.model(), to_json(recipe), inputs.recipe_file) as (model, params):
+            self._run(model, from_json(RecipeConfig, params, partial=True), inputs, out_dir)
+
+    def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.export.fallback import export_with_fallback
@@ -41,7 +51,6 @@ class ExportStage(RecipeStage):
         from hyperexport.files import clone_or_copy
         from hyperexport.from_recipe.export_options import export_options, resolve_explicit
 
-        model = inputs.model()  # first: loading it registers the output types the trees name
         capture = Capture.load(inputs.dir("trace"))
         check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
         explicit = resolve_explicit(recipe, model, inputs.recipe_file)  # hiera/inputs: auto

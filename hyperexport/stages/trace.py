@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON
 from hyperexport.engine.stage import StageInputs
+from hyperexport.generation.names import GENAI_CONFIG, TOKENIZER_FILES
 from hyperexport.stages.recipe_stage import RecipeStage
 
 
@@ -28,10 +30,21 @@ class TraceStage(RecipeStage):
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
-    publish: tuple[str, ...] = (AUTO_FILE,)
+    #: ``genai_config.json`` and tokenizer files: written for ``task: text-generation`` only.
+    publish: tuple[str, ...] = (AUTO_FILE, GENAI_CONFIG, *TOKENIZER_FILES)
     artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.config.fields import from_json, to_json
+        from hyperexport.generation.task import task_scope
+
+        # task: text-generation runs the step model (past/present KV in and out) and records
+        # the reference decode; forward runs the model as loaded.
+        scope = task_scope(inputs.model(), to_json(recipe), inputs.recipe_file, out_dir)
+        with scope as (model, params):
+            self._run(model, from_json(RecipeConfig, params, partial=True), inputs, out_dir)
+
+    def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.capture_model import capture_model
         from hyperexport.from_recipe.export_options import (
             dynamic_axes,
@@ -40,7 +53,6 @@ class TraceStage(RecipeStage):
         )
         from hyperexport.from_recipe.model import resolve_classes
 
-        model = inputs.model()
         explicit = resolve_explicit(recipe, model, inputs.recipe_file, out_dir)  # auto resolved
         hiera = resolve_classes(explicit.hiera, inputs.recipe_file)
         axes = {name: dict(a) for name, a in dynamic_axes(explicit.inputs)}

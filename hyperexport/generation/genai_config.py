@@ -1,0 +1,144 @@
+"""``genai_config.json`` for onnxruntime-genai, built from a checkpoint's config as data.
+
+No torch and no onnxruntime-genai: the config is a mapping (``config.json`` or
+``PretrainedConfig.to_dict()``), and the result is JSON. The decoder's input and output names
+are the ones :class:`~hyperexport.generation.model.CausalLMStep` exports, which are those of
+onnxruntime-genai's own model builder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hyperexport.errors import RecipeError
+
+#: transformers ``model_type`` -> onnxruntime-genai ``model.type``, for the decoder-only types
+#: onnxruntime-genai runs with the layout exported here (tried with 0.18.0: llama, mistral,
+#: qwen2, qwen3, phi3, gemma2). Any other type is refused (exit 2, naming it).
+GENAI_MODEL_TYPES: Mapping[str, str] = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+}
+
+
+def genai_model_type(config: Mapping[str, Any], recipe_file: str = "") -> str:
+    """onnxruntime-genai's ``model.type`` for a checkpoint config; a RecipeError for others."""
+    model_type = str(config.get("model_type") or "")
+    if model_type not in GENAI_MODEL_TYPES:
+        raise RecipeError(
+            recipe_file,
+            "task",
+            f"text-generation: onnxruntime-genai has no model type for {model_type!r} "
+            f"(known: {', '.join(sorted(GENAI_MODEL_TYPES))})",
+        )
+    return GENAI_MODEL_TYPES[model_type]
+
+
+def _first_id(value: Any) -> int | None:
+    if isinstance(value, list):
+        return int(value[0]) if value else None
+    return None if value is None else int(value)
+
+
+def _ids(value: Any) -> int | list[int] | None:
+    if isinstance(value, list):
+        return [int(v) for v in value] if len(value) > 1 else _first_id(value)
+    return None if value is None else int(value)
+
+
+def context_length(config: Mapping[str, Any]) -> int:
+    """The longest sequence the checkpoint takes (``max_position_embeddings``)."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        if config.get(key):
+            return int(config[key])
+    raise ValueError("the config names no context length (max_position_embeddings)")
+
+
+def kv_shape(config: Mapping[str, Any]) -> tuple[int, int, int]:
+    """``(layers, kv heads, head size)`` of a decoder config."""
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_size = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    return int(config["num_hidden_layers"]), kv_heads, head_size
+
+
+def build_genai_config(
+    config: Mapping[str, Any],
+    *,
+    model_file: str,
+    max_length: int | None = None,
+    recipe_file: str = "",
+) -> dict[str, Any]:
+    """The ``genai_config.json`` of a model exported with :class:`CausalLMStep`'s names.
+
+    Args:
+        config: The checkpoint's config as data (``model_type``, heads, layers, token ids).
+        model_file: The ONNX file name in the output folder.
+        max_length: The search default ``max_length`` (default: the context length).
+        recipe_file: For messages.
+
+    Raises:
+        RecipeError: The model type is not one onnxruntime-genai runs (field ``task``).
+    """
+    model_type = genai_model_type(config, recipe_file)
+    layers, kv_heads, head_size = kv_shape(config)
+    context = context_length(config)
+    eos = _ids(config.get("eos_token_id"))
+    bos = _first_id(config.get("bos_token_id"))
+    pad = _first_id(config.get("pad_token_id"))
+    if pad is None:
+        pad = _first_id(config.get("eos_token_id")) or 0
+    model: dict[str, Any] = {
+        "type": model_type,
+        "context_length": context,
+        "vocab_size": int(config["vocab_size"]),
+        "pad_token_id": pad,
+        "decoder": {
+            "filename": model_file,
+            "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+            "head_size": head_size,
+            "hidden_size": int(config["hidden_size"]),
+            "num_attention_heads": int(config["num_attention_heads"]),
+            "num_key_value_heads": kv_heads,
+            "num_hidden_layers": layers,
+            "inputs": {
+                "input_ids": "input_ids",
+                "attention_mask": "attention_mask",
+                "position_ids": "position_ids",
+                "past_key_names": "past_key_values.%d.key",
+                "past_value_names": "past_key_values.%d.value",
+            },
+            "outputs": {
+                "logits": "logits",
+                "present_key_names": "present.%d.key",
+                "present_value_names": "present.%d.value",
+            },
+        },
+    }
+    if eos is not None:
+        model["eos_token_id"] = eos
+    if bos is not None:
+        model["bos_token_id"] = bos
+    search = {
+        "diversity_penalty": 0.0,
+        "do_sample": False,
+        "early_stopping": True,
+        "length_penalty": 1.0,
+        "max_length": int(max_length or context),
+        "min_length": 0,
+        "no_repeat_ngram_size": 0,
+        "num_beams": 1,
+        "num_return_sequences": 1,
+        "past_present_share_buffer": False,
+        "repetition_penalty": 1.0,
+        "temperature": 1.0,
+        "top_k": 1,
+        "top_p": 1.0,
+    }
+    return {"model": model, "search": search}

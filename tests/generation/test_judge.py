@@ -1,0 +1,55 @@
+"""The generation judge: identical tokens, varied tokens, and a top-2 gap above the error."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hyperexport.generation.judge import MIN_DISTINCT, compare
+
+
+def _logits(tokens: list[int], gap: float, vocab: int = 16) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    out = rng.uniform(-1.0, 0.0, size=(len(tokens), vocab)).astype(np.float32)
+    for step, token in enumerate(tokens):
+        out[step, token] = gap
+    return out
+
+
+def test_identical_varied_decodes_pass_and_report_each_steps_difference() -> None:
+    tokens = [3, 7, 9, 3, 11]
+    want = _logits(tokens, 2.0)
+    got = want + np.float32(1e-3)
+    result = compare("p", tokens, tokens, want, got)
+    assert result.problems == []
+    assert result.first_divergence is None
+    assert len(result.max_diff_per_step) == len(tokens)
+    assert np.allclose(result.max_diff_per_step, 1e-3, atol=1e-6)
+
+
+def test_a_diverging_step_is_named() -> None:
+    want, got = [3, 7, 9, 4], [3, 7, 8, 4]
+    result = compare("p", want, got, _logits(want, 2.0), _logits(got, 2.0))
+    assert result.first_divergence == 2
+    assert any("step 2" in p for p in result.problems)
+
+
+def test_a_shorter_export_diverges_where_it_stopped() -> None:
+    want = [3, 7, 9, 4]
+    result = compare("p", want, want[:2], _logits(want, 2.0), _logits(want[:2], 2.0))
+    assert result.first_divergence == 2
+
+
+def test_a_repeated_token_proves_nothing() -> None:
+    tokens = [5] * 6
+    result = compare("p", tokens, tokens, _logits(tokens, 2.0), _logits(tokens, 2.0))
+    assert result.distinct < MIN_DISTINCT
+    assert any("repeats" in p for p in result.problems)
+
+
+def test_a_top2_gap_below_the_measured_error_fails() -> None:
+    tokens = [3, 7, 9, 4]
+    want = _logits(tokens, 0.001)  # best logit 0.001 over a runner-up just below 0
+    got = want + np.float32(0.5)
+    got[1, 2] += 0.6  # the error moves one logit by more than the gap
+    result = compare("p", tokens, tokens, want, got)
+    assert any("top-2 logit gap" in p for p in result.problems)
