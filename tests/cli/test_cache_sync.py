@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.runner.fault_driver import settings, stages
+from tests.builds.fault_driver import settings, stages
 
 from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.cli import cache as cache_cli
