@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import CHECKPOINT_CONFIG
+from hyperexport.contracts.names import CHECKPOINT_CONFIG, TOKENIZER_FILES
 from hyperexport.engine.code_closure import PACKAGE
 from hyperexport.engine.environment import SITE_DIRS
 from hyperexport.engine.hashing import FileDigestIndex, canonical_json, sha256_text
@@ -172,11 +172,9 @@ PRETRAINED_FILES = (
     "pytorch_model*.bin.index.json",
     "*.py",
     "tokenizer*",
-    "special_tokens_map.json",
-    "added_tokens.json",
+    *TOKENIZER_FILES,
     "chat_template*",
     "vocab*",
-    "merges.txt",
     "*.model",
     "*.tiktoken",
     "preprocessor_config.json",

@@ -33,6 +33,17 @@ REFERENCE_DIR = "reference"
 AUTO_FILE = "auto.json"
 #: A transformers checkpoint folder is one holding this file (its model config).
 CHECKPOINT_CONFIG = "config.json"
+#: A checkpoint's tokenizer files: keyed with the checkpoint, and copied beside a generation
+#: model (so ``onnxruntime_genai.Tokenizer(model)`` works on the output folder).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 #: The rewrite: the final model (+ ``<model>.data`` with external data) and its manifest.
 MODEL_FILE = "model.onnx"
 MANIFEST_JSON = "manifest.json"

@@ -6,6 +6,9 @@ from __future__ import annotations
 from hyperexport.contracts.names import FORWARD as FORWARD
 from hyperexport.contracts.names import TEXT_GENERATION as TEXT_GENERATION
 
+# Tokenizer files copied from a checkpoint directory when it has them.
+from hyperexport.contracts.names import TOKENIZER_FILES as TOKENIZER_FILES
+
 #: The import path of the unit that becomes one function per decoder-layer structure.
 KV_STEP = "hyperexport.transformers.kv_layers.KVStep"
 
@@ -20,17 +23,6 @@ GENERATED_NPZ = "generation.npz"
 #: The judgement of the decode, check stage output (published).
 GENERATION_CHECK = "generation_check.json"
 
-#: Tokenizer files copied from a checkpoint directory when it has them (published beside the
-#: model, so ``onnxruntime_genai.Tokenizer(model)`` works on the output folder).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-)
 
 
 def past_name(layer: int, kind: str) -> str:

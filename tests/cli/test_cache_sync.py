@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.builds.fault_driver import settings, stages
 
 from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.cli import cache as cache_cli
+from tests.builds.fault_driver import settings, stages
 from tests.helpers.fake_stages import recipe
 
 HITS = ["hit"] * 4

@@ -47,7 +47,7 @@ def _recipe(tmp_path: Path, checkpoint: Path) -> Path:
         "name: ckpt_generate\n"
         f"model: {{_target_: hyperexport.models.pretrained, path: {checkpoint},"
         " auto_class: AutoModelForCausalLM}\n"
-        "inputs: auto\nhiera: auto\ntask: text-generation\nfunctions: per_type\n"
+        "inputs: auto\nhiera: auto\ntask: text-generation\nfunctions: per_type\ndynamo: false\n"
         f"generation: {{prompts: {PROMPTS}, max_new_tokens: 16}}\n"
     )
     return recipe
