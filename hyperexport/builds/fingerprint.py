@@ -161,7 +161,7 @@ def weights_fingerprint(
 #: weights and their index, tokenizer, processors, generation config, custom code), as the
 #: names transformers defines them (``transformers.utils``: CONFIG_NAME, SAFE_WEIGHTS_NAME,
 #: ...; tokenizer files by their class's ``vocab_files_names``). Kept as patterns so that a
-#: no-op build need not import transformers; ``tests/runner/test_fingerprint.py`` checks them
+#: no-op build need not import transformers; ``tests/builds/test_fingerprint.py`` checks them
 #: against transformers' own constants. A README or an image beside them is not read.
 PRETRAINED_FILES = (
     CHECKPOINT_CONFIG,

@@ -1,5 +1,5 @@
 """``cache push`` and ``cache pull``: seed a remote tier from a local cache, or fill a local
-cache from a remote, with the remote tier's own transfer functions (``runner/remote.py``).
+cache from a remote, with the remote tier's own transfer functions (``engine/remote.py``).
 
 * ``push`` uploads every local entry the remote lacks (blobs first, the entry last), then the
   discovered-dependency records; an entry already on the remote with all its blobs is skipped.

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     )
 
 # Loaded on first access: a stage imports ``config.schema`` (its ``reads`` come from the schema),
-# and its key covers the modules it loads (runner/code_closure.py). Importing the schema must not
+# and its key covers the modules it loads (engine/code_closure.py). Importing the schema must not
 # load validation and Hydra registration, or editing an error message would rebuild every stage.
 _LAZY = {
     "AttentionSpec": "hyperexport.config.schema",

@@ -393,7 +393,7 @@ class RecipeConfig(Section):
         check=_not_negative,
     )
     # What the model reads besides its arguments: the values of these variables enter the keys
-    # of the stages that run it (runner/session.py, model fingerprint), as digests.
+    # of the stages that run it (builds/fingerprint.py, model fingerprint), as digests.
     env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
     # What of the model is exported; the generation task also decodes in evaluate and check.
     task: str = option(

@@ -33,7 +33,7 @@ def genai_folder(model_dir: Path, genai_config: Path, scratch: Path) -> Iterator
     onnxruntime-genai takes a folder and refuses a model path outside it, so the files are
     copied into a folder under ``scratch``, removed on exit (a copy of the weights: for a large
     model, evaluate needs that much disk for the duration). Not hard links: a link changes the input's ctime, and the
-    build then no longer trusts its held copy of the data file (``runner/workspace.py``).
+    build then no longer trusts its held copy of the data file (``engine/workspace.py``).
     Symlinks neither: ONNX Runtime refuses external data that leaves the model's folder.
     """
     folder = Path(tempfile.mkdtemp(prefix="genai-", dir=scratch))
