@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hyperexport.contracts.names import STAGE_NAMES
+
 #: ``(command, what it does)`` of every subcommand ``__main__`` dispatches.
 SUBCOMMANDS_HELP = (
     ("cache", "inspect and manage the build cache: status, ls, show, verify, gc, clean, push, pull"),
@@ -91,8 +93,8 @@ def render_help(recipes_dir: Path) -> str:
         "       hyperexport -m [FIELD=V1,V2 ...]          (a sweep)",
         "       hyperexport {cache,show,lock} ...         (see hyperexport COMMAND --help)",
         "",
-        "Build hierarchical ONNX models from recipes: trace -> export -> rewrite -> evaluate ->",
-        "check, each stage cached by what it depends on. Artifacts: outputs/<recipe>/<variant>/.",
+        "Build hierarchical ONNX models from recipes: " + " -> ".join(STAGE_NAMES) + ",",
+        "each stage cached by what it depends on. Artifacts: outputs/<recipe>/<variant>/.",
         "",
         "commands:",
         *_rows(SUBCOMMANDS_HELP),
