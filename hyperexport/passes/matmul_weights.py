@@ -234,13 +234,7 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
         names = self._names(value.name or "weight")
         if value.is_initializer() and value.const_value is not None:
             arrays = self._tensors(value.const_value, transposed)
-            made = []
-            for name, array in zip(names, arrays, strict=True):
-                tensor = ir.Tensor(array, name=name)
-                new = ir.Value(name=_fresh(name, graph), const_value=tensor)
-                new.type, new.shape = ir.TensorType(tensor.dtype), ir.Shape(array.shape)
-                graph.register_initializer(new)
-                made.append(new)
+            made = _initializers(graph, names, arrays)
         elif (producer := value.producer()) is not None and self.lift_constants:
             weight = producer.attributes["value"].as_tensor()
             made = self._provide(graph, self._tensors(weight, transposed), names, sites, functions)
@@ -292,14 +286,7 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
         weight's module path (``names`` are local to ``graph`` until ``absolute``)."""
         function = functions.get(id(graph))
         if function is None:  # the main graph
-            made = []
-            for name, array in zip(names, arrays, strict=True):
-                tensor = ir.Tensor(array, name=name)
-                new = ir.Value(name=_fresh(name, graph), const_value=tensor)
-                new.type, new.shape = ir.TensorType(tensor.dtype), ir.Shape(array.shape)
-                graph.register_initializer(new)
-                made.append(new)
-            return made
+            return _initializers(graph, names, arrays)
         path = "" if absolute else function.metadata_props.get(META_MODULE_PATH, "")
         outer = [f"{path}.{name}" for name in names] if path else names
         made = [ir.Value(name=_fresh(name, graph)) for name in names]
@@ -331,3 +318,15 @@ def _fresh(name: str, graph: ir.Graph) -> str:
     while candidate in taken:
         candidate, i = f"{name}.{i}", i + 1
     return candidate
+
+
+def _initializers(graph: ir.Graph, names: list[str], arrays: list[np.ndarray]) -> list[ir.Value]:
+    """``arrays`` as new initializers of the main graph ``graph``, named after ``names``."""
+    made = []
+    for name, array in zip(names, arrays, strict=True):
+        tensor = ir.Tensor(array, name=name)
+        new = ir.Value(name=_fresh(name, graph), const_value=tensor)
+        new.type, new.shape = ir.TensorType(tensor.dtype), ir.Shape(array.shape)
+        graph.register_initializer(new)
+        made.append(new)
+    return made
