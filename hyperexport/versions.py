@@ -322,6 +322,35 @@ def dynamo_export_caches() -> Iterator[None]:
         exported_program._collect_all_valid_cia_ops = collect  # type: ignore[attr-defined]
 
 
+@contextlib.contextmanager
+def decomposition_without_input_guards() -> Iterator[None]:
+    """Let ``run_decompositions`` unlift a program with dynamic shapes on torch 2.9.
+
+    torch 2.9's ``ExportedProgram.module()`` inserts a ``_guards_fn`` whose generated code names
+    dynamo's ``L[...]`` sources, and ``torch.onnx.export(dynamo=True)`` calls it while it
+    decomposes: ``NameError: name 'L' is not defined`` (pytorch/pytorch#172903). Later releases
+    rewrite those names to the signature's (``_unlift._force_ep_signature_match``, present from
+    2.11). The guards only check a call's inputs and never reach the ONNX graph, so while open,
+    and only where that rewrite is missing, ``module()`` is built without them.
+    """
+    from torch.export import _unlift
+    from torch.export.exported_program import ExportedProgram
+
+    if hasattr(_unlift, "_force_ep_signature_match"):
+        yield
+        return
+    original = ExportedProgram.module
+
+    def module(self: ExportedProgram, check_guards: bool = False) -> Any:
+        return original(self, check_guards=check_guards)
+
+    ExportedProgram.module = module  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ExportedProgram.module = original  # type: ignore[method-assign]
+
+
 #: Weights at least this large are kept out of the TorchScript exporter's shape inference.
 _SHAPE_INFERENCE_VALUE_LIMIT = 1 << 20
 

@@ -31,7 +31,12 @@ import torch
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError
 from hyperexport.export.placeholders import Dim, PlaceholderSpec
-from hyperexport.versions import dynamo_export_caches, torch_dtype, torch_dtype_name
+from hyperexport.versions import (
+    decomposition_without_input_guards,
+    dynamo_export_caches,
+    torch_dtype,
+    torch_dtype_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +200,7 @@ def export_program(
         program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
     table = placeholder_translation_table(program)
     table.update(translations or {})
-    with quiet_exporter(), dynamo_export_caches():
+    with quiet_exporter(), dynamo_export_caches(), decomposition_without_input_guards():
         onnx_program = torch.onnx.export(
             program,
             inputs,
