@@ -43,6 +43,9 @@ class CheckSettings:
             that type the model executes (main graph, plus each function's nodes times the
             number of times it is called). Checked by the ``op_counts`` structural check, which
             runs only when this is non-empty.
+        accept_vacuous: Graph output names or capture keys whose reference may prove nothing
+            (NaN, within the tolerance of zero, or constant: ``vacuous.py``); any other such
+            output fails the check.
     """
 
     atol: float = 1e-4
@@ -53,6 +56,7 @@ class CheckSettings:
     expected_opset: int | None = None
     expected_dynamo: bool | None = None
     expected_ops: tuple[tuple[str, int], ...] = ()
+    accept_vacuous: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.function_scope not in FUNCTION_SCOPES:
@@ -87,4 +91,5 @@ class CheckSettings:
             "expected_opset": self.expected_opset,
             "expected_dynamo": self.expected_dynamo,
             "expected_ops": {op: count for op, count in self.expected_ops},
+            "accept_vacuous": list(self.accept_vacuous),
         }

@@ -56,10 +56,13 @@ def test_a_tolerance_is_applied_without_running_anything(save_toy) -> None:
 
     strict = judge(evaluation, toy.manifest, toy.capture, reference, FULL, forbidden)
     assert not strict.end_to_end_ok and strict.first_divergent_module == "head"
-    loose_settings = CheckSettings(atol=100.0, expected_classes=FULL.expected_classes)
+    # Loose enough for the 0.5 edit; block's outputs (max 0.42) then prove nothing: accepted.
+    loose_settings = CheckSettings(
+        atol=0.6, expected_classes=FULL.expected_classes, accept_vacuous=("block#0/out.0",)
+    )
     loose = judge(evaluation, toy.manifest, toy.capture, reference, loose_settings, forbidden)
     assert loose.end_to_end_ok and loose.functions_ok and loose.first_divergent_module is None
-    assert loose.outputs[0].atol == 100.0  # the new tolerance, on the same numbers
+    assert loose.outputs[0].atol == 0.6  # the new tolerance, on the same numbers
     assert [o.max_abs for o in loose.outputs] == [o.max_abs for o in strict.outputs]
     assert any(o.max_abs for o in strict.outputs)
 
