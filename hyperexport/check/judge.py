@@ -62,7 +62,7 @@ class _Judge:
         reason = vacuous_reason(expected, floor)
         if reason is None:
             return result
-        accepted = any(name in self._settings.accept_vacuous for name in names)
+        accepted = self._settings.accepts_vacuous(*names)
         return dataclasses.replace(
             result, ok=result.ok and accepted, vacuous=reason, accepted=accepted
         )

@@ -142,6 +142,13 @@ class FunctionResult:
     seconds: float = 0.0
 
     @property
+    def diverges(self) -> bool:
+        """Whether the call failed (not only on vacuous references, which need no localising)."""
+        failed = [o for o in self.outputs if not o.ok]
+        vacuous_only = self.error is None and bool(failed) and not any(o.diverges for o in failed)
+        return not self.ok and not vacuous_only
+
+    @property
     def max_abs(self) -> float | None:
         """Largest absolute difference over the outputs (None if nothing was compared)."""
         values = [o.max_abs for o in self.outputs if o.max_abs is not None]
@@ -273,7 +280,7 @@ class CheckReport:
                 f"  first divergent module: {self.first_divergent_module} "
                 f"(call {self.first_divergent_call})"
             )
-        elif not self.end_to_end_ok and self.outputs:
+        elif any(o.diverges for o in self.outputs):
             lines.append("  no function diverges: the difference comes from the main graph")
         return lines
 
@@ -291,10 +298,19 @@ class CheckReport:
                 f"first divergent module in execution order: {self.first_divergent_module!r}: "
                 f"function {guilty.describe()}"
             )
-        others = [f for f in self.functions if not f.ok and f.call_id != self.first_divergent_call]
+        others = [
+            f for f in self.functions if f.diverges and f.call_id != self.first_divergent_call
+        ]
         if others:
             problems.append(
                 f"{len(others)} other diverging call(s): " + ", ".join(f.call_id for f in others)
+            )
+        vacuous = [o for f in self.functions if not f.diverges for o in f.outputs if not o.ok]
+        if vacuous:
+            problems.append(
+                f"{len(vacuous)} function output(s) whose torch reference proves nothing "
+                "(list them in check.accept_vacuous): "
+                + ", ".join(f"{o.key} ({o.vacuous})" for o in vacuous)
             )
         return f"check of {self.model_path} failed: " + "; ".join(problems)
 

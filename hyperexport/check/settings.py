@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 
@@ -43,9 +44,9 @@ class CheckSettings:
             that type the model executes (main graph, plus each function's nodes times the
             number of times it is called). Checked by the ``op_counts`` structural check, which
             runs only when this is non-empty.
-        accept_vacuous: Graph output names or capture keys whose reference may prove nothing
-            (NaN, within the tolerance of zero, or constant: ``vacuous.py``); any other such
-            output fails the check.
+        accept_vacuous: Graph output names or capture keys (or ``fnmatch`` patterns of them,
+            ``layer.*/out.*``) whose reference may prove nothing (NaN, within the tolerance of
+            zero, or constant: ``vacuous.py``); any other such output fails the check.
     """
 
     atol: float = 1e-4
@@ -79,6 +80,10 @@ class CheckSettings:
             if name in names:
                 return tolerance
         return self.default_tolerance
+
+    def accepts_vacuous(self, *names: str) -> bool:
+        """Whether an entry of ``accept_vacuous`` names (or matches) any of ``names``."""
+        return any(fnmatchcase(name, entry) for entry in self.accept_vacuous for name in names)
 
     def to_json(self) -> dict[str, object]:
         """JSON-compatible form, for the report."""

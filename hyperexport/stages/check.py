@@ -6,6 +6,7 @@ whole-model comparison, on the call sites ``evaluate`` did not run.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -116,11 +117,11 @@ def _refuse_unknown_outputs(
     outputs = [o.name.removesuffix(SECOND_SHAPE) for o in evaluation.outputs]
     known = {*outputs, *capture.arrays}
     for i, name in enumerate(names):
-        if name not in known:
+        if not any(fnmatch.fnmatchcase(k, name) for k in known):
             raise RecipeError(
                 recipe_file,
                 f"check.accept_vacuous[{i}]",
-                f"{name!r} is no graph output name or capture key of this model "
+                f"{name!r} names no graph output or capture key of this model "
                 f"(graph outputs: {', '.join(dict.fromkeys(outputs)) or 'none'})",
             )
 

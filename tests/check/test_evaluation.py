@@ -138,9 +138,7 @@ def test_a_damaged_record_is_refused(tmp_path: Path, edit, message: str) -> None
 def test_a_run_for_another_manifest_is_refused(save_toy) -> None:
     toy = make_toy("per_type")
     evaluation = evaluate_model(save_toy(toy), toy.manifest, toy.capture, toy.arrays, FULL)
-    wrong = Evaluation(
-        **{**evaluation.__dict__, "functions": (FunctionRun(0, "elsewhere#0", ()),)}
-    )
+    wrong = Evaluation(**{**evaluation.__dict__, "functions": (FunctionRun(0, "elsewhere#0", ()),)})
     reference = CapturedArrays(toy.capture, toy.arrays)
     with pytest.raises(CheckError, match="'elsewhere#0' is not in the manifest"):
         judge(wrong, toy.manifest, toy.capture, reference, FULL)
@@ -163,7 +161,9 @@ def test_tolerance_overrides_match_output_names_and_keys(save_toy) -> None:
     evaluation = evaluate_model(save_toy(toy), toy.manifest, toy.capture, toy.arrays, FULL)
     reference = CapturedArrays(toy.capture, toy.arrays)
     settings = CheckSettings(
-        atol=0.0, rtol=0.0, per_output=(("y", Tolerance(1.0, 0.0)), ("head#0/out.0", Tolerance(2.0, 0.0)))
+        atol=0.0,
+        rtol=0.0,
+        per_output=(("y", Tolerance(1.0, 0.0)), ("head#0/out.0", Tolerance(2.0, 0.0))),
     )
     report = judge(evaluation, toy.manifest, toy.capture, reference, settings)
     by_name = {o.name: o.atol for o in report.outputs}

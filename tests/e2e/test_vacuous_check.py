@@ -107,4 +107,4 @@ def test_an_accepted_name_that_is_no_output_is_refused(zero_package: Path, tmp_p
     cause = outcome.result.error.__cause__
     assert isinstance(cause, RecipeError)
     assert cause.field == "check.accept_vacuous[0]"
-    assert "'logits' is no graph output name or capture key of this model" in str(cause)
+    assert "'logits' names no graph output or capture key of this model" in str(cause)
