@@ -108,3 +108,44 @@ def test_an_accepted_name_that_is_no_output_is_refused(zero_package: Path, tmp_p
     assert isinstance(cause, RecipeError)
     assert cause.field == "check.accept_vacuous[0]"
     assert "'logits' names no graph output or capture key of this model" in str(cause)
+
+
+@pytest.mark.slow
+def test_a_mobilenet_checkpoint_of_vanishing_outputs_fails_then_passes_when_accepted(
+    tmp_path: Path,
+) -> None:
+    """transformers' own initialisation of a tiny MobileNetV2 gives outputs of ~1e-26 (issue 22),
+    and every block's output is within the tolerance of zero too."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MobileNetV2Config(image_size=32, depth_multiplier=0.25)
+    transformers.MobileNetV2Model(config).eval().save_pretrained(tmp_path / "ckpt")
+
+    def recipe(**check: Any) -> Any:
+        data = {
+            "name": "mobilenet",
+            "model": {"_target_": "hyperexport.models.pretrained", "path": str(tmp_path / "ckpt")},
+            "inputs": "auto",
+            "hiera": "auto",
+            "dynamo": False,
+            "check": check,
+        }
+        return validate_recipe(data, str(tmp_path / "mobilenet.yaml"))
+
+    refused = build(recipe(), tmp_path)
+    assert refused.exit_code == 1 and refused.report is not None
+    error = refused.report["error"]
+    assert "\n" not in error and "first divergent" not in error
+    assert "output last_hidden_state [out.0]: FAIL: the torch reference is within the " in error
+    outputs = refused.report["check"]["end_to_end"]["outputs"]
+    assert {o["name"] for o in outputs} == {"last_hidden_state", "pooler_output"}
+    assert all(o["vacuous"] and o["mismatched"] == 0 for o in outputs)
+    functions = refused.report["check"]["functions"]
+    assert functions and all(not f["ok"] and f["outputs"][0]["vacuous"] for f in functions)
+
+    accept = ["last_hidden_state", "pooler_output", "layer.*/out.*"]
+    accepted = build(recipe(accept_vacuous=accept), tmp_path)
+    assert accepted.exit_code == 0, accepted.lines
+    assert accepted.report is not None and accepted.report["check"]["ok"]
