@@ -46,6 +46,7 @@ def test_outputs_and_report(tmp_path: Path) -> None:
     assert report["artifacts"]["model"] == str(out / "model.onnx")
     assert report["check"]["params"] == {
         "check": {
+            "accept_vacuous": [],
             "atol": 0.0001,
             "expect_ops": {},
             "function_scope": "all",
