@@ -19,7 +19,9 @@ from hyperexport.capture.capture_model import capture_model
 from hyperexport.capture.container import Capture
 from hyperexport.capture.hiera_classes import resolve_hiera
 from hyperexport.capture.root import root_as_function
+from hyperexport.capture.tree import qualified_name
 from hyperexport.contracts.bundle import ExportBundle
+from hyperexport.contracts.capture_spec import CaptureSpec
 from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.contracts.records import CaptureRecord, tree_tensor_keys
 from hyperexport.errors import OptionsError
@@ -274,21 +276,17 @@ def export_hyper_onnx(
     model = root_as_function(model, classes, options.method)
     if options.dynamic_axes and request.input_names:
         options = _axes_by_leaf_name(model, args, kwargs, options, list(request.input_names))
-    axes = {k: dict(v) for k, v in options.dynamic_axes}
-
-    capture_call = CaptureCall(
-        model,
-        args,
-        kwargs,
-        settings={
-            "hiera": classes,
-            "method": options.method,
-            "attention": options.attention.implementation,
-            "dynamic_axes": axes or None,
-            "probe_shapes": {k: tuple(v) for k, v in options.probe_shapes} or None,
-        },
+    # The same frozen specification the build's trace writes; the inputs are the caller's.
+    spec = CaptureSpec(
+        hiera=tuple(qualified_name(c) for c in classes),
+        method=options.method,
+        dynamo=dynamo,
+        attention=options.attention.implementation,
+        dynamic_axes=options.dynamic_axes,
+        probe_shapes=options.probe_shapes,
     )
-    path = path_for(dynamo)
+    capture_call = CaptureCall(model, args, kwargs, spec, classes)
+    path = path_for(spec.dynamo)
     capture = capture_call(path)
     output_names = complete_output_names(request.output_names or None, capture.record)
     with contextlib.ExitStack() as stack:

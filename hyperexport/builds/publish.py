@@ -66,7 +66,6 @@ from hyperexport.files import clone_or_copy
 log = logging.getLogger(__name__)
 
 
-
 class CorruptBlobError(ValueError):
     """A cached blob did not match its digest while being published (it has been removed)."""
 

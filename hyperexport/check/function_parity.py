@@ -60,7 +60,8 @@ def first_divergent(
 ) -> int | None:
     """The first diverging call in execution order, descending into nested calls.
 
-    A call diverges when its result is not ok. When a diverging call has diverging nested calls,
+    A call diverges when it failed to run or an output differs from its reference (a result
+    that fails only on a vacuous reference does not diverge). When a diverging call has diverging nested calls,
     the blame moves to the first of those (recursively), so the innermost guilty module is named
     rather than every module that encloses it.
 
@@ -71,8 +72,8 @@ def first_divergent(
     """
 
     def diverges(i: int) -> bool:
-        result = get(i)
-        return result is not None and not result.ok
+        result = get(i)  # a refused vacuous reference is no divergence: nothing to localise
+        return result is not None and result.diverges
 
     def innermost(i: int) -> int:
         for j in nested[i]:

@@ -8,6 +8,7 @@ then is anything loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from hyperexport.check.precision import floored
 from hyperexport.check.report import CheckReport, FunctionResult, TensorResult
 from hyperexport.check.settings import CheckSettings, Tolerance
 from hyperexport.check.tensors import CapturedArrays
+from hyperexport.check.vacuous import vacuous_reason
 from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import CheckError
@@ -46,11 +48,24 @@ class _Judge:
         self.computed = dict(evaluation.arrays)
 
     def tensor(self, run: OutputRun, *names: str) -> TensorResult:
-        """``run`` against its reference; the tolerance is the first override ``names`` match."""
+        """``run`` against its reference; the tolerance is the first override ``names`` match.
+
+        A reference that proves nothing (``vacuous.py``) fails the result unless one of
+        ``names`` is in the settings' ``accept_vacuous``.
+        """
         expected = self._reference.get(run.key)
         tolerance = self._settings.tolerance_for(*names)
         floor = Tolerance(*floored(tolerance.atol, tolerance.rtol, expected))
-        return compare_arrays(self.computed[run.array], expected, floor, name=run.name, key=run.key)
+        result = compare_arrays(
+            self.computed[run.array], expected, floor, name=run.name, key=run.key
+        )
+        reason = vacuous_reason(expected, floor)
+        if reason is None:
+            return result
+        accepted = self._settings.accepts_vacuous(*names)
+        return dataclasses.replace(
+            result, ok=result.ok and accepted, vacuous=reason, accepted=accepted
+        )
 
     def function(self, run: FunctionRun) -> FunctionResult:
         sites = self._manifest.calls
@@ -115,7 +130,7 @@ def judge(
     e2e_failed = (
         evaluation.end_to_end_skipped is not None
         or error is not None
-        or not all(o.ok for o in outputs)
+        or any(o.diverges for o in outputs)  # a refused vacuous output needs no localising
     )
 
     def localise(index: int) -> FunctionResult | None:

@@ -54,6 +54,9 @@ class TensorResult:
         mismatched: Number of elements out of tolerance.
         size: Number of elements compared.
         error: Why the tensors could not be compared element by element, if so.
+        vacuous: Why the reference proves nothing (``vacuous.py``: NaN, within the tolerance
+            of zero, constant), if so. Such a result fails unless ``accepted``.
+        accepted: Whether the settings accept this output's vacuous reference by name.
     """
 
     name: str
@@ -66,6 +69,13 @@ class TensorResult:
     mismatched: int = 0
     size: int = 0
     error: str | None = None
+    vacuous: str | None = None
+    accepted: bool = False
+
+    @property
+    def diverges(self) -> bool:
+        """Whether the export differs from the reference (not only a refused vacuous one)."""
+        return self.error is not None or self.mismatched > 0
 
     def describe(self) -> str:
         """One line: name, key, verdict and numbers."""
@@ -73,9 +83,16 @@ class TensorResult:
         verdict = "ok" if self.ok else "FAIL"
         if self.error is not None:
             return f"{label}: {verdict}: {self.error}"
+        if self.vacuous is not None and not self.accepted:
+            return (
+                f"{label}: FAIL: the torch reference {self.vacuous}, so comparing with it proves "
+                "nothing; list the output in check.accept_vacuous to accept it"
+            )
+        note = "" if self.vacuous is None else f" [vacuous reference accepted: {self.vacuous}]"
         return (
             f"{label}: {verdict} max_abs={_fmt(self.max_abs)} max_rel={_fmt(self.max_rel)} "
             f"(atol={self.atol:g}, rtol={self.rtol:g}; {self.mismatched}/{self.size} out of tolerance)"
+            f"{note}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -90,6 +107,8 @@ class TensorResult:
             "mismatched": self.mismatched,
             "size": self.size,
             "error": self.error,
+            "vacuous": self.vacuous,
+            "accepted": self.accepted,
         }
 
 
@@ -121,6 +140,13 @@ class FunctionResult:
     error: str | None = None
     reason: str = "scope"
     seconds: float = 0.0
+
+    @property
+    def diverges(self) -> bool:
+        """Whether the call failed (not only on vacuous references, which need no localising)."""
+        failed = [o for o in self.outputs if not o.ok]
+        vacuous_only = self.error is None and bool(failed) and not any(o.diverges for o in failed)
+        return not self.ok and not vacuous_only
 
     @property
     def max_abs(self) -> float | None:
@@ -254,7 +280,7 @@ class CheckReport:
                 f"  first divergent module: {self.first_divergent_module} "
                 f"(call {self.first_divergent_call})"
             )
-        elif not self.end_to_end_ok and self.outputs:
+        elif any(o.diverges for o in self.outputs):
             lines.append("  no function diverges: the difference comes from the main graph")
         return lines
 
@@ -272,10 +298,19 @@ class CheckReport:
                 f"first divergent module in execution order: {self.first_divergent_module!r}: "
                 f"function {guilty.describe()}"
             )
-        others = [f for f in self.functions if not f.ok and f.call_id != self.first_divergent_call]
+        others = [
+            f for f in self.functions if f.diverges and f.call_id != self.first_divergent_call
+        ]
         if others:
             problems.append(
                 f"{len(others)} other diverging call(s): " + ", ".join(f.call_id for f in others)
+            )
+        vacuous = [o for f in self.functions if not f.diverges for o in f.outputs if not o.ok]
+        if vacuous:
+            problems.append(
+                f"{len(vacuous)} function output(s) whose torch reference proves nothing "
+                "(list them in check.accept_vacuous): "
+                + ", ".join(f"{o.key} ({o.vacuous})" for o in vacuous)
             )
         return f"check of {self.model_path} failed: " + "; ".join(problems)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 
@@ -43,6 +44,9 @@ class CheckSettings:
             that type the model executes (main graph, plus each function's nodes times the
             number of times it is called). Checked by the ``op_counts`` structural check, which
             runs only when this is non-empty.
+        accept_vacuous: Graph output names or capture keys (or ``fnmatch`` patterns of them,
+            ``layer.*/out.*``) whose reference may prove nothing (NaN, within the tolerance of
+            zero, or constant: ``vacuous.py``); any other such output fails the check.
     """
 
     atol: float = 1e-4
@@ -53,6 +57,7 @@ class CheckSettings:
     expected_opset: int | None = None
     expected_dynamo: bool | None = None
     expected_ops: tuple[tuple[str, int], ...] = ()
+    accept_vacuous: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.function_scope not in FUNCTION_SCOPES:
@@ -76,6 +81,10 @@ class CheckSettings:
                 return tolerance
         return self.default_tolerance
 
+    def accepts_vacuous(self, *names: str) -> bool:
+        """Whether an entry of ``accept_vacuous`` names (or matches) any of ``names``."""
+        return any(fnmatchcase(name, entry) for entry in self.accept_vacuous for name in names)
+
     def to_json(self) -> dict[str, object]:
         """JSON-compatible form, for the report."""
         return {
@@ -87,4 +96,5 @@ class CheckSettings:
             "expected_opset": self.expected_opset,
             "expected_dynamo": self.expected_dynamo,
             "expected_ops": {op: count for op, count in self.expected_ops},
+            "accept_vacuous": list(self.accept_vacuous),
         }

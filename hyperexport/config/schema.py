@@ -124,6 +124,14 @@ def _tolerances(per_output: Mapping[str, ToleranceSpec]) -> None:
                 raise Invalid(f"must be > 0, got {value}", at=f".{out}.{key}")
 
 
+def _output_names(names: list[str]) -> None:
+    for i, name in enumerate(names):
+        if not name or name != name.strip():
+            raise Invalid(f"{name!r} is not an output name or capture key", at=f"[{i}]")
+    if len(set(names)) != len(names):
+        raise Invalid("names an output twice")
+
+
 def _op_counts(counts: Mapping[str, int]) -> None:
     for op, count in counts.items():
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", op):
@@ -259,15 +267,19 @@ class CheckSpec(Section):
 
     Tolerances are read by ``check`` only (changing one reruns only ``check``); what runs
     (``function_scope``, ``expect_ops``) by ``evaluate`` too.
+
+    ``accept_vacuous`` lists graph output names or capture keys (``<call_id>/out.<i>`` for a
+    function's output) whose torch reference may prove nothing: NaN, within the tolerance of
+    zero, or constant (``check/vacuous.py``). Any other such output fails the check; a name
+    that is no output or key of the model is refused by the check stage (exit 2).
     """
 
     atol: float = option(1e-4, readers=_CHECK, check=_positive)
     rtol: float = option(1e-3, readers=_CHECK, check=_positive)
     per_output: dict[str, ToleranceSpec] = option(factory=dict, readers=_CHECK, check=_tolerances)
-    function_scope: str = option(
-        "all", readers=CHECK_STAGES, choices=FUNCTION_SCOPES
-    )
+    function_scope: str = option("all", readers=CHECK_STAGES, choices=FUNCTION_SCOPES)
     expect_ops: dict[str, int] = option(factory=dict, readers=CHECK_STAGES, check=_op_counts)
+    accept_vacuous: list[str] = option(factory=list, readers=_CHECK, check=_output_names)
     quantized: QuantizedCheckSpec = section(QuantizedCheckSpec)
 
 

@@ -31,6 +31,8 @@ CAPTURE_RECORD = CAPTURE_JSON
 REFERENCE_DIR = "reference"
 #: The trace: the resolution of ``auto`` (published), when the recipe used it.
 AUTO_FILE = "auto.json"
+#: The trace: the frozen capture specification the export captures again from, never ``auto``.
+CAPTURE_SPEC_JSON = "capture_spec.json"
 #: A transformers checkpoint folder is one holding this file (its model config).
 CHECKPOINT_CONFIG = "config.json"
 #: A checkpoint's tokenizer files: keyed with the checkpoint, and copied beside a generation

@@ -12,7 +12,7 @@ import logging
 import shutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import torch
 from hyperexport.atomic import atomic_write_text
 from hyperexport.capture.container import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON, ExportBundle
+from hyperexport.contracts.capture_spec import CaptureSpec
 from hyperexport.contracts.names import UNITS_DIR
 from hyperexport.errors import InputError, ModuleExportError
 from hyperexport.export.path import ExportPath
@@ -36,24 +37,29 @@ Recapture = Callable[[ExportPath], Capture]
 
 @dataclass(frozen=True)
 class CaptureCall:
-    """One model's capture settings, to capture it for any path (first try and fallback).
+    """One model captured from its frozen specification, for any path (first try and fallback).
+
+    The export stage's fallback and ``export_hyper_onnx`` capture through this; the trace stage
+    calls ``capture_model`` with the same ``spec.capture_settings()`` (it imports no export code).
 
     Attributes:
         model: The live model.
         args: Positional example inputs.
         kwargs: Keyword example inputs.
-        settings: :func:`~hyperexport.capture.capture_model.capture_model`'s other keywords
-            (``hiera``, ``method``, ``attention``, ``dynamic_axes``, ``probe_shapes``).
+        spec: What the capture runs (method, attention, dynamic axes, probe shapes).
+        hiera: The live classes of ``spec.hiera`` (imported by the caller, never from data).
     """
 
     model: torch.nn.Module
     args: Any
-    kwargs: Mapping[str, Any] | None = None
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    kwargs: Mapping[str, Any] | None
+    spec: CaptureSpec
+    hiera: tuple[type, ...]
 
     def __call__(self, path: ExportPath) -> Capture:
         """The model captured as ``path`` will export it."""
-        return path.capture(self.model, self.args, self.kwargs, **self.settings)
+        settings = self.spec.capture_settings()
+        return path.capture(self.model, self.args, self.kwargs, hiera=self.hiera, **settings)
 
 
 def export_with_fallback(

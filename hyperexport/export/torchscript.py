@@ -96,6 +96,7 @@ class TorchScriptPath(ExportPath):
         except Exception as e:
             raise ModuleExportError(job.module_path, False, e) from e
 
+
 log = logging.getLogger(__name__)
 
 

@@ -23,7 +23,7 @@ def check_settings(
     Args:
         recipe: Holds ``check.function_scope``, ``check.expect_ops``, ``opset``, ``dynamo``,
             ``fallback`` and ``attention.promote_opset24``; and, for the ``check`` stage,
-            ``check.atol``, ``check.rtol`` and ``check.per_output``.
+            ``check.atol``, ``check.rtol``, ``check.per_output`` and ``check.accept_vacuous``.
         hiera: Qualified hiera class names (each must become a function).
         fallback_from: The manifest's record of a fallback, if the export fell back. Only a
             recipe with ``fallback: true`` accepts the other path; otherwise the metadata check
@@ -54,7 +54,13 @@ def check_settings(
         (name, Tolerance(t.atol or c.atol, t.rtol or c.rtol))
         for name, t in sorted(c.per_output.items())
     )
-    return dataclasses.replace(settings, atol=c.atol, rtol=c.rtol, per_output=per_output)
+    return dataclasses.replace(
+        settings,
+        atol=c.atol,
+        rtol=c.rtol,
+        per_output=per_output,
+        accept_vacuous=tuple(c.accept_vacuous),
+    )
 
 
 def quantized_thresholds(recipe: RecipeConfig) -> QuantizedThresholds:

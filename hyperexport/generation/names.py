@@ -24,7 +24,6 @@ GENERATED_NPZ = "generation.npz"
 GENERATION_CHECK = "generation_check.json"
 
 
-
 def past_name(layer: int, kind: str) -> str:
     """onnxruntime-genai's past KV input name (``past_key_values.0.key``)."""
     return f"past_key_values.{layer}.{kind}"

@@ -6,6 +6,7 @@ whole-model comparison, on the call sites ``evaluate`` did not run.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,9 +29,10 @@ from hyperexport.stages.recipe_stage import RecipeStage
 if TYPE_CHECKING:
     import numpy as np
 
-    from hyperexport.check.evaluation import FunctionRun
+    from hyperexport.check.evaluation import Evaluation, FunctionRun
     from hyperexport.check.model_evaluator import ModelEvaluator
     from hyperexport.check.quantized_judge import QuantizedVerdict
+    from hyperexport.contracts.capture_files import CaptureFiles
 
 
 class CheckStage(RecipeStage):
@@ -66,6 +68,7 @@ class CheckStage(RecipeStage):
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
         evaluation = Evaluation.load(inputs.dir("evaluate"))
         settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
+        _refuse_unknown_outputs(inputs.recipe_file, settings.accept_vacuous, evaluation, capture)
         evaluator: ModelEvaluator | None = None
 
         def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:
@@ -102,6 +105,25 @@ class CheckStage(RecipeStage):
             raise generation_error
         if quantized is not None:
             quantized.raise_for_failure()
+
+
+def _refuse_unknown_outputs(
+    recipe_file: str, names: Sequence[str], evaluation: Evaluation, capture: CaptureFiles
+) -> None:
+    """RecipeError naming the ``check.accept_vacuous`` entry that is no output of this model."""
+    from hyperexport.check.evaluation import SECOND_SHAPE
+    from hyperexport.errors import RecipeError
+
+    outputs = [o.name.removesuffix(SECOND_SHAPE) for o in evaluation.outputs]
+    known = {*outputs, *capture.arrays}
+    for i, name in enumerate(names):
+        if not any(fnmatch.fnmatchcase(k, name) for k in known):
+            raise RecipeError(
+                recipe_file,
+                f"check.accept_vacuous[{i}]",
+                f"{name!r} names no graph output or capture key of this model "
+                f"(graph outputs: {', '.join(dict.fromkeys(outputs)) or 'none'})",
+            )
 
 
 def _quantized_verdict(quantize_dir: Path, recipe: RecipeConfig) -> QuantizedVerdict | None:

@@ -15,6 +15,9 @@ from hyperexport.stages.recipe_stage import RecipeStage
 class ExportStage(RecipeStage):
     """``export_units`` on the live model and the trace's capture.
 
+    What to capture again on a fallback (classes, inputs, dynamic axes) is the trace's frozen
+    ``capture_spec.json``: ``auto`` is resolved once, by the trace, never here.
+
     Besides the bundle, the stage writes the capture its bundle was exported from under
     ``reference/``: the check stage's reference, so that check reads only its declared inputs.
     It is a copy of the trace's capture (the cache stores its bytes once), or, with
@@ -24,7 +27,7 @@ class ExportStage(RecipeStage):
     """
 
     name: str = "export"
-    version: int = 4
+    version: int = 5
     upstream: tuple[str, ...] = ("trace",)
     #: Derived from the schema: the recipe fields that declare "export" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
@@ -45,39 +48,30 @@ class ExportStage(RecipeStage):
     def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
-        from hyperexport.export.fallback import export_with_fallback
+        from hyperexport.contracts.capture_spec import CaptureSpec
+        from hyperexport.export.fallback import CaptureCall, export_with_fallback
         from hyperexport.export.path import ExportPath
         from hyperexport.export.registry import path_for
         from hyperexport.files import clone_or_copy
-        from hyperexport.from_recipe.export_options import export_options, resolve_explicit
+        from hyperexport.from_recipe.capture_spec import example_inputs
+        from hyperexport.from_recipe.export_options import export_options
+        from hyperexport.from_recipe.model import resolve_classes
 
         capture = Capture.load(inputs.dir("trace"))
         check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
-        explicit = resolve_explicit(recipe, model, inputs.recipe_file)  # hiera/inputs: auto
-        options = export_options(recipe, explicit.inputs)
+        spec = CaptureSpec.load(inputs.dir("trace"))  # what the trace ran: auto resolved there
+        options = export_options(recipe, spec)
         first = capture
 
         def recapture(path: ExportPath) -> Capture:
-            # The other path's capture semantics (see export_with_fallback).
-            from hyperexport.capture.capture_model import capture_model
-            from hyperexport.from_recipe.model import resolve_classes
-
-            return capture_model(
-                model,
-                (),
-                explicit.example_inputs(),
-                hiera=resolve_classes(explicit.hiera, inputs.recipe_file),
-                method=recipe.method,
-                dynamo=path.dynamo,
-                attention=options.attention.implementation,
-                dynamic_axes={k: dict(v) for k, v in options.dynamic_axes} or None,
-                probe_shapes={k: tuple(v) for k, v in options.probe_shapes} or None,
-            )
+            # The other path's capture semantics (see export_with_fallback), from the same spec.
+            hiera = tuple(resolve_classes(list(spec.hiera), inputs.recipe_file))
+            return CaptureCall(model, (), example_inputs(spec), spec, hiera)(path)
 
         _, used = export_with_fallback(
             model,
             capture,
-            path=path_for(recipe.dynamo),
+            path=path_for(spec.dynamo),
             opset=recipe.opset,
             options=options,
             out_dir=out_dir,

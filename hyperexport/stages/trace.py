@@ -7,14 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
-from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON
+from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON, CAPTURE_SPEC_JSON
 from hyperexport.engine.stage import StageInputs
 from hyperexport.generation.names import GENAI_CONFIG, TOKENIZER_FILES
 from hyperexport.stages.recipe_stage import RecipeStage
 
 
 class TraceStage(RecipeStage):
-    """``capture_model`` on the recipe's inputs → ``capture.json`` + ``tensors.npz``.
+    """``capture_model`` on the recipe's inputs → ``capture.json`` + ``tensors.npz``, and the
+    frozen capture specification it ran (``capture_spec.json``: ``auto`` resolved).
 
     The capture holds the reference outputs the check stage compares against, so check never
     needs torch. The trace depends on the export path (the TorchScript path captures under
@@ -24,7 +25,7 @@ class TraceStage(RecipeStage):
     """
 
     name: str = "trace"
-    version: int = 3
+    version: int = 4
     upstream: tuple[str, ...] = ()
     #: Derived from the schema: the recipe fields that declare "trace" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
@@ -32,7 +33,7 @@ class TraceStage(RecipeStage):
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
     #: ``genai_config.json`` and tokenizer files: written for ``task: text-generation`` only.
     publish: tuple[str, ...] = (AUTO_FILE, GENAI_CONFIG, *TOKENIZER_FILES)
-    artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
+    artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON, "capture_spec": CAPTURE_SPEC_JSON}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.config.fields import from_json, to_json
@@ -46,26 +47,19 @@ class TraceStage(RecipeStage):
 
     def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.capture_model import capture_model
-        from hyperexport.from_recipe.export_options import (
-            dynamic_axes,
-            probe_shapes,
-            resolve_explicit,
-        )
+        from hyperexport.from_recipe.capture_spec import capture_spec, example_inputs
         from hyperexport.from_recipe.model import resolve_classes
 
-        explicit = resolve_explicit(recipe, model, inputs.recipe_file, out_dir)  # auto resolved
-        hiera = resolve_classes(explicit.hiera, inputs.recipe_file)
-        axes = {name: dict(a) for name, a in dynamic_axes(explicit.inputs)}
+        # auto resolved once, here; the export stage captures again from this record only.
+        spec = capture_spec(recipe, model, inputs.recipe_file, out_dir)
+        spec.save(out_dir)
         capture = capture_model(
             model,
             (),
-            explicit.example_inputs(),
-            hiera=hiera,
-            method=recipe.method,
-            dynamo=recipe.dynamo,
-            attention=recipe.attention.implementation,
-            dynamic_axes=axes or None,
-            probe_shapes=dict(probe_shapes(explicit.inputs)) or None,
+            example_inputs(spec),
+            hiera=resolve_classes(list(spec.hiera), inputs.recipe_file),
+            dynamo=spec.dynamo,
             strict_hiera=str(inputs.recipe_file),  # a build: a hiera class never run is exit 2
+            **spec.capture_settings(),
         )
         capture.save(out_dir)

@@ -25,7 +25,8 @@ from typing import Any
 from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings
 from hyperexport.engine.stage import StageInputs
-from tests.helpers.fake_stages import FakeStage, pipeline, recipe
+from tests.helpers.fake_recipe import recipe
+from tests.helpers.fake_stages import FakeStage, pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ from hyperexport import exit_codes
 from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.engine.store import VERIFY_LIMIT, CacheStore
 from tests.builds.fault_driver import REPO, settings, stages, start_driver, wait_for_line
-from tests.helpers.fake_stages import recipe
+from tests.helpers.fake_recipe import recipe
 from tests.helpers.statuses import statuses
 
 BIG = VERIFY_LIMIT + (1 << 20)  # over the lookup's full-verification limit

@@ -193,7 +193,7 @@ def test_a_checkpoint_that_is_not_one_is_refused_by_validation(tmp_path: Path, t
     """Issue 21: checkpoint=../../../../etc/passwd gave rc 1 "list index out of range"."""
     from hyperexport.config import validate_recipe
     from hyperexport.errors import RecipeError
-    from tests.helpers.fake_stages import recipe
+    from tests.helpers.fake_recipe import recipe
 
     path = target if target.startswith("/") else str(tmp_path / target)
     if not target.startswith("/"):

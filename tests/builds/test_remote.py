@@ -24,7 +24,7 @@ from hyperexport.engine.remote import Remote
 from tests.builds.fault_driver import settings, stages
 from tests.helpers.builds import toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
-from tests.helpers.fake_stages import recipe
+from tests.helpers.fake_recipe import recipe
 from tests.helpers.statuses import statuses
 
 

@@ -228,12 +228,17 @@ def _manifest(mode: str) -> ExportManifest:
     )
 
 
-def make_toy(mode: str = "per_type", *, model_weights: Weights | None = None) -> Toy:
+def make_toy(
+    mode: str = "per_type",
+    *,
+    model_weights: Weights | None = None,
+    reference_weights: Weights | None = None,
+) -> Toy:
     """Build the toy in ``mode``; ``model_weights`` (default: the reference's) go into the model.
 
     Passing weights different from the reference's makes a model that diverges from torch.
     """
-    reference = make_weights()
+    reference = reference_weights or make_weights()
     weights = model_weights or reference
     x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
     text = _text_per_type() if mode == "per_type" else _text_per_instance(weights)

@@ -30,7 +30,9 @@ def test_closeness_measures() -> None:
 
 def _comparison(*functions: Closeness) -> QuantizedComparison:
     output = Closeness("logits", rel_error=0.1, cosine=0.99, top1=0.9)
-    return QuantizedComparison("int4_block", 32, {"Layer": {"MatMulNBits": 3}}, (output,), functions)
+    return QuantizedComparison(
+        "int4_block", 32, {"Layer": {"MatMulNBits": 3}}, (output,), functions
+    )
 
 
 def test_judge_passes_and_names_the_worst_layer() -> None:

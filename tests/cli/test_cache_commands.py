@@ -28,7 +28,8 @@ from hyperexport.engine.store import CacheStore
 from tests.helpers.builds import build as real_build
 from tests.helpers.builds import toy_package_in, toy_package_recipe
 from tests.helpers.cli import HEAVY, TOY_RECIPE
-from tests.helpers.fake_stages import pipeline, recipe
+from tests.helpers.fake_recipe import recipe
+from tests.helpers.fake_stages import pipeline
 from tests.helpers.statuses import statuses as real_statuses
 
 HOUR = 3600.0

@@ -14,7 +14,7 @@ import pytest
 from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.cli import cache as cache_cli
 from tests.builds.fault_driver import settings, stages
-from tests.helpers.fake_stages import recipe
+from tests.helpers.fake_recipe import recipe
 
 HITS = ["hit"] * 4
 RAN = ["ran"] * 4

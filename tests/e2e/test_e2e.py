@@ -32,8 +32,22 @@ def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 toy_recipe = toy_package_recipe
 
 
-RAN_ALL = {"trace": "ran", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
-HIT_ALL = {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "hit"}
+RAN_ALL = {
+    "trace": "ran",
+    "export": "ran",
+    "rewrite": "ran",
+    "quantize": "ran",
+    "evaluate": "ran",
+    "check": "ran",
+}
+HIT_ALL = {
+    "trace": "hit",
+    "export": "hit",
+    "rewrite": "hit",
+    "quantize": "hit",
+    "evaluate": "hit",
+    "check": "hit",
+}
 
 
 def test_cold_build_then_noop(toy_package: Path, tmp_path: Path) -> None:
@@ -60,7 +74,14 @@ def test_cold_build_then_noop(toy_package: Path, tmp_path: Path) -> None:
 def test_tolerance_change_reruns_check_only(toy_package: Path, tmp_path: Path) -> None:
     build(toy_recipe(toy_package), tmp_path)
     again = build(toy_recipe(toy_package, check__atol=1e-3), tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "ran"}
+    assert statuses(again) == {
+        "trace": "hit",
+        "export": "hit",
+        "rewrite": "hit",
+        "quantize": "hit",
+        "evaluate": "hit",
+        "check": "ran",
+    }
     assert reasons(again)["check"] == "check.atol 0.0001→0.001"
 
 
@@ -69,7 +90,14 @@ def test_opset_change_reruns_export_rewrite_check_not_trace(
 ) -> None:
     build(toy_recipe(toy_package), tmp_path)
     again = build(toy_recipe(toy_package, opset=17), tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
+    assert statuses(again) == {
+        "trace": "hit",
+        "export": "ran",
+        "rewrite": "ran",
+        "quantize": "ran",
+        "evaluate": "ran",
+        "check": "ran",
+    }
     assert reasons(again)["export"] == "opset 18→17"
     assert "  export: ran (opset 18→17)" in "\n".join(again.lines)
 
@@ -84,7 +112,14 @@ def test_source_edit_reruns_the_stages_that_run_it(toy_package: Path, tmp_path: 
         again = build(toy_recipe(toy_package), tmp_path)
     finally:
         source.write_text(TOY_SOURCE)
-    assert statuses(again) == {"trace": "ran", "export": "ran", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "hit"}
+    assert statuses(again) == {
+        "trace": "ran",
+        "export": "ran",
+        "rewrite": "hit",
+        "quantize": "hit",
+        "evaluate": "hit",
+        "check": "hit",
+    }
     assert reasons(again)["trace"].startswith("model code changed (hx_toy")
     assert reasons(again)["export"].startswith("model code changed (hx_toy")
 
@@ -131,7 +166,14 @@ def test_truncated_blob_is_rebuilt(toy_package: Path, tmp_path: Path) -> None:
     with open(blob, "r+b") as fh:
         fh.truncate(100)
     again = build(toy_recipe(toy_package), tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "ran", "quantize": "hit", "evaluate": "hit", "check": "hit"}
+    assert statuses(again) == {
+        "trace": "hit",
+        "export": "hit",
+        "rewrite": "ran",
+        "quantize": "hit",
+        "evaluate": "hit",
+        "check": "hit",
+    }
     assert reasons(again)["rewrite"] == "cache entry corrupt"
     assert again.model_path is not None and again.model_path.read_bytes() == expected
 
@@ -199,10 +241,24 @@ def test_failed_check_is_not_cached_and_reruns_alone(tmp_path: Path) -> None:
     assert failed.report["check"]["ok"] is False  # the failed check's report is kept
     assert failed.model_path is not None and failed.model_path.is_file()  # there to inspect
     again = build(strict, tmp_path)
-    assert statuses(again) == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "failed"}
+    assert statuses(again) == {
+        "trace": "hit",
+        "export": "hit",
+        "rewrite": "hit",
+        "quantize": "hit",
+        "evaluate": "hit",
+        "check": "failed",
+    }
     loose, _ = compose_recipe([])
     fixed = build(loose, tmp_path)
-    assert statuses(fixed) == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "ran"}
+    assert statuses(fixed) == {
+        "trace": "hit",
+        "export": "hit",
+        "rewrite": "hit",
+        "quantize": "hit",
+        "evaluate": "hit",
+        "check": "ran",
+    }
     assert reasons(fixed)["check"] == "check.atol 1e-12→0.0001, check.rtol 1e-12→0.001"
     assert fixed.report is not None and fixed.report["check"]["ok"] is True
 
@@ -216,7 +272,9 @@ def test_a_failed_comparison_is_localised_by_the_check_stage(tmp_path: Path) -> 
     passed = build(scoped, tmp_path)
     assert passed.exit_code == 0 and passed.report is not None
     assert passed.report["check"]["functions"] == []
-    strict, _ = compose_recipe(["check.function_scope=none", "check.atol=1e-12", "check.rtol=1e-12"])
+    strict, _ = compose_recipe(
+        ["check.function_scope=none", "check.atol=1e-12", "check.rtol=1e-12"]
+    )
     failed = build(strict, tmp_path)
     assert statuses(failed)["evaluate"] == "hit" and statuses(failed)["check"] == "failed"
     assert failed.report is not None

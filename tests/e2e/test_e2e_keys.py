@@ -83,8 +83,22 @@ dynamo: false
 rewrite: {optimize: false, fuse_constants: false}
 """
 USER_MODULES = ("hxk_model", "hxk_helpers", "hxk_lib", "hxk_inst")
-ALL_RAN = {"trace": "ran", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
-ALL_HIT = {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "hit"}
+ALL_RAN = {
+    "trace": "ran",
+    "export": "ran",
+    "rewrite": "ran",
+    "quantize": "ran",
+    "evaluate": "ran",
+    "check": "ran",
+}
+ALL_HIT = {
+    "trace": "hit",
+    "export": "hit",
+    "rewrite": "hit",
+    "quantize": "hit",
+    "evaluate": "hit",
+    "check": "hit",
+}
 
 
 def _forget_user_modules() -> None:

@@ -114,7 +114,14 @@ def test_planted_popen_payload_runs_nothing_and_the_entry_is_rebuilt(
         again = build(toy_recipe(toy_package, opset=17), tmp_path)  # export must run
     assert not marker.exists(), "the payload ran"
     assert again.exit_code == 0, again.lines
-    assert statuses(again) == {"trace": "ran", "export": "ran", "rewrite": "ran", "quantize": "ran", "evaluate": "ran", "check": "ran"}
+    assert statuses(again) == {
+        "trace": "ran",
+        "export": "ran",
+        "rewrite": "ran",
+        "quantize": "ran",
+        "evaluate": "ran",
+        "check": "ran",
+    }
     assert "subprocess.Popen" in caplog.text and "rebuilding" in caplog.text
     # The planted entry is gone; the trace entry of this build is a fresh, clean capture.
     rebuilt = again.result.entries["trace"]

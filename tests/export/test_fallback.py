@@ -17,6 +17,7 @@ from torch import nn
 from hyperexport import ModuleExportError, export_hyper_onnx, zoo
 from hyperexport.capture.container import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON
+from hyperexport.contracts.capture_spec import CaptureSpec
 from hyperexport.contracts.manifest import META_EXPORT_PATH, META_FALLBACK
 from hyperexport.export import fallback
 from hyperexport.export.fallback import CaptureCall, export_with_fallback
@@ -33,6 +34,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
+
+
+def _capture_call(model: nn.Module, x: torch.Tensor) -> CaptureCall:
+    """A capture of ``model`` on ``x`` with ``Block`` as hiera, from its frozen specification."""
+    spec = CaptureSpec(hiera=(f"{__name__}.Block",), method="forward", dynamo=False)
+    return CaptureCall(model, (x,), None, spec, (Block,))
 
 
 class DataDependent(nn.Module):
@@ -58,7 +65,7 @@ def test_retry_recaptures_for_the_other_path_and_records_the_first_failure(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model, x = _model()
-    call = CaptureCall(model, (x,), settings={"hiera": (Block,)})
+    call = _capture_call(model, x)
     asked: list[ExportPath] = []
 
     def recapture(path: ExportPath) -> Capture:
@@ -93,7 +100,7 @@ def test_retry_recaptures_for_the_other_path_and_records_the_first_failure(
 
 def test_no_fallback_unless_asked(tmp_path: Path) -> None:
     model, x = _model()
-    capture = CaptureCall(model, (x,), settings={"hiera": (Block,)})(path_for(True))
+    capture = _capture_call(model, x)(path_for(True))
     with pytest.raises(ModuleExportError, match="dynamo=True"):
         export_with_fallback(
             model, capture, path=path_for(True), opset=18, options=ExportOptions(), out_dir=tmp_path
@@ -108,7 +115,7 @@ def test_failing_on_both_paths_raises_the_retry_error_caused_by_the_first(
 
     monkeypatch.setattr(fallback, "export_units", always_fails)
     model, x = _model()
-    capture = CaptureCall(model, (x,), settings={"hiera": (Block,)})(path_for(False))
+    capture = _capture_call(model, x)(path_for(False))
     with pytest.raises(ModuleExportError, match="dynamo=True") as info:
         export_with_fallback(
             model,
@@ -174,7 +181,7 @@ def test_the_dynamo_flag_entry_is_deprecated_and_calls_the_one_fallback(tmp_path
     """``export_units_with_fallback`` warns, then behaves as ``export_with_fallback`` on
     ``path_for(dynamo)``: its ``recapture`` gets the dynamo flag of the retry's path."""
     model, x = _model()
-    call = CaptureCall(model, (x,), settings={"hiera": (Block,)})
+    call = _capture_call(model, x)
     asked: list[bool] = []
 
     def recapture(dynamo: bool) -> Capture:

@@ -1,4 +1,9 @@
-"""Small real stages for testing the build machinery without torch: they write real files."""
+"""Small real stages for testing the build machinery without torch: they write real files.
+
+They import nothing of the product (recipe schema, stages, builds): the engine's own tests
+(``tests/engine/``) use them alone. A validated recipe for the product's build plumbing is in
+``fake_recipe.py``.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.config import Recipe, validate_recipe
 from hyperexport.engine.stage import StageInputs
 
 
@@ -83,21 +87,3 @@ def pipeline() -> tuple[FakeStage, ...]:
             artifacts={"check": "check.json"},
         ),
     )
-
-
-def recipe(**overrides: Any) -> Recipe:
-    """A valid recipe (validated for real; validation imports nothing heavy)."""
-    data: dict[str, Any] = {
-        "name": "fake",
-        "model": {"_target_": "hyperexport.zoo.tiny_llama", "num_layers": 1, "seed": 0},
-        "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
-        "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
-        "dynamo": False,
-    }
-    for dotted, value in overrides.items():
-        target = data
-        *parents, last = dotted.split("__")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[last] = value
-    return validate_recipe(data, "/recipes/fake.yaml")

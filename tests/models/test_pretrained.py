@@ -33,13 +33,29 @@ def _recipe(path: Path | str, **model: Any) -> dict[str, Any]:
 
 
 def test_a_saved_checkpoint_builds_with_auto_hiera_and_inputs(
-    llama_checkpoint: Path, tmp_path: Path
+    llama_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from hyperexport.models import auto as auto_module
+
+    resolved: list[int] = []
+    resolve = auto_module.resolve_auto
+    monkeypatch.setattr(
+        auto_module, "resolve_auto", lambda *a, **k: resolved.append(1) or resolve(*a, **k)
+    )
     data = _recipe(llama_checkpoint, auto_class="AutoModelForCausalLM")
     recipe = validate_recipe(data, str(tmp_path / "ckpt.yaml"))
     settings = BuildSettings(str(tmp_path / "cache"), tmp_path / "out", False, ())
     outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
     assert outcome.exit_code == 0, outcome.result.error
+    assert resolved == [1]  # auto resolved once, by the trace; export reads capture_spec.json
+    again = BuildSettings(str(tmp_path / "cache"), tmp_path / "out2", False, ("export",))
+    rerun = run_build(recipe, again, stages=PIPELINE, load_model=model_loader(recipe))
+    assert [(s.name, s.status) for s in rerun.result.stages][:2] == [
+        ("trace", "hit"),
+        ("export", "ran"),
+    ]
+    assert resolved == [1] and rerun.model_path is not None and outcome.model_path is not None
+    assert rerun.model_path.read_bytes() == outcome.model_path.read_bytes()
     report = outcome.report
     assert report is not None and report["check"]["ok"]
     logits = report["check"]["end_to_end"]["outputs"][0]
