@@ -12,6 +12,7 @@ otherwise identical layers apart.
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +38,12 @@ class ReadLog:
             return repr(value)
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
             return f"fn:{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', value)}"
+        if isinstance(value, functools.partial):
+            # One per instance (transformers' activations: ``partial(gelu, approximate="tanh")``):
+            # equal when its function and arguments are, not only when it is the same object.
+            args = [self.digest(a) for a in value.args]
+            keywords = [f"{k}={self.digest(v)}" for k, v in sorted(value.keywords.items())]
+            return f"partial:{self.digest(value.func)}({', '.join(args + keywords)})"
         # Any other object (a config, say) is told apart by identity, named by first read so
         # that the digest is the same in every process.
         key = id(value)

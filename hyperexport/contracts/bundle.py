@@ -21,6 +21,8 @@ class UnitEntry:
         class_name: Qualified class name of the module.
         weights: Per-type mode: local state names passed as extra inputs after the data inputs.
         placeholders: ``(op_type, child call_id)`` of each placeholder node in the graph.
+        split_reason: Why these calls do not share the body of an earlier unit of their class
+            (what differs: an attribute read in forward, a submodule); empty if none has it.
     """
 
     name: str
@@ -29,6 +31,7 @@ class UnitEntry:
     class_name: str
     weights: tuple[str, ...]
     placeholders: tuple[tuple[str, str], ...]
+    split_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class ExportBundle:
                 class_name=u["class_name"],
                 weights=tuple(u["weights"]),
                 placeholders=tuple((a, b) for a, b in u["placeholders"]),
+                split_reason=u.get("split_reason", ""),
             )
             for u in data["units"]
         )

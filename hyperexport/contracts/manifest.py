@@ -27,12 +27,16 @@ class FunctionEntry:
         name: Function name (stable, readable: derived from class and module path).
         class_name: Qualified class of the module(s) it was made from.
         module_paths: Paths of the instances that call it (one in per-instance mode).
+        split_reason: Per-type mode, when instances of its class got separate functions: what
+            differs from the first function of the class (an attribute read in forward and its
+            two values, a submodule's class, an input shape); empty otherwise.
     """
 
     domain: str
     name: str
     class_name: str
     module_paths: tuple[str, ...]
+    split_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,13 @@ class ExportManifest:
             graph_inputs=tuple(data["graph_inputs"]),
             graph_outputs=tuple(data["graph_outputs"]),
             functions=tuple(
-                FunctionEntry(f["domain"], f["name"], f["class_name"], tuple(f["module_paths"]))
+                FunctionEntry(
+                    f["domain"],
+                    f["name"],
+                    f["class_name"],
+                    tuple(f["module_paths"]),
+                    f.get("split_reason", ""),
+                )
                 for f in data["functions"]
             ),
             calls=tuple(

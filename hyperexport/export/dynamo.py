@@ -9,6 +9,13 @@ emits one node ``hyperexport.placeholder::<op_type>`` with the op's tensor input
 
 Ops are defined on first use and kept for the life of the process: their names are derived from
 the signature, so defining is idempotent, and repeated exports in one process reuse them.
+
+A *derived* output dimension (None in the signature: a strided conv's output length, H/2) is
+computed by the child's own forward run on the op's inputs (:func:`derived_shapes`): under the
+fake mode of ``torch.export`` that gives a symbolic expression of the input sizes (``(s0 - 10)
+// 5 + 1``), so the parent's graph computes it as torch would. The shape functions live in a
+per-thread registry, keyed by ``op_type``, for the duration of one :func:`export_program`
+(``torch.onnx.export`` traces the program again, calling the fake kernel again).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 import warnings
@@ -30,7 +38,7 @@ import torch
 
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError
-from hyperexport.export.placeholders import Dim, PlaceholderSpec
+from hyperexport.export.placeholders import Dim, PlaceholderSpec, ShapeFunction
 from hyperexport.versions import (
     decomposition_without_input_guards,
     dynamo_export_caches,
@@ -68,8 +76,49 @@ class _OpSignature:
         return f"ph_{hashlib.sha1(text.encode()).hexdigest()[:16]}"
 
 
-def _sizes(shape: tuple[Dim, ...], inputs: Sequence[torch.Tensor]) -> list[Any]:
-    return [d if isinstance(d, int) else inputs[d[0]].shape[d[1]] for d in shape]
+def _sizes(
+    shapes: Sequence[tuple[Dim, ...]], inputs: Sequence[torch.Tensor], op_type: str
+) -> list[list[Any]]:
+    """Each output's sizes: fixed, read off an input, or (None) from the child's shapes."""
+    derived = None
+    if any(d is None for shape in shapes for d in shape):
+        derived = _derived_function(op_type)(inputs)
+    return [
+        [
+            d
+            if isinstance(d, int)
+            else derived[index][axis]  # type: ignore[index]
+            if d is None
+            else inputs[d[0]].shape[d[1]]
+            for axis, d in enumerate(shape)
+        ]
+        for index, shape in enumerate(shapes)
+    ]
+
+
+_DERIVED = threading.local()
+
+
+def _derived_function(op_type: str) -> ShapeFunction:
+    table: dict[str, ShapeFunction] | None = getattr(_DERIVED, "table", None)
+    function = table.get(op_type) if table is not None else None
+    if function is None:
+        raise RuntimeError(
+            f"placeholder {op_type} has a derived output dimension but no shape function "
+            "(it ran outside derived_shapes)"
+        )
+    return function
+
+
+@contextlib.contextmanager
+def derived_shapes() -> Iterator[None]:
+    """Hold the shape functions of derived output dimensions registered while open (per thread)."""
+    previous = getattr(_DERIVED, "table", None)
+    _DERIVED.table = {}
+    try:
+        yield
+    finally:
+        _DERIVED.table = previous
 
 
 @dataclass
@@ -111,21 +160,18 @@ def _define(sig: _OpSignature) -> _PlaceholderOp:
             return op
         lib = _library()
         lib.define(f"{name}(Tensor[] inputs, str op_type) -> Tensor[]")
-        specs = [(shape, torch_dtype(dtype)) for shape, dtype in sig.outputs]
+        shapes = [shape for shape, _ in sig.outputs]
+        dtypes = [torch_dtype(dtype) for _, dtype in sig.outputs]
 
         def kernel(inputs: list[torch.Tensor], op_type: str) -> list[torch.Tensor]:
             device = inputs[0].device if inputs else torch.device("cpu")
-            return [
-                torch.zeros(_sizes(shape, inputs), dtype=dtype, device=device)
-                for shape, dtype in specs
-            ]
+            sizes = _sizes(shapes, inputs, op_type)
+            return [torch.zeros(s, dtype=t, device=device) for s, t in zip(sizes, dtypes)]
 
         def fake(inputs: list[torch.Tensor], op_type: str) -> list[torch.Tensor]:
             device = inputs[0].device if inputs else torch.device("cpu")
-            return [
-                torch.empty(_sizes(shape, inputs), dtype=dtype, device=device)
-                for shape, dtype in specs
-            ]
+            sizes = _sizes(shapes, inputs, op_type)
+            return [torch.empty(s, dtype=t, device=device) for s, t in zip(sizes, dtypes)]
 
         lib.impl(name, kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
@@ -172,13 +218,21 @@ def apply_placeholder(
     inputs: Sequence[torch.Tensor],
     outputs: Sequence[torch.Tensor],
     output_dims: Sequence[tuple[Dim, ...]] = (),
+    derived: ShapeFunction | None = None,
 ) -> Sequence[torch.Tensor]:
     """Call the placeholder custom op of this signature (defined on first use).
 
     ``outputs`` gives the captured shapes and dtypes; the op returns tensors like them (empty
     under ``torch.export``'s fake mode). With ``output_dims``, dynamic output sizes are read
-    from the inputs' (symbolic) sizes, so dynamic dimensions flow through the placeholder.
+    from the inputs' (symbolic) sizes, so dynamic dimensions flow through the placeholder; a
+    derived one (None) from ``derived``, registered for ``op_type`` inside
+    :func:`derived_shapes`.
     """
+    if derived is not None:
+        table: dict[str, ShapeFunction] | None = getattr(_DERIVED, "table", None)
+        if table is None:
+            raise RuntimeError(f"placeholder {op_type}: derived shapes outside derived_shapes()")
+        table[op_type] = derived
     op = _define(_signature_of(len(inputs), outputs, output_dims))
     return tuple(op.overload(list(inputs), op_type))
 
@@ -196,6 +250,17 @@ def export_program(
     its translation table is built. torch's optimizer is off: it would fold and rename
     initializers, and our own pass pipeline optimizes the composed model.
     """
+    with derived_shapes():
+        return _export_program(module, inputs, dynamic_shapes, opset, translations)
+
+
+def _export_program(
+    module: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    dynamic_shapes: Any,
+    opset: int,
+    translations: Mapping[Any, Any] | None,
+) -> ir.Model:
     with quiet_exporter(), torch.no_grad():
         program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
     table = placeholder_translation_table(program)
@@ -414,9 +479,21 @@ def name_dynamic_dims(
         if value.shape is None:
             continue
         dims = [
-            ir.SymbolicDim(names[d.value])
-            if isinstance(d, ir.SymbolicDim) and d.value in names
+            ir.SymbolicDim(_renamed(d.value, names))
+            if isinstance(d, ir.SymbolicDim) and d.value is not None
             else d
             for d in value.shape
         ]
         value.shape = ir.Shape(dims)
+
+
+#: A torch symbol inside a dimension expression (``s36`` in ``((s36//20)) - 1``).
+_SYMBOL = re.compile(r"\b[su]\d+\b")
+
+
+def _renamed(value: str, names: Mapping[str, str]) -> str:
+    """``value`` with torch's symbols named: a whole symbol, or each inside an expression (a
+    derived dimension such as a conv output length reads ``((samples//20)) - 1``)."""
+    if value in names:
+        return names[value]
+    return _SYMBOL.sub(lambda m: names.get(m.group(0), m.group(0)), value)

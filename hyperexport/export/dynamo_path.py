@@ -51,7 +51,7 @@ from hyperexport.export.dynamo import (
 )
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
-from hyperexport.export.placeholders import Dim, PlaceholderRouter
+from hyperexport.export.placeholders import Dim, PlaceholderRouter, ShapeFunction
 from hyperexport.options import ExportOptions
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,9 @@ class DynamoPath(ExportPath):
         inputs: Sequence[torch.Tensor],
         outputs: Sequence[torch.Tensor],
         output_dims: Sequence[tuple[Dim, ...]] = (),
+        derived: ShapeFunction | None = None,
     ) -> Sequence[torch.Tensor]:
-        return apply_placeholder(op_type, inputs, outputs, output_dims)
+        return apply_placeholder(op_type, inputs, outputs, output_dims, derived)
 
     def export(
         self,

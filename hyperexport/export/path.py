@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from hyperexport.export.jobs import UnitJob
-    from hyperexport.export.placeholders import Dim
+    from hyperexport.export.placeholders import Dim, ShapeFunction
     from hyperexport.options import ExportOptions
 
 
@@ -78,6 +78,7 @@ class ExportPath(abc.ABC):
         inputs: Sequence[torch.Tensor],
         outputs: Sequence[torch.Tensor],
         output_dims: Sequence[tuple[Dim, ...]] = (),
+        derived: ShapeFunction | None = None,
     ) -> Sequence[torch.Tensor]:
         """Emit the placeholder node ``hyperexport.placeholder::<op_type>`` into the trace.
 
@@ -85,7 +86,10 @@ class ExportPath(abc.ABC):
             op_type: The placeholder's op type (``P3``).
             inputs: The child's live tensor inputs, then its weights.
             outputs: The child's captured outputs (shapes and dtypes to reproduce).
-            output_dims: Per output, each dimension's size or how to read it off the inputs.
+            output_dims: Per output, each dimension's size or how to read it off the inputs
+                (None: derived by the child from its inputs' sizes).
+            derived: The child's output shapes as a function of ``inputs``; given when a
+                dimension is derived.
 
         Returns:
             Tensors standing for the child's outputs in the parent's trace.

@@ -9,9 +9,10 @@ supplies the op that stands in the graph: see ``torchscript.py`` and ``dynamo.py
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,16 +22,35 @@ from hyperexport.contracts.names import probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, tree_tensor_keys
 from hyperexport.errors import InputError, ModuleExportError
 
-#: One output dimension of a placeholder: a fixed size, or ``(input index, input axis)`` when the
-#: dimension is dynamic and equals that dimension of that input.
-Dim = int | tuple[int, int]
+log = logging.getLogger(__name__)
 
-#: ``apply(op_type, inputs, outputs, output_dims) -> outputs``: the path's stand-in op.
-#: ``output_dims`` is empty for static shapes, else one tuple of Dim per output.
-ApplyPlaceholder = Callable[
-    [str, Sequence[torch.Tensor], Sequence[torch.Tensor], Sequence[tuple[Dim, ...]]],
-    Sequence[torch.Tensor],
-]
+#: One output dimension of a placeholder: a fixed size; ``(input index, input axis)`` when the
+#: dimension is dynamic and equals that dimension of that input; or None when it is dynamic and
+#: *derived*: the child computes it from its inputs' sizes (a strided conv's output length, H/2
+#: of an image), so it is its own symbolic dimension, worked out by :data:`ShapeFunction`.
+Dim = int | tuple[int, int] | None
+
+#: ``shapes(inputs) -> one shape per output``: the child's output shapes for these inputs (its
+#: live tensor inputs, then its weights), found by running the child's own forward on them; under
+#: ``torch.export``'s fake tensors the sizes are symbolic expressions of the inputs' sizes.
+ShapeFunction = Callable[[Sequence[torch.Tensor]], list[tuple[Any, ...]]]
+
+
+class ApplyPlaceholder(Protocol):
+    """The path's stand-in op: ``apply(op_type, inputs, outputs, output_dims, derived)``.
+
+    ``output_dims`` is empty for static shapes, else one tuple of :data:`Dim` per output;
+    ``derived`` is given when some dimension is None (derived).
+    """
+
+    def __call__(
+        self,
+        op_type: str,
+        inputs: Sequence[torch.Tensor],
+        outputs: Sequence[torch.Tensor],
+        output_dims: Sequence[tuple[Dim, ...]] = (),
+        derived: ShapeFunction | None = None,
+    ) -> Sequence[torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -48,10 +68,9 @@ def symbolic_output_dims(record: CaptureRecord, call: ModuleCall) -> tuple[tuple
 
     A dimension that changed between the capture and the probe is tied to an input dimension
     that changed the same way (same pair of sizes); the placeholder then computes it from that
-    input, so the parent's export keeps it symbolic.
-
-    Raises:
-        InputError: A dynamic output dimension matches no input dimension.
+    input, so the parent's export keeps it symbolic. A dynamic dimension that equals no input
+    dimension is derived from them by the child (a conv output length, H/2): it is None, and
+    the export path computes it by running the child's forward on the inputs' shapes.
     """
     if record.probe_inputs is None:
         return ()
@@ -66,13 +85,17 @@ def symbolic_output_dims(record: CaptureRecord, call: ModuleCall) -> tuple[tuple
         shape: list[Dim] = list(meta[key].shape)
         for axis in record.dynamic_dims(key):
             pair = (meta[key].shape[axis], meta[probe_key(key)].shape[axis])
-            if pair not in sources:
-                raise InputError(
-                    f"module {call.path!r} output {key}",
-                    f"dimension {axis} is dynamic ({pair[0]} vs {pair[1]} at the second shape) "
-                    "but equals no dynamic dimension of the module's inputs",
+            source = sources.get(pair)
+            shape[axis] = source
+            if source is None:
+                log.debug(
+                    "module %r output %s: dimension %d is derived from its inputs (%d vs %d "
+                    "at the second shape)",
+                    call.path,
+                    key,
+                    axis,
+                    *pair,
                 )
-            shape[axis] = sources[pair]
         dims.append(tuple(shape))
     return tuple(dims)
 
@@ -205,11 +228,52 @@ class PlaceholderRouter:
         weights = dict(module_weights(module))
         extra = [weights[n] for n in spec.weight_names]
         out_keys = list(tree_tensor_keys(call.outputs))
+        derived = None
+        if any(d is None for dims in spec.output_dims for d in dims):
+            derived = child_shapes(module, original, spec)
         results = self._apply(
-            spec.op_type, [*live, *extra], self._outputs[call.call_id], spec.output_dims
+            spec.op_type, [*live, *extra], self._outputs[call.call_id], spec.output_dims, derived
         )
         position = {k: i for i, k in enumerate(out_keys)}
         return tree.unflatten(call.outputs, lambda k: results[position[k]])
+
+
+class _CallOriginal(torch.nn.Module):
+    """Runs a child's own forward (not the placeholder patched over it) as a module call."""
+
+    def __init__(self, inner: torch.nn.Module, original: Callable[..., Any]) -> None:
+        super().__init__()
+        self.inner = inner
+        self._original = original
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._original(*args, **kwargs)
+
+
+def child_shapes(
+    module: torch.nn.Module, original: Callable[..., Any], spec: PlaceholderSpec
+) -> ShapeFunction:
+    """The :data:`ShapeFunction` of one child call: its own forward run on the given tensors.
+
+    The weights come from the given tensors too (``torch.func.functional_call``), so that under
+    ``torch.export``'s fake mode nothing real meets a fake tensor.
+    """
+    call = spec.call
+    keys = list(tree_tensor_keys(call.inputs))
+    position = {k: i for i, k in enumerate(keys)}
+    runner = _CallOriginal(module, original)
+
+    def shapes(inputs: Sequence[torch.Tensor]) -> list[tuple[Any, ...]]:
+        live, weights = inputs[: len(keys)], inputs[len(keys) :]
+        bound = tree.unflatten(call.inputs, lambda k: live[position[k]])
+        args, kwargs = signature.split(original, bound)
+        params = {f"inner.{n}": w for n, w in zip(spec.weight_names, weights)}
+        out = torch.func.functional_call(runner, params, tuple(args), kwargs)
+        flat: list[torch.Tensor] = []
+        tree.flatten(out, f"module {call.path!r} output", flat)
+        return [tuple(t.shape) for t in flat]
+
+    return shapes
 
 
 #: Marks a module without a ``forward`` of its own in its instance dict.

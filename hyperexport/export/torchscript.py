@@ -24,7 +24,7 @@ from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import HyperExportError, ModuleExportError
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
-from hyperexport.export.placeholders import Dim, replace_children
+from hyperexport.export.placeholders import Dim, ShapeFunction, replace_children
 from hyperexport.export.weights import attach_torch_weights
 from hyperexport.options import CustomOpSymbolic, ExportOptions
 from hyperexport.versions import (
@@ -51,7 +51,10 @@ class TorchScriptPath(ExportPath):
         inputs: Sequence[torch.Tensor],
         outputs: Sequence[torch.Tensor],
         output_dims: Sequence[tuple[Dim, ...]] = (),
+        derived: ShapeFunction | None = None,
     ) -> Sequence[torch.Tensor]:
+        # The tracer reads sizes off the node's outputs in the graph, so a derived dimension
+        # needs no shape function: it is typed unknown, like any dynamic one.
         return apply_placeholder(op_type, inputs, outputs, output_dims)
 
     def export(

@@ -10,6 +10,10 @@ Two calls share a unit when everything that can shape their graph is equal:
 
 Anything not listed makes calls differ, so a reuse is never assumed from the class name alone;
 the check stage's per-function parity (each call site with its own weights) backs it up.
+
+When calls of one class get separate bodies, :func:`explain_split` says what differs (an
+attribute read in forward and its two values, a submodule's class, an input's shape, a nested
+call); the export logs it at INFO and the manifest carries it (``FunctionEntry.split_reason``).
 """
 
 from __future__ import annotations
@@ -28,10 +32,18 @@ from hyperexport.options import FunctionMode
 
 @dataclass(frozen=True)
 class PlannedUnit:
-    """A group of calls that one exported body serves; the first call is the one exported."""
+    """A group of calls that one exported body serves; the first call is the one exported.
+
+    Attributes:
+        name: The unit's name (``u003``).
+        call_ids: The calls it serves.
+        split_reason: When an earlier unit has calls of the same class: what differs from it
+            (``attribute 'mlp.act.act' read in forward: ... vs ...``); else empty.
+    """
 
     name: str
     call_ids: tuple[str, ...]
+    split_reason: str = ""
 
 
 def _shape_tree(t: Tree, meta: Mapping[str, TensorMeta]) -> Any:
@@ -67,8 +79,18 @@ def call_signature(
     mode: FunctionMode,
 ) -> str:
     """Canonical JSON of everything that decides the call's graph in ``mode``."""
+    return json.dumps(_signature_data(call, record, meta, modules, mode), sort_keys=True)
+
+
+def _signature_data(
+    call: ModuleCall,
+    record: CaptureRecord,
+    meta: Mapping[str, TensorMeta],
+    modules: Mapping[str, torch.nn.Module],
+    mode: FunctionMode,
+) -> dict[str, Any]:
     children = [
-        [_relative(c.path, call.path), call_signature(c, record, meta, modules, mode)]
+        [_relative(c.path, call.path), _signature_data(c, record, meta, modules, mode)]
         for c in record.children(call.call_id)
     ]
     data: dict[str, Any] = {
@@ -81,18 +103,83 @@ def call_signature(
     else:
         data["structure"] = _module_structure(modules[call.path])
         data["reads"] = [list(r) for r in call.reads]
-    return json.dumps(data, sort_keys=True)
+    return data
+
+
+def explain_split(first: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+    """What differs between two calls' signature data (of one class), in one line.
+
+    Attribute reads come first (they are what usually differs: a ``layer_idx`` read in
+    forward, a flag), then submodule classes, weights, inputs and nested calls.
+    """
+    reasons: list[str] = []
+    a_reads, b_reads = dict(map(tuple, first["reads"])), dict(map(tuple, other["reads"]))
+    for name in sorted(set(a_reads) | set(b_reads)):
+        a, b = a_reads.get(name), b_reads.get(name)
+        if a == b:
+            continue
+        if a is None or b is None:
+            reasons.append(f"attribute {name!r} read in forward by one only ({a or b})")
+        else:
+            reasons.append(f"attribute {name!r} read in forward: {a} vs {b}")
+    a_weights, a_buffers, a_classes = first["structure"]
+    b_weights, b_buffers, b_classes = other["structure"]
+    a_sub, b_sub = dict(map(tuple, a_classes)), dict(map(tuple, b_classes))
+    for name in sorted(set(a_sub) | set(b_sub)):
+        if a_sub.get(name) != b_sub.get(name):
+            what = f"submodule {name!r}" if name else "class"
+            reasons.append(f"{what}: {a_sub.get(name, 'none')} vs {b_sub.get(name, 'none')}")
+    if a_weights != b_weights or a_buffers != b_buffers:
+        reasons.append("weights differ in names, shapes or dtypes")
+    if first["inputs"] != other["inputs"]:
+        reasons.append(f"inputs differ: {_first_difference(first['inputs'], other['inputs'])}")
+    a_children, b_children = first["children"], other["children"]
+    if len(a_children) != len(b_children):
+        reasons.append(f"{len(a_children)} vs {len(b_children)} nested hiera calls")
+    else:
+        for (path, a_child), (_, b_child) in zip(a_children, b_children):
+            if a_child != b_child:
+                reasons.append(f"nested call {path!r}: {explain_split(a_child, b_child)}")
+                break
+    return "; ".join(reasons) or "their signatures differ"
+
+
+def _first_difference(a: Any, b: Any) -> str:
+    """The first differing leaf of two shape trees, as ``a vs b``."""
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        if a and a[0] in ("T", "C"):
+            return f"{a[1:]} vs {b[1:]}"
+        for x, y in zip(a, b):
+            if x != y:
+                return _first_difference(x, y)
+    return f"{json.dumps(a)[:80]} vs {json.dumps(b)[:80]}"
 
 
 def plan_units(
     record: CaptureRecord, modules: Mapping[str, torch.nn.Module], mode: FunctionMode
 ) -> list[PlannedUnit]:
-    """The root unit, then one unit per distinct call signature, in first-call order."""
+    """The root unit, then one unit per distinct call signature, in first-call order.
+
+    A unit of a class that an earlier unit already has carries what differs (the export logs
+    it, once it knows whether the graphs differ too).
+    """
     meta = {t.key: t for t in record.tensors}
     groups: dict[str, list[ModuleCall]] = {}
+    data: dict[str, dict[str, Any]] = {}
     for call in record.calls:
-        groups.setdefault(call_signature(call, record, meta, modules, mode), []).append(call)
+        signature = _signature_data(call, record, meta, modules, mode)
+        key = json.dumps(signature, sort_keys=True)
+        groups.setdefault(key, []).append(call)
+        data.setdefault(key, signature)
     units = [PlannedUnit("root", ())]
-    for calls in sorted(groups.values(), key=lambda cs: cs[0].order):
-        units.append(PlannedUnit(f"u{calls[0].order:03d}", tuple(c.call_id for c in calls)))
+    first_of_class: dict[str, tuple[str, ModuleCall]] = {}
+    for key, calls in sorted(groups.items(), key=lambda item: item[1][0].order):
+        call = calls[0]
+        reason = ""
+        earlier = first_of_class.setdefault(call.class_name, (key, call))
+        if earlier[0] != key and mode == "per_type":
+            reason = (
+                f"differs from {earlier[1].path!r}: {explain_split(data[earlier[0]], data[key])}"
+            )
+        units.append(PlannedUnit(f"u{call.order:03d}", tuple(c.call_id for c in calls), reason))
     return units

@@ -10,6 +10,7 @@ turns into one model with local functions.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ from hyperexport.export.placeholders import (
     symbolic_output_dims,
 )
 from hyperexport.export.registry import path_for
+from hyperexport.export.unit_graphs import graph_digest
 from hyperexport.export.unit_identity import plan_units
 from hyperexport.export.weights import WEIGHTS_FILE, WeightFile
 from hyperexport.options import ExportOptions
@@ -130,6 +132,7 @@ def export_units(
             class_name=call.class_name if call else record.model_class,
             weights=weights,
             placeholders=tuple((s.op_type, s.call.call_id) for s in specs),
+            split_reason=unit.split_reason,
         )
         jobs.append(
             _unit_job(model, modules, capture, unit.name, call, specs, options, names, dynamo)
@@ -141,8 +144,19 @@ def export_units(
         units = path.export(
             jobs, model=model, modules=modules, capture=capture, opset=opset, options=options
         )
+        merge = _SameGraphs(entries, options.functions == "per_type")
         for name, unit_model in units:
-            _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
+            if merge.add(name, unit_model):
+                _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
+    entries = merge.entries()
+    for entry in entries:
+        if entry.split_reason and options.functions == "per_type":
+            log.info(
+                "per_type: %s at %r gets a function of its own; it %s",
+                entry.class_name.rsplit(".", 1)[-1],
+                entry.module_path,
+                entry.split_reason,
+            )
     log.info(
         "exported %d units for %d hiera calls (%s) in %.2fs",
         len(entries),
@@ -161,6 +175,57 @@ def export_units(
     atomic_write_text(out_dir / CAPTURE_RECORD, record.dumps())
     atomic_write_text(out_dir / BUNDLE_JSON, bundle.dumps())
     return bundle
+
+
+class _SameGraphs:
+    """Folds a unit into an earlier one of its class when both export the same graph.
+
+    The plan splits calls whose forward reads differ (:mod:`.unit_identity`); when the
+    difference never reached the graph (an ``Identity`` in one layer, an eval-mode drop-path
+    in the next), the calls share the earlier unit's function after all, and an INFO line says
+    so. Only units without placeholders (no nested calls) and with the same weights are folded.
+    """
+
+    def __init__(self, entries: Sequence[UnitEntry], per_type: bool) -> None:
+        self._level = logging.INFO if per_type else logging.DEBUG
+        self._entries = {e.name: e for e in entries}
+        self._order = [e.name for e in entries]
+        self._seen: dict[tuple[str, str], str] = {}  # (class, graph digest) -> unit name
+        self._folded: dict[str, str] = {}  # unit name -> the unit it joins
+
+    def add(self, name: str, unit_model: ir.Model) -> bool:
+        """Note ``name``'s exported graph; False when it joins an earlier unit (not written)."""
+        entry = self._entries[name]
+        if not entry.call_ids or entry.placeholders:
+            return True
+        weights = {f"inner.{w}" for w in entry.weights}
+        key = (entry.class_name, graph_digest(unit_model, weights))
+        earlier = self._seen.setdefault(key, name)
+        if earlier == name or self._entries[earlier].weights != entry.weights:
+            return True
+        self._folded[name] = earlier
+        log.log(
+            self._level,
+            "per_type: %s at %r shares the function of %r: it %s, but exports the same graph",
+            entry.class_name.rsplit(".", 1)[-1],
+            entry.module_path,
+            self._entries[earlier].module_path,
+            entry.split_reason or "differs in its signature",
+        )
+        return False
+
+    def entries(self) -> list[UnitEntry]:
+        """The entries with every folded unit's calls moved into the unit it joins."""
+        result: dict[str, UnitEntry] = {}
+        for name in self._order:
+            entry = self._entries[name]
+            target = self._folded.get(name)
+            if target is None:
+                result[name] = entry
+                continue
+            kept = result[target]
+            result[target] = dataclasses.replace(kept, call_ids=(*kept.call_ids, *entry.call_ids))
+        return list(result.values())
 
 
 def _write_unit(unit_model: ir.Model, path: Path, weights: WeightFile) -> None:

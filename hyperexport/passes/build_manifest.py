@@ -74,16 +74,18 @@ def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord)
     """Describe ``model``'s functions and call sites in terms of the capture's tensors."""
     sites: dict[str, CallSite] = {}
     _call_sites(model, model.graph, None, record, None, sites)
-    used: dict[str, tuple[str, list[str]]] = {}
+    used: dict[str, tuple[str, list[str], str]] = {}
+    per_type = bundle.function_mode == "per_type"
     for call in record.calls:
         site = sites.get(call.call_id)
         if site is not None:
-            _, paths = used.setdefault(site.name, (call.class_name, []))
+            reason = bundle.unit_for(call.call_id).split_reason if per_type else ""
+            _, paths, _ = used.setdefault(site.name, (call.class_name, [], reason))
             if call.path not in paths:
                 paths.append(call.path)
     entries = [
-        FunctionEntry(FUNCTION_DOMAIN, name, class_name, tuple(paths))
-        for name, (class_name, paths) in used.items()
+        FunctionEntry(FUNCTION_DOMAIN, name, class_name, tuple(paths), reason)
+        for name, (class_name, paths, reason) in used.items()
     ]
     missing = [c.call_id for c in record.calls if c.call_id not in sites]
     if missing:
