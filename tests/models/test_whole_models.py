@@ -269,3 +269,51 @@ def test_a_forward_that_fails_on_the_inputs_made_is_refused_before_the_trace() -
     error = info.value
     assert error.field == "inputs" and "\n" not in str(error)
     assert "NeedsMask.forward fails" in error.reason and "token_type_ids" in error.reason
+
+
+def test_the_cli_refuses_an_input_auto_cannot_make_with_exit_2_and_one_line(
+    tmp_path: Path,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from hyperexport import exit_codes
+
+    recipe = {
+        "name": "vl",
+        "model": {
+            "_target_": "hyperexport.zoo.random_transformer",
+            "model_class": "Qwen2VLModel",
+            "config": {
+                "text_config": {**TEXT, "num_key_value_heads": 1, "max_position_embeddings": 64}
+            },
+        },
+        "inputs": "auto",
+        "hiera": "auto",
+        "dynamo": False,
+    }
+    file = tmp_path / "vl.yaml"
+    OmegaConf.save(OmegaConf.create(recipe), file)
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hyperexport",
+            f"recipe_file={file}",
+            f"build.cache_dir={tmp_path / 'cache'}",
+            f"build.outputs_dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == exit_codes.INVALID, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if "field 'inputs'" in line]
+    assert lines and all("Qwen2VLModel" in ln and "image_grid_thw" in ln for ln in lines)
+    assert "Traceback" not in result.stderr
