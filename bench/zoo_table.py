@@ -119,8 +119,9 @@ def _export_times(recipe: Any, dynamo: bool, repeat: int) -> tuple[float, float]
 
     from hyperexport import export_hyper_onnx
     from hyperexport.capture.model_patches import export_context
-    from hyperexport.from_recipe.model import load_model, make_inputs, resolve_classes
+    from hyperexport.from_recipe.model import load_model, resolve_classes
     from hyperexport.models.auto import resolve_auto
+    from hyperexport.models.inputs import make_inputs
 
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
     data = resolve_auto(recipe.data, model, recipe.file)
@@ -236,17 +237,18 @@ def render_table(names: list[str], results: Mapping[str, Any]) -> str:
         first = ts if ts and ts.get("ok") else dy if dy and dy.get("ok") else None
         hiera = ", ".join(first["hiera"]) if first else "-"
         functions = f"{first['functions']}" if first else "-"
-        for r in (ts, dy):
+        for (label, _), r in zip(PATHS, (ts, dy)):
             if r and r.get("expected_failure"):
-                notes[f"{name}"] = r["expected_failure"]
+                path = "TorchScript" if label == "torchscript" else label
+                notes[f"`{name}` on the {path} path"] = r["expected_failure"]
         lines.append(
             f"| `{name}` | {static['architecture']} | {static['paths']} | {hiera} | {functions} "
             f"| {_cell(ts, 'diff')} / {_cell(dy, 'diff')} "
             f"| {_cell(ts, 'time')} / {_cell(dy, 'time')} |"
         )
-    for name, reason in notes.items():
+    for where, reason in notes.items():
         lines.append("")
-        lines.append(f"¹ `{name}` on the dynamo path: {reason}.")
+        lines.append(f"¹ {where}: {reason}.")
     return "\n".join(lines)
 
 

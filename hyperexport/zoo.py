@@ -22,6 +22,11 @@ EXPECTED_FAILURES: dict[tuple[str, bool], str] = {
         "SwinStage returns attention weights whose first dim is batch x windows, a derived dim "
         "functions cannot express yet"
     ),
+    ("zoo_cohere", False): (
+        "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
+        "run: with grouped-query attention the query is reshaped to the key's head count "
+        "(Reshape of {2,16,64} to {2,16,2,16} in layers.0.self_attn); the dynamo path is fine"
+    ),
 }
 
 

@@ -47,7 +47,8 @@ def pretrained(
         attn_implementation: transformers' attention implementation (None: its default).
 
     Returns:
-        The model in eval mode, with ``use_cache`` off (caches are not example outputs).
+        The model in eval mode, with ``use_cache`` off (caches are not example outputs), in
+        its sub-configs too.
 
     Raises:
         RecipeError: Naming the ``model.*`` field and what was found. The recipe file is filled
@@ -80,9 +81,17 @@ def pretrained(
         raise RecipeError("", "model.path", f"{path}: {_first(e)}") from e
     except OSError as e:
         raise RecipeError("", "model.path", f"{path}: {_first(e)}") from e
-    if hasattr(model.config, "use_cache"):
-        model.config.use_cache = False
+    for config in _configs(model.config):
+        if hasattr(config, "use_cache"):
+            config.use_cache = False
     return model.eval()
+
+
+def _configs(config: Any) -> list[Any]:
+    """A config and its sub-configs (a vision-language model's ``text_config`` holds the
+    ``use_cache`` its language model reads)."""
+    subs = [getattr(config, f"{k}_config", None) for k in ("text", "vision", "audio", "decoder")]
+    return [config] + [s for s in subs if s is not None]
 
 
 def _first(error: BaseException) -> str:

@@ -175,3 +175,35 @@ def test_resolution_is_written_for_the_report(tmp_path: Any) -> None:
     record = json.loads((tmp_path / "auto.json").read_text())
     assert record["hiera"] == params["hiera"] and "BertLayer" in record["hiera_reason"]
     assert set(record["inputs"]) == {"input_ids", "attention_mask"}
+
+
+def test_auto_hiera_takes_the_encoder_and_decoder_stacks_and_says_why() -> None:
+    from hyperexport.models.auto import hiera_choice
+
+    bart = {
+        "vocab_size": 64,
+        "d_model": 32,
+        "encoder_layers": 2,
+        "decoder_layers": 1,
+        "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64,
+        "max_position_embeddings": 32,
+    }
+    model = random_transformer("BartModel", bart)
+    specs, _ = auto_inputs(model, dynamic=False)
+    assert set(specs) == {"input_ids", "attention_mask", "decoder_input_ids"}
+    classes, reason, candidates = hiera_choice(model, specs)
+    assert _short(classes) == ["BartEncoderLayer", "BartDecoderLayer"]  # in the order they run
+    assert [c["calls"] for c in candidates] == [2, 1] and all(c["chosen"] for c in candidates)
+    assert "BartAttention inside" in reason and "'decoder.layers'" in reason
+    t5 = random_transformer(
+        "T5Model",
+        {"vocab_size": 64, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 1, "num_heads": 2},
+    )
+    specs, _ = auto_inputs(t5, dynamic=False)
+    classes, _, candidates = hiera_choice(t5, specs)
+    assert _short(classes) == ["T5Block"]
+    rejected = {c["class"].rsplit(".", 1)[-1]: c["reason"] for c in candidates if not c["chosen"]}
+    assert rejected and all("inside T5Block" in why for why in rejected.values())

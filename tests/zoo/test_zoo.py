@@ -53,6 +53,11 @@ def test_the_zoo_covers_the_families() -> None:
         "swin",
         "whisper_encoder",
         "t5_encoder",
+        "clip",
+        "wav2vec2",
+        "falcon",
+        "gpt_neox",
+        "xlm_roberta",
     }
     assert {f"zoo_{f}" for f in families} <= set(ZOO) and len(ZOO) >= 12
 
