@@ -198,3 +198,54 @@ def test_moe_exports_hierarchically_and_matches_torch(
         (got,) = run_ort(path, {"input_ids": ids.numpy()})
         assert got.shape == expected.shape
         assert np.abs(got - expected).max() <= 1e-4
+
+
+#: What torch.onnx.export itself says about transformers' expert dispatch, per path.
+_TORCH_FAILURE = {False: "aten::histc", True: "grouped_mm_fallback"}
+
+
+def _plain_export(module: torch.nn.Module, x: torch.Tensor, dynamo: bool, path: Path) -> None:
+    torch.onnx.export(module, (x,), path, dynamo=dynamo, opset_version=18)
+
+
+def _default_for_mixtral(kind: str, dynamo: bool, default: bool) -> object:
+    marks = [] if default else [pytest.mark.slow]
+    return pytest.param(kind, dynamo, marks=marks, id=f"{kind}-dynamo={dynamo}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "dynamo"),
+    [
+        _default_for_mixtral(kind, dynamo, kind == "mixtral")
+        for kind in sorted(MOE_CONFIGS)
+        for dynamo in (False, True)
+    ],
+)
+def test_plain_torch_onnx_export_of_the_moe_block_fails(
+    kind: str, dynamo: bool, tmp_path: Path
+) -> None:
+    # Strict: when torch learns to export transformers' expert dispatch, this fails and the
+    # exportable formulation can be reconsidered.
+    block = tiny_moe(kind).layers[0].mlp  # type: ignore[union-attr, index]
+    hidden = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(Exception, match=_TORCH_FAILURE[dynamo]):
+        _plain_export(block, hidden, dynamo, tmp_path / "block.onnx")
+
+
+@pytest.mark.parametrize(
+    ("kind", "dynamo"),
+    [
+        _default_for_mixtral(kind, dynamo, default=False)
+        for kind in sorted(MOE_CONFIGS)
+        for dynamo in (False, True)
+    ],
+)
+def test_plain_torch_onnx_export_of_the_model_fails(
+    kind: str, dynamo: bool, tmp_path: Path
+) -> None:
+    # TorchScript meets transformers' mask creation (aten::diff, which hyperexport patches too)
+    # before the experts; dynamo meets the experts' grouped_mm.
+    model = LastHidden(tiny_moe(kind)).eval()
+    expected = "aten::diff|aten::histc" if not dynamo else _TORCH_FAILURE[dynamo]
+    with pytest.raises(Exception, match=expected):
+        _plain_export(model, _ids(SHAPES[0]), dynamo, tmp_path / "model.onnx")
