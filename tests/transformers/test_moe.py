@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from hyperexport import export_hyper_onnx
+from hyperexport.errors import ModuleExportError
+from hyperexport.transformers import patches
 from hyperexport.transformers.moe import MOE_FAMILIES, exportable_moe, topk_by_rank
 from hyperexport.zoo import MOE_CONFIGS, tiny_moe
 from tests.helpers.models import LastHidden
@@ -249,3 +251,31 @@ def test_plain_torch_onnx_export_of_the_model_fails(
     expected = "aten::diff|aten::histc" if not dynamo else _TORCH_FAILURE[dynamo]
     with pytest.raises(Exception, match=expected):
         _plain_export(model, _ids(SHAPES[0]), dynamo, tmp_path / "model.onnx")
+
+
+@pytest.mark.parametrize(
+    ("dynamo", "op"),
+    [
+        pytest.param(False, "aten::histc", id="torchscript"),
+        pytest.param(True, "grouped_mm_fallback", marks=pytest.mark.slow, id="dynamo"),
+    ],
+)
+def test_without_the_patch_the_failure_is_one_line_with_the_fix(
+    dynamo: bool, op: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without = tuple(p for p in patches.PATCHES if p.name != "exportable_moe")
+    assert len(without) == len(patches.PATCHES) - 1
+    monkeypatch.setattr(patches, "PATCHES", without)
+    model = tiny_moe("mixtral", num_layers=1)
+    with pytest.raises(ModuleExportError) as caught:
+        export_hyper_onnx(
+            LastHidden(model).eval(),
+            (_ids(SHAPES[0]),),
+            tmp_path / "m.onnx",
+            hiera=moe_hiera(model)[:1],
+            dynamo=dynamo,
+        )
+    message = str(caught.value)
+    assert "\n" not in message and "\x1b" not in message, message[:500]
+    assert "module 'model.layers.0'" in message and op in message
+    assert "hyperexport/transformers/moe.py" in message
