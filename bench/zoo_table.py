@@ -120,7 +120,8 @@ def _export_times(recipe: Any, dynamo: bool, repeat: int) -> tuple[float, float]
 
     from hyperexport import export_hyper_onnx
     from hyperexport.capture.model_patches import export_context
-    from hyperexport.from_recipe.model import load_model, make_inputs, resolve_classes
+    from hyperexport.from_recipe.model import load_model, resolve_classes
+    from hyperexport.models.inputs import make_inputs
     from hyperexport.models.auto import resolve_auto
 
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
