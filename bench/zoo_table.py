@@ -93,7 +93,8 @@ def _build(name: str, dynamo: bool, root: Path) -> dict[str, Any]:
         "max_abs": max(o["max_abs"] for o in outputs),
         "functions": len(report["functions"]),
         "classes": classes,
-        "hiera": [h.rsplit(".", 1)[-1] for h in auto["hiera"]],
+        # A recipe that lists its hiera classes (the MoE ones) has none in auto.json.
+        "hiera": [h.rsplit(".", 1)[-1] for h in auto["hiera"] or recipe.data["hiera"]],
         "hiera_reason": auto["hiera_reason"],
         "inputs": {k: v["shape"] for k, v in auto["inputs"].items()},
         "recipe": recipe,

@@ -3,7 +3,54 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
+
+#: ANSI escape sequences (colours, cursor moves) that torch puts in its errors.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+_MOE_FIX = (
+    "hyperexport exports the MoE blocks of Mixtral, Qwen2-MoE and OLMoE with its exportable_moe "
+    "patch (hyperexport/transformers/moe.py); for another architecture add its router and "
+    "experts classes to MOE_FAMILIES there"
+)
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without ANSI escape sequences (torch colours parts of its export errors)."""
+    return _ANSI.sub("", text)
+
+
+def _known_torch_failure(text: str) -> str | None:
+    """One line for a torch export failure hyperexport knows the fix of, or None."""
+    if "aten::histc" in text:
+        return (
+            "the TorchScript exporter has no ONNX symbolic for aten::histc, which "
+            f"transformers' MoE experts use to count tokens per expert; {_MOE_FIX}"
+        )
+    if "grouped_mm_fallback" in text:
+        return (
+            "the dynamo exporter has no ONNX function for transformers::grouped_mm_fallback, "
+            f"transformers' MoE experts' grouped matmul; {_MOE_FIX}"
+        )
+    return None
+
+
+def relayed(cause: BaseException, with_type: bool = True) -> str:
+    """How an error from torch (or any library) is shown inside one of ours.
+
+    ANSI escape sequences are stripped; a failure with a known fix becomes one line naming the
+    op and the fix.
+
+    Args:
+        cause: The error relayed.
+        with_type: Prefix the error's class name.
+    """
+    text = strip_ansi(str(cause))
+    known = _known_torch_failure(text)
+    if known is not None:
+        return known
+    return f"{type(cause).__name__}: {text}" if with_type else text
 
 
 def did_you_mean(word: str, options: Sequence[str]) -> str:
@@ -39,7 +86,7 @@ class ModelForwardError(HyperExportError):
     def __init__(self, module_path: str, cause: BaseException) -> None:
         self.module_path = module_path
         where = f"module {module_path!r}" if module_path else "the model"
-        super().__init__(f"forward of {where} raised {type(cause).__name__}: {cause}")
+        super().__init__(f"forward of {where} raised {relayed(cause)}")
 
 
 class ModuleExportError(HyperExportError):
@@ -50,7 +97,7 @@ class ModuleExportError(HyperExportError):
         self.dynamo = dynamo
         where = f"module {module_path!r}" if module_path else "the root model"
         path = "dynamo=True" if dynamo else "dynamo=False"
-        super().__init__(f"export of {where} ({path}) failed: {type(cause).__name__}: {cause}")
+        super().__init__(f"export of {where} ({path}) failed: {relayed(cause)}")
 
 
 class RewriteError(HyperExportError):
@@ -93,7 +140,7 @@ class StageError(HyperExportError):
         self.stage = stage
         self.module_path = module_path
         at = f" at module {module_path!r}" if module_path else ""
-        super().__init__(f"stage {stage!r} failed{at}: {cause}")
+        super().__init__(f"stage {stage!r} failed{at}: {relayed(cause, with_type=False)}")
 
 
 class OptionsError(HyperExportError, ValueError):

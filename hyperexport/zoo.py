@@ -162,6 +162,42 @@ def tiny_resnet(depths: tuple[int, ...] = (1, 1, 1, 1), seed: int = 0) -> torch.
     return model
 
 
+#: Small mixture-of-experts decoders: ``kind -> (model class, config fields)``; 4 experts, top-2.
+MOE_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mixtral": ("MixtralModel", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2_moe": (
+        "Qwen2MoeModel",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 96,
+            "norm_topk_prob": False,
+        },
+    ),
+    "olmoe": ("OlmoeModel", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True}),
+}
+
+
+def tiny_moe(kind: str, num_layers: int = 2, seed: int = 0) -> torch.nn.Module:
+    """A small MoE decoder stack (:data:`MOE_CONFIGS`): hidden 64, GQA 4:2, vocabulary 128."""
+    model_class, fields = MOE_CONFIGS[kind]
+    config = {
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+        **fields,
+    }
+    return random_transformer(model_class, config, seed=seed)
+
+
 def random_transformer(
     model_class: str,
     config: dict[str, Any] | None = None,

@@ -40,7 +40,7 @@ import torch
 from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
 from hyperexport.contracts.names import OPSET_RANGES
-from hyperexport.errors import HyperExportError, ModuleExportError
+from hyperexport.errors import HyperExportError, ModuleExportError, relayed
 from hyperexport.export.dynamo import (
     apply_placeholder,
     export_dynamo,
@@ -106,7 +106,7 @@ class _UnitTraceError(Exception):
     """A unit's trace raised inside the batch: carries the unit, for the error message."""
 
     def __init__(self, job: UnitJob, cause: BaseException) -> None:
-        super().__init__(f"unit {job.name}: {type(cause).__name__}: {cause}")
+        super().__init__(f"unit {job.name}: {relayed(cause)}")
         self.job = job
         self.cause = cause
 
@@ -196,9 +196,7 @@ def export_batch(
     except HyperExportError:
         raise  # already names what is wrong (e.g. a dynamic axis torch specialised)
     except Exception as e:  # torch's errors are of many types; the rerun names the unit
-        log.info(
-            "batched dynamo export failed (%s: %s); exporting unit by unit", type(e).__name__, e
-        )
+        log.info("batched dynamo export failed (%s); exporting unit by unit", relayed(e))
         return _export_one_by_one(jobs, modules, router, opset, translations)
     log.debug(
         "dynamo batch: %d units exported in %.2fs, split in %.2fs",

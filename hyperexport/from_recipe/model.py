@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hyperexport.config.hydra import recipe_file_of
 from hyperexport.config.imports import split_import_path
-from hyperexport.errors import HieraError, RecipeError
+from hyperexport.errors import HieraError, RecipeError, relayed
 
 if TYPE_CHECKING:
     from hyperexport.config.schema import Recipe
@@ -41,7 +41,7 @@ def load_model(model_cfg: Mapping[str, Any], checkpoint: Path | None, recipe_fil
         file = recipe_file or recipe_file_of(None)
         if isinstance(e.__cause__, RecipeError):  # the factory named the field (model.path, ...)
             raise RecipeError(file, e.__cause__.field, e.__cause__.reason) from e
-        raise RecipeError(file, "model", f"cannot instantiate: {e}") from e
+        raise RecipeError(file, "model", f"cannot instantiate: {relayed(e, with_type=False)}") from e
     if checkpoint is not None:
         log.info("Loading checkpoint %s", checkpoint)
         model.load_state_dict(_read_state_dict(checkpoint), strict=True)

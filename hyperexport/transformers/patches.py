@@ -172,6 +172,15 @@ def traceable_sdpa_mask_builder() -> Iterator[None]:
             mapping["sdpa"] = original
 
 
+@contextmanager
+def exportable_moe_patch() -> Iterator[None]:
+    """Export Mixtral, Qwen2-MoE and OLMoE blocks with :mod:`hyperexport.transformers.moe`."""
+    from hyperexport.transformers.moe import exportable_moe
+
+    with exportable_moe():
+        yield
+
+
 PATCHES: tuple[ExportPatch, ...] = (
     ExportPatch(
         name="packed_sequence_without_diff",
@@ -193,6 +202,16 @@ PATCHES: tuple[ExportPatch, ...] = (
         paths=(TORCHSCRIPT,),
         reason="4.x's vmapped SDPA mask builder fails under torch.jit.trace (unordered_map::at)",
         factory=traceable_sdpa_mask_builder,
+    ),
+    ExportPatch(
+        name="exportable_moe",
+        transformers=">=5",
+        paths=(TORCHSCRIPT, DYNAMO),
+        reason=(
+            "MoE experts dispatch with aten::histc (no TorchScript symbolic) and "
+            "transformers::grouped_mm_fallback (no ONNX function on dynamo)"
+        ),
+        factory=exportable_moe_patch,
     ),
     ExportPatch(
         name="masks_as_under_torch_export",

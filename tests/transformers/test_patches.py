@@ -136,8 +136,12 @@ def test_patches_are_keyed_to_version_and_path():
     assert [p.name for p in patches_for(False, "5.24.0")] == [
         "packed_sequence_without_diff",
         "sdpa_without_enable_gqa",
+        "exportable_moe",
     ]
-    assert [p.name for p in patches_for(True, "5.24.0")] == ["masks_as_under_torch_export"]
+    assert [p.name for p in patches_for(True, "5.24.0")] == [
+        "exportable_moe",
+        "masks_as_under_torch_export",
+    ]
     assert patches_for(False, "4.40.0") == []
     assert [p.name for p in patches_for(False, "4.57.6")] == [
         "packed_sequence_without_diff",

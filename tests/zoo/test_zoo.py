@@ -19,8 +19,8 @@ from hyperexport.zoo import EXPECTED_FAILURES
 #: The forward zoo; ``zoo_*_generate`` (task: text-generation) is tests/generation's.
 ZOO = sorted(p.stem for p in RECIPES_DIR.glob("zoo_*.yaml") if not p.stem.endswith("_generate"))
 
-#: One decoder, one encoder-decoder encoder: the default run's share of the zoo.
-FAST = {("zoo_qwen3", False), ("zoo_whisper_encoder", True)}
+#: One decoder, one encoder-decoder encoder, one mixture-of-experts: the default run's share.
+FAST = {("zoo_qwen3", False), ("zoo_whisper_encoder", True), ("zoo_mixtral", False)}
 
 
 def _cases() -> list[object]:
@@ -58,6 +58,9 @@ def test_the_zoo_covers_the_families() -> None:
         "falcon",
         "gpt_neox",
         "xlm_roberta",
+        "mixtral",
+        "qwen2_moe",
+        "olmoe",
     }
     assert {f"zoo_{f}" for f in families} <= set(ZOO) and len(ZOO) >= 12
 
