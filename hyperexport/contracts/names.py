@@ -66,6 +66,9 @@ AUTO = "auto"
 #: step model with past/present KV that onnxruntime-genai decodes with (``hyperexport/generation``).
 FORWARD = "forward"
 TEXT_GENERATION = "text-generation"
+#: ... and the encoder-decoder tasks: an encoder graph and a decoder graph (``hyperexport/seq2seq``).
+TEXT2TEXT_GENERATION = "text2text-generation"
+SPEECH_RECOGNITION = "automatic-speech-recognition"
 #: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``).
 FUNCTION_SCOPES = ("all", "first_instance", "none")
 #: transformers' own attention implementations: hyperexport registers its entry under another
