@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hyperexport.contracts.names import SEQ2SEQ_GRAPHS
 from hyperexport.contracts.names import SPEECH_RECOGNITION as SPEECH_RECOGNITION
 from hyperexport.contracts.names import TEXT2TEXT_GENERATION as TEXT2TEXT_GENERATION
 
@@ -10,9 +11,8 @@ SEQ2SEQ_TASKS = (TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
 
 #: The graphs of one build, in the order they run; each stage keeps a graph's files in a
 #: folder of this name, and the rewrite stage publishes ``<graph>_model.onnx``.
-ENCODER = "encoder"
-DECODER = "decoder"
-GRAPHS = (ENCODER, DECODER)
+GRAPHS = SEQ2SEQ_GRAPHS
+ENCODER, DECODER = SEQ2SEQ_GRAPHS
 
 #: Import paths of the units that become functions: each decoder layer's step (past and cross
 #: KV explicit) and each decoder layer's cross-KV projection in the encoder graph.

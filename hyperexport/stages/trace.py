@@ -36,7 +36,10 @@ class TraceStage(RecipeStage):
     #: ``capture.json``: ``task: forward``/``text-generation``; the encoder-decoder tasks write
     #: one capture per graph, in ``encoder/`` and ``decoder/``.
     artifacts: Mapping[str, str] = {}
-    optional_artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON}
+    optional_artifacts: Mapping[str, str] = {
+        "capture": CAPTURE_JSON,
+        **{f"{g}_capture": f"{g}/{CAPTURE_JSON}" for g in GRAPHS},
+    }
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.config.fields import from_json, to_json
