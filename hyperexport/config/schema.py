@@ -83,7 +83,7 @@ TASKS = (
 )
 #: The tasks a stage implements; a recipe asking for another is refused (exit 2). Implementing
 #: one is adding it here (and its use in the stages that read ``task``).
-IMPLEMENTED_TASKS = (FORWARD, TEXT_GENERATION, TEXT2TEXT_GENERATION)
+IMPLEMENTED_TASKS = (FORWARD, TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
 
 #: ``quantize.method`` values: ``none`` (the stage does nothing), or a method of
 #: ``passes/quantize_weights.py`` (int8 per column, dynamic activations; int4 blocks).

@@ -1,5 +1,8 @@
 """The reference decode: transformers' greedy ``generate`` of each prompt (trace stage, torch).
 
+``GenerationMixin.generate`` is called directly: Whisper's own ``generate`` wraps it with a
+task/language prompt and timestamp rules, which are a search strategy, not the model.
+
 Written as data for the torch-free evaluate and check stages: ``seq2seq_reference.json`` (the
 encoder inputs, decoder start and end ids, generated ids) and ``seq2seq_reference.npz``
 (``logits.<i>``: the per-step logits of prompt ``i``, ``(steps, vocab)``; ``features.<i>``: a
@@ -69,6 +72,7 @@ def record_reference(
 ) -> None:
     """Greedy-decode each prompt (a mapping of encoder inputs) with ``generate``; write it as data."""
     import torch
+    from transformers.generation.utils import GenerationMixin
 
     start, eos = decoder_ids(model)
     arrays: dict[str, np.ndarray] = {}
@@ -79,7 +83,10 @@ def record_reference(
         for i, prompt in enumerate(prompts):
             feeds = {k: torch.from_numpy(v) for k, v in prompt.items()}
             with torch.no_grad():
-                out = model.generate(
+                # GenerationMixin's generate, also for Whisper: its own adds the task and
+                # language prompt and timestamp rules, which are not the model's decode.
+                out = GenerationMixin.generate(
+                    model,
                     **feeds,
                     max_new_tokens=steps,
                     decoder_start_token_id=start,
