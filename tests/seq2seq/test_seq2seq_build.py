@@ -1,8 +1,8 @@
 """task: text2text-generation: an encoder graph and a decoder graph per build, each
 hierarchical, and a greedy decode through both in ONNX Runtime equal to transformers' generate.
 
-The default run builds the BART zoo recipe on the TorchScript path; T5 and the dynamo path are
-``zoo``-marked (tests/zoo builds them with the forward checks too).
+The default run builds the BART zoo recipe on the TorchScript path; the rest of the seq2seq zoo
+(T5, BART, Whisper, mBART on both paths) is ``zoo``-marked.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import onnx
 import pytest
 
 from hyperexport.builds.session import run_build
-from hyperexport.config import compose_recipe
+from hyperexport.config import RECIPES_DIR, compose_recipe
 from hyperexport.errors import RecipeError
 from hyperexport.seq2seq.judge import MIN_STEPS
 from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.zoo import seq2seq_zoo
 
 
 def _build(tmp_path: Path, *overrides: str) -> Any:
@@ -87,9 +88,19 @@ def test_bart_exports_encoder_and_decoder_graphs_that_decode_as_transformers(
     _assert_seq2seq_build(tmp_path, "zoo_bart", dynamo=False)
 
 
+def test_the_seq2seq_zoo_covers_t5_bart_whisper_and_mbart() -> None:
+    assert seq2seq_zoo(RECIPES_DIR) == ["zoo_bart", "zoo_mbart", "zoo_t5", "zoo_whisper"]
+
+
 @pytest.mark.zoo
 @pytest.mark.parametrize(
-    ("name", "dynamo"), [("zoo_t5", False), ("zoo_t5", True), ("zoo_bart", True)]
+    ("name", "dynamo"),
+    [
+        (name, dynamo)
+        for name in seq2seq_zoo(RECIPES_DIR)
+        for dynamo in (False, True)
+        if (name, dynamo) != ("zoo_bart", False)  # the default run's
+    ],
 )
 def test_seq2seq_zoo_decodes_as_transformers(name: str, dynamo: bool, tmp_path: Path) -> None:
     _assert_seq2seq_build(tmp_path, name, dynamo)
