@@ -18,7 +18,7 @@ computed, so the layer reads the cross KV instead of projecting the encoder's st
 from the encoder's states (the layer's own projections, run through its attention module with a
 throw-away one-token query whose result is discarded), so the encoder graph can output them.
 
-Works for the layers of T5, BART, mBART, Marian and Whisper (their cross-attention module is
+Checked with the layers of T5, BART, mBART and Whisper (their cross-attention module is
 ``encoder_attn`` or ``layer[1].EncDecAttention``).
 """
 
