@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,7 +74,8 @@ def _layer_index_zero(layer: nn.Module) -> Iterator[None]:
 class Seq2SeqKVStep(nn.Module):
     """One decoder layer as a tensor-only step; the unit that becomes a function.
 
-    ``names`` (the layer's tensor arguments, in order), ``static`` (its other arguments) and
+    ``names`` (the layer's tensor arguments, in order), ``static`` (its other arguments, as
+    JSON) and
     ``none_outputs`` (which of its outputs are None) are set by :class:`Seq2SeqCacheLayer` for
     each call; they are the same for every call of one layer.
     """
@@ -82,7 +84,9 @@ class Seq2SeqKVStep(nn.Module):
         super().__init__()
         self.layer = layer
         self.names: tuple[str, ...] = ()
-        self.static: dict[str, Any] = {}
+        # JSON text, not a dict: per-type sharing compares the values a forward reads, and a
+        # container is compared by identity, a string by value.
+        self.static = "{}"
         self.none_outputs: tuple[bool, ...] = ()
 
     def forward(
@@ -97,7 +101,7 @@ class Seq2SeqKVStep(nn.Module):
         cache = _one_layer_cache(past_key, past_value, cross_key, cross_value)
         kwargs = dict(zip(self.names, tensors))
         with _layer_index_zero(self.layer):
-            out = self.layer(**kwargs, **self.static, cache=cache)
+            out = self.layer(**kwargs, **json.loads(self.static), cache=cache)
         outs = out if isinstance(out, tuple) else (out,)
         self.none_outputs = tuple(o is None for o in outs)
         present: Any = cache.self_attention_cache.layers[0]
@@ -124,7 +128,14 @@ class Seq2SeqCacheLayer(nn.Module):
         arguments.update(arguments.pop("kwargs", None) or {})
         tensors = {k: v for k, v in arguments.items() if isinstance(v, torch.Tensor)}
         static = {k: v for k, v in arguments.items() if k not in tensors and v is not None}
-        self.step.names, self.step.static = tuple(tensors), static
+        try:
+            self.step.static = json.dumps(static, sort_keys=True)
+        except TypeError as e:
+            raise TypeError(
+                f"{type(self.step.layer).__name__} is called with a non-tensor argument that is "
+                f"not a constant ({', '.join(sorted(static))}): {e}"
+            ) from e
+        self.step.names = tuple(tensors)
         own = cache.self_attention_cache.layers[self.index]
         cross = cache.cross_attention_cache.layers[self.index]
         outs = self.step(own.keys, own.values, cross.keys, cross.values, *tensors.values())
