@@ -40,12 +40,12 @@ PATHS = (("torchscript", False), ("dynamo", True))
 
 def zoo_recipes() -> list[str]:
     """The zoo's recipe names, sorted (the forward zoo: ``zoo_*_generate`` recipes build a
-    generation step model, checked by decoding; tests/generation covers them)."""
+    generation step model and the encoder-decoders two graphs, both checked by decoding;
+    tests/generation and tests/seq2seq cover them)."""
     from hyperexport.config import RECIPES_DIR
+    from hyperexport.zoo import forward_zoo
 
-    return sorted(
-        p.stem for p in RECIPES_DIR.glob("zoo_*.yaml") if not p.stem.endswith("_generate")
-    )
+    return forward_zoo(RECIPES_DIR)
 
 
 def static_columns(name: str) -> dict[str, str]:

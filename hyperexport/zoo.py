@@ -15,6 +15,30 @@ log = logging.getLogger(__name__)
 
 #: The zoo: recipes/zoo_*.yaml. A (recipe, dynamo) pair listed here is expected to fail, and why;
 #: the zoo tests mark it xfail (strict, so a fix shows up) and the README's table says why.
+#: The recipe base of the encoder-decoder zoo (``recipes/base/seq2seq.yaml``): recipes built on
+#: it export two graphs checked by decoding (tests/seq2seq), not one forward graph.
+SEQ2SEQ_BASE = "/recipe_base: seq2seq"
+
+
+def forward_zoo(recipes_dir: Any) -> list[str]:
+    """The forward zoo's recipe names, sorted: ``zoo_*.yaml`` except the generation step models
+    (``zoo_*_generate``, tests/generation) and the encoder-decoders (on :data:`SEQ2SEQ_BASE`)."""
+    return sorted(
+        p.stem
+        for p in recipes_dir.glob("zoo_*.yaml")
+        if not p.stem.endswith("_generate") and SEQ2SEQ_BASE not in p.read_text(encoding="utf-8")
+    )
+
+
+def seq2seq_zoo(recipes_dir: Any) -> list[str]:
+    """The encoder-decoder zoo's recipe names, sorted (recipes on :data:`SEQ2SEQ_BASE`)."""
+    return sorted(
+        p.stem
+        for p in recipes_dir.glob("zoo_*.yaml")
+        if SEQ2SEQ_BASE in p.read_text(encoding="utf-8")
+    )
+
+
 EXPECTED_FAILURES: dict[tuple[str, bool], str] = {
     ("zoo_swin", True): (
         "torch.onnx.export(dynamo=True) fails in its decompositions on Swin with a dynamic batch "

@@ -9,6 +9,7 @@ import pytest
 
 from hyperexport.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.errors import RecipeError
+from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
@@ -38,6 +39,17 @@ def test_recipe_instantiates(name: str) -> None:
     recipe, _ = compose_recipe([f"recipe={name}"])
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
     assert isinstance(model, torch.nn.Module)
+    if is_seq2seq(recipe.data["task"]):  # two graphs, each with the task's own inputs
+        from hyperexport.seq2seq.task import graph_scope
+
+        for graph in GRAPHS:
+            with graph_scope(model, recipe.data, str(recipe.file), graph) as (module, params):
+                classes = resolve_classes(params["hiera"], recipe.file)
+                modules = list(module.modules())
+                assert classes and all(any(isinstance(m, c) for m in modules) for c in classes)
+                with torch.no_grad():
+                    module(**make_inputs(params["inputs"]))
+        return
     data = resolve_auto(recipe.data, model, recipe.file)  # hiera: auto, inputs: auto
     classes = resolve_classes(data["hiera"], recipe.file)
     assert classes and all(any(isinstance(m, c) for m in model.modules()) for c in classes)
@@ -164,7 +176,7 @@ BAD = [
     (_with("env", ["A", "A"]), "env", "names a variable twice"),
     (_with("env", "HF_HOME"), "env", "must be a list"),
     (_with("task", "text-generatoin"), "task", "did you mean 'text-generation'"),
-    (_with("task", "text2text-generation"), "task", "not implemented yet; implemented: forward"),
+    (_with("task", "auto"), "task", "not implemented yet; implemented: forward"),
     (_with("fallback", "yes"), "fallback", "true or false"),
     (
         _with("attention", {"promote_opset24": True}),

@@ -13,10 +13,14 @@ from typing import Any
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.builds.report_html import model_io, write_report_html
 from hyperexport.builds.summary import function_tree
+from hyperexport.contracts.names import SEQ2SEQ_GRAPHS
 from hyperexport.engine.hashing import atomic_write_json
 from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
+
+#: Artifact name prefixes of a build with several graphs (``encoder_manifest``, ...).
+GRAPH_PREFIXES = tuple(f"{graph}_" for graph in SEQ2SEQ_GRAPHS)
 
 REPORT = "report.json"
 SUMMARY = "summary.txt"
@@ -57,11 +61,14 @@ def artifact_text(
 ) -> str | None:
     """The text of artifact ``name`` from a successful stage, or from the failed stage's files."""
     for stage in stages:
-        rel = stage.artifacts.get(name)
+        optional: Mapping[str, str] = getattr(stage, "optional_artifacts", {})
+        rel = stage.artifacts.get(name) or optional.get(name)
         if rel is None:
             continue
         entry = result.entries.get(stage.name)
         if entry is not None:
+            if name not in stage.artifacts and rel not in {f.path for f in entry.outputs}:
+                return None  # an optional artifact this build did not write
             return store.read_text(entry, rel)
         if result.error is not None and result.error.stage == stage.name:
             return result.failed_files.get(rel)
@@ -80,18 +87,34 @@ def build_report(
     """The content of ``report.json``; artifact paths are under ``out_dir`` (the public link)."""
     artifacts = {}
     for stage in request.stages:
-        for name, rel in stage.artifacts.items():
+        optional: Mapping[str, str] = getattr(stage, "optional_artifacts", {})
+        for name, rel in {**stage.artifacts, **optional}.items():
             if rel in files:
                 artifacts[name] = str(out_dir / rel)
     check_text = artifact_text(store, request.stages, result, "check")
-    manifest_text = artifact_text(store, request.stages, result, "manifest")
-    capture_text = artifact_text(store, request.stages, result, "capture")
-    manifest = json.loads(manifest_text) if manifest_text else None
-    functions = (
-        function_tree(manifest, json.loads(capture_text) if capture_text else None)
-        if manifest
-        else []
-    )
+    # One graph (``manifest``/``capture``), or several (``<graph>_manifest``/``<graph>_capture``,
+    # the encoder-decoder tasks): functions and inputs/outputs of each, names prefixed.
+    manifests, functions, io = [], [], None
+    for prefix in ("", *GRAPH_PREFIXES):
+        manifest_text = artifact_text(store, request.stages, result, f"{prefix}manifest")
+        capture_text = artifact_text(store, request.stages, result, f"{prefix}capture")
+        if not manifest_text and not capture_text:
+            continue
+        capture = json.loads(capture_text) if capture_text else None
+        graph = prefix.removesuffix("_")
+        if manifest_text:
+            manifests.append(json.loads(manifest_text))
+            tree = function_tree(manifests[-1], capture)
+            functions += [{**f, "graph": graph} if graph else f for f in tree]
+        if capture is not None:
+            graph_io = model_io(capture)
+            if graph:
+                graph_io = {
+                    side: [{**row, "name": f"{graph}/{row['name']}"} for row in rows]
+                    for side, rows in graph_io.items()
+                }
+            io = graph_io if io is None else {k: io[k] + graph_io[k] for k in io}
+    manifest = manifests[0] if manifests else None
     return {
         "format": REPORT_FORMAT,
         "recipe": {
@@ -119,7 +142,7 @@ def build_report(
         "environment": dict(request.env),
         "cache_dir": str(store.root),
         # The model's inputs and outputs with traced shapes and dtypes (report.html shows them).
-        "io": model_io(json.loads(capture_text)) if capture_text else None,
+        "io": io,
     }
 
 

@@ -1,5 +1,8 @@
 """``python -m hyperexport show model.onnx``: the function tree of any ONNX model.
 
+Given a build folder, it shows each of its ``.onnx`` files in turn (an encoder-decoder build's
+``decoder_model.onnx`` and ``encoder_model.onnx``); ``--json`` then maps file name to tree.
+
 Prints which module class became which local function, how often each is called and from where,
 node counts, opsets, the library versions the model was built with (hyperexport's models
 record them), and the model's and each function's inputs and outputs (with shapes where
@@ -259,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hyperexport show", description="Print the function tree of an ONNX model."
     )
-    parser.add_argument("model", type=Path, help="an .onnx file")
+    parser.add_argument(
+        "model",
+        type=Path,
+        help="an .onnx file, or a build folder: each of its .onnx files (encoder_model.onnx and "
+        "decoder_model.onnx of an encoder-decoder)",
+    )
     parser.add_argument("--json", action="store_true", help="print the tree as JSON")
     parser.add_argument("--no-io", action="store_true", help="leave out function inputs/outputs")
     return parser
@@ -272,16 +280,30 @@ def main(argv: Sequence[str]) -> int:
         args = parser.parse_args(list(argv))
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
         return exit_codes.OK if e.code == 0 else exit_codes.INVALID
-    if not args.model.is_file():
-        print(f"hyperexport show: {args.model}: no such file", file=sys.stderr)
+    models = sorted(args.model.glob("*.onnx")) if args.model.is_dir() else [args.model]
+    if not models or not all(m.is_file() for m in models):
+        what = "no .onnx file in the folder" if args.model.is_dir() else "no such file"
+        print(f"hyperexport show: {args.model}: {what}", file=sys.stderr)
         return exit_codes.INVALID
-    try:
-        info = describe_model(args.model)
-    except ValueError as e:
-        print(f"hyperexport show: {str(e).splitlines()[0]}", file=sys.stderr)
-        return exit_codes.INVALID
+    infos = {}
+    for model in models:
+        try:
+            infos[model.name] = describe_model(model)
+        except ValueError as e:
+            print(f"hyperexport show: {model}: {str(e).splitlines()[0]}", file=sys.stderr)
+            return exit_codes.INVALID
     if args.json:
-        print(json.dumps(info.to_json(), indent=1, sort_keys=True))
+        data = (
+            next(iter(infos.values())).to_json()
+            if len(infos) == 1
+            else {name: info.to_json() for name, info in infos.items()}
+        )
+        print(json.dumps(data, indent=1, sort_keys=True))
     else:
-        print("\n".join(render(info, io=not args.no_io)))
+        lines: list[str] = []
+        for name, info in infos.items():
+            if len(infos) > 1:
+                lines += [f"== {name}", ""] if not lines else ["", f"== {name}", ""]
+            lines += render(info, io=not args.no_io)
+        print("\n".join(lines))
     return exit_codes.OK

@@ -26,7 +26,12 @@ from hyperexport.config.fields import (
 from hyperexport.config.paths import DEFAULT_OUTPUTS_DIR
 from hyperexport.contracts.names import AUTO as AUTO
 from hyperexport.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
-from hyperexport.contracts.names import FORWARD, TEXT_GENERATION
+from hyperexport.contracts.names import (
+    FORWARD,
+    SPEECH_RECOGNITION,
+    TEXT2TEXT_GENERATION,
+    TEXT_GENERATION,
+)
 from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
@@ -72,13 +77,13 @@ DYNAMIC_MODES = ("none", AUTO)
 TASKS = (
     FORWARD,
     TEXT_GENERATION,
-    "text2text-generation",
-    "automatic-speech-recognition",
+    TEXT2TEXT_GENERATION,
+    SPEECH_RECOGNITION,
     AUTO,
 )
 #: The tasks a stage implements; a recipe asking for another is refused (exit 2). Implementing
 #: one is adding it here (and its use in the stages that read ``task``).
-IMPLEMENTED_TASKS = (FORWARD, TEXT_GENERATION)
+IMPLEMENTED_TASKS = (FORWARD, TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
 
 #: ``quantize.method`` values: ``none`` (the stage does nothing), or a method of
 #: ``passes/quantize_weights.py`` (int8 per column, dynamic activations; int4 blocks).

@@ -34,7 +34,12 @@ from hyperexport.config.schema import (
     RecipeConfig,
     _outputs_root,
 )
-from hyperexport.contracts.names import OPSET_RANGES, TEXT_GENERATION
+from hyperexport.contracts.names import (
+    OPSET_RANGES,
+    SPEECH_RECOGNITION,
+    TEXT2TEXT_GENERATION,
+    TEXT_GENERATION,
+)
 from hyperexport.engine.machinery import machinery
 from hyperexport.errors import RecipeError, did_you_mean
 
@@ -218,6 +223,15 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
     _check_import(check, "model._target_", target)
     if r.task == TEXT_GENERATION and not r.generation.prompts:
         check.fail("generation.prompts", f"task {TEXT_GENERATION} needs at least one prompt")
+    if r.task in (TEXT2TEXT_GENERATION, SPEECH_RECOGNITION):
+        if not r.generation.prompts:
+            check.fail("generation.prompts", f"task {r.task} needs at least one prompt")
+        if r.hiera != AUTO:
+            check.fail(
+                "hiera",
+                f"task {r.task} makes the encoder and decoder layers functions itself: "
+                "set hiera: auto",
+            )
     if r.dynamic == AUTO and r.inputs != AUTO:
         check.fail(
             "dynamic",

@@ -68,6 +68,12 @@ AUTO = "auto"
 #: step model with past/present KV that onnxruntime-genai decodes with (``hyperexport/generation``).
 FORWARD = "forward"
 TEXT_GENERATION = "text-generation"
+#: ... and the encoder-decoder tasks: an encoder graph and a decoder graph (``hyperexport/seq2seq``).
+TEXT2TEXT_GENERATION = "text2text-generation"
+SPEECH_RECOGNITION = "automatic-speech-recognition"
+#: Their graphs, in the order they run: the stages keep each graph's files in a folder of this
+#: name and publish ``<graph>_model.onnx``; the report reads ``<graph>_manifest``/``_capture``.
+SEQ2SEQ_GRAPHS = ("encoder", "decoder")
 #: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``).
 FUNCTION_SCOPES = ("all", "first_instance", "none")
 #: transformers' own attention implementations: hyperexport registers its entry under another

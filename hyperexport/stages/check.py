@@ -24,12 +24,20 @@ from hyperexport.contracts.names import (
 )
 from hyperexport.engine.stage import StageInputs
 from hyperexport.generation.names import GENERATION_CHECK
+from hyperexport.seq2seq.names import (
+    GRAPHS,
+    SEQ2SEQ_CHECK,
+    is_seq2seq,
+    manifest_file,
+    model_file,
+)
 from hyperexport.stages.recipe_stage import RecipeStage
 
 if TYPE_CHECKING:
     import numpy as np
 
     from hyperexport.check.evaluation import Evaluation, FunctionRun
+    from hyperexport.check.judge import CheckReport
     from hyperexport.check.model_evaluator import ModelEvaluator
     from hyperexport.check.quantized_judge import QuantizedVerdict
     from hyperexport.contracts.capture_files import CaptureFiles
@@ -52,38 +60,43 @@ class CheckStage(RecipeStage):
     needs_model: bool = False
     #: numpy judges; the ONNX libraries run only for localisation, and then shape the result.
     libraries: tuple[str, ...] = ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxruntime")
-    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY, GENERATION_CHECK)
+    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY, GENERATION_CHECK, SEQ2SEQ_CHECK)
     artifacts: Mapping[str, str] = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.check.evaluation import Evaluation
-        from hyperexport.check.judge import judge
-        from hyperexport.check.tensors import CapturedArrays
-        from hyperexport.contracts.capture_files import read_capture
-        from hyperexport.contracts.manifest import ExportManifest
-        from hyperexport.from_recipe.check_settings import check_settings
-
-        capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
         rewrite_dir = inputs.dir("rewrite")
-        manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
-        evaluation = Evaluation.load(inputs.dir("evaluate"))
-        settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
-        _refuse_unknown_outputs(inputs.recipe_file, settings.accept_vacuous, evaluation, capture)
-        evaluator: ModelEvaluator | None = None
+        reports: list[CheckReport] = []
+        if is_seq2seq(recipe.task):  # each graph judged alone, then merged (graph-prefixed)
+            from hyperexport.seq2seq.judge import merge_reports
 
-        def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:
-            nonlocal evaluator
-            if evaluator is None:  # loaded only when a failed comparison needs localising
-                from hyperexport.check.model_evaluator import ModelEvaluator
-
-                evaluator = ModelEvaluator(
-                    rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays
+            for graph in GRAPHS:
+                reports.append(
+                    self._judge(
+                        recipe,
+                        inputs.recipe_file,
+                        inputs.dir("export") / graph,
+                        rewrite_dir / model_file(graph),
+                        rewrite_dir / manifest_file(graph),
+                        inputs.dir("evaluate") / graph,
+                    )
                 )
-            return evaluator.run_functions(indices, "localisation"), evaluator.computed
-
-        reference = CapturedArrays(capture.record, capture.arrays)
-        report = judge(evaluation, manifest, capture.record, reference, settings, run_more)
-        data, lines = report.to_json(), report.summary_lines()
+            data = merge_reports(dict(zip(GRAPHS, (r.to_json() for r in reports))))
+            lines = [
+                f"{graph}: {line}"
+                for graph, r in zip(GRAPHS, reports)
+                for line in r.summary_lines()
+            ]
+        else:
+            report = self._judge(
+                recipe,
+                inputs.recipe_file,
+                inputs.dir("export"),
+                rewrite_dir / MODEL_FILE,
+                rewrite_dir / MANIFEST_JSON,
+                inputs.dir("evaluate"),
+            )
+            reports.append(report)
+            data, lines = report.to_json(), report.summary_lines()
         # quantize (issue 26): the quantized model against the float one, when there is one.
         quantized = _quantized_verdict(inputs.dir("quantize"), recipe)
         if quantized is not None:
@@ -99,12 +112,56 @@ class CheckStage(RecipeStage):
                 inputs.dir("trace"), inputs.dir("evaluate"), out_dir
             )
             lines = [*lines, *summary_lines(results)]
+        if is_seq2seq(recipe.task):  # the decode through both graphs, token for token
+            from hyperexport.seq2seq.judge import judge_seq2seq
+            from hyperexport.seq2seq.judge import summary_lines as seq2seq_lines
+
+            decoded, generation_error = judge_seq2seq(
+                inputs.dir("trace"), inputs.dir("evaluate"), out_dir
+            )
+            lines = [*lines, *seq2seq_lines(decoded)]
         atomic_write_bytes(out_dir / CHECK_SUMMARY, ("\n".join(lines) + "\n").encode("utf-8"))
-        report.raise_for_failure()
+        for report in reports:
+            report.raise_for_failure()
         if generation_error is not None:
             raise generation_error
         if quantized is not None:
             quantized.raise_for_failure()
+
+    def _judge(
+        self,
+        recipe: RecipeConfig,
+        recipe_file: str,
+        export_dir: Path,
+        model: Path,
+        manifest_path: Path,
+        evaluate_dir: Path,
+    ) -> CheckReport:
+        """One graph's evaluation judged against its capture."""
+        from hyperexport.check.evaluation import Evaluation
+        from hyperexport.check.judge import judge
+        from hyperexport.check.tensors import CapturedArrays
+        from hyperexport.contracts.capture_files import read_capture
+        from hyperexport.contracts.manifest import ExportManifest
+        from hyperexport.from_recipe.check_settings import check_settings
+
+        capture = read_capture(export_dir / REFERENCE_DIR)
+        manifest = ExportManifest.loads(manifest_path.read_text(encoding="utf-8"))
+        evaluation = Evaluation.load(evaluate_dir)
+        settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
+        _refuse_unknown_outputs(recipe_file, settings.accept_vacuous, evaluation, capture)
+        evaluator: ModelEvaluator | None = None
+
+        def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:
+            nonlocal evaluator
+            if evaluator is None:  # loaded only when a failed comparison needs localising
+                from hyperexport.check.model_evaluator import ModelEvaluator
+
+                evaluator = ModelEvaluator(model, manifest, capture.record, capture.arrays)
+            return evaluator.run_functions(indices, "localisation"), evaluator.computed
+
+        reference = CapturedArrays(capture.record, capture.arrays)
+        return judge(evaluation, manifest, capture.record, reference, settings, run_more)
 
 
 def _refuse_unknown_outputs(

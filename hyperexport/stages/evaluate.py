@@ -18,6 +18,7 @@ from hyperexport.contracts.names import (
     TEXT_GENERATION,
 )
 from hyperexport.engine.stage import StageInputs
+from hyperexport.seq2seq.names import GRAPHS, is_seq2seq, manifest_file, model_file
 from hyperexport.stages.recipe_stage import RecipeStage
 
 
@@ -49,21 +50,52 @@ class EvaluateStage(RecipeStage):
     artifacts: Mapping[str, str] = {}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        rewrite_dir = inputs.dir("rewrite")
+        if is_seq2seq(recipe.task):  # each graph alone, then the decode through both
+            from hyperexport.seq2seq.evaluate import evaluate_seq2seq
+
+            for graph in GRAPHS:
+                (out_dir / graph).mkdir()
+                self._evaluate(
+                    recipe,
+                    inputs.dir("export") / graph,
+                    rewrite_dir / model_file(graph),
+                    rewrite_dir / manifest_file(graph),
+                    out_dir / graph,
+                    model_file(graph),
+                )
+            evaluate_seq2seq(inputs.dir("trace"), rewrite_dir, out_dir)
+            return
+        self._evaluate(
+            recipe,
+            inputs.dir("export"),
+            rewrite_dir / MODEL_FILE,
+            rewrite_dir / MANIFEST_JSON,
+            out_dir,
+            MODEL_FILE,
+        )
+        if recipe.task == TEXT_GENERATION:  # the decode, in onnxruntime-genai
+            from hyperexport.generation.evaluate import evaluate_generation
+
+            evaluate_generation(inputs.dir("trace"), rewrite_dir, out_dir)
+
+    def _evaluate(
+        self,
+        recipe: RecipeConfig,
+        export_dir: Path,
+        model: Path,
+        manifest_path: Path,
+        out_dir: Path,
+        published: str,
+    ) -> None:
         from hyperexport.check.model_evaluator import evaluate_model
         from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
         from hyperexport.from_recipe.check_settings import check_settings
 
-        capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
-        rewrite_dir = inputs.dir("rewrite")
-        manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
+        capture = read_capture(export_dir / REFERENCE_DIR)
+        manifest = ExportManifest.loads(manifest_path.read_text(encoding="utf-8"))
         settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
-        evaluation = evaluate_model(
-            rewrite_dir / MODEL_FILE, manifest, capture.record, capture.arrays, settings
-        )
+        evaluation = evaluate_model(model, manifest, capture.record, capture.arrays, settings)
         # The report names the model as published beside it, not this build's scratch copy.
-        dataclasses.replace(evaluation, model_path=MODEL_FILE).save(out_dir)
-        if recipe.task == TEXT_GENERATION:  # the decode, in onnxruntime-genai
-            from hyperexport.generation.evaluate import evaluate_generation
-
-            evaluate_generation(inputs.dir("trace"), rewrite_dir, out_dir)
+        dataclasses.replace(evaluation, model_path=published).save(out_dir)

@@ -9,6 +9,7 @@ from typing import Any
 from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import BUNDLE_JSON, CAPTURE_JSON, REFERENCE_DIR, TENSORS_NPZ
 from hyperexport.engine.stage import StageInputs
+from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
 from hyperexport.stages.recipe_stage import RecipeStage
 
 
@@ -34,7 +35,9 @@ class ExportStage(RecipeStage):
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir")
     publish: tuple[str, ...] = ()
-    artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
+    #: ``bundle.json``: one graph; the encoder-decoder tasks write one per graph folder.
+    artifacts: Mapping[str, str] = {}
+    optional_artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.config.fields import from_json, to_json
@@ -42,10 +45,27 @@ class ExportStage(RecipeStage):
 
         # task: text-generation exports the step model (past/present KV in and out); forward
         # the model as loaded. Loading it first registers the output types the trees name.
+        if is_seq2seq(recipe.task):  # each graph from its own capture, into its own folder
+            from hyperexport.seq2seq.task import graph_scope
+
+            params = to_json(recipe)
+            for graph in GRAPHS:
+                with graph_scope(inputs.model(), params, inputs.recipe_file, graph) as scoped:
+                    (out_dir / graph).mkdir()
+                    typed = from_json(RecipeConfig, scoped[1], partial=True)
+                    self._run(scoped[0], typed, inputs, out_dir / graph, graph)
+            return
         with task_scope(inputs.model(), to_json(recipe), inputs.recipe_file) as (model, params):
             self._run(model, from_json(RecipeConfig, params, partial=True), inputs, out_dir)
 
-    def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+    def _run(
+        self,
+        model: Any,
+        recipe: RecipeConfig,
+        inputs: StageInputs,
+        out_dir: Path,
+        graph: str = "",
+    ) -> None:
         from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.contracts.capture_spec import CaptureSpec
@@ -57,9 +77,10 @@ class ExportStage(RecipeStage):
         from hyperexport.from_recipe.export_options import export_options
         from hyperexport.from_recipe.model import resolve_classes
 
-        capture = Capture.load(inputs.dir("trace"))
+        trace_dir = inputs.dir("trace") / graph if graph else inputs.dir("trace")
+        capture = Capture.load(trace_dir)
         check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
-        spec = CaptureSpec.load(inputs.dir("trace"))  # what the trace ran: auto resolved there
+        spec = CaptureSpec.load(trace_dir)  # what the trace ran: auto resolved there
         options = export_options(recipe, spec)
         first = capture
 
@@ -81,6 +102,6 @@ class ExportStage(RecipeStage):
         if used is first:
             reference.mkdir()
             for name in (CAPTURE_JSON, TENSORS_NPZ):
-                clone_or_copy(inputs.dir("trace") / name, reference / name)
+                clone_or_copy(trace_dir / name, reference / name)
         else:
             used.save(reference)

@@ -26,6 +26,9 @@ class RecipeStage:
     """
 
     name: str
+    #: Artifacts a build may or may not write (``task`` decides: one model, or one per graph):
+    #: listed in the report when present, not required of a cache entry.
+    optional_artifacts: Mapping[str, str] = {}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         """Type ``params`` (this stage's slice) and run :meth:`run_recipe` on it."""

@@ -8,8 +8,9 @@ from pathlib import Path
 from hyperexport import progress
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.config.schema import RecipeConfig, stage_reads
-from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
+from hyperexport.contracts.names import BUNDLE_JSON, MANIFEST_JSON, MODEL_FILE
 from hyperexport.engine.stage import StageInputs
+from hyperexport.seq2seq.names import GRAPHS, manifest_file, model_file
 from hyperexport.stages.recipe_stage import RecipeStage
 
 
@@ -38,22 +39,45 @@ class RewriteStage(RecipeStage):
         "transformers",
         "onnxruntime",
     )
-    publish: tuple[str, ...] = (MODEL_FILE, f"{MODEL_FILE}.data", "*.onnx.data", MANIFEST_JSON)
-    artifacts: Mapping[str, str] = {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
+    publish: tuple[str, ...] = (
+        MODEL_FILE,
+        f"{MODEL_FILE}.data",
+        "*.onnx.data",
+        MANIFEST_JSON,
+        *(model_file(g) for g in GRAPHS),
+        *(manifest_file(g) for g in GRAPHS),
+    )
+    #: One model, or one per graph of the encoder-decoder tasks (``encoder_model.onnx``, ...).
+    artifacts: Mapping[str, str] = {}
+    optional_artifacts: Mapping[str, str] = {
+        "model": MODEL_FILE,
+        "manifest": MANIFEST_JSON,
+        **{f"{g}_model": model_file(g) for g in GRAPHS},
+        **{f"{g}_manifest": manifest_file(g) for g in GRAPHS},
+    }
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.from_recipe.export_options import export_options
         from hyperexport.model_file import save_model
         from hyperexport.passes.pipeline import compose_model
 
-        model, manifest = compose_model(inputs.dir("export"), options=export_options(recipe))
-        with progress.watch_bytes(out_dir, f"writing {MODEL_FILE}"):
-            save_model(
-                model,
-                out_dir / MODEL_FILE,
-                external_data=recipe.external_data,
-                threshold=recipe.external_data_threshold,
-                # The export's weight file unchanged: a link the cache stores without a copy.
-                link_unchanged=True,
-            )
-        atomic_write_bytes(out_dir / MANIFEST_JSON, (manifest.dumps() + "\n").encode("utf-8"))
+        export_dir = inputs.dir("export")
+        # The encoder-decoder tasks export one bundle per graph folder: each becomes
+        # <graph>_model.onnx + <graph>_manifest.json (Optimum's file names).
+        graphs = [g for g in GRAPHS if (export_dir / g / BUNDLE_JSON).is_file()]
+        jobs = [(export_dir / g, model_file(g), manifest_file(g)) for g in graphs] or [
+            (export_dir, MODEL_FILE, MANIFEST_JSON)
+        ]
+        for bundle_dir, model_name, manifest_name in jobs:
+            model, manifest = compose_model(bundle_dir, options=export_options(recipe))
+            with progress.watch_bytes(out_dir, f"writing {model_name}"):
+                save_model(
+                    model,
+                    out_dir / model_name,
+                    external_data=recipe.external_data,
+                    threshold=recipe.external_data_threshold,
+                    # The export's weight file unchanged: a link the cache stores without a copy.
+                    link_unchanged=True,
+                )
+            text = (manifest.dumps() + "\n").encode("utf-8")
+            atomic_write_bytes(out_dir / manifest_name, text)

@@ -10,6 +10,7 @@ from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON, CAPTURE_SPEC_JSON
 from hyperexport.engine.stage import StageInputs
 from hyperexport.generation.names import GENAI_CONFIG, TOKENIZER_FILES
+from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
 from hyperexport.stages.recipe_stage import RecipeStage
 
 
@@ -33,7 +34,14 @@ class TraceStage(RecipeStage):
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
     #: ``genai_config.json`` and tokenizer files: written for ``task: text-generation`` only.
     publish: tuple[str, ...] = (AUTO_FILE, GENAI_CONFIG, *TOKENIZER_FILES)
-    artifacts: Mapping[str, str] = {"capture": CAPTURE_JSON, "capture_spec": CAPTURE_SPEC_JSON}
+    #: ``capture.json`` and ``capture_spec.json``: ``task: forward``/``text-generation``; the
+    #: encoder-decoder tasks write one capture per graph, in ``encoder/`` and ``decoder/``.
+    artifacts: Mapping[str, str] = {}
+    optional_artifacts: Mapping[str, str] = {
+        "capture": CAPTURE_JSON,
+        "capture_spec": CAPTURE_SPEC_JSON,
+        **{f"{g}_capture": f"{g}/{CAPTURE_JSON}" for g in GRAPHS},
+    }
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.config.fields import from_json, to_json
@@ -41,6 +49,17 @@ class TraceStage(RecipeStage):
 
         # task: text-generation runs the step model (past/present KV in and out) and records
         # the reference decode; forward runs the model as loaded.
+        if is_seq2seq(recipe.task):  # an encoder and a decoder graph, each in its own folder
+            from hyperexport.seq2seq.task import graph_scope, record
+
+            params = to_json(recipe)
+            record(inputs.model(), params, inputs.recipe_file, out_dir)
+            for graph in GRAPHS:
+                with graph_scope(inputs.model(), params, inputs.recipe_file, graph) as scoped:
+                    (out_dir / graph).mkdir()
+                    typed = from_json(RecipeConfig, scoped[1], partial=True)
+                    self._run(scoped[0], typed, inputs, out_dir / graph)
+            return
         scope = task_scope(inputs.model(), to_json(recipe), inputs.recipe_file, out_dir)
         with scope as (model, params):
             self._run(model, from_json(RecipeConfig, params, partial=True), inputs, out_dir)

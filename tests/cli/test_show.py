@@ -180,3 +180,27 @@ def test_show_counts_quantized_ops_per_function(tmp_path: Path) -> None:
     info = show.describe_model(path)
     assert info.functions[0].quantized == {"MatMulNBits": 1}
     assert "Layer: x1 (1 call sites), 1 nodes, MatMulNBits x1" in "\n".join(show.render(info))
+
+
+def test_a_build_folder_shows_each_of_its_graphs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for graph, op in (("encoder", "Relu"), ("decoder", "Sigmoid")):
+        body = helper.make_graph(
+            [helper.make_node(op, ["x"], ["y"])],
+            graph,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        )
+        model = helper.make_model(body, opset_imports=[helper.make_opsetid("", 18)])
+        onnx.save(model, tmp_path / f"{graph}_model.onnx")
+    assert show.main([str(tmp_path)]) == exit_codes.OK
+    out = capsys.readouterr().out
+    assert out.index("== decoder_model.onnx") < out.index("== encoder_model.onnx")
+    assert out.count("main graph: 1 nodes") == 2
+    assert show.main([str(tmp_path), "--json"]) == exit_codes.OK
+    trees = json.loads(capsys.readouterr().out)
+    assert sorted(trees) == ["decoder_model.onnx", "encoder_model.onnx"]
+    assert show.main([str(tmp_path / "missing")]) == exit_codes.INVALID
+    (tmp_path / "empty").mkdir()
+    assert show.main([str(tmp_path / "empty")]) == exit_codes.INVALID

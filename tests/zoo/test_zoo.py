@@ -14,10 +14,11 @@ import pytest
 from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, compose_recipe
 from hyperexport.stages import PIPELINE, model_loader
-from hyperexport.zoo import EXPECTED_FAILURES
+from hyperexport.zoo import EXPECTED_FAILURES, forward_zoo
 
 #: The forward zoo; ``zoo_*_generate`` (task: text-generation) is tests/generation's.
-ZOO = sorted(p.stem for p in RECIPES_DIR.glob("zoo_*.yaml") if not p.stem.endswith("_generate"))
+#: The encoder-decoders (two graphs, checked by decoding) are tests/seq2seq's.
+ZOO = forward_zoo(RECIPES_DIR)
 
 #: One decoder, one encoder-decoder encoder, one mixture-of-experts: the default run's share.
 FAST = {("zoo_qwen3", False), ("zoo_whisper_encoder", True), ("zoo_mixtral", False)}

@@ -1,0 +1,114 @@
+"""task: text2text-generation: an encoder graph and a decoder graph per build, each
+hierarchical, and a greedy decode through both in ONNX Runtime equal to transformers' generate.
+
+The default run builds the BART zoo recipe on the TorchScript path; the rest of the seq2seq zoo
+(T5, BART, Whisper, mBART on both paths) is ``zoo``-marked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+from hyperexport.builds.session import run_build
+from hyperexport.config import RECIPES_DIR, compose_recipe
+from hyperexport.errors import RecipeError
+from hyperexport.seq2seq.judge import MIN_STEPS
+from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.zoo import seq2seq_zoo
+
+
+def _build(tmp_path: Path, *overrides: str) -> Any:
+    recipe, settings = compose_recipe(
+        [
+            *overrides,
+            f"build.cache_dir={tmp_path / 'cache'}",
+            f"build.outputs_dir={tmp_path / 'out'}",
+        ]
+    )
+    return run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+
+
+def _names(values: Any) -> list[str]:
+    return [v.name for v in values]
+
+
+def _assert_seq2seq_build(tmp_path: Path, name: str, dynamo: bool) -> None:
+    outcome = _build(tmp_path, f"recipe={name}", f"dynamo={str(dynamo).lower()}")
+    assert outcome.exit_code == 0, outcome.result.error
+    folder = outcome.out_dir
+    report = outcome.report
+    # Two graphs, both in the report's artifacts, both hierarchical.
+    for graph in ("encoder", "decoder"):
+        assert report["artifacts"][f"{graph}_model"] == str(folder / f"{graph}_model.onnx")
+    encoder = onnx.load(str(folder / "encoder_model.onnx"), load_external_data=False)
+    decoder = onnx.load(str(folder / "decoder_model.onnx"), load_external_data=False)
+    enc_functions = {f.name for f in encoder.functions}
+    dec_functions = {f.name for f in decoder.functions}
+    assert any("EncoderLayer" in f or "T5Block" in f for f in enc_functions), enc_functions
+    assert any(f.startswith("CrossKV") for f in enc_functions), enc_functions
+    assert dec_functions and all(f.startswith("Seq2SeqKVStep") for f in dec_functions)
+    if "T5Block" not in str(enc_functions):  # T5's first layer has the position bias table
+        assert dec_functions == {"Seq2SeqKVStep"}  # per_type: identical layers, one function
+    layers = 2
+    # The KV are explicit: the encoder outputs each layer's cross KV, the decoder takes past and
+    # cross KV and returns the present self KV; no cache object crosses a function.
+    cross = [f"present.{i}.encoder.{k}" for i in range(layers) for k in ("key", "value")]
+    assert _names(encoder.graph.output)[1:] == cross
+    dec_inputs = _names(decoder.graph.input)
+    for i in range(layers):
+        for k in ("key", "value"):
+            assert f"past_key_values.{i}.decoder.{k}" in dec_inputs
+            assert f"past_key_values.{i}.encoder.{k}" in dec_inputs
+    assert _names(decoder.graph.output) == ["logits"] + [
+        f"present.{i}.decoder.{k}" for i in range(layers) for k in ("key", "value")
+    ]
+    # Per-function parity of each graph, under its graph's name.
+    check = report["check"]
+    assert check["ok"] and set(check["graphs"]) == {"encoder", "decoder"}
+    assert {f["module_path"].split("/")[0] for f in check["functions"]} == {"encoder", "decoder"}
+    assert all(f["ok"] for f in check["functions"])
+    assert {f["graph"] for f in report["functions"]} == {"encoder", "decoder"}
+    # The decode: token for token, long enough, varied, and decided by more than the error.
+    decode = json.loads((folder / "seq2seq_check.json").read_text())
+    assert decode["passed"]
+    for seq in decode["sequences"]:
+        assert seq["exported"] == seq["reference"]
+        assert len(seq["reference"]) >= MIN_STEPS
+        assert len(set(seq["reference"])) >= 3  # the tokens vary
+        error = max(seq["max_diff_per_step"])
+        assert 0.0 < error < seq["min_top2_gap"]  # measured, and smaller than every gap
+
+
+def test_bart_exports_encoder_and_decoder_graphs_that_decode_as_transformers(
+    tmp_path: Path,
+) -> None:
+    _assert_seq2seq_build(tmp_path, "zoo_bart", dynamo=False)
+
+
+def test_the_seq2seq_zoo_covers_t5_bart_whisper_and_mbart() -> None:
+    assert seq2seq_zoo(RECIPES_DIR) == ["zoo_bart", "zoo_mbart", "zoo_t5", "zoo_whisper"]
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize(
+    ("name", "dynamo"),
+    [
+        (name, dynamo)
+        for name in seq2seq_zoo(RECIPES_DIR)
+        for dynamo in (False, True)
+        if (name, dynamo) != ("zoo_bart", False)  # the default run's
+    ],
+)
+def test_seq2seq_zoo_decodes_as_transformers(name: str, dynamo: bool, tmp_path: Path) -> None:
+    _assert_seq2seq_build(tmp_path, name, dynamo)
+
+
+def test_an_explicit_hiera_is_refused_when_the_recipe_is_validated() -> None:
+    # A RecipeError is the command line's exit 2 (hyperexport/exit_codes.py INVALID).
+    with pytest.raises(RecipeError, match=r"field 'hiera': .*set hiera: auto"):
+        compose_recipe(["recipe=zoo_bart", "hiera=[torch.nn.Linear]"])
