@@ -29,7 +29,7 @@ from hyperexport import exit_codes
 from hyperexport.builds import sweep
 from hyperexport.builds.session import BuildOutcome, run_build, variant_dir
 from hyperexport.cli.sweep_check import refused_jobs, sweep_jobs
-from hyperexport.cli.threads import parallel_jobs, share_cores
+from hyperexport.cli.threads import parallel_jobs, share_cores, with_default_n_jobs
 from hyperexport.cli.usage import UnusableDirectory, check_dir
 from hyperexport.config import (
     BUILD_KEYS,
@@ -230,6 +230,7 @@ def main(argv: Sequence[str]) -> int:
                 _log_refusal("%s", line)
             _log_refusal("%d of %d jobs refused; none was run", len(refused), len(jobs))
             return exit_codes.INVALID
+    args = with_default_n_jobs(args, len(jobs) if jobs is not None else None)
     try:
         _check_directories(args)
     except UnusableDirectory as e:
