@@ -51,6 +51,8 @@ from hyperexport.stages import PIPELINE, model_loader
 log = logging.getLogger("hyperexport")
 
 _FULL_ERROR = "HYDRA_FULL_ERROR"
+#: Flags that run builds; any other Hydra flag gets every recipe registered.
+_SWEEP_FLAGS = ("-m", "--multirun", "-r", "--run")
 # Exit codes of the jobs run in this process, and of the sweeps that ended in it.
 _exit_codes: list[int] = []
 
@@ -214,7 +216,9 @@ def main(argv: Sequence[str]) -> int:
     """Run the build command with ``argv`` (overrides and Hydra flags); returns the exit code."""
     try:
         args, extra = prepare_argv(argv)
-        named = recipes_named(args)
+        # Hydra's own flags (--cfg, --info, --hydra-help, ...) may list the recipe group
+        inspect = any(a.startswith("-") and a not in _SWEEP_FLAGS for a in args)
+        named = None if inspect else recipes_named(args)
         files = register_configs(extra, named)
         check_recipe_choice(args, files)
         chosen = next((a.split("=", 1)[1] for a in args if a.startswith("recipe=")), DEFAULT_RECIPE)
