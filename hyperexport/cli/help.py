@@ -14,10 +14,7 @@ from hyperexport.contracts.names import STAGE_NAMES
 
 #: ``(command, what it does)`` of every subcommand ``__main__`` dispatches.
 SUBCOMMANDS_HELP = (
-    (
-        "cache",
-        "inspect and manage the build cache: status, ls, show, verify, gc, clean, push, pull",
-    ),
+    ("cache", "inspect and manage the build cache: status, ls, show, verify, gc, clean, push, pull"),
     ("show", "print the function hierarchy of an .onnx file"),
     ("lock", "write hyperexport.lock: what CI builds, its inputs' and artifacts' digests"),
 )

@@ -50,7 +50,9 @@ def refused_jobs(jobs: Sequence[Sequence[str]], recipe_file: Path | None) -> lis
     refused = []
     for num, job in enumerate(jobs):
         overrides = [
-            o for o in job if not (recipe_file and o.split("=", 1)[0] in ("recipe", "recipe_file"))
+            o
+            for o in job
+            if not (recipe_file and o.split("=", 1)[0] in ("recipe", "recipe_file"))
         ]
         try:
             compose_recipe(overrides, recipe_file=recipe_file, stage_names=names)
