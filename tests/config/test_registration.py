@@ -51,7 +51,7 @@ def test_only_the_selected_recipe_and_its_chain_of_bases_are_read(
     loaded = _loads(monkeypatch)
     files = registration.register_configs(None, {"zoo_qwen3_generate"})
     # every recipe is known (for `recipe=` checks and messages), one is read
-    assert set(files) == {p.stem for p in RECIPES_DIR.glob("*.yaml")}
+    assert {p.stem for p in RECIPES_DIR.glob("*.yaml")} <= set(files)
     base = RECIPES_DIR / "base"
     assert sorted(loaded) == sorted(
         [
