@@ -1,4 +1,9 @@
-"""The command line, run as users run it: ``python -m hyperexport`` in a subprocess.
+"""The command line, run as users run it: ``python -m hyperexport``.
+
+What a fresh process imports (torch-free no-ops and refusals), the console script and signals
+are tested in a subprocess; what a build prints, exits with and writes is tested through the
+same ``main`` in this warm interpreter (``run_here``), which saves a Python start and a torch
+import per call.
 
 Builds use a small local model package (written to a temporary directory) and a recipe file
 outside the repository, so they are fast and also cover ``recipe_file=``. Every subprocess runs
@@ -15,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import REPO, probe_result, report, run, write_toy
+from tests.helpers.cli import REPO, probe_result, report, run, run_here, write_toy
 
 
 @pytest.fixture
@@ -44,7 +49,7 @@ def test_build_then_noop_without_torch(toy: Path, tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_plan_and_writes_nothing(toy: Path, tmp_path: Path) -> None:
-    proc = run([f"recipe_file={toy}", "opset=17", "build.dry_run=true"], tmp_path)
+    proc = run_here([f"recipe_file={toy}", "opset=17", "build.dry_run=true"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == f"recipe: toy ({toy})"
@@ -54,7 +59,7 @@ def test_dry_run_prints_plan_and_writes_nothing(toy: Path, tmp_path: Path) -> No
 
 
 def test_sweep_dry_run_writes_nothing(toy: Path, tmp_path: Path) -> None:
-    proc = run(["-m", f"recipe_file={toy}", "opset=17,18", "build.dry_run=true"], tmp_path)
+    proc = run_here(["-m", f"recipe_file={toy}", "opset=17,18", "build.dry_run=true"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("trace: would run (no previous build)") == 2
     assert not (tmp_path / "cache").exists()
@@ -64,7 +69,7 @@ def test_sweep_dry_run_writes_nothing(toy: Path, tmp_path: Path) -> None:
 def test_sweep_reuses_trace_and_changes_opset(toy: Path, tmp_path: Path) -> None:
     import onnx
 
-    proc = run(["-m", f"recipe_file={toy}", "opset=17,18"], tmp_path)
+    proc = run_here(["-m", f"recipe_file={toy}", "opset=17,18"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     opsets = {}
     for value in (17, 18):
@@ -80,7 +85,7 @@ def test_sweep_reuses_trace_and_changes_opset(toy: Path, tmp_path: Path) -> None
 
 
 def test_failing_stage_exits_nonzero_naming_stage_and_module(toy: Path, tmp_path: Path) -> None:
-    proc = run([f"recipe_file={toy}", "+model.broken_layer=1"], tmp_path)
+    proc = run_here([f"recipe_file={toy}", "+model.broken_layer=1"], tmp_path)
     assert proc.returncode == 1
     assert "stage 'trace' failed at module 'blocks.1'" in proc.stderr
     assert not (tmp_path / "cache" / "actions").exists()
@@ -127,7 +132,7 @@ def test_bad_recipe_exits_2_with_one_message(
 
 def test_hiera_typo_exits_2_with_close_match(toy: Path, tmp_path: Path) -> None:
     toy.write_text(toy.read_text().replace("hx_toy.net.Block", "hx_toy.net.Blok"))
-    proc = run([f"recipe_file={toy}"], tmp_path)
+    proc = run_here([f"recipe_file={toy}"], tmp_path)
     assert proc.returncode == 2
     assert "field 'hiera[0]'" in proc.stderr
     assert "did you mean 'Block'?" in proc.stderr
@@ -140,14 +145,14 @@ def test_hiera_class_that_never_runs_exits_2(toy: Path, tmp_path: Path) -> None:
             "  - hx_toy.net.Block\n", "  - hx_toy.net.Block\n  - torch.nn.Conv2d\n"
         )
     )
-    proc = run([f"recipe_file={toy}"], tmp_path)
+    proc = run_here([f"recipe_file={toy}"], tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "field 'hiera'" in proc.stderr
     assert "torch.nn.modules.conv.Conv2d never ran in forward" in proc.stderr
 
 
 def test_in_repo_recipe_override_out_of_range(tmp_path: Path) -> None:
-    proc = run(["recipe=llama", "opset=21", "build.dry_run=true"], tmp_path)
+    proc = run_here(["recipe=llama", "opset=21", "build.dry_run=true"], tmp_path)
     assert proc.returncode == 2
     assert "recipe " in proc.stderr and "llama.yaml: field 'opset'" in proc.stderr
 
@@ -181,7 +186,7 @@ def test_console_script_builds_the_default_recipe(tmp_path: Path) -> None:
 def test_llama_opset_sweep(tmp_path: Path) -> None:
     import onnx
 
-    proc = run(["-m", "recipe=llama", "opset=17,18"], tmp_path)
+    proc = run_here(["-m", "recipe=llama", "opset=17,18"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     versions = []
     for value in (17, 18):
@@ -230,7 +235,9 @@ def test_version_is_hyperexports(tmp_path: Path) -> None:
 
 
 def test_hydra_launcher_group_passes_the_override_check(tmp_path: Path) -> None:
-    proc = run(["--cfg", "hydra", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], tmp_path)
+    proc = run_here(
+        ["--cfg", "hydra", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "joblib_launcher.JoblibLauncher" in proc.stdout and "n_jobs: 2" in proc.stdout
 

@@ -54,6 +54,7 @@ from hyperexport.builds.report import (
     write_report_files,
 )
 from hyperexport.builds.summary import render_summary
+from hyperexport.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
 from hyperexport.engine.entries import OutputFile
 from hyperexport.engine.hashing import sha256_file, sha256_text
 from hyperexport.engine.runner import BuildRequest, BuildResult
@@ -216,8 +217,10 @@ def _publish_new(
         with lock:
             try:
                 directory.mkdir()
+                previous = _current_directory(link)
+                others = _other_publications(builds, directory, previous)
                 for f in files:
-                    _write_file(store, f, directory / f.rel, local)
+                    _write_file(store, f, directory / f.rel, local, others)
                 write_report_files(directory, report, summary)
                 previous = _current_directory(link)
                 _swap_link(link, directory)
@@ -233,11 +236,25 @@ def _publish_new(
     return directory
 
 
-def _write_file(store: CacheStore, f: _File, target: Path, local: Workspace | None) -> None:
+def _other_publications(builds: Path, directory: Path, previous: Path | None) -> list[Path]:
+    """The recipe's publications that stay beside ``directory`` (not the one it replaces)."""
+    return sorted(d for d in builds.iterdir() if d.is_dir() and d != directory and d != previous)
+
+
+def _write_file(
+    store: CacheStore,
+    f: _File,
+    target: Path,
+    local: Workspace | None,
+    others: Sequence[Path] = (),
+) -> None:
     """Write one published file: a cached blob's bytes, or a failed stage's text.
 
     A blob's bytes are the build's own verified copy when it holds one (moved here), else a
-    clone of the blob (reflink, else a copy), verified by digest.
+    clone of the blob (reflink, else a copy), verified by digest. A copy of a file that another
+    publication of the recipe already holds (a variant that differs only in ``check.*``) is a
+    WARNING: the bytes are then on disk twice (see ``outputs/README.md``, "Variants that share
+    a model").
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     if f.blob is None:
@@ -247,14 +264,35 @@ def _write_file(store: CacheStore, f: _File, target: Path, local: Workspace | No
         store.index.remember(target, f.digest)
         return
     blob = store.blob_path(f.digest)
-    clone_or_copy(blob, target)
+    how = clone_or_copy(blob, target)
     os.chmod(target, 0o644)
+    if how == "copy" and f.rel.startswith((MODEL_FILE, QUANTIZED_MODEL_FILE)):
+        _warn_if_duplicate(store, f, others)
     if sha256_file(target) != f.digest:
         log.warning("cached blob of %s does not match its digest; removing it", f.rel)
         if not store.read_only:
             blob.unlink(missing_ok=True)
         raise CorruptBlobError(f"cached blob of {f.rel} is corrupt")
     store.index.remember(target, f.digest)
+
+
+def _warn_if_duplicate(store: CacheStore, f: _File, others: Sequence[Path]) -> None:
+    """WARNING when a publication in ``others`` holds the same model file as ``f`` (by digest)."""
+    for other in others:
+        path = other / f.rel
+        try:
+            same = path.stat().st_size == f.size and store.index.digest(path) == f.digest
+        except OSError:
+            continue
+        if same:
+            log.warning(
+                "%s: a second copy (%.1f MB) of %s: this filesystem has no reflinks (and onnx "
+                "refuses hard- or symbolically-linked external data)",
+                f.rel,
+                f.size / 1e6,
+                path,
+            )
+            return
 
 
 def check_not_foreign(link: Path) -> None:

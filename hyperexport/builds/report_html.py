@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.atomic import atomic_write_text
+from hyperexport.builds.layout import BUILDS
 from hyperexport.builds.summary import render_tree
 from hyperexport.contracts.names import AUTO_FILE, MANIFEST_JSON, MODEL_FILE
 
@@ -90,13 +91,21 @@ def write_report_html(out_dir: Path, report: Mapping[str, Any]) -> Path:
     """Write ``out_dir/report.html`` for ``report`` (the content of report.json), atomically.
 
     The picture is reused from the previous page when the hierarchy is the same (a no-op
-    rebuild does not run Graphviz again).
+    rebuild does not run Graphviz again), or, for a new publication under ``.builds/``, from
+    another publication of the recipe with the same hierarchy (a variant that differs only in
+    ``check.*`` does not run it either).
     """
     auto = _read_json(out_dir / AUTO_FILE)
     manifest = _read_json(out_dir / MANIFEST_JSON)
     path = out_dir / REPORT_HTML
     digest = hashlib.sha256(hierarchy_dot(report).encode("utf-8")).hexdigest()
-    picture = _previous_picture(path, digest)
+    siblings = (
+        sorted(out_dir.parent.glob(f"*/{REPORT_HTML}")) if out_dir.parent.name == BUILDS else []
+    )
+    picture = next(
+        (svg for page in [path, *siblings] if (svg := _previous_picture(page, digest)) is not None),
+        None,
+    )
     if picture is None:
         picture = hierarchy_svg(report)
     page = render_report_html(

@@ -29,7 +29,7 @@ from hyperexport import exit_codes
 from hyperexport.builds import sweep
 from hyperexport.builds.session import BuildOutcome, run_build, variant_dir
 from hyperexport.cli.sweep_check import refused_jobs, sweep_jobs
-from hyperexport.cli.threads import parallel_jobs, share_cores
+from hyperexport.cli.threads import parallel_jobs, share_cores, with_default_n_jobs
 from hyperexport.cli.usage import UnusableDirectory, check_dir
 from hyperexport.config import (
     BUILD_KEYS,
@@ -41,7 +41,8 @@ from hyperexport.config import (
     validate_build,
     validate_recipe,
 )
-from hyperexport.config.hydra import register_resolvers
+from hyperexport.config.hydra import recipes_named, register_resolvers
+from hyperexport.config.paths import DEFAULT_RECIPE
 from hyperexport.config.schema import _outputs_root
 from hyperexport.engine.store import default_cache_dir
 from hyperexport.errors import RecipeError
@@ -50,6 +51,8 @@ from hyperexport.stages import PIPELINE, model_loader
 log = logging.getLogger("hyperexport")
 
 _FULL_ERROR = "HYDRA_FULL_ERROR"
+#: Flags that run builds; any other Hydra flag gets every recipe registered.
+_SWEEP_FLAGS = ("-m", "--multirun", "-r", "--run")
 # Exit codes of the jobs run in this process, and of the sweeps that ended in it.
 _exit_codes: list[int] = []
 
@@ -154,9 +157,42 @@ def _validate_and_build(
     return outcome.exit_code, outcome, None
 
 
+def _build_job(cfg: DictConfig) -> None:
+    """The task of one job: build ``cfg``, keeping its exit code."""
+    _exit_codes.append(build_from_config(cfg))
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _hydra_entry(cfg: DictConfig) -> None:
-    _exit_codes.append(build_from_config(cfg))
+    _build_job(cfg)
+
+
+def _is_single_run(args: Sequence[str]) -> bool:
+    """Whether ``args`` is one build: overrides only, no Hydra flag and no ``hydra.mode=``."""
+    return not any(a.startswith("-") or a.split("=", 1)[0] == "hydra.mode" for a in args)
+
+
+def _run_once(args: Sequence[str]) -> None:
+    """Run one build, composing its config once.
+
+    ``hydra.main`` composes the config twice: first to learn whether it asks for a multirun
+    (``hydra.mode``), then for the run. Overrides without a flag or ``hydra.mode=`` are a run, so
+    this goes straight to the second step with the override Hydra would add (``hydra.mode=RUN``):
+    the same config, logging set-up, run directory and callbacks, and exceptions propagate as
+    under ``hydra.main`` with ``HYDRA_FULL_ERROR=1``.
+    """
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    # job_name: what hydra.main derives from this module's name (hydra.job.name)
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR), job_name="build"):
+        runner = GlobalHydra.instance().hydra
+        assert runner is not None  # initialize_config_dir just made it
+        runner.run(
+            config_name="config",
+            task_function=_build_job,
+            overrides=[*args, "hydra.mode=RUN"],
+        )
 
 
 class SweepResult(Callback):
@@ -180,9 +216,12 @@ def main(argv: Sequence[str]) -> int:
     """Run the build command with ``argv`` (overrides and Hydra flags); returns the exit code."""
     try:
         args, extra = prepare_argv(argv)
-        files = register_configs(extra)
+        # Hydra's own flags (--cfg, --info, --hydra-help, ...) may list the recipe group
+        inspect = any(a.startswith("-") and a not in _SWEEP_FLAGS for a in args)
+        named = None if inspect else recipes_named(args)
+        files = register_configs(extra, named)
         check_recipe_choice(args, files)
-        chosen = next((a.split("=", 1)[1] for a in args if a.startswith("recipe=")), "tiny_llama")
+        chosen = next((a.split("=", 1)[1] for a in args if a.startswith("recipe=")), DEFAULT_RECIPE)
         check_override_keys(args, str(files.get(chosen.split(",")[0], chosen)))
     except RecipeError as e:
         _log_refusal("%s", e)
@@ -195,6 +234,7 @@ def main(argv: Sequence[str]) -> int:
                 _log_refusal("%s", line)
             _log_refusal("%d of %d jobs refused; none was run", len(refused), len(jobs))
             return exit_codes.INVALID
+    args = with_default_n_jobs(args, len(jobs) if jobs is not None else None)
     try:
         _check_directories(args)
     except UnusableDirectory as e:
@@ -206,7 +246,10 @@ def main(argv: Sequence[str]) -> int:
     os.environ[_FULL_ERROR] = "1"
     _exit_codes.clear()
     try:
-        _hydra_entry()
+        if _is_single_run(args):
+            _run_once(args)
+        else:
+            _hydra_entry()
     except (HydraException, OmegaConfBaseException) as e:
         _log_refusal("invalid command line: %s", " ".join(str(e).split()))
         return exit_codes.INVALID

@@ -51,3 +51,32 @@ def share_cores(n_jobs: int, cores: int | None = None) -> int:
         "sweep: %d jobs side by side on %d cores: %d torch threads each", n_jobs, cores, threads
     )
     return threads
+
+
+#: The fewest cores per worker at which jobs side by side beat running them one after the other
+#: here: each worker is a new process that imports torch and the model again (seconds of CPU),
+#: which two cores do not win back (bench/README.md, "bench_sweep.py").
+CORES_PER_WORKER = 2
+#: The command-line selection of the joblib launcher, and of its worker count.
+JOBLIB = "hydra/launcher=joblib"
+N_JOBS = "hydra.launcher.n_jobs"
+
+
+def default_n_jobs(cores: int, jobs: int | None) -> int:
+    """Workers for a joblib sweep whose ``n_jobs`` is not given: one per
+    :data:`CORES_PER_WORKER` cores, no more than the sweep has jobs (at least one, which runs
+    the jobs one after the other in the launching process)."""
+    workers = max(1, cores // CORES_PER_WORKER)
+    return max(1, min(workers, jobs)) if jobs else workers
+
+
+def with_default_n_jobs(args: list[str], jobs: int | None, cores: int | None = None) -> list[str]:
+    """``args`` with ``hydra.launcher.n_jobs=<default_n_jobs>`` added when they select the
+    joblib launcher without a worker count (joblib's own default, every core, is slower than
+    serial on a small machine); an explicit ``n_jobs`` is kept."""
+    if JOBLIB not in args or any(a.startswith(f"{N_JOBS}=") for a in args):
+        return args
+    cores = cores or os.cpu_count() or 1
+    n_jobs = default_n_jobs(cores, jobs)
+    log.info("sweep: hydra.launcher.n_jobs not given; %d worker(s) for %d cores", n_jobs, cores)
+    return [*args, f"{N_JOBS}={n_jobs}"]

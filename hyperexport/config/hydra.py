@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from hyperexport.config.fields import defaults_of
-from hyperexport.config.paths import CONF_DIR, RECIPES_DIR
+from hyperexport.config.paths import CONF_DIR, DEFAULT_RECIPE, RECIPES_DIR
 from hyperexport.config.schema import (
     BUILD_KEYS,
     BuildConfig,
@@ -43,15 +43,52 @@ def _hydra_dir(outputs_dir: str | None, dry_run: Any, sub: str = "") -> str:
     return str(root / sub if sub else root)
 
 
-def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
-    """Store schemas, recipe defaults and every recipe in Hydra's ConfigStore.
+def recipe_files(extra_recipe: Path | None = None) -> dict[str, Path]:
+    """``{recipe option name: file}`` of ``recipes/*.yaml`` (and ``extra_recipe``), unread."""
+    files = {path.stem: path for path in sorted(RECIPES_DIR.glob("*.yaml"))}
+    if extra_recipe is not None:
+        path = extra_recipe.resolve()
+        files[path.stem] = path
+    return files
+
+
+def recipes_named(overrides: Sequence[str], default: str = DEFAULT_RECIPE) -> set[str] | None:
+    """The recipe options a command line selects: ``recipe=a`` or a sweep ``recipe=a,b``.
+
+    ``default`` when no ``recipe=`` is given; None (meaning "every recipe") when the choice
+    needs the whole group: a sweep function (``recipe=glob(*)``, ``choice(...)``) or an override
+    of the group that is not a plain ``recipe=`` (``+recipe=``, ``recipe@pkg=``).
+    """
+    names: set[str] = set()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.lstrip("+~")
+        if not sep or key == "recipe_file" or not key.startswith("recipe"):
+            continue
+        if key != "recipe" or item.startswith(("+", "~")) or "(" in value:
+            return None
+        names.update(v.strip() for v in value.split(","))
+    return names or {default}
+
+
+def register_configs(
+    extra_recipe: Path | None = None, only: Collection[str] | None = None
+) -> dict[str, Path]:
+    """Store schemas, recipe defaults and recipes in Hydra's ConfigStore.
+
+    Reading a recipe file costs more than Hydra's whole lookup of it, so a build registers the
+    recipes it selects (``only``, see :func:`recipes_named`) and the bases they start from, not
+    all of them.
 
     Args:
         extra_recipe: A recipe file outside ``recipes/``; registered under its file stem
             (shadowing an in-repo recipe of the same name).
+        only: The recipe options to register; None registers every recipe. A name that is no
+            recipe is skipped here (:func:`~hyperexport.config.validate.check_recipe_choice`
+            refuses it).
 
     Returns:
-        ``{recipe option name: recipe file}``.
+        ``{recipe option name: recipe file}`` of every recipe, registered or not.
     """
     from hydra.core.config_store import ConfigStore
 
@@ -59,18 +96,52 @@ def register_configs(extra_recipe: Path | None = None) -> dict[str, Path]:
     cs = ConfigStore.instance()
     cs.store(name="build_schema", node=BuildConfig)
     cs.store(name="recipe_defaults", node=recipe_defaults())
-    files = sorted(RECIPES_DIR.glob("*.yaml"))
-    if extra_recipe is not None:
-        files.append(extra_recipe.resolve())
-    for path in files:
-        cs.store(group="recipe", name=path.stem, node=load_recipe_yaml(path), package="_global_")
-        _RECIPE_FILES[path.stem] = path
+    files = recipe_files(extra_recipe)
+    _RECIPE_FILES.update(files)
+    chosen = files if only is None else {n: files[n] for n in sorted(only) if n in files}
+    nodes = {name: load_recipe_yaml(path) for name, path in chosen.items()}
+    for name, node in nodes.items():
+        cs.store(group="recipe", name=name, node=node, package="_global_")
     # Shared bases (recipes/base/<name>.yaml): a recipe starts from one with
     # `defaults: [{/recipe_base: decoder}, _self_]` and overrides only what differs.
-    for path in sorted((RECIPES_DIR / "base").glob("*.yaml")):
-        node = load_recipe_yaml(path)
-        cs.store(group="recipe_base", name=path.stem, node=node, package="_global_")
+    bases = {path.stem: path for path in sorted((RECIPES_DIR / "base").glob("*.yaml"))}
+    pending = list(bases) if only is None else _bases_named(nodes.values(), bases)
+    done: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in done or name not in bases:
+            continue
+        done.add(name)
+        node = load_recipe_yaml(bases[name])
+        cs.store(group="recipe_base", name=name, node=node, package="_global_")
+        pending += _bases_named([node], bases, inside_base=True)
     return dict(_RECIPE_FILES)
+
+
+def _bases_named(
+    nodes: Iterable[Any], bases: Mapping[str, Path], inside_base: bool = False
+) -> list[str]:
+    """The ``recipe_base`` options that the defaults lists of ``nodes`` name.
+
+    In a recipe a base is ``{/recipe_base: NAME}``; in a base, a plain ``NAME`` (same group).
+    An entry of another form could name any base, so it selects them all.
+    """
+    names: list[str] = []
+    for node in nodes:
+        for entry in node.get("defaults") or []:
+            if entry == "_self_":
+                continue
+            if inside_base and isinstance(entry, str):
+                names.append(entry)
+            elif isinstance(entry, Mapping) and len(entry) == 1:
+                ((key, value),) = entry.items()
+                if str(key).lstrip("/") == "recipe_base" and isinstance(value, str):
+                    names.append(value)
+                else:
+                    return list(bases)
+            else:
+                return list(bases)
+    return names
 
 
 def register_resolvers() -> None:
@@ -133,8 +204,11 @@ def compose_recipe(
     """
     from hydra import compose, initialize_config_dir
 
-    register_configs(recipe_file)
     overrides = list(overrides)
+    only = recipes_named(overrides)
+    if recipe_file is not None:
+        only = {recipe_file.resolve().stem}
+    register_configs(recipe_file, only)
     if recipe_file is not None:
         overrides += [f"recipe={recipe_file.stem}", f"recipe_file={recipe_file.resolve()}"]
     with initialize_config_dir(

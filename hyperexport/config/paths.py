@@ -22,6 +22,10 @@ CONF_DIR = _data_root() / "conf"
 
 RECIPES_DIR = _data_root() / "recipes"
 
+#: The recipe a build uses without ``recipe=``: conf/config.yaml's default of the ``recipe``
+#: group (tests/config holds the two together).
+DEFAULT_RECIPE = "tiny_llama"
+
 
 # In a checkout (editable install) the outputs go to <repo>/outputs; a regular install has no
 # repository, so they go to a per-user directory instead (never the working directory).

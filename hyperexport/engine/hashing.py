@@ -96,7 +96,9 @@ class JsonMemo:
     def save(self) -> None:
         """Write the file if it changed (never for an in-memory or read-only memo)."""
         if self._path is not None and self._dirty and not self._read_only:
-            atomic_write_json(self._path, self._load())
+            # compact: thousands of entries no one reads by eye, and json's C encoder only
+            # serialises without indentation (3x faster for the digest index)
+            atomic_write_bytes(self._path, canonical_json(self._load()).encode("utf-8"))
             self._dirty = False
 
 

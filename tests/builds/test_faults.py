@@ -55,6 +55,9 @@ def _blob_of(tmp_path: Path, outcome: BuildOutcome, stage: str, name: str) -> Pa
     return store.blob_path(f.digest)
 
 
+# slow: the longest default test (93 s under load); a corrupt big published blob stays in the
+# default run (test_corrupt_big_published_blob_is_rebuilt)
+@pytest.mark.slow
 def test_corrupt_big_blob_upstream_of_a_stage_that_must_run_is_rebuilt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -171,3 +171,41 @@ def test_a_sweep_job_explains_against_its_own_variant(tmp_path: Path) -> None:
     assert reasons("opset=20", opset=20)["export"] == "opset 18→20"  # not 17→20
     again = reasons("opset=17", opset=17, check__atol=1e-3)
     assert set(again) == {"check"} and again["check"] == "check.atol 0.0001→0.001"
+
+
+@pytest.mark.parametrize("how", ["copy", "reflink"])
+def test_a_variant_sharing_a_model_warns_when_it_holds_a_second_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """A ``check.*`` variant publishes the same model as the default one: without reflinks
+    its folder holds a second copy, and the build says so at WARNING (a reflink shares it)."""
+    import shutil
+
+    from hyperexport.builds import publish
+
+    def clone(src: Path, dst: Path) -> str:
+        shutil.copyfile(src, dst)
+        return how
+
+    monkeypatch.setattr(publish, "clone_or_copy", clone)
+    settings = _settings(tmp_path)
+    first = run_build(recipe(), settings, stages=pipeline(), load_model=lambda: "m")
+    assert first.exit_code == 0
+    caplog.clear()
+    variant = "check.atol=0.001"
+    again = run_build(
+        recipe(check__atol=1e-3),
+        settings,
+        stages=pipeline(),
+        load_model=lambda: "m",
+        variant=variant,
+    )
+    assert {s.name for s in again.result.stages if s.status == "ran"} == {"check"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if how == "reflink":
+        assert warnings == []
+        return
+    (line,) = warnings  # the model only, not the manifest
+    assert line.startswith("model.onnx: a second copy") and "no reflinks" in line
+    default = (tmp_path / "outputs" / "fake" / "default").resolve()
+    assert str(default / "model.onnx") in line

@@ -392,6 +392,9 @@ def _age(root: Path, seconds: float) -> None:
             os.utime(path, (past, past))
 
 
+# slow: builds in a loop against a gc process (72 s under load); gc's rules stay in the
+# default run (the max_size, older_than and grace-period tests)
+@pytest.mark.slow
 def test_gc_racing_builds_never_breaks_them(tmp_path: Path, store: CacheStore) -> None:
     """Builds hit, reuse and write entries while another process collects with the tightest
     size bound. Under the documented rule (the grace period is longer than a build) gc evicts

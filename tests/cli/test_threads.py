@@ -8,7 +8,13 @@ import types
 
 import pytest
 
-from hyperexport.cli.threads import THREAD_VARIABLES, parallel_jobs, share_cores
+from hyperexport.cli.threads import (
+    THREAD_VARIABLES,
+    default_n_jobs,
+    parallel_jobs,
+    share_cores,
+    with_default_n_jobs,
+)
 
 
 @pytest.mark.parametrize(
@@ -42,3 +48,27 @@ def test_with_torch_imported_its_pool_is_resized(monkeypatch: pytest.MonkeyPatch
     assert share_cores(3, cores=2) == 1
     assert calls == [1]
     assert share_cores(1, cores=2) == 2 and calls == [1]  # one job: untouched
+
+
+@pytest.mark.parametrize(
+    ("cores", "jobs", "expected"),
+    [
+        (2, 4, 1),  # two cores: one after the other (each worker would import torch again)
+        (4, 4, 2),
+        (16, 3, 3),  # never more workers than jobs
+        (1, None, 1),
+        (8, None, 4),
+    ],
+)
+def test_default_n_jobs(cores: int, jobs: int | None, expected: int) -> None:
+    assert default_n_jobs(cores, jobs) == expected
+
+
+def test_joblib_without_n_jobs_gets_the_default_and_a_given_one_is_kept() -> None:
+    args = ["-m", "hydra/launcher=joblib", "opset=15,16,17,18"]
+    assert with_default_n_jobs(args, 4, cores=2) == [*args, "hydra.launcher.n_jobs=1"]
+    assert with_default_n_jobs(args, 4, cores=8) == [*args, "hydra.launcher.n_jobs=4"]
+    given = [*args, "hydra.launcher.n_jobs=2"]
+    assert with_default_n_jobs(given, 4, cores=2) == given
+    basic = ["-m", "opset=15,16"]
+    assert with_default_n_jobs(basic, 2, cores=2) == basic

@@ -198,6 +198,31 @@ def test_a_rebuild_with_the_same_hierarchy_reuses_the_picture(
     assert "<svg>one</svg>" in (build.out_dir / report_html.REPORT_HTML).read_text()
 
 
+def test_a_new_publication_reuses_a_sibling_publications_picture(
+    build: BuildOutcome, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variant that differs only in ``check.*`` is a new folder under ``.builds/`` with the
+    same hierarchy: its page takes the picture of the recipe's other publication."""
+    assert build.report is not None
+    builds = tmp_path / "recipe" / ".builds"
+    first, second = builds / "default.1", builds / "check.atol=0.001.2"
+    for folder in (first, second):
+        shutil.copytree(build.out_dir, folder)
+        (folder / report_html.REPORT_HTML).unlink(missing_ok=True)
+    monkeypatch.setattr(report_html, "hierarchy_svg", lambda report: "<svg>sibling</svg>")
+    report_html.write_report_html(first, build.report)
+    monkeypatch.setattr(report_html, "hierarchy_svg", lambda report: pytest.fail("re-rendered"))
+    report_html.write_report_html(second, build.report)
+    assert "<svg>sibling</svg>" in (second / report_html.REPORT_HTML).read_text()
+    # outside .builds/ the folder's neighbours are not publications: not looked at
+    alone = tmp_path / "alone"
+    shutil.copytree(build.out_dir, alone)
+    (alone / report_html.REPORT_HTML).unlink(missing_ok=True)
+    monkeypatch.setattr(report_html, "hierarchy_svg", lambda report: "<svg>own</svg>")
+    report_html.write_report_html(alone, build.report)
+    assert "<svg>own</svg>" in (alone / report_html.REPORT_HTML).read_text()
+
+
 def test_the_page_says_what_was_built_and_with_what(build: BuildOutcome) -> None:
     """Versions, opset, overrides, inputs and outputs with shapes and dtypes, size, date."""
     assert build.report is not None

@@ -89,3 +89,54 @@ def probe_result(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
 
 def report(tmp_path: Path, variant: str = "default", name: str = "toy") -> dict[str, object]:
     return json.loads((tmp_path / "outputs" / name / variant / "report.json").read_text())
+
+
+def run_here(
+    args: list[str], tmp_path: Path, *, build: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """:func:`run` without a new interpreter: ``hyperexport.__main__.main`` in this process.
+
+    For tests that read what a build prints, exits with and writes, not what a fresh process
+    imports (those use :func:`run` with ``probe``). Starting Python and importing torch again
+    costs a few seconds a call; here the test's interpreter is warm. The toy package's folder
+    goes on ``sys.path`` and its modules are dropped afterwards, the working directory is an
+    unrelated folder, and the logging configuration that Hydra installs is undone.
+    """
+    import contextlib
+    import importlib
+    import io
+    import logging
+
+    from hyperexport.__main__ import main
+
+    where = [f"build.cache_dir={tmp_path / 'cache'}", f"build.outputs_dir={tmp_path / 'outputs'}"]
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir(exist_ok=True)
+    user = str(tmp_path / "user")
+    out, err = io.StringIO(), io.StringIO()
+    root, ours = logging.getLogger(), logging.getLogger("hyperexport")
+    saved = (root.handlers[:], root.level, ours.handlers[:], ours.level, ours.propagate)
+    saved_cwd, saved_cache = os.getcwd(), os.environ.pop("HYPEREXPORT_CACHE_DIR", None)
+    sys.path.insert(0, user)
+    importlib.invalidate_caches()
+    code: int | str | None = 0
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([*args, *(where if build else [])])
+            except SystemExit as e:
+                code = e.code
+    finally:
+        os.chdir(saved_cwd)
+        if saved_cache is not None:
+            os.environ["HYPEREXPORT_CACHE_DIR"] = saved_cache
+        sys.path.remove(user)
+        for name in [m for m in sys.modules if m == "hx_toy" or m.startswith("hx_toy.")]:
+            del sys.modules[name]
+        root.handlers[:], ours.handlers[:] = saved[0], saved[2]
+        root.setLevel(saved[1])
+        ours.setLevel(saved[3])
+        ours.propagate = saved[4]
+    returncode = code if isinstance(code, int) else 1
+    return subprocess.CompletedProcess(args, returncode, out.getvalue(), err.getvalue())
