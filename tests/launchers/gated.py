@@ -86,7 +86,8 @@ class GateKeeper(threading.Thread):
     """Opens ``gate`` once a build is inside the factory and another one waits for its lock.
 
     ``logs`` lists the job logs to search for :data:`WAITING`. Without both events within
-    ``patience`` seconds it opens the gate anyway (so the sweep ends) and says what it missed.
+    ``patience`` seconds, or once :meth:`finish` is called (the sweep ended), it opens the gate
+    anyway (so the sweep ends) and says what it missed.
     """
 
     def __init__(
@@ -98,6 +99,12 @@ class GateKeeper(threading.Thread):
         self.patience = patience
         self.missed: list[str] = []
         self.waiting_logs: list[Path] = []
+        self._finished = threading.Event()
+
+    def finish(self) -> None:
+        """Stop waiting for the events (the sweep has ended) and join the thread."""
+        self._finished.set()
+        self.join()
 
     def run(self) -> None:
         deadline = time.monotonic() + self.patience
@@ -105,12 +112,13 @@ class GateKeeper(threading.Thread):
             self.waiting_logs = [p for p in self.logs() if WAITING in _text(p)]
             if builders(self.gate) and self.waiting_logs:
                 break
-            time.sleep(0.5)
-        else:
-            if not builders(self.gate):
-                self.missed.append("no job reached the model's factory")
-            if not self.waiting_logs:
-                self.missed.append(f"no job log says {WAITING!r}")
+            if self._finished.wait(0.5):
+                self.missed.append("the sweep ended first")
+                break
+        if not builders(self.gate):
+            self.missed.append("no job reached the model's factory")
+        if not self.waiting_logs:
+            self.missed.append(f"no job log says {WAITING!r}")
         self.gate.write_text("open")
 
 

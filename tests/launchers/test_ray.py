@@ -50,7 +50,7 @@ def test_ray_jobs_of_one_variant_build_each_stage_once(head: RayHead, tmp_path: 
         "+hydra.launcher.ray.remote.num_cpus=1",
     ]
     proc = run([*args, f"recipe_file={recipe}", "opset=17,17"], tmp_path)
-    keeper.join()
+    keeper.finish()
     logs = "\n".join(p.read_text(errors="replace") for p in head.worker_logs())
     assert proc.returncode == 0, proc.stdout + proc.stderr + logs
     assert not keeper.missed, keeper.missed

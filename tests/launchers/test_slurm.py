@@ -52,7 +52,7 @@ def test_slurm_jobs_of_one_variant_build_each_stage_once(
     proc = run(
         [*args, "hydra.launcher.timeout_min=20", f"recipe_file={recipe}", "opset=17,17"], tmp_path
     )
-    keeper.join()
+    keeper.finish()
     logs = "\n".join(p.read_text(errors="replace") for p in submitit_logs(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr + logs
     assert not keeper.missed, keeper.missed
