@@ -12,7 +12,7 @@
 3. ``python -m hyperexport recipe_file=...`` builds it (trace, export, rewrite, evaluate,
    check) in one child process, under a fresh (emptied) cache: the figures are its wall time
    and its peak RSS (``ru_maxrss`` of that child, from ``os.wait4``: its RSS high-water mark),
-   with the load average before and after.
+   its CPU time (user + system), with the load average before and after.
 
 The build must pass the generation check: onnxruntime-genai's greedy decode equals
 transformers' ``generate`` token for token (``generation_check.json``, asserted here).
@@ -151,7 +151,8 @@ def main() -> None:
     folder = out / "out" / recipe.stem / "default"
     weights = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / (1 << 30)
     print(
-        f"{path}: exit {code}, wall {wall:.0f} s, peak RSS {peak:.2f} GiB "
+        f"{path}: exit {code}, wall {wall:.0f} s, CPU {usage.ru_utime + usage.ru_stime:.0f} s, "
+        f"peak RSS {peak:.2f} GiB "
         f"({peak / weights:.2f}x the {weights:.2f} GiB of weights), "
         f"load before {load_before}, after {_load()}"
     )

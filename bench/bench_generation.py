@@ -181,8 +181,13 @@ def build_with_builder(checkpoint: Path, folder: Path, precision: str) -> Path:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"the builder failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    print(f"builder {precision}: {time.perf_counter() - started:.0f} s", flush=True)
     one_thread(folder)
+    share = json.loads((folder / "genai_config.json").read_text())["search"]
+    print(
+        f"builder {precision}: {time.perf_counter() - started:.0f} s, "
+        f"past_present_share_buffer {share.get('past_present_share_buffer')}",
+        flush=True,
+    )
     return folder
 
 
