@@ -5,21 +5,38 @@ past/present KV, dynamic batch/sequence/past) exported on the TorchScript path:
 
 * **hierarchical**: ``export_hyper_onnx`` with ``hiera=[KVStep]`` (each decoder layer one
   function, per_type), as ``task: text-generation`` builds it;
-* **flat**: a plain ``torch.onnx.export(dynamo=False)`` of the same step model (no functions).
+* **flat**: a plain ``torch.onnx.export(dynamo=False)`` of the same step model (no functions);
+* **builder fp32 / int4** (with ``--builder fp32 int4``, a reference figure): onnxruntime-genai's
+  own model builder (``python -m onnxruntime_genai.models.builder -e cpu``) run on the same
+  checkpoint, saved with ``save_pretrained`` and a word-level ``tokenizer.json`` over the
+  vocabulary (the builder reads a tokenizer; built offline with ``tokenizers``). Its graph is
+  flat and fused (GroupQueryAttention, SkipSimplifiedLayerNormalization, a shared KV buffer).
 
-Each folder gets the same ``genai_config.json`` (``intra_op_num_threads`` 1). A run is one
-greedy decode: a ``--prompt``-token prompt, then ``--tokens`` new tokens; runs alternate between
-the two folders and the median tokens/s of each is reported, with their ratio. The decodes must
-agree token for token (asserted).
+Each of our folders gets the same ``genai_config.json``; every folder's session options are set
+to one intra-op and one inter-op thread. A run is one greedy decode: a ``--prompt``-token
+prompt, then ``--tokens`` new tokens; runs alternate between the folders and the median
+tokens/s of each is reported, with its ratio to the flat model, both per wall second and per CPU
+second of the decode (``time.process_time``; read that one on a loaded machine). Our two decodes must agree token
+for token (asserted); the builder fp32's agreement is printed (its fused kernels sum in another
+order, so a near-tie may flip a token; int4 is not expected to agree).
 
-    python bench/bench_generation.py --layers 8 --hidden 256 --repeat 7
+    python bench/bench_generation.py --layers 8 --hidden 256 --repeat 7 --builder fp32 int4
+    python bench/bench_generation.py --ours OUT/out/bench_1b_generate_torchscript/default \
+        --checkpoint OUT/ckpt --tokens 32 --repeat 3 --builder fp32
+
+The second compares the Llama-3.2-1B-shaped build of ``bench_generate_1b.py OUT`` with the
+builder's model of the same checkpoint (no flat export there: a flat TorchScript export of that
+size needs about 4x the weights in memory).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -109,8 +126,88 @@ def export_both(model: Any, folder: Path) -> tuple[Path, Path]:
     return hier, flat
 
 
-def decode(folder: Path, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
-    """Tokens per second of one greedy decode in onnxruntime-genai, and the tokens."""
+def write_tokenizer(folder: Path, vocab: int) -> None:
+    """A word-level ``tokenizer.json`` (``t<i>`` -> i; 0/1/2 pad/bos/eos) for the builder to read."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {f"t{i}": i for i in range(vocab)}
+    words.update({"<pad>": 0, "<s>": 1, "</s>": 2})
+    del words["t0"], words["t1"], words["t2"]
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="t3"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "pad_token": "<pad>",
+                "unk_token": "t3",
+                "model_max_length": 4096,
+            }
+        )
+    )
+
+
+def one_thread(folder: Path) -> None:
+    """Set the folder's decoder session options to one intra-op and one inter-op thread."""
+    path = folder / "genai_config.json"
+    genai = json.loads(path.read_text())
+    genai["model"]["decoder"].setdefault("session_options", {}).update(
+        {"intra_op_num_threads": 1, "inter_op_num_threads": 1}
+    )
+    path.write_text(json.dumps(genai, indent=1))
+
+
+def build_with_builder(checkpoint: Path, folder: Path, precision: str) -> Path:
+    """onnxruntime-genai's model builder on ``checkpoint`` (CPU, ``precision``) into ``folder``."""
+    command = [
+        sys.executable,
+        "-m",
+        "onnxruntime_genai.models.builder",
+        "-i",
+        str(checkpoint),
+        "-o",
+        str(folder),
+        "-p",
+        precision,
+        "-e",
+        "cpu",
+        "-c",
+        str(folder.parent / f"builder_cache_{precision}"),
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"the builder failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    one_thread(folder)
+    share = json.loads((folder / "genai_config.json").read_text())["search"]
+    print(
+        f"builder {precision}: {time.perf_counter() - started:.0f} s, "
+        f"past_present_share_buffer {share.get('past_present_share_buffer')}",
+        flush=True,
+    )
+    return folder
+
+
+def _one_thread_copy(folder: Path, target: Path) -> Path:
+    """``target`` with links to ``folder``'s files and a one-thread copy of its genai_config."""
+    target.mkdir()
+    for item in folder.iterdir():
+        if item.name != "genai_config.json":
+            (target / item.name).symlink_to(item.resolve())
+    (target / "genai_config.json").write_text((folder / "genai_config.json").read_text())
+    one_thread(target)
+    return target
+
+
+def decode(folder: Path, prompt: list[int], tokens: int) -> tuple[float, float, list[int]]:
+    """Tokens per second of one greedy decode in onnxruntime-genai (wall, CPU), and the tokens.
+
+    The CPU figure is tokens over the process's CPU time (``time.process_time``, every thread)
+    during the decode: on a loaded machine other processes barely move it.
+    """
     import onnxruntime_genai as og
 
     model = og.Model(str(folder))
@@ -118,13 +215,13 @@ def decode(folder: Path, prompt: list[int], tokens: int) -> tuple[float, list[in
     length = len(prompt) + tokens  # min_length too: every run decodes exactly ``tokens``
     params.set_search_options(max_length=length, min_length=length, do_sample=False)
     generator = og.Generator(model, params)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     generator.append_tokens(np.asarray([prompt], dtype=np.int64))
     while not generator.is_done():
         generator.generate_next_token()
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     sequence = [int(t) for t in generator.get_sequence(0)][len(prompt) :]
-    return len(sequence) / seconds, sequence
+    return len(sequence) / seconds, len(sequence) / cpu, sequence
 
 
 def main() -> None:
@@ -135,29 +232,75 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--builder",
+        nargs="*",
+        default=[],
+        choices=["fp32", "int4"],
+        help="also onnxruntime-genai's model builder at these precisions (reference figures)",
+    )
+    parser.add_argument(
+        "--ours",
+        type=Path,
+        help="instead of exporting: an output folder of a text-generation build (ours, "
+        "hierarchical), compared with the builder on --checkpoint (no flat export: at 1B a flat "
+        "TorchScript export needs ~4x the weights in memory)",
+    )
+    parser.add_argument("--checkpoint", type=Path, help="with --ours: its checkpoint folder")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = _model(args.layers, args.hidden, args.vocab)
-    prompt = [int(t) for t in np.random.default_rng(0).integers(3, args.vocab, args.prompt)]
+    load = [" ".join(f"{x:.2f}" for x in os.getloadavg())]
     with tempfile.TemporaryDirectory() as tmp:
-        hier, flat = export_both(model, Path(tmp))
-        rates: dict[str, list[float]] = {"hierarchical": [], "flat": []}
+        if args.ours:
+            folders = {"hierarchical": _one_thread_copy(args.ours, Path(tmp) / "ours")}
+            checkpoint = args.checkpoint
+            vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+        else:
+            model = _model(args.layers, args.hidden, args.vocab)
+            hier, flat = export_both(model, Path(tmp))
+            folders = {"hierarchical": hier, "flat": flat}
+            checkpoint = Path(tmp) / "ckpt"
+            vocab = args.vocab
+            if args.builder:
+                model.save_pretrained(checkpoint)
+                write_tokenizer(checkpoint, args.vocab)
+            del model
+        for precision in args.builder:
+            folders[f"builder {precision}"] = build_with_builder(
+                checkpoint, Path(tmp) / f"builder_{precision}", precision
+            )
+        prompt = [int(t) for t in np.random.default_rng(0).integers(3, vocab, args.prompt)]
+        rates: dict[str, list[float]] = {label: [] for label in folders}
+        cpu_rates: dict[str, list[float]] = {label: [] for label in folders}
         seen: dict[str, list[int]] = {}
-        decode(hier, prompt, 4), decode(flat, prompt, 4)  # warm-up (session creation paths)
+        for folder in folders.values():
+            decode(folder, prompt, 4)  # warm-up (session creation paths)
+        load.append(" ".join(f"{x:.2f}" for x in os.getloadavg()))
         for _ in range(args.repeat):
-            for label, folder in (("hierarchical", hier), ("flat", flat)):
-                rate, sequence = decode(folder, prompt, args.tokens)
+            for label, folder in folders.items():
+                rate, cpu_rate, sequence = decode(folder, prompt, args.tokens)
                 rates[label].append(rate)
+                cpu_rates[label].append(cpu_rate)
                 seen[label] = sequence
-        assert seen["hierarchical"] == seen["flat"], "the two models decode differently"
+        if "flat" in seen:
+            assert seen["hierarchical"] == seen["flat"], "the two models decode differently"
+        load.append(" ".join(f"{x:.2f}" for x in os.getloadavg()))
     med = {k: statistics.median(v) for k, v in rates.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu_rates.items()}
+    base = "flat" if "flat" in med else "hierarchical"
+    shape = f"{args.ours}" if args.ours else f"layers {args.layers}, hidden {args.hidden}"
     print(
-        f"layers {args.layers}, hidden {args.hidden}, vocab {args.vocab}, prompt {args.prompt}, "
-        f"{args.tokens} tokens, 1 thread, median of {args.repeat}:"
+        f"{shape}, vocab {vocab}, prompt {args.prompt}, {args.tokens} tokens, 1 thread, median "
+        f"of {args.repeat}; load average (1/5/15 min) at start {load[0]}, before the decodes "
+        f"{load[1]}, after {load[2]}:"
     )
     for label, value in med.items():
-        print(f"  {label}: {value:.1f} tokens/s")
-    print(f"  hierarchical / flat: {med['hierarchical'] / med['flat']:.3f}")
+        same = sum(a == b for a, b in zip(seen[label], seen[base], strict=False))
+        print(
+            f"  {label}: {value:.2f} tokens/s (wall), / {base} {value / med[base]:.3f}; "
+            f"{cpu_med[label]:.2f} tokens/CPU-s, / {base} {cpu_med[label] / cpu_med[base]:.3f} "
+            f"(same tokens as {base}: {same}/{len(seen[base])})"
+        )
 
 
 if __name__ == "__main__":
