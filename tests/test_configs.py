@@ -176,7 +176,7 @@ BAD = [
     (_with("env", ["A", "A"]), "env", "names a variable twice"),
     (_with("env", "HF_HOME"), "env", "must be a list"),
     (_with("task", "text-generatoin"), "task", "did you mean 'text-generation'"),
-    (_with("task", "auto"), "task", "not implemented yet; implemented: forward"),
+    (_with("task", "auto"), "task", "auto needs a local transformers checkpoint"),
     (_with("fallback", "yes"), "fallback", "true or false"),
     (
         _with("attention", {"promote_opset24": True}),

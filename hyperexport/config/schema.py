@@ -167,7 +167,8 @@ def _env_names(names: list[str]) -> None:
 
 
 def _implemented_task(task: str) -> None:
-    if task not in IMPLEMENTED_TASKS:
+    # auto is resolved from the checkpoint at validation (config/task_inference.py).
+    if task not in (*IMPLEMENTED_TASKS, AUTO):
         raise Invalid(
             f"{task!r} is not implemented yet; implemented: {', '.join(IMPLEMENTED_TASKS)}"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import types
@@ -34,6 +35,7 @@ from hyperexport.config.schema import (
     RecipeConfig,
     _outputs_root,
 )
+from hyperexport.config.task_inference import TaskNotInferable, infer_task
 from hyperexport.contracts.names import (
     OPSET_RANGES,
     SPEECH_RECOGNITION,
@@ -182,6 +184,13 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     check = _Checker(recipe_file)
     check.dataclass_(RecipeConfig, data, "")
     config = from_json(RecipeConfig, data)
+    if config.task == AUTO:  # resolved here, from the checkpoint's config.json (data only)
+        try:
+            task = infer_task(config.model, recipe_file)
+        except TaskNotInferable as e:
+            check.fail("task", str(e))
+        log.info("task: auto is %s (from the checkpoint's config.json)", task)
+        config = dataclasses.replace(config, task=task)
     _check_semantics(check, config)
     checkpoint = None
     if config.checkpoint:
