@@ -323,3 +323,62 @@ def test_a_full_outputs_filesystem_is_exit_3_naming_the_outputs(
     assert outcome.exit_code == exit_codes.UNAVAILABLE
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [f"outputs directory {tmp_path / 'outputs'}: {os.strerror(errno.ENOSPC)}"]
+
+
+# -- full filesystems (a real small tmpfs, in a private mount namespace) -----------------------
+def _driver_on_tmpfs(
+    mount: Path, size: str, cache: Path, outputs: Path, *extra: str, fill: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run the driver with ``mount`` a tmpfs of ``size`` (``fill``: filled by a user's file)."""
+    prefill = f"mkdir {mount}/mine && (dd if=/dev/zero of={mount}/mine/fill bs=4k; true) && "
+    script = (
+        f"mount -t tmpfs -o size={size} tmpfs {mount} && {prefill if fill else ''}"
+        f"{sys.executable} -m tests.builds.fault_driver {cache} {outputs} {' '.join(extra)}; "
+        "status=$?; "
+        f"ls -A {cache}/tmp 2>/dev/null | sed 's/^/SCRATCH /'; "
+        f"[ -f {mount}/mine/fill ] && echo USER_FILE_KEPT; "
+        f"[ -e {outputs}/fake/default ] && echo PUBLISHED; exit $status"
+    )
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def _one_error(run: subprocess.CompletedProcess[str]) -> str:
+    errors = [line for line in run.stderr.splitlines() if line.startswith("[ERROR]")]
+    assert len(errors) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    return errors[0]
+
+
+@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+def test_a_really_full_cache_filesystem_is_exit_3_naming_it(tmp_path: Path) -> None:
+    """Issue 21, on a real 1 MiB tmpfs (not an injected errno): the export stage's 3 MB file."""
+    cache, outputs = tmp_path / "cache", tmp_path / "outputs"
+    cache.mkdir()
+    run = _driver_on_tmpfs(cache, "1m", cache, outputs, "--big", str(3_000_000))
+    assert run.returncode == exit_codes.UNAVAILABLE, run.stdout + run.stderr
+    error = _one_error(run)
+    assert error.endswith(f"cache directory {cache}: {os.strerror(28)}")
+    assert "SCRATCH" not in run.stdout  # the half-written stage output is gone
+    assert "PUBLISHED" not in run.stdout
+
+
+@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+def test_a_really_full_outputs_filesystem_is_exit_3_and_keeps_the_users_files(
+    tmp_path: Path,
+) -> None:
+    """A real tmpfs filled by a user's file: nothing half-published, the user's file kept."""
+    cache, outputs = tmp_path / "cache", tmp_path / "outputs"
+    outputs.mkdir()
+    run = _driver_on_tmpfs(outputs, "64k", cache, outputs, fill=True)
+    assert run.returncode == exit_codes.UNAVAILABLE, run.stdout + run.stderr
+    error = _one_error(run)
+    assert error.endswith(f"outputs directory {outputs}: {os.strerror(28)}")
+    assert "USER_FILE_KEPT" in run.stdout
+    assert "PUBLISHED" not in run.stdout

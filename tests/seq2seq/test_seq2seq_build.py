@@ -112,3 +112,46 @@ def test_an_explicit_hiera_is_refused_when_the_recipe_is_validated() -> None:
     # A RecipeError is the command line's exit 2 (hyperexport/exit_codes.py INVALID).
     with pytest.raises(RecipeError, match=r"field 'hiera': .*set hiera: auto"):
         compose_recipe(["recipe=zoo_bart", "hiera=[torch.nn.Linear]"])
+
+
+@pytest.mark.slow
+def test_a_saved_checkpoint_with_task_auto_builds_both_graphs(tmp_path: Path) -> None:
+    """``task: auto`` through ``hyperexport.models.pretrained``: the checkpoint's config.json
+    (an encoder-decoder ``*ForConditionalGeneration``) makes it text2text-generation, with
+    ``inputs``, ``hiera`` and ``dynamic`` auto too; the decode matches transformers."""
+    import yaml
+
+    from hyperexport.config import BuildSettings, validate_recipe
+    from hyperexport.zoo import random_transformer
+
+    zoo = yaml.safe_load((RECIPES_DIR / "zoo_bart.yaml").read_text())["model"]
+    checkpoint = tmp_path / "bart"
+    model = random_transformer(zoo["model_class"], zoo["config"], seed=zoo["seed"])
+    model.save_pretrained(checkpoint)
+    data = {
+        "name": "bart_auto",
+        "model": {
+            "_target_": "hyperexport.models.pretrained",
+            "path": str(checkpoint),
+            "auto_class": "AutoModelForSeq2SeqLM",
+            "attn_implementation": "eager",
+        },
+        "task": "auto",
+        "inputs": "auto",
+        "hiera": "auto",
+        "dynamic": "auto",
+        "dynamo": False,
+        "functions": "per_type",
+        "generation": {"prompts": [[17, 93, 41, 8, 120, 66, 5, 3]], "max_new_tokens": 10},
+    }
+    recipe = validate_recipe(data, str(tmp_path / "bart_auto.yaml"))
+    assert recipe.data["task"] == "text2text-generation"
+    settings = BuildSettings(str(tmp_path / "cache"), tmp_path / "out", False, ())
+    outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    assert outcome.exit_code == 0, outcome.result.error
+    assert (outcome.out_dir / "encoder_model.onnx").is_file()
+    assert (outcome.out_dir / "decoder_model.onnx").is_file()
+    decode = json.loads((outcome.out_dir / "seq2seq_check.json").read_text())
+    assert decode["passed"]
+    for seq in decode["sequences"]:
+        assert seq["exported"] == seq["reference"] and len(set(seq["reference"])) >= 3
