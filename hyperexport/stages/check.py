@@ -36,11 +36,10 @@ from hyperexport.stages.recipe_stage import RecipeStage
 if TYPE_CHECKING:
     import numpy as np
 
-    from hyperexport.check.evaluation import Evaluation, FunctionRun
+    from hyperexport.check.evaluation import FunctionRun
     from hyperexport.check.judge import CheckReport
     from hyperexport.check.model_evaluator import ModelEvaluator
     from hyperexport.check.quantized_judge import QuantizedVerdict
-    from hyperexport.contracts.capture_files import CaptureFiles
 
 
 class CheckStage(RecipeStage):
@@ -66,6 +65,8 @@ class CheckStage(RecipeStage):
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         rewrite_dir = inputs.dir("rewrite")
         reports: list[CheckReport] = []
+        # Graph outputs and capture keys of every graph: what check.accept_vacuous may name.
+        known: tuple[list[str], set[str]] = ([], set())
         if is_seq2seq(recipe.task):  # each graph judged alone, then merged (graph-prefixed)
             from hyperexport.seq2seq.judge import merge_reports
 
@@ -73,7 +74,7 @@ class CheckStage(RecipeStage):
                 reports.append(
                     self._judge(
                         recipe,
-                        inputs.recipe_file,
+                        known,
                         inputs.dir("export") / graph,
                         rewrite_dir / model_file(graph),
                         rewrite_dir / manifest_file(graph),
@@ -89,7 +90,7 @@ class CheckStage(RecipeStage):
         else:
             report = self._judge(
                 recipe,
-                inputs.recipe_file,
+                known,
                 inputs.dir("export"),
                 rewrite_dir / MODEL_FILE,
                 rewrite_dir / MANIFEST_JSON,
@@ -97,6 +98,7 @@ class CheckStage(RecipeStage):
             )
             reports.append(report)
             data, lines = report.to_json(), report.summary_lines()
+        _refuse_unknown_outputs(inputs.recipe_file, recipe.check.accept_vacuous, *known)
         # quantize (issue 26): the quantized model against the float one, when there is one.
         quantized = _quantized_verdict(inputs.dir("quantize"), recipe)
         if quantized is not None:
@@ -131,14 +133,15 @@ class CheckStage(RecipeStage):
     def _judge(
         self,
         recipe: RecipeConfig,
-        recipe_file: str,
+        known: tuple[list[str], set[str]],
         export_dir: Path,
         model: Path,
         manifest_path: Path,
         evaluate_dir: Path,
     ) -> CheckReport:
-        """One graph's evaluation judged against its capture."""
-        from hyperexport.check.evaluation import Evaluation
+        """One graph's evaluation judged against its capture (its output names and capture keys
+        added to ``known``)."""
+        from hyperexport.check.evaluation import SECOND_SHAPE, Evaluation
         from hyperexport.check.judge import judge
         from hyperexport.check.tensors import CapturedArrays
         from hyperexport.contracts.capture_files import read_capture
@@ -149,7 +152,9 @@ class CheckStage(RecipeStage):
         manifest = ExportManifest.loads(manifest_path.read_text(encoding="utf-8"))
         evaluation = Evaluation.load(evaluate_dir)
         settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
-        _refuse_unknown_outputs(recipe_file, settings.accept_vacuous, evaluation, capture)
+        outputs = [o.name.removesuffix(SECOND_SHAPE) for o in evaluation.outputs]
+        known[0].extend(outputs)
+        known[1].update(outputs, capture.arrays)
         evaluator: ModelEvaluator | None = None
 
         def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:
@@ -165,14 +170,12 @@ class CheckStage(RecipeStage):
 
 
 def _refuse_unknown_outputs(
-    recipe_file: str, names: Sequence[str], evaluation: Evaluation, capture: CaptureFiles
+    recipe_file: str, names: Sequence[str], outputs: list[str], known: set[str]
 ) -> None:
-    """RecipeError naming the ``check.accept_vacuous`` entry that is no output of this model."""
-    from hyperexport.check.evaluation import SECOND_SHAPE
+    """RecipeError naming the ``check.accept_vacuous`` entry that is no output or capture key
+    of any of the build's graphs."""
     from hyperexport.errors import RecipeError
 
-    outputs = [o.name.removesuffix(SECOND_SHAPE) for o in evaluation.outputs]
-    known = {*outputs, *capture.arrays}
     for i, name in enumerate(names):
         if not any(fnmatch.fnmatchcase(k, name) for k in known):
             raise RecipeError(
