@@ -104,6 +104,10 @@ def test_workflow_cache_commands_exist(tmp_path: Path) -> None:
     assert probe_result(proc)["code"] == 0, proc.stderr
 
 
+# slow: the longest default test (47 s idle); the default run keeps the workflow's own builds
+# (test_workflow_builds_every_recipe, test_incremental_rebuild) and the remote tier's keys
+# (tests/e2e/test_e2e_keys.py).
+@pytest.mark.slow
 def test_remote_workflow_builds_every_recipe_read_only_on_pull_requests(tmp_path: Path) -> None:
     """The remote workflow's build command as a pull request runs it, against a file:// remote."""
     pytest.importorskip("fsspec")
