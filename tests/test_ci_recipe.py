@@ -104,7 +104,7 @@ def test_workflow_cache_commands_exist(tmp_path: Path) -> None:
     assert probe_result(proc)["code"] == 0, proc.stderr
 
 
-# slow: the longest default test (47 s idle); the default run keeps the workflow's own builds
+# slow: the longest default test (47 s in one full run); the default run keeps the workflow's own builds
 # (test_workflow_builds_every_recipe, test_incremental_rebuild) and the remote tier's keys
 # (tests/e2e/test_e2e_keys.py).
 @pytest.mark.slow

@@ -271,7 +271,7 @@ def test_a_forward_that_fails_on_the_inputs_made_is_refused_before_the_trace() -
     assert "NeedsMask.forward fails" in error.reason and "token_type_ids" in error.reason
 
 
-# slow: a real CLI process (27 s idle); the refusal itself stays in the default run
+# slow: a real CLI process (27 s in one full run); the refusal itself stays in the default run
 # (test_an_input_auto_cannot_make_is_refused_naming_class_and_input).
 @pytest.mark.slow
 def test_the_cli_refuses_an_input_auto_cannot_make_with_exit_2_and_one_line(
