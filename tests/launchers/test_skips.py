@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,10 @@ def test_a_daemon_that_never_gets_ready_skips_naming_what_it_waited_for(tmp_path
         "slurmctld", ["sh", "-c", "echo listening; sleep 60"], tmp_path / "l", dict(os.environ)
     )
     try:
+        # The event the message reports: the daemon has written its line (never a time window).
+        deadline = time.monotonic() + 60
+        while "listening" not in daemon.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
         with pytest.raises(pytest.skip.Exception) as excinfo:
             wait_for(lambda: False, [daemon], "the node idle", timeout=0.0)
     finally:
