@@ -84,6 +84,13 @@ def test_sweep_reuses_trace_and_changes_opset(toy: Path, tmp_path: Path) -> None
     assert second[1]["reason"] == "no previous build"  # type: ignore[index]
 
 
+def test_a_sweep_over_recipes_that_leaves_out_the_default_runs_each(tmp_path: Path) -> None:
+    # Hydra composes the multirun's own config from the default recipe before the sweep's values
+    proc = run_here(["-m", "recipe=llama,gpt2", "build.dry_run=true"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "sweep: 2 jobs, exit code 0" in proc.stdout
+
+
 def test_failing_stage_exits_nonzero_naming_stage_and_module(toy: Path, tmp_path: Path) -> None:
     proc = run_here([f"recipe_file={toy}", "+model.broken_layer=1"], tmp_path)
     assert proc.returncode == 1

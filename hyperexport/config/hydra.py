@@ -55,7 +55,9 @@ def recipe_files(extra_recipe: Path | None = None) -> dict[str, Path]:
 def recipes_named(overrides: Sequence[str], default: str = DEFAULT_RECIPE) -> set[str] | None:
     """The recipe options a command line selects: ``recipe=a`` or a sweep ``recipe=a,b``.
 
-    ``default`` when no ``recipe=`` is given; None (meaning "every recipe") when the choice
+    ``default`` when no ``recipe=`` is given, and with a sweep too: Hydra composes a multirun's
+    own config (``hydra.sweep.*``, the launcher) from the defaults before it applies the sweep's
+    values. None (meaning "every recipe") when the choice
     needs the whole group: a sweep function (``recipe=glob(*)``, ``choice(...)``) or an override
     of the group that is not a plain ``recipe=`` (``+recipe=``, ``recipe@pkg=``).
     """
@@ -67,7 +69,10 @@ def recipes_named(overrides: Sequence[str], default: str = DEFAULT_RECIPE) -> se
             continue
         if key != "recipe" or item.startswith(("+", "~")) or "(" in value:
             return None
-        names.update(v.strip() for v in value.split(","))
+        values = [v.strip() for v in value.split(",")]
+        names.update(values)
+        if len(values) > 1:
+            names.add(default)
     return names or {default}
 
 

@@ -17,7 +17,7 @@ from hyperexport.config.paths import CONF_DIR, DEFAULT_RECIPE, RECIPES_DIR
     [
         ([], {DEFAULT_RECIPE}),
         (["opset=17", "recipe=llama"], {"llama"}),
-        (["recipe=llama,zoo_bert"], {"llama", "zoo_bert"}),  # a sweep
+        (["recipe=llama,zoo_bert"], {"llama", "zoo_bert", DEFAULT_RECIPE}),  # a sweep composes the default first
         (["recipe_file=/x/toy.yaml", "recipe=toy"], {"toy"}),
         (["recipe=glob(zoo_*)"], None),  # a sweep function lists the whole group
         (["+recipe=llama"], None),
