@@ -16,7 +16,7 @@ A leg varies one axis from the pinned stack (``constraints.txt``: torch 2.13.0, 
 the newest release), except ``floors``, which puts every declared floor together, and ``cheap``
 (transformers 4.57 with onnxscript and onnx at their floors), meant to run in CI after the
 default suite once it passes. torch legs other than the pin install the registry's CUDA build (run on the CPU); the
-machine-wide pip cap on torch is lifted for that one install only (``PIP_CONSTRAINT=``), and a
+machine-wide pip cap on torch is lifted for that one install only (``PIP_CONSTRAINT=/dev/null``), and a
 directory of already downloaded wheels may be named in ``HYPEREXPORT_WHEELS``. Run one torch
 leg at a time: each is about 4 GB of wheels.
 """
@@ -150,7 +150,9 @@ def leg(session: nox.Session, leg: str) -> None:
     env: dict[str, str] = {}
     install = ["-c", str(constraints)]
     if pins.get("torch", PINNED_TORCH) != PINNED_TORCH:
-        env["PIP_CONSTRAINT"] = ""  # the machine's cap on torch, lifted for this install only
+        # the machine's cap on torch, lifted for this install only (an empty value keeps the
+        # cap of a pip.conf; a constraints file with nothing in it replaces it)
+        env["PIP_CONSTRAINT"] = os.devnull
         if wheels := os.environ.get("HYPEREXPORT_WHEELS"):
             install += ["--find-links", wheels]
     start = time.monotonic()
