@@ -18,6 +18,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hyperexport.contracts.input_specs import input_spec
 from hyperexport.errors import RecipeError
 from hyperexport.generation.genai_config import context_length, kv_shape
 from hyperexport.generation.names import KV_STEP, TEXT_GENERATION, past_name
@@ -63,30 +64,11 @@ def step_inputs(config: Mapping[str, Any], dtype: str) -> dict[str, dict[str, An
     pbatch, pnew, ppast = PROBE
     vocab = int(config["vocab_size"])
 
-    def spec(
-        shape: list[int],
-        probe: list[int],
-        dtype: str,
-        low: float,
-        high: float,
-        seed: int,
-        dynamic: dict[int, str],
-    ) -> dict[str, Any]:
-        return {
-            "shape": shape,
-            "dtype": dtype,
-            "low": low,
-            "high": high,
-            "seed": seed,
-            "dynamic": dynamic,
-            "check_shape": probe,
-        }
-
     specs = {
-        "input_ids": spec(
+        "input_ids": input_spec(
             [batch, new], [pbatch, pnew], "int64", 0, vocab, 0, {0: "batch", 1: "sequence_length"}
         ),
-        "attention_mask": spec(
+        "attention_mask": input_spec(
             [batch, past + new],
             [pbatch, ppast + pnew],
             "int64",
@@ -95,7 +77,7 @@ def step_inputs(config: Mapping[str, Any], dtype: str) -> dict[str, dict[str, An
             0,
             {0: "batch", 1: "total_sequence_length"},
         ),
-        "position_ids": spec(
+        "position_ids": input_spec(
             [batch, new],
             [pbatch, pnew],
             "int64",
@@ -107,7 +89,7 @@ def step_inputs(config: Mapping[str, Any], dtype: str) -> dict[str, dict[str, An
     }
     for layer in range(layers):
         for n, kind in enumerate(("key", "value")):
-            specs[past_name(layer, kind)] = spec(
+            specs[past_name(layer, kind)] = input_spec(
                 [batch, kv_heads, past, head_size],
                 [pbatch, kv_heads, ppast, head_size],
                 dtype,

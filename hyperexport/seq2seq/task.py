@@ -20,6 +20,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hyperexport.contracts.input_specs import input_spec
 from hyperexport.contracts.names import AUTO
 from hyperexport.errors import RecipeError
 from hyperexport.seq2seq.names import (
@@ -36,26 +37,6 @@ log = logging.getLogger(__name__)
 #: (batch, new tokens, past length, encoder length) of the traced step and of the second shape.
 TRACED = (2, 3, 3, 5)
 PROBE = (3, 1, 6, 7)
-
-
-def _spec(
-    shape: list[int],
-    probe: list[int],
-    dtype: str,
-    low: float,
-    high: float,
-    seed: int,
-    dynamic: dict[int, str],
-) -> dict[str, Any]:
-    return {
-        "shape": shape,
-        "dtype": dtype,
-        "low": low,
-        "high": high,
-        "seed": seed,
-        "dynamic": dynamic,
-        "check_shape": probe,
-    }
 
 
 def require_seq2seq(model: Any, task: str, recipe_file: str) -> dict[str, Any]:
@@ -104,15 +85,15 @@ def encoder_inputs(config: Mapping[str, Any], task: str) -> dict[str, dict[str, 
     if task == SPEECH_RECOGNITION:
         bins, frames = int(config["num_mel_bins"]), 2 * int(config["max_source_positions"])
         return {
-            "input_features": _spec(
+            "input_features": input_spec(
                 [batch, bins, frames], [pbatch, bins, frames], "float32", -1.0, 1.0, 0, {0: "batch"}
             )
         }
     vocab = int(config["vocab_size"])
     axes = {0: "batch", 1: "encoder_sequence_length"}
     return {
-        "input_ids": _spec([batch, length], [pbatch, plength], "int64", 0, vocab, 0, axes),
-        "attention_mask": _spec([batch, length], [pbatch, plength], "int64", 1, 2, 0, axes),
+        "input_ids": input_spec([batch, length], [pbatch, plength], "int64", 0, vocab, 0, axes),
+        "attention_mask": input_spec([batch, length], [pbatch, plength], "int64", 1, 2, 0, axes),
     }
 
 
@@ -123,12 +104,12 @@ def decoder_inputs(config: Mapping[str, Any], model: Any, task: str) -> dict[str
     pbatch, pnew, ppast, plength = PROBE
     vocab = int(config["vocab_size"])
     specs = {
-        "input_ids": _spec(
+        "input_ids": input_spec(
             [batch, new], [pbatch, pnew], "int64", 0, vocab, 0, {0: "batch", 1: "sequence_length"}
         )
     }
     if task != SPEECH_RECOGNITION:
-        specs["encoder_attention_mask"] = _spec(
+        specs["encoder_attention_mask"] = input_spec(
             [batch, length],
             [pbatch, plength],
             "int64",
@@ -141,7 +122,7 @@ def decoder_inputs(config: Mapping[str, Any], model: Any, task: str) -> dict[str
         length = plength = int(config["max_source_positions"])
     for layer in range(layers):
         for n, kind in enumerate(("key", "value")):
-            specs[past_name(layer, kind, "decoder")] = _spec(
+            specs[past_name(layer, kind, "decoder")] = input_spec(
                 [batch, heads, past, head_size],
                 [pbatch, heads, ppast, head_size],
                 dtype,
@@ -158,7 +139,7 @@ def decoder_inputs(config: Mapping[str, Any], model: Any, task: str) -> dict[str
                     2: "encoder_sequence_length",
                 }
             )
-            specs[past_name(layer, kind, "encoder")] = _spec(
+            specs[past_name(layer, kind, "encoder")] = input_spec(
                 [batch, heads, length, head_size],
                 [pbatch, heads, plength, head_size],
                 dtype,

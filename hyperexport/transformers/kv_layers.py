@@ -49,7 +49,7 @@ class KVStep(nn.Module):
 
         cache = DynamicCache()
         cache.update(past_key, past_value, 0)
-        with _layer_index_zero(self.layer):
+        with layer_index_zero(self.layer):
             out = self.layer(
                 hidden_states,
                 attention_mask=attention_mask,
@@ -98,7 +98,9 @@ class KVCacheLayer(nn.Module):
 
 
 @contextlib.contextmanager
-def _layer_index_zero(layer: nn.Module) -> Iterator[None]:
+def layer_index_zero(layer: nn.Module) -> Iterator[None]:
+    """Give every submodule of ``layer`` that has a ``layer_idx`` the index 0 while inside, so
+    that the layer reads and writes a one-layer cache; the real indices come back on exit."""
     # Read through vars(): hyperexport records the attributes a forward reads (to prove per-type
     # reuse safe), and the real index, read here, must not count as read by the step.
     modules = [m for m in layer.modules() if isinstance(vars(m).get("layer_idx"), int)]

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyperexport.transformers.kv_layers import layer_index_zero
+
 #: Attribute paths of a decoder layer's cross-attention module, per family.
 CROSS_ATTENTION_PATHS = ("encoder_attn", "layer.1.EncDecAttention")
 #: Attribute names of a stack's layer list (``layers``: BART-like, ``block``: T5).
@@ -54,21 +56,6 @@ def _one_layer_cache(
         cache.cross_attention_cache.update(cross_key, cross_value, 0)
         cache.is_updated[0] = True
     return cache
-
-
-@contextlib.contextmanager
-def _layer_index_zero(layer: nn.Module) -> Iterator[None]:
-    # Read through vars(): hyperexport records the attributes a forward reads (to prove per-type
-    # reuse safe), and the real index, read here, must not count as read by the step.
-    modules = [m for m in layer.modules() if isinstance(vars(m).get("layer_idx"), int)]
-    saved = [vars(m)["layer_idx"] for m in modules]
-    try:
-        for m in modules:
-            setattr(m, "layer_idx", 0)  # noqa: B010 (nn.Module typing)
-        yield
-    finally:
-        for m, index in zip(modules, saved):
-            setattr(m, "layer_idx", index)  # noqa: B010
 
 
 class Seq2SeqKVStep(nn.Module):
@@ -100,7 +87,7 @@ class Seq2SeqKVStep(nn.Module):
         """Run the layer on a one-layer cache; return its tensor outputs and the present KV."""
         cache = _one_layer_cache(past_key, past_value, cross_key, cross_value)
         kwargs = dict(zip(self.names, tensors))
-        with _layer_index_zero(self.layer):
+        with layer_index_zero(self.layer):
             out = self.layer(**kwargs, **json.loads(self.static), cache=cache)
         outs = out if isinstance(out, tuple) else (out,)
         self.none_outputs = tuple(o is None for o in outs)
@@ -159,7 +146,7 @@ class CrossKV(nn.Module):
         """``(key, value)``: the attention module's own projections of the encoder's states."""
         cache = _one_layer_cache(None, None)
         query = encoder_hidden_states[:, :1]  # a throw-away query: only the cache is kept
-        with _layer_index_zero(self.attention):
+        with layer_index_zero(self.attention):
             self.attention(query, key_value_states=encoder_hidden_states, cache=cache)
         layer: Any = cache.cross_attention_cache.layers[0]
         return layer.keys, layer.values
