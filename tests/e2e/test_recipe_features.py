@@ -6,10 +6,8 @@ Each test builds a recipe from ``recipes/`` (or a small local model) in process 
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,38 +16,8 @@ import onnx
 import pytest
 
 from hyperexport.config import compose_recipe, validate_recipe
-from tests.helpers.builds import build
+from tests.helpers.builds import blocks_net_source, build, package_in
 from tests.helpers.statuses import statuses
-
-FALLBACK_SOURCE = """
-import torch
-
-
-class Block(torch.nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.fc = torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x)) + x
-
-
-class Net(torch.nn.Module):
-    # aten::diff has no TorchScript symbolic at opset 18; torch.export decomposes it.
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(Block(dim) for _ in range(2))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return torch.diff(x, dim=-1)
-
-
-def make(dim: int = 8, seed: int = 0):
-    torch.manual_seed(seed)
-    return Net(dim).eval()
-"""
 
 
 def report_of(outcome: Any) -> dict[str, Any]:
@@ -62,17 +30,12 @@ def structural(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def fallback_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("fallback")
-    pkg = root / "hx_fallback"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "net.py").write_text(FALLBACK_SOURCE)
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    yield pkg
-    sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m == "hx_fallback" or m.startswith("hx_fallback.")]:
-        del sys.modules[name]
+    source = blocks_net_source(
+        "torch.diff(x, dim=-1)",
+        "aten::diff has no TorchScript symbolic at opset 18; torch.export decomposes it.",
+    )
+    with package_in(tmp_path_factory.mktemp("fallback"), "hx_fallback", source) as pkg:
+        yield pkg
 
 
 def fallback_recipe(pkg: Path, *, fallback: bool) -> Any:

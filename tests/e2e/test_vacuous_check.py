@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,52 +10,16 @@ import pytest
 
 from hyperexport.config import validate_recipe
 from hyperexport.errors import RecipeError
-from tests.helpers.builds import build
-
-SOURCE = """
-import torch
-
-
-class Block(torch.nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.fc = torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x)) + x
-
-
-class Net(torch.nn.Module):
-    # A real model whose output is multiplied by 0: every comparison with it passes.
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(Block(dim) for _ in range(2))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x * 0
-
-
-def make(dim: int = 8, seed: int = 0):
-    torch.manual_seed(seed)
-    return Net(dim).eval()
-"""
+from tests.helpers.builds import blocks_net_source, build, package_in
 
 
 @pytest.fixture(scope="module")
 def zero_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("zero")
-    pkg = root / "hx_zero"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "net.py").write_text(SOURCE)
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    yield pkg
-    sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m == "hx_zero" or m.startswith("hx_zero.")]:
-        del sys.modules[name]
+    source = blocks_net_source(
+        "x * 0", "A real model whose output is multiplied by 0: every comparison with it passes."
+    )
+    with package_in(tmp_path_factory.mktemp("zero"), "hx_zero", source) as pkg:
+        yield pkg
 
 
 def zero_recipe(pkg: Path, accept: list[str] | None = None) -> Any:

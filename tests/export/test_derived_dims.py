@@ -21,6 +21,7 @@ from hyperexport.api import capture_model
 from hyperexport.capture import tree
 from hyperexport.export.placeholders import symbolic_output_dims
 from tests.helpers.exports import export_bytes
+from tests.helpers.models import SMALL_SPEECH_CONFIG
 from tests.helpers.ort import run_ort
 
 PATHS = pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
@@ -137,23 +138,12 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _speech(kind: str) -> tuple[torch.nn.Module, list[type]]:
-    common = {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 37,
-        "conv_dim": (16, 16, 16),
-        "conv_stride": (5, 2, 2),
-        "conv_kernel": (10, 3, 3),
-        "num_conv_pos_embeddings": 16,
-        "num_conv_pos_embedding_groups": 2,
-    }
     torch.manual_seed(0)
     if kind == "wav2vec2":
         from transformers import Wav2Vec2Config, Wav2Vec2Model
         from transformers.models.wav2vec2 import modeling_wav2vec2 as w
 
-        return Wav2Vec2Model(Wav2Vec2Config(**common)).eval(), [
+        return Wav2Vec2Model(Wav2Vec2Config(**SMALL_SPEECH_CONFIG)).eval(), [
             w.Wav2Vec2EncoderLayer,
             w.Wav2Vec2GroupNormConvLayer,
             w.Wav2Vec2NoLayerNormConvLayer,
@@ -161,7 +151,7 @@ def _speech(kind: str) -> tuple[torch.nn.Module, list[type]]:
     from transformers import HubertConfig, HubertModel
     from transformers.models.hubert import modeling_hubert as h
 
-    return HubertModel(HubertConfig(**common)).eval(), [
+    return HubertModel(HubertConfig(**SMALL_SPEECH_CONFIG)).eval(), [
         h.HubertEncoderLayer,
         h.HubertGroupNormConvLayer,
         h.HubertNoLayerNormConvLayer,

@@ -80,21 +80,66 @@ def reasons(outcome: BuildOutcome) -> dict[str, str]:
     return {s["name"]: s["reason"] for s in outcome.report["stages"]}
 
 
+#: Two residual blocks and a last operation on their output; :func:`blocks_net_source` fills in
+#: the last operation and a comment saying why a test needs it.
+_BLOCKS_NET = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) + x
+
+
+class Net(torch.nn.Module):
+    # {why}
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(dim) for _ in range(2))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return {last}
+
+
+def make(dim: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return Net(dim).eval()
+"""
+
+
+def blocks_net_source(last: str, why: str) -> str:
+    """A model package's ``net.py``: ``make()`` builds two ``Block``s whose output ``x`` goes
+    through ``last`` (an expression of ``x``), for a test that needs that operation."""
+    return _BLOCKS_NET.format(last=last, why=why)
+
+
 @contextlib.contextmanager
-def toy_package_in(root: Path) -> Iterator[Path]:
-    """Write ``TOY_SOURCE`` as package ``hx_toy`` under ``root`` and make it importable."""
-    pkg = root / "hx_toy"
+def package_in(root: Path, name: str, source: str) -> Iterator[Path]:
+    """Write ``source`` as ``<name>/net.py`` under ``root`` and make the package importable
+    while inside; its modules are forgotten on exit."""
+    pkg = root / name
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "net.py").write_text(TOY_SOURCE)
+    (pkg / "net.py").write_text(source)
     sys.path.insert(0, str(root))
     importlib.invalidate_caches()
     try:
         yield pkg
     finally:
         sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m == "hx_toy" or m.startswith("hx_toy.")]:
-            del sys.modules[name]
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]
+
+
+def toy_package_in(root: Path) -> contextlib.AbstractContextManager[Path]:
+    """Write ``TOY_SOURCE`` as package ``hx_toy`` under ``root`` and make it importable."""
+    return package_in(root, "hx_toy", TOY_SOURCE)
 
 
 def toy_package_recipe(pkg: Path, **changes: Any) -> Recipe:

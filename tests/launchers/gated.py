@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from hyperexport.contracts.names import STAGE_NAMES
 from tests.helpers.builds import TOY_SOURCE
 from tests.helpers.cli import TOY_RECIPE
 
@@ -127,3 +128,28 @@ def _text(path: Path) -> str:
         return path.read_text(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def sweep_json(tmp_path: Path) -> dict[str, Any]:
+    """The one sweep's ``sweep.json`` under ``tmp_path/outputs``."""
+    (found,) = (tmp_path / "outputs" / ".sweeps").glob("*/sweep.json")
+    data: dict[str, Any] = json.loads(found.read_text())
+    return data
+
+
+def assert_built_once(tmp_path: Path, gate: Path, engine: str) -> None:
+    """Both jobs of the gated two-job sweep passed with one artifact, one process (inside
+    ``engine``: ``slurm_job_id`` or ``ray_worker``) built the model, and each stage ran in one
+    job and was a hit in the other."""
+    (where,) = builders(gate).values()
+    assert where[engine] and not any(v for k, v in where.items() if k != engine), where
+    jobs = sweep_json(tmp_path)["jobs"]
+    assert [(j["exit_code"], j["check"]) for j in jobs] == [(0, "passed"), (0, "passed")]
+    assert jobs[0]["artifact"] == jobs[1]["artifact"] and Path(jobs[0]["artifact"]).is_file()
+    by_stage: dict[str, list[str]] = {}
+    for job in jobs:
+        for stage in job["stages"]:
+            by_stage.setdefault(stage["name"], []).append(stage["status"])
+    assert {name: sorted(s) for name, s in by_stage.items()} == {
+        name: ["hit", "ran"] for name in STAGE_NAMES
+    }, by_stage

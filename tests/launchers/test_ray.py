@@ -7,17 +7,14 @@ builds each stage, the other waits for it and reuses it (single flight across jo
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hyperexport.contracts.names import STAGE_NAMES
 from tests.helpers.cli import REPO, run
-from tests.launchers.gated import GateKeeper, builders, write_gated_toy
+from tests.launchers.gated import GateKeeper, assert_built_once, write_gated_toy
 from tests.launchers.ray_head import RayHead, ray_head
 
 
@@ -27,12 +24,6 @@ def head(tmp_path: Path) -> Iterator[RayHead]:
     paths = [str(tmp_path / "user"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     with ray_head(paths) as running:
         yield running
-
-
-def sweep_json(tmp_path: Path) -> dict[str, Any]:
-    (found,) = (tmp_path / "outputs" / ".sweeps").glob("*/sweep.json")
-    data: dict[str, Any] = json.loads(found.read_text())
-    return data
 
 
 @pytest.mark.slow
@@ -58,15 +49,4 @@ def test_ray_jobs_of_one_variant_build_each_stage_once(head: RayHead, tmp_path: 
     assert len(keeper.waiting_logs) == 1, keeper.waiting_logs
     # One process (a Ray worker, not the launching process) built the model; each stage ran in
     # one job and was a hit in the other.
-    (where,) = builders(gate).values()
-    assert where["ray_worker"] and not where["slurm_job_id"], where
-    jobs = sweep_json(tmp_path)["jobs"]
-    assert [(j["exit_code"], j["check"]) for j in jobs] == [(0, "passed"), (0, "passed")]
-    assert jobs[0]["artifact"] == jobs[1]["artifact"] and Path(jobs[0]["artifact"]).is_file()
-    by_stage: dict[str, list[str]] = {}
-    for job in jobs:
-        for stage in job["stages"]:
-            by_stage.setdefault(stage["name"], []).append(stage["status"])
-    assert {name: sorted(s) for name, s in by_stage.items()} == {
-        name: ["hit", "ran"] for name in STAGE_NAMES
-    }, by_stage
+    assert_built_once(tmp_path, gate, "ray_worker")

@@ -7,16 +7,13 @@ The cluster is this machine on the loopback address (tests/launchers/slurm_clust
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hyperexport.contracts.names import STAGE_NAMES
 from tests.helpers.cli import run
-from tests.launchers.gated import GateKeeper, builders, write_gated_toy
+from tests.launchers.gated import GateKeeper, assert_built_once, write_gated_toy
 from tests.launchers.slurm_cluster import SlurmCluster, slurm_cluster
 
 
@@ -28,12 +25,6 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmCluster]:
             pytest.skip(f"the node has {running.cpus} CPU; two jobs must run at once")
         monkeypatch.setenv("SLURM_CONF", str(running.conf))
         yield running
-
-
-def sweep_json(tmp_path: Path) -> dict[str, Any]:
-    (found,) = (tmp_path / "outputs" / ".sweeps").glob("*/sweep.json")
-    data: dict[str, Any] = json.loads(found.read_text())
-    return data
 
 
 def submitit_logs(tmp_path: Path) -> list[Path]:
@@ -62,15 +53,4 @@ def test_slurm_jobs_of_one_variant_build_each_stage_once(
     assert len(keeper.waiting_logs) == 1, keeper.waiting_logs
     # One process, inside a SLURM job, built the model; each stage ran in one job and was a hit
     # in the other.
-    (where,) = builders(gate).values()
-    assert where["slurm_job_id"] and not where["ray_worker"], where
-    jobs = sweep_json(tmp_path)["jobs"]
-    assert [(j["exit_code"], j["check"]) for j in jobs] == [(0, "passed"), (0, "passed")]
-    assert jobs[0]["artifact"] == jobs[1]["artifact"] and Path(jobs[0]["artifact"]).is_file()
-    by_stage: dict[str, list[str]] = {}
-    for job in jobs:
-        for stage in job["stages"]:
-            by_stage.setdefault(stage["name"], []).append(stage["status"])
-    assert {name: sorted(s) for name, s in by_stage.items()} == {
-        name: ["hit", "ran"] for name in STAGE_NAMES
-    }, by_stage
+    assert_built_once(tmp_path, gate, "slurm_job_id")

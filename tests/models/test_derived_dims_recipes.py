@@ -12,18 +12,7 @@ import pytest
 from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings, validate_recipe
 from hyperexport.stages import PIPELINE, model_loader
-
-SMALL = {
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "intermediate_size": 37,
-    "conv_dim": (16, 16, 16),
-    "conv_stride": (5, 2, 2),
-    "conv_kernel": (10, 3, 3),
-    "num_conv_pos_embeddings": 16,
-    "num_conv_pos_embedding_groups": 2,
-}
+from tests.helpers.models import SMALL_SPEECH_CONFIG
 
 
 def _checkpoint(kind: str, path: Path) -> str:
@@ -33,11 +22,11 @@ def _checkpoint(kind: str, path: Path) -> str:
     if kind == "wav2vec2":
         from transformers import Wav2Vec2Config, Wav2Vec2Model
 
-        Wav2Vec2Model(Wav2Vec2Config(**SMALL)).save_pretrained(path)
+        Wav2Vec2Model(Wav2Vec2Config(**SMALL_SPEECH_CONFIG)).save_pretrained(path)
         return "transformers.models.wav2vec2.modeling_wav2vec2.Wav2Vec2EncoderLayer"
     from transformers import HubertConfig, HubertModel
 
-    HubertModel(HubertConfig(**SMALL)).save_pretrained(path)
+    HubertModel(HubertConfig(**SMALL_SPEECH_CONFIG)).save_pretrained(path)
     return "transformers.models.hubert.modeling_hubert.HubertEncoderLayer"
 
 
