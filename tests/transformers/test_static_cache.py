@@ -9,7 +9,7 @@ import onnx_ir as ir
 import pytest
 import torch
 
-from hyperexport import zoo
+from hyperexport import versions, zoo
 from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.transformers.attention import attention_export_context
 from hyperexport.transformers.patches import export_patches
@@ -64,7 +64,20 @@ def _export(wrapper, base, path, dynamo: bool, promote: bool) -> None:
 
 @pytest.mark.parametrize(
     ("dynamo", "promote"),
-    [(False, False), (False, True), (True, True)],
+    [
+        (False, False),
+        (False, True),
+        pytest.param(
+            True,
+            True,
+            marks=pytest.mark.xfail(
+                versions.export_refuses_one_token_guards(),
+                reason="torch.export (torch < 2.11) guards new_len != 1 and refuses the dynamic "
+                "length: Constraints violated (new_len); this is torch's own export of the model",
+                strict=True,
+            ),
+        ),
+    ],
 )
 def test_prefill_then_decode_matches_torch(dynamo, promote, tmp_path, ort_run, diff):
     base = zoo.tiny_llama(num_layers=2, causal_lm=True)
