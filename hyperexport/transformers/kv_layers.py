@@ -20,11 +20,14 @@ makes the model's own inputs and outputs tensors.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
+
+#: The module a layer is swapped for.
+Wrapped = TypeVar("Wrapped", bound=nn.Module)
 
 
 class KVStep(nn.Module):
@@ -123,11 +126,13 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 @contextlib.contextmanager
-def explicit_kv_layers(model: nn.Module) -> Iterator[list[KVCacheLayer]]:
-    """Swap every decoder layer for a :class:`KVCacheLayer`; put the originals back on exit."""
-    layers = _decoder_layers(model)
+def swapped_layers(
+    layers: nn.ModuleList, wrap: Callable[[nn.Module, int], Wrapped]
+) -> Iterator[list[Wrapped]]:
+    """Put ``wrap(layer, index)`` in place of every layer of ``layers``; the originals come back
+    on exit, whatever happened inside."""
     originals = list(layers)
-    wrapped = [KVCacheLayer(layer, i) for i, layer in enumerate(originals)]
+    wrapped = [wrap(layer, i) for i, layer in enumerate(originals)]
     try:
         for i, layer in enumerate(wrapped):
             layers[i] = layer
@@ -135,3 +140,10 @@ def explicit_kv_layers(model: nn.Module) -> Iterator[list[KVCacheLayer]]:
     finally:
         for i, original in enumerate(originals):
             layers[i] = original
+
+
+@contextlib.contextmanager
+def explicit_kv_layers(model: nn.Module) -> Iterator[list[KVCacheLayer]]:
+    """Swap every decoder layer for a :class:`KVCacheLayer`; put the originals back on exit."""
+    with swapped_layers(_decoder_layers(model), KVCacheLayer) as wrapped:
+        yield wrapped

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hyperexport.transformers.kv_layers import layer_index_zero
+from hyperexport.transformers.kv_layers import layer_index_zero, swapped_layers
 
 #: Attribute paths of a decoder layer's cross-attention module, per family.
 CROSS_ATTENTION_PATHS = ("encoder_attn", "layer.1.EncDecAttention")
@@ -176,12 +176,5 @@ def cross_attention(layer: nn.Module) -> nn.Module:
 def explicit_seq2seq_layers(model: nn.Module) -> Iterator[list[Seq2SeqCacheLayer]]:
     """Swap every decoder layer for a :class:`Seq2SeqCacheLayer`; put the originals back on exit."""
     layers = stack_layers(model.get_decoder())  # type: ignore[operator]
-    originals = list(layers)
-    wrapped = [Seq2SeqCacheLayer(layer, i) for i, layer in enumerate(originals)]
-    try:
-        for i, layer in enumerate(wrapped):
-            layers[i] = layer
+    with swapped_layers(layers, Seq2SeqCacheLayer) as wrapped:
         yield wrapped
-    finally:
-        for i, original in enumerate(originals):
-            layers[i] = original
