@@ -269,6 +269,12 @@ main(sys.argv[1:])
 """
 
 
+def _default_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("signum", "code", "line"),
     [
@@ -294,6 +300,10 @@ def test_ctrl_c_exits_130_with_one_line_and_nothing_half_written(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As a terminal's foreground process gets it: a shell's background job (`cmd &` in a
+        # script, as a CI step or a matrix runner may be) starts with SIGINT ignored, and
+        # Python then installs no Ctrl-C handler, so the child would sleep through the signal.
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 300
     while not marker.exists():
