@@ -47,7 +47,7 @@ FLOORS = {
     "onnx": "1.19.0",
     "onnx-ir": "0.1.15",
     "onnxruntime": "1.23.0",
-    "numpy": "1.26.4",
+    "numpy": "2.0.1",
 }
 
 #: Every leg: its pins over the pinned stack. The pinned stack itself is the newest release of
