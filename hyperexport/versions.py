@@ -135,38 +135,102 @@ def release_in(version: str, specifier: str) -> bool:
     return SpecifierSet(specifier).contains(Version(version.split("+")[0]), prereleases=True)
 
 
-def masking_export_flag() -> str | None:
-    """The name of the function in ``transformers.masking_utils`` that tells mask creation it
-    runs under ``torch.export`` (then it always builds the SDPA mask instead of skipping it).
+def masking_export_flags() -> list[tuple[Any, str]]:
+    """The functions that tell transformers' mask creation it runs under ``torch.export`` (then
+    it always builds the SDPA mask instead of skipping it), as ``(module, name)`` pairs.
 
-    transformers 5.x asks ``is_torchdynamo_exporting()``; 4.57 asks ``is_torchdynamo_compiling()``
-    (only in ``_ignore_causal_mask_sdpa``, for the same decision).
+    transformers 5.x asks ``masking_utils.is_torchdynamo_exporting()``. 4.57 asks
+    ``is_torchdynamo_compiling()`` for the same decision, in ``masking_utils`` (decoders) and in
+    ``modeling_attn_mask_utils`` (the older mask helpers that BERT's SDPA path still uses).
 
     Returns:
-        The name, or None when the installed transformers has neither.
+        The pairs; empty when the installed transformers has none of them.
     """
     from transformers import masking_utils
 
-    for name in ("is_torchdynamo_exporting", "is_torchdynamo_compiling"):
-        if callable(getattr(masking_utils, name, None)):
-            return name
-    return None
+    if callable(getattr(masking_utils, "is_torchdynamo_exporting", None)):
+        return [(masking_utils, "is_torchdynamo_exporting")]
+    if not callable(getattr(masking_utils, "is_torchdynamo_compiling", None)):
+        return []
+    flags: list[tuple[Any, str]] = [(masking_utils, "is_torchdynamo_compiling")]
+    from transformers import modeling_attn_mask_utils
+
+    if callable(getattr(modeling_attn_mask_utils, "is_torchdynamo_compiling", None)):
+        flags.append((modeling_attn_mask_utils, "is_torchdynamo_compiling"))
+    return flags
+
+
+#: What :func:`traceable_sdpa_mask` builds on: transformers 4.x ``masking_utils`` helpers.
+_SDPA_MASK_PARTS = (
+    "prepare_padding_mask",
+    "_ignore_causal_mask_sdpa",
+    "and_masks",
+    "padding_mask_function",
+    "causal_mask_function",
+)
 
 
 def traceable_sdpa_mask() -> Any:
-    """transformers 4.x's SDPA mask builder that the TorchScript tracer can trace.
+    """transformers 4.x's SDPA mask builder, rewritten so that the TorchScript tracer can trace it
+    at any batch size and length.
 
     transformers 4.57 builds masks on torch >= 2.6 with ``sdpa_mask_recent_torch``, which vmaps
     the mask function under ``TransformGetItemToIndex`` (a custom autograd function): traced by
     ``torch.jit.trace`` it fails with ``RuntimeError: unordered_map::at``. Its
-    ``sdpa_mask_older_torch`` builds the same mask without that. 5.x builds masks traceably.
+    ``sdpa_mask_older_torch`` traces, but vmap's batching rules reshape with the traced sizes
+    (``Reshape`` to ``[16, 1]`` for a 16-token trace), so the model fails at any other length.
+    The builder returned here does what 5.x's ``sdpa_mask`` does by default (and what Optimum
+    patches into 4.x): it calls the mask function once on index tensors shaped to broadcast
+    over (batch, head, query, key), so every size comes from the traced inputs. Same arguments
+    and same mask as 4.57's builder (``cache_position`` gives the query indices); index-based
+    mask functions only, which all of 4.57's are.
 
     Returns:
-        ``masking_utils.sdpa_mask_older_torch``, or None when the installed transformers has none.
+        The builder, or None when the installed transformers is not 4.x-like (no vmapped
+        ``sdpa_mask_recent_torch``, or none of the helpers the builder uses).
     """
+    import torch
     from transformers import masking_utils
 
-    return getattr(masking_utils, "sdpa_mask_older_torch", None)
+    if not all(callable(getattr(masking_utils, name, None)) for name in _SDPA_MASK_PARTS):
+        return None
+    if not hasattr(masking_utils, "sdpa_mask_recent_torch"):
+        return None  # 5.x: no vmapped builder to replace, and another signature
+
+    def sdpa_mask_by_broadcasting(
+        batch_size: int,
+        cache_position: torch.Tensor,
+        kv_length: int,
+        kv_offset: int = 0,
+        mask_function: Any = masking_utils.causal_mask_function,
+        attention_mask: torch.Tensor | None = None,
+        local_size: int | None = None,
+        allow_is_causal_skip: bool = True,
+        **kwargs: Any,
+    ) -> torch.Tensor | None:
+        q_length = cache_position.shape[0]
+        padding_mask = masking_utils.prepare_padding_mask(
+            attention_mask, kv_length, kv_offset, _slice=False
+        )
+        if allow_is_causal_skip and masking_utils._ignore_causal_mask_sdpa(
+            padding_mask, q_length, kv_length, kv_offset, local_size
+        ):
+            return None
+        if padding_mask is not None:
+            mask_function = masking_utils.and_masks(
+                mask_function, masking_utils.padding_mask_function(padding_mask)
+            )
+        device = cache_position.device
+        kv_index = torch.arange(kv_length, device=device) + kv_offset
+        mask = mask_function(
+            torch.arange(batch_size, device=device)[:, None, None, None],
+            torch.arange(1, device=device)[None, :, None, None],
+            cache_position[None, None, :, None],
+            kv_index[None, None, None, :],
+        )
+        return mask.expand(batch_size, -1, q_length, kv_length)
+
+    return sdpa_mask_by_broadcasting
 
 
 def never_gqa(*args: Any, **kwargs: Any) -> bool:
