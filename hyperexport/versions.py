@@ -135,6 +135,15 @@ def release_in(version: str, specifier: str) -> bool:
     return SpecifierSet(specifier).contains(Version(version.split("+")[0]), prereleases=True)
 
 
+def cache_keyword() -> str:
+    """The keyword transformers models and their decoder layers take the KV cache by.
+
+    ``cache`` from 5.x (where ``past_key_values`` is a deprecated alias, until 5.40);
+    ``past_key_values`` in 4.57, whose layers would take ``cache`` into ``**kwargs`` and ignore it.
+    """
+    return "cache" if _at_least("transformers", "5") else "past_key_values"
+
+
 def masking_export_flags() -> list[tuple[Any, str]]:
     """The functions that tell transformers' mask creation it runs under ``torch.export`` (then
     it always builds the SDPA mask instead of skipping it), as ``(module, name)`` pairs.

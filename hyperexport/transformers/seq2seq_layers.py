@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from hyperexport.transformers.kv_layers import layer_index_zero
+from hyperexport.versions import cache_keyword
 
 #: Attribute paths of a decoder layer's cross-attention module, per family.
 CROSS_ATTENTION_PATHS = ("encoder_attn", "layer.1.EncDecAttention")
@@ -88,7 +89,7 @@ class Seq2SeqKVStep(nn.Module):
         cache = _one_layer_cache(past_key, past_value, cross_key, cross_value)
         kwargs = dict(zip(self.names, tensors))
         with layer_index_zero(self.layer):
-            out = self.layer(**kwargs, **json.loads(self.static), cache=cache)
+            out = self.layer(**kwargs, **json.loads(self.static), **{cache_keyword(): cache})
         outs = out if isinstance(out, tuple) else (out,)
         self.none_outputs = tuple(o is None for o in outs)
         present: Any = cache.self_attention_cache.layers[0]
@@ -105,8 +106,9 @@ class Seq2SeqCacheLayer(nn.Module):
         self._signature = inspect.signature(layer.forward)
         self._single = True
 
-    def forward(self, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The layer's own call convention; the cache's entries of this layer are updated."""
+        cache = kwargs.pop(cache_keyword(), None)
         if cache is None or not hasattr(cache, "cross_attention_cache"):
             raise ValueError("Seq2SeqCacheLayer needs the model's EncoderDecoderCache")
         kwargs.pop("past_key_values", None)
@@ -147,7 +149,9 @@ class CrossKV(nn.Module):
         cache = _one_layer_cache(None, None)
         query = encoder_hidden_states[:, :1]  # a throw-away query: only the cache is kept
         with layer_index_zero(self.attention):
-            self.attention(query, key_value_states=encoder_hidden_states, cache=cache)
+            self.attention(
+                query, key_value_states=encoder_hidden_states, **{cache_keyword(): cache}
+            )
         layer: Any = cache.cross_attention_cache.layers[0]
         return layer.keys, layer.values
 

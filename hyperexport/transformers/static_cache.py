@@ -172,7 +172,11 @@ class _FixedCacheAPI:
         """How many positions of ``layer_idx`` hold keys (0 for a layer beyond the cache)."""
         if layer_idx >= len(self):
             return 0
-        return int(self._written(layer_idx).sum())
+        # An unbacked size under torch.export (transformers 4.57 builds cache_position from it).
+        length = self._written(layer_idx).sum().item()
+        torch._check(length >= 0)
+        torch._check(length <= self.max_cache_len)
+        return length  # type: ignore[return-value]
 
     def get_query_offset(self, layer_idx: int | None = 0) -> torch.Tensor:
         """Position of the first new token: the written length, as a tensor (no graph break)."""
