@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.metadata as metadata
 import warnings
 from collections.abc import Iterator
@@ -162,8 +163,8 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     if not callable(getattr(masking_utils, "is_torchdynamo_compiling", None)):
         return []
     flags: list[tuple[Any, str]] = [(masking_utils, "is_torchdynamo_compiling")]
-    from transformers import modeling_attn_mask_utils
-
+    # 4.x only (typed against the pinned 5.x, which has no such module).
+    modeling_attn_mask_utils: Any = importlib.import_module("transformers.modeling_attn_mask_utils")
     if callable(getattr(modeling_attn_mask_utils, "is_torchdynamo_compiling", None)):
         flags.append((modeling_attn_mask_utils, "is_torchdynamo_compiling"))
     return flags
@@ -199,7 +200,9 @@ def traceable_sdpa_mask() -> Any:
         ``sdpa_mask_recent_torch``, or none of the helpers the builder uses).
     """
     import torch
-    from transformers import masking_utils
+
+    # Typed as Any: these are 4.x's helpers and signatures; mypy sees the pinned 5.x.
+    masking_utils: Any = importlib.import_module("transformers.masking_utils")
 
     if not all(callable(getattr(masking_utils, name, None)) for name in _SDPA_MASK_PARTS):
         return None
