@@ -145,6 +145,36 @@ def cache_keyword() -> str:
     return "cache" if _at_least("transformers", "5") else "past_key_values"
 
 
+def layers_return_tuples() -> bool:
+    """Whether transformers' decoder layers return a tuple even of one tensor (4.57: their
+    stacks take ``[0]``); 5.x layers return the tensor itself."""
+    return not _at_least("transformers", "5")
+
+
+def query_position_arguments(module: Any, length: int) -> dict[str, Any]:
+    """The query's positions, for an attention module whose forward asks for them.
+
+    transformers 4.57's attention modules take them as ``cache_position`` and (T5, whose
+    cross-attention sizes its position bias by it and ignores ``cache_position``) as
+    ``query_length``; 5.x removed both.
+
+    Returns:
+        ``cache_position`` (``arange(length)``) and ``query_length`` (``length``), each only if
+        ``module.forward`` takes it.
+    """
+    import inspect
+
+    import torch
+
+    parameters = inspect.signature(module.forward).parameters
+    found: dict[str, Any] = {}
+    if "cache_position" in parameters:
+        found["cache_position"] = torch.arange(length)
+    if "query_length" in parameters:
+        found["query_length"] = length
+    return found
+
+
 def masking_export_flags() -> list[tuple[Any, str]]:
     """The functions that tell transformers' mask creation it runs under ``torch.export`` (then
     it always builds the SDPA mask instead of skipping it), as ``(module, name)`` pairs.
