@@ -124,6 +124,36 @@ def unsupported(dynamo: bool) -> list[str]:
 # -- transformers ---------------------------------------------------------------------------------
 
 
+#: transformers classes hyperexport names (zoo recipes' hiera, the MoE patch) that appeared in a
+#: later release than transformers' floor, by class name: (first release, what they are).
+#: 4.57's MoE blocks are one module with a router Linear and a list of expert MLPs.
+TRANSFORMERS_CLASSES_SINCE: dict[str, tuple[str, str]] = {
+    name: ("5", "5.x splits sparse MoE blocks into a router and an experts module")
+    for name in (
+        "MixtralTopKRouter",
+        "MixtralExperts",
+        "Qwen2MoeTopKRouter",
+        "Qwen2MoeExperts",
+        "OlmoeTopKRouter",
+        "OlmoeExperts",
+    )
+}
+
+
+def missing_transformers_class(path: str) -> str | None:
+    """One line naming both versions when ``path`` (``transformers.models....ClassName``) is a
+    class the installed transformers is too old to have (:data:`TRANSFORMERS_CLASSES_SINCE`);
+    None otherwise (including when the class is unknown here: the caller's own error stands)."""
+    if not path.startswith("transformers."):
+        return None
+    name = path.rpartition(".")[2]
+    since = TRANSFORMERS_CLASSES_SINCE.get(name)
+    if since is None or _at_least("transformers", since[0]):
+        return None
+    found = installed_version("transformers") or "(not installed)"
+    return f"transformers {found} has no {name}: it needs transformers>={since[0]} ({since[1]})"
+
+
 def transformers_version() -> str | None:
     """The installed transformers version, or None when transformers is not installed."""
     return installed_version("transformers")
