@@ -355,6 +355,18 @@ def resume_tracing(state: object) -> None:
     torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
 
 
+def size_of(count: torch.Tensor, at_most: int) -> int:
+    """The integer in 0-d ``count`` as a size: a plain int eagerly, an unbacked size (bounded by
+    ``0 <= size <= at_most``) under ``torch.export``, where ``int(count)`` would fail on a
+    data-dependent value."""
+    import torch
+
+    size = count.item()
+    torch._check(size >= 0)
+    torch._check(size <= at_most)
+    return size  # type: ignore[return-value]
+
+
 def torch_dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``."""
     return str(dtype).removeprefix("torch.")
