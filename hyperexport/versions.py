@@ -252,8 +252,9 @@ def traceable_sdpa_mask() -> Any:
     The builder returned here does what 5.x's ``sdpa_mask`` does by default (and what Optimum
     patches into 4.x): it calls the mask function once on index tensors shaped to broadcast
     over (batch, head, query, key), so every size comes from the traced inputs. Same arguments
-    and same mask as 4.57's builder (``cache_position`` gives the query indices); index-based
-    mask functions only, which all of 4.57's are.
+    and same mask as 4.57's builder (``cache_position`` gives the query indices) for mask
+    functions that only index (causal, sliding-window, padding and packed-sequence masks are
+    compared with 4.57's builder in tests/transformers/test_patches.py).
 
     Returns:
         The builder, or None when the installed transformers is not 4.x-like (no vmapped
