@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.metadata as metadata
 import warnings
 from collections.abc import Iterator
@@ -123,6 +124,36 @@ def unsupported(dynamo: bool) -> list[str]:
 # -- transformers ---------------------------------------------------------------------------------
 
 
+#: transformers classes hyperexport names (zoo recipes' hiera, the MoE patch) that appeared in a
+#: later release than transformers' floor, by class name: (first release, what they are).
+#: 4.57's MoE blocks are one module with a router Linear and a list of expert MLPs.
+TRANSFORMERS_CLASSES_SINCE: dict[str, tuple[str, str]] = {
+    name: ("5", "5.x splits sparse MoE blocks into a router and an experts module")
+    for name in (
+        "MixtralTopKRouter",
+        "MixtralExperts",
+        "Qwen2MoeTopKRouter",
+        "Qwen2MoeExperts",
+        "OlmoeTopKRouter",
+        "OlmoeExperts",
+    )
+}
+
+
+def missing_transformers_class(path: str) -> str | None:
+    """One line naming both versions when ``path`` (``transformers.models....ClassName``) is a
+    class the installed transformers is too old to have (:data:`TRANSFORMERS_CLASSES_SINCE`);
+    None otherwise (including when the class is unknown here: the caller's own error stands)."""
+    if not path.startswith("transformers."):
+        return None
+    name = path.rpartition(".")[2]
+    since = TRANSFORMERS_CLASSES_SINCE.get(name)
+    if since is None or _at_least("transformers", since[0]):
+        return None
+    found = installed_version("transformers") or "(not installed)"
+    return f"transformers {found} has no {name}: it needs transformers>={since[0]} ({since[1]})"
+
+
 def transformers_version() -> str | None:
     """The installed transformers version, or None when transformers is not installed."""
     return installed_version("transformers")
@@ -135,38 +166,144 @@ def release_in(version: str, specifier: str) -> bool:
     return SpecifierSet(specifier).contains(Version(version.split("+")[0]), prereleases=True)
 
 
-def masking_export_flag() -> str | None:
-    """The name of the function in ``transformers.masking_utils`` that tells mask creation it
-    runs under ``torch.export`` (then it always builds the SDPA mask instead of skipping it).
+def cache_keyword() -> str:
+    """The keyword transformers models and their decoder layers take the KV cache by.
 
-    transformers 5.x asks ``is_torchdynamo_exporting()``; 4.57 asks ``is_torchdynamo_compiling()``
-    (only in ``_ignore_causal_mask_sdpa``, for the same decision).
+    ``cache`` from 5.x (where ``past_key_values`` is a deprecated alias, until 5.40);
+    ``past_key_values`` in 4.57, whose layers would take ``cache`` into ``**kwargs`` and ignore it.
+    """
+    return "cache" if _at_least("transformers", "5") else "past_key_values"
+
+
+def layers_return_tuples() -> bool:
+    """Whether transformers' decoder layers return a tuple even of one tensor (4.57: their
+    stacks take ``[0]``); 5.x layers return the tensor itself."""
+    return not _at_least("transformers", "5")
+
+
+def query_position_arguments(module: Any, length: int) -> dict[str, Any]:
+    """The query's positions, for an attention module whose forward asks for them.
+
+    transformers 4.57's attention modules take them as ``cache_position`` and (T5, whose
+    cross-attention sizes its position bias by it and ignores ``cache_position``) as
+    ``query_length``; 5.x removed both.
 
     Returns:
-        The name, or None when the installed transformers has neither.
+        ``cache_position`` (``arange(length)``) and ``query_length`` (``length``), each only if
+        ``module.forward`` takes it.
+    """
+    import inspect
+
+    import torch
+
+    parameters = inspect.signature(module.forward).parameters
+    found: dict[str, Any] = {}
+    if "cache_position" in parameters:
+        found["cache_position"] = torch.arange(length)
+    if "query_length" in parameters:
+        found["query_length"] = length
+    return found
+
+
+def masking_export_flags() -> list[tuple[Any, str]]:
+    """The functions that tell transformers' mask creation it runs under ``torch.export`` (then
+    it always builds the SDPA mask instead of skipping it), as ``(module, name)`` pairs.
+
+    transformers 5.x asks ``masking_utils.is_torchdynamo_exporting()``. 4.57 asks
+    ``is_torchdynamo_compiling()`` for the same decision, in ``masking_utils`` (decoders) and in
+    ``modeling_attn_mask_utils`` (the older mask helpers that BERT's SDPA path still uses).
+
+    Returns:
+        The pairs; empty when the installed transformers has none of them.
     """
     from transformers import masking_utils
 
-    for name in ("is_torchdynamo_exporting", "is_torchdynamo_compiling"):
-        if callable(getattr(masking_utils, name, None)):
-            return name
-    return None
+    if callable(getattr(masking_utils, "is_torchdynamo_exporting", None)):
+        return [(masking_utils, "is_torchdynamo_exporting")]
+    if not callable(getattr(masking_utils, "is_torchdynamo_compiling", None)):
+        return []
+    flags: list[tuple[Any, str]] = [(masking_utils, "is_torchdynamo_compiling")]
+    # 4.x only (typed against the pinned 5.x, which has no such module).
+    modeling_attn_mask_utils: Any = importlib.import_module("transformers.modeling_attn_mask_utils")
+    if callable(getattr(modeling_attn_mask_utils, "is_torchdynamo_compiling", None)):
+        flags.append((modeling_attn_mask_utils, "is_torchdynamo_compiling"))
+    return flags
+
+
+#: What :func:`traceable_sdpa_mask` builds on: transformers 4.x ``masking_utils`` helpers.
+_SDPA_MASK_PARTS = (
+    "prepare_padding_mask",
+    "_ignore_causal_mask_sdpa",
+    "and_masks",
+    "padding_mask_function",
+    "causal_mask_function",
+)
 
 
 def traceable_sdpa_mask() -> Any:
-    """transformers 4.x's SDPA mask builder that the TorchScript tracer can trace.
+    """transformers 4.x's SDPA mask builder, rewritten so that the TorchScript tracer can trace it
+    at any batch size and length.
 
     transformers 4.57 builds masks on torch >= 2.6 with ``sdpa_mask_recent_torch``, which vmaps
     the mask function under ``TransformGetItemToIndex`` (a custom autograd function): traced by
     ``torch.jit.trace`` it fails with ``RuntimeError: unordered_map::at``. Its
-    ``sdpa_mask_older_torch`` builds the same mask without that. 5.x builds masks traceably.
+    ``sdpa_mask_older_torch`` traces, but vmap's batching rules reshape with the traced sizes
+    (``Reshape`` to ``[16, 1]`` for a 16-token trace), so the model fails at any other length.
+    The builder returned here does what 5.x's ``sdpa_mask`` does by default (and what Optimum
+    patches into 4.x): it calls the mask function once on index tensors shaped to broadcast
+    over (batch, head, query, key), so every size comes from the traced inputs. Same arguments
+    and same mask as 4.57's builder (``cache_position`` gives the query indices) for mask
+    functions that only index (causal, sliding-window, padding and packed-sequence masks are
+    compared with 4.57's builder in tests/transformers/test_patches.py).
 
     Returns:
-        ``masking_utils.sdpa_mask_older_torch``, or None when the installed transformers has none.
+        The builder, or None when the installed transformers is not 4.x-like (no vmapped
+        ``sdpa_mask_recent_torch``, or none of the helpers the builder uses).
     """
-    from transformers import masking_utils
+    import torch
 
-    return getattr(masking_utils, "sdpa_mask_older_torch", None)
+    # Typed as Any: these are 4.x's helpers and signatures; mypy sees the pinned 5.x.
+    masking_utils: Any = importlib.import_module("transformers.masking_utils")
+
+    if not all(callable(getattr(masking_utils, name, None)) for name in _SDPA_MASK_PARTS):
+        return None
+    if not hasattr(masking_utils, "sdpa_mask_recent_torch"):
+        return None  # 5.x: no vmapped builder to replace, and another signature
+
+    def sdpa_mask_by_broadcasting(
+        batch_size: int,
+        cache_position: torch.Tensor,
+        kv_length: int,
+        kv_offset: int = 0,
+        mask_function: Any = masking_utils.causal_mask_function,
+        attention_mask: torch.Tensor | None = None,
+        local_size: int | None = None,
+        allow_is_causal_skip: bool = True,
+        **kwargs: Any,
+    ) -> torch.Tensor | None:
+        q_length = cache_position.shape[0]
+        padding_mask = masking_utils.prepare_padding_mask(
+            attention_mask, kv_length, kv_offset, _slice=False
+        )
+        if allow_is_causal_skip and masking_utils._ignore_causal_mask_sdpa(
+            padding_mask, q_length, kv_length, kv_offset, local_size
+        ):
+            return None
+        if padding_mask is not None:
+            mask_function = masking_utils.and_masks(
+                mask_function, masking_utils.padding_mask_function(padding_mask)
+            )
+        device = cache_position.device
+        kv_index = torch.arange(kv_length, device=device) + kv_offset
+        mask = mask_function(
+            torch.arange(batch_size, device=device)[:, None, None, None],
+            torch.arange(1, device=device)[None, :, None, None],
+            cache_position[None, None, :, None],
+            kv_index[None, None, None, :],
+        )
+        return mask.expand(batch_size, -1, q_length, kv_length)
+
+    return sdpa_mask_by_broadcasting
 
 
 def never_gqa(*args: Any, **kwargs: Any) -> bool:
@@ -217,6 +354,18 @@ def resume_tracing(state: object) -> None:
     import torch
 
     torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
+
+
+def size_of(count: torch.Tensor, at_most: int) -> int:
+    """The integer in 0-d ``count`` as a size: a plain int eagerly, an unbacked size (bounded by
+    ``0 <= size <= at_most``) under ``torch.export``, where ``int(count)`` would fail on a
+    data-dependent value."""
+    import torch
+
+    size = count.item()
+    torch._check(size >= 0)
+    torch._check(size <= at_most)
+    return size  # type: ignore[return-value]
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str:

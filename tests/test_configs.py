@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,17 @@ import pytest
 from hyperexport.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.errors import RecipeError
 from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
+from tests.helpers.recipes import RECIPES, needs_later_transformers
 
-RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+def _refused_here(name: str) -> bool:
+    """True (after checking the one-line refusal) when this transformers is too old for it."""
+    refusal = needs_later_transformers(name)
+    if refusal is None:
+        return False
+    with pytest.raises(RecipeError, match=re.escape(refusal)):
+        compose_recipe([f"recipe={name}"])
+    return True
 
 
 def test_the_expected_recipes_exist() -> None:
@@ -21,6 +31,8 @@ def test_the_expected_recipes_exist() -> None:
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_composes_and_validates(name: str) -> None:
+    if _refused_here(name):
+        return
     recipe, build = compose_recipe([f"recipe={name}"])
     assert recipe.name == name
     assert recipe.file == str(RECIPES_DIR / f"{name}.yaml")
@@ -36,6 +48,8 @@ def test_recipe_instantiates(name: str) -> None:
     from hyperexport.models.auto import resolve_auto
     from hyperexport.models.inputs import make_inputs
 
+    if _refused_here(name):
+        return
     recipe, _ = compose_recipe([f"recipe={name}"])
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
     assert isinstance(model, torch.nn.Module)

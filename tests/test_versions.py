@@ -52,7 +52,9 @@ def version_comparisons(source: str) -> Iterator[tuple[int, str]]:
             for alias in node.names:
                 if alias.name.startswith(_VERSION_MODULES):
                     yield node.lineno, f"imports {alias.name}"
-        elif isinstance(node, ast.Attribute) and node.attr == "__version__" and _reads_version(node):
+        elif (
+            isinstance(node, ast.Attribute) and node.attr == "__version__" and _reads_version(node)
+        ):
             yield node.lineno, "reads a library's __version__"
         elif isinstance(node, ast.Compare):
             for part in (node.left, *node.comparators):
@@ -128,8 +130,32 @@ def test_transformers_hooks_resolve_on_the_installed_release() -> None:
     from transformers import masking_utils
     from transformers.integrations import sdpa_attention
 
-    flag = versions.masking_export_flag()
-    assert flag is not None and callable(getattr(masking_utils, flag))
+    flags = versions.masking_export_flags()
+    assert flags and all(callable(getattr(owner, name)) for owner, name in flags)
+    assert flags[0][0] is masking_utils
     assert callable(sdpa_attention.use_gqa_in_sdpa)
     assert versions.never_gqa(None, None) is False
     assert versions.never_gqa(None, None, None) is False
+
+
+def test_a_transformers_class_of_a_later_release_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    router = "transformers.models.mixtral.modeling_mixtral.MixtralTopKRouter"
+    _installed(monkeypatch, {"transformers": "4.57.6"})
+    message = versions.missing_transformers_class(router)
+    assert message is not None and "\n" not in message
+    assert "transformers 4.57.6 has no MixtralTopKRouter" in message
+    assert "transformers>=5" in message
+    assert versions.missing_transformers_class("transformers.models.llama.X") is None
+    _installed(monkeypatch, {"transformers": "5.24.0"})
+    assert versions.missing_transformers_class(router) is None
+
+
+def test_the_later_classes_exist_where_the_installed_release_has_them() -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.mixtral import modeling_mixtral
+
+    for name in ("MixtralTopKRouter", "MixtralExperts"):
+        missing = versions.missing_transformers_class(f"{modeling_mixtral.__name__}.{name}")
+        assert (missing is None) == hasattr(modeling_mixtral, name)

@@ -14,6 +14,7 @@ from hyperexport.errors import (
     HieraError,
     did_you_mean,
 )
+from hyperexport.versions import missing_transformers_class
 
 
 def import_hiera_class(name: str) -> Any:
@@ -41,6 +42,9 @@ def resolve_hiera(hiera: Sequence[type | str]) -> tuple[type, ...]:
             try:
                 cls = import_hiera_class(item)
             except (ImportError, AttributeError) as e:
+                too_old = missing_transformers_class(item)
+                if too_old:
+                    raise HieraError(f"hiera class {item!r}: {too_old}") from e
                 raise HieraError(
                     f"hiera class {item!r} cannot be imported: {e}{_close_match(item)}"
                 ) from e

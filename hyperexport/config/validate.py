@@ -44,6 +44,7 @@ from hyperexport.contracts.names import (
 )
 from hyperexport.engine.machinery import machinery
 from hyperexport.errors import RecipeError, did_you_mean
+from hyperexport.versions import missing_transformers_class
 
 log = logging.getLogger(__name__)
 
@@ -343,6 +344,9 @@ def _check_import(check: _Checker, where: str, path: str) -> None:
     names = _top_level_names(located)
     if attr in names:
         return
+    too_old = missing_transformers_class(path)
+    if too_old:
+        check.fail(where, too_old)
     hint = did_you_mean(attr, sorted(names))
     if hint:
         check.fail(where, f"cannot import {path!r}: module {module} has no {attr!r}{hint}")

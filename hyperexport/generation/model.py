@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyperexport.versions import cache_keyword
+
 
 class CausalLMStep(nn.Module):
     """One prefill or decode step of a causal LM, with its cache as explicit tensors.
@@ -51,8 +53,8 @@ class CausalLMStep(nn.Module):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             use_cache=True,
+            **{cache_keyword(): cache},
         )
         layers: list[Any] = list(cache.layers)
         present: dict[str, dict[str, torch.Tensor]] = {}

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from hyperexport.transformers.seq2seq_layers import CrossKV, cross_attention, stack_layers
+from hyperexport.versions import cache_keyword
 
 
 def _cross_modules(model: nn.Module) -> nn.ModuleList:
@@ -112,8 +113,8 @@ class DecoderStep(nn.Module):
         output = self.model(
             encoder_outputs=BaseModelOutput(last_hidden_state=states),
             decoder_input_ids=input_ids,
-            cache=cache,
             use_cache=True,
+            **{cache_keyword(): cache},
             **kwargs,
         )
         present: dict[str, Any] = {}

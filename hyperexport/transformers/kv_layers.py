@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from hyperexport.versions import cache_keyword
+
 #: The module a layer is swapped for.
 Wrapped = TypeVar("Wrapped", bound=nn.Module)
 
@@ -58,8 +60,8 @@ class KVStep(nn.Module):
                 attention_mask=attention_mask,
                 position_embeddings=(cos, sin),
                 position_ids=position_ids,
-                cache=cache,
                 use_cache=True,
+                **{cache_keyword(): cache},
             )
         hidden = out[0] if isinstance(out, tuple) else out
         present: Any = cache.layers[0]
@@ -80,10 +82,10 @@ class KVCacheLayer(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_ids: torch.Tensor | None = None,
-        cache: Any = None,
         **kwargs: Any,
     ) -> torch.Tensor:
         """Same call convention as a Llama decoder layer; the cache is updated in place."""
+        cache = kwargs.get(cache_keyword())
         if cache is None or position_embeddings is None:
             raise ValueError("KVCacheLayer needs the model's cache and position embeddings")
         layer = cache.layers[self.index]

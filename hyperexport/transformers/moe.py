@@ -37,6 +37,9 @@ from typing import Any
 
 import torch
 
+from hyperexport.errors import VersionsError
+from hyperexport.versions import missing_transformers_class
+
 log = logging.getLogger(__name__)
 
 
@@ -179,6 +182,9 @@ def exportable_moe(families: tuple[MoeFamily, ...] = MOE_FAMILIES) -> Iterator[l
             module = sys.modules.get(family.module)
             if module is None:
                 continue
+            too_old = missing_transformers_class(f"{family.module}.{family.router}")
+            if too_old:
+                raise VersionsError(f"exportable MoE: {too_old}")
             router = getattr(module, family.router)
             experts = getattr(module, family.experts)
             stack.enter_context(

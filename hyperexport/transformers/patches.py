@@ -23,7 +23,7 @@ import torch
 
 from hyperexport.errors import VersionsError
 from hyperexport.versions import (
-    masking_export_flag,
+    masking_export_flags,
     never_gqa,
     release_in,
     traceable_sdpa_mask,
@@ -125,33 +125,34 @@ def sdpa_without_enable_gqa() -> Iterator[None]:
 
 @contextmanager
 def masks_as_under_torch_export() -> Iterator[None]:
-    """Make ``masking_utils`` build attention masks as it does under ``torch.export``.
+    """Make transformers build attention masks as it does under ``torch.export``.
 
     Eagerly, transformers skips the SDPA mask (passes ``None``) when nothing is masked; under
     ``torch.export`` it always builds one (``masking_utils.is_torchdynamo_exporting()``; in 4.57
-    ``is_torchdynamo_compiling()``, see :func:`~hyperexport.versions.masking_export_flag`). The
-    capture runs eagerly for the dynamo path, so without this a decoder layer has one tensor
-    input fewer at capture than at export, and the placeholder cannot stand in for it.
+    ``is_torchdynamo_compiling()`` in two modules, see
+    :func:`~hyperexport.versions.masking_export_flags`). The capture runs eagerly for the dynamo
+    path, so without this a decoder layer has one tensor input fewer at capture than at export,
+    and the placeholder cannot stand in for it.
     """
-    from transformers import masking_utils
-
-    flag = masking_export_flag()
-    if flag is None:
+    flags = masking_export_flags()
+    if not flags:
         raise VersionsError(
             f"transformers {transformers_version()}: masking_utils has neither "
             "is_torchdynamo_exporting nor is_torchdynamo_compiling; the dynamo path cannot make "
             "it build the SDPA mask"
         )
-    with _swapped(masking_utils, flag, lambda: True):
+    with ExitStack() as stack:
+        for owner, name in flags:
+            stack.enter_context(_swapped(owner, name, lambda: True))
         yield
 
 
 @contextmanager
 def traceable_sdpa_mask_builder() -> Iterator[None]:
-    """Build SDPA masks with transformers 4.x's traceable builder during a TorchScript export.
+    """Build SDPA masks with a traceable builder during a TorchScript export (transformers 4.x).
 
     See :func:`~hyperexport.versions.traceable_sdpa_mask`: 4.57's default builder fails under
-    ``torch.jit.trace`` (``unordered_map::at``). Both the module's ``sdpa_mask`` (which
+    ``torch.jit.trace`` (``unordered_map::at``), its older one bakes the traced length. Both the module's ``sdpa_mask`` (which
     ``eager_mask`` calls) and the ``"sdpa"`` entry of the mask interface are swapped.
     """
     from transformers import masking_utils
@@ -159,7 +160,7 @@ def traceable_sdpa_mask_builder() -> Iterator[None]:
     builder = traceable_sdpa_mask()
     if builder is None:
         raise VersionsError(
-            f"transformers {transformers_version()}: masking_utils has no sdpa_mask_older_torch; "
+            f"transformers {transformers_version()}: masking_utils lacks the 4.x mask helpers; "
             "the TorchScript path cannot trace its SDPA mask"
         )
     mapping = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
@@ -191,7 +192,9 @@ PATCHES: tuple[ExportPatch, ...] = (
     ),
     ExportPatch(
         name="sdpa_without_enable_gqa",
-        transformers=">=4.54",
+        # 4.x never skips the mask while tracing (_ignore_causal_mask_sdpa), so SDPA always has
+        # one and never gets enable_gqa.
+        transformers=">=5",
         paths=(TORCHSCRIPT,),
         reason="SDPA with enable_gqa=True has no TorchScript symbolic",
         factory=sdpa_without_enable_gqa,

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from hyperexport.transformers.kv_layers import layer_index_zero, swapped_layers
+from hyperexport.versions import cache_keyword, layers_return_tuples, query_position_arguments
 
 #: Attribute paths of a decoder layer's cross-attention module, per family.
 CROSS_ATTENTION_PATHS = ("encoder_attn", "layer.1.EncDecAttention")
@@ -64,7 +65,10 @@ class Seq2SeqKVStep(nn.Module):
     ``names`` (the layer's tensor arguments, in order), ``static`` (its other arguments, as
     JSON) and
     ``none_outputs`` (which of its outputs are None) are set by :class:`Seq2SeqCacheLayer` for
-    each call; they are the same for every call of one layer.
+    each call; they are the same for every call of one layer. So is ``returns_tuple``: whether
+    the layer returns a tuple (transformers 4.57's layers do, even of one tensor, and their
+    stack takes ``[0]``) or its tensor (5.x); None until the layer ran (then
+    :func:`~hyperexport.versions.layers_return_tuples` decides).
     """
 
     def __init__(self, layer: nn.Module) -> None:
@@ -75,6 +79,7 @@ class Seq2SeqKVStep(nn.Module):
         # container is compared by identity, a string by value.
         self.static = "{}"
         self.none_outputs: tuple[bool, ...] = ()
+        self.returns_tuple: bool | None = None
 
     def forward(
         self,
@@ -88,8 +93,9 @@ class Seq2SeqKVStep(nn.Module):
         cache = _one_layer_cache(past_key, past_value, cross_key, cross_value)
         kwargs = dict(zip(self.names, tensors))
         with layer_index_zero(self.layer):
-            out = self.layer(**kwargs, **json.loads(self.static), cache=cache)
-        outs = out if isinstance(out, tuple) else (out,)
+            out = self.layer(**kwargs, **json.loads(self.static), **{cache_keyword(): cache})
+        self.returns_tuple = isinstance(out, tuple)
+        outs = out if self.returns_tuple else (out,)
         self.none_outputs = tuple(o is None for o in outs)
         present: Any = cache.self_attention_cache.layers[0]
         return (*[o for o in outs if o is not None], present.keys, present.values)
@@ -105,8 +111,9 @@ class Seq2SeqCacheLayer(nn.Module):
         self._signature = inspect.signature(layer.forward)
         self._single = True
 
-    def forward(self, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The layer's own call convention; the cache's entries of this layer are updated."""
+        cache = kwargs.pop(cache_keyword(), None)
         if cache is None or not hasattr(cache, "cross_attention_cache"):
             raise ValueError("Seq2SeqCacheLayer needs the model's EncoderDecoderCache")
         kwargs.pop("past_key_values", None)
@@ -132,7 +139,10 @@ class Seq2SeqCacheLayer(nn.Module):
         none = self.step.none_outputs or (False,) * len(results)
         it = iter(results)
         full = tuple(None if n else next(it) for n in none)
-        return full[0] if len(full) == 1 else full
+        returns_tuple = self.step.returns_tuple
+        if returns_tuple is None:  # the step did not run here (see above)
+            returns_tuple = len(full) > 1 or layers_return_tuples()
+        return full if returns_tuple else full[0]
 
 
 class CrossKV(nn.Module):
@@ -147,7 +157,12 @@ class CrossKV(nn.Module):
         cache = _one_layer_cache(None, None)
         query = encoder_hidden_states[:, :1]  # a throw-away query: only the cache is kept
         with layer_index_zero(self.attention):
-            self.attention(query, key_value_states=encoder_hidden_states, cache=cache)
+            self.attention(
+                query,
+                key_value_states=encoder_hidden_states,
+                **{cache_keyword(): cache},
+                **query_position_arguments(self.attention, 1),
+            )
         layer: Any = cache.cross_attention_cache.layers[0]
         return layer.keys, layer.values
 

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyperexport.versions import size_of
+
 
 class ExplicitKVCacheModel(nn.Module):
     """A transformers decoder with its KV cache as explicit tensor inputs and outputs.
@@ -172,7 +174,8 @@ class _FixedCacheAPI:
         """How many positions of ``layer_idx`` hold keys (0 for a layer beyond the cache)."""
         if layer_idx >= len(self):
             return 0
-        return int(self._written(layer_idx).sum())
+        # An unbacked size under torch.export (transformers 4.57 builds cache_position from it).
+        return size_of(self._written(layer_idx).sum(), self.max_cache_len)
 
     def get_query_offset(self, layer_idx: int | None = 0) -> torch.Tensor:
         """Position of the first new token: the written length, as a tensor (no graph break)."""

@@ -28,6 +28,7 @@ starts on HyperONNX's published tests. Every adaptation lives here, none in thei
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import os
 import sys
 import types
@@ -230,7 +231,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "torchvision.models.resnet",
         "torchvision.models.vision_transformer",
     ):
-        sys.modules[name] = _LazyModule(name)
+        stand_in = _LazyModule(name)
+        # A spec without a loader, so that importlib.util.find_spec answers (transformers 4.57
+        # asks it at import, and raises ValueError on a module whose __spec__ is None); with no
+        # distribution metadata, transformers then counts torchvision as not installed.
+        stand_in.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        sys.modules[name] = stand_in
     import torch.onnx._constants as constants
 
     constants.ONNX_MAX_OPSET = 20  # type: ignore[misc]

@@ -114,7 +114,10 @@ def test_vit_layers(dynamo: bool, mode: str) -> None:
     pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     proto, counts = export_and_compare(model, (pixels,), [ViTLayer], dynamo, mode)
     assert counts == {"ViTLayer": 2}
-    names = {"ViTLayer"} if mode == "per_type" else {"ViTLayer_layers_0", "ViTLayer_layers_1"}
+    # The layers' path: "layers.0" in transformers 5.x, "encoder.layer.0" in 4.57.
+    paths = [name for name, m in model.named_modules() if isinstance(m, ViTLayer)]
+    per_instance = {"ViTLayer_" + path.replace(".", "_") for path in paths}
+    names = {"ViTLayer"} if mode == "per_type" else per_instance
     assert {f.name for f in proto.functions} == names
 
 

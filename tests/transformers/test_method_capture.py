@@ -8,6 +8,7 @@ import torch
 from hyperexport import zoo
 from hyperexport.errors import InputError
 from hyperexport.transformers.method_capture import capture_inner_call
+from hyperexport.versions import cache_keyword
 
 pytest.importorskip("transformers")
 
@@ -40,8 +41,7 @@ def test_decode_step_args_during_generate(causal_lm):
 
     _, kwargs = capture_inner_call(causal_lm, "model.forward", generate, call_index=1)
     assert kwargs["input_ids"].shape == (1, 1)
-    # transformers 5.24 passes the cache as ``cache`` (older releases: ``past_key_values``).
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    cache = kwargs[cache_keyword()]  # past_key_values in transformers 4.57, cache in 5.x
     assert cache.get_seq_length() == 5
     assert "forward" not in vars(causal_lm.model)
 

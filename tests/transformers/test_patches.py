@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 
 import pytest
 import torch
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
 from hyperexport import zoo
 from hyperexport.transformers import patches
@@ -35,34 +37,48 @@ def _export(name, dynamo, tmp_path, last_hidden):
     return path, x, expected
 
 
-def test_torchscript_llama_export_fails_without_patch(tmp_path, last_hidden):
-    with pytest.raises(torch.onnx.errors.UnsupportedOperatorError, match="aten::diff"):
-        _export("llama", False, tmp_path, last_hidden)
+#: What a TorchScript export of tiny Llama raises when one applicable patch is left out.
+SYMPTOMS = {
+    "packed_sequence_without_diff": (torch.onnx.errors.UnsupportedOperatorError, "aten::diff"),
+    # With no mask (the causal case once packed-sequence detection answers "none"), transformers
+    # asks SDPA for enable_gqa, which the TorchScript exporter cannot convert.
+    "sdpa_without_enable_gqa": (AssertionError, "enable_gqa"),
+}
 
 
-def test_packed_sequence_patch_alone_leaves_the_enable_gqa_failure(tmp_path, last_hidden):
-    # Without packed-sequence masks, transformers asks SDPA for enable_gqa (no mask): the
-    # TorchScript exporter cannot convert it, which is what sdpa_without_enable_gqa is for.
-    with (
-        patches.packed_sequence_without_diff(),
-        pytest.raises(AssertionError, match="enable_gqa"),
-    ):
-        _export("llama", False, tmp_path, last_hidden)
+def _all_but(left_out):
+    """Every patch the TorchScript path applies but ``left_out``; skips when it applies none."""
+    applied = [p for p in patches_for(False) if p.name != left_out]
+    if len(applied) == len(patches_for(False)):
+        pytest.skip(f"{left_out} is not applied with this transformers release")
+    return applied
 
 
-def test_both_torchscript_patches_make_llama_export_run(tmp_path, last_hidden, ort_run, diff):
-    with patches.packed_sequence_without_diff(), patches.sdpa_without_enable_gqa():
+@pytest.mark.parametrize("left_out", sorted(SYMPTOMS))
+def test_torchscript_llama_export_fails_without_each_patch(left_out, tmp_path, last_hidden):
+    applied = _all_but(left_out)
+    error, message = SYMPTOMS[left_out]
+    with ExitStack() as stack:
+        for patch in applied:
+            stack.enter_context(patch.factory())
+        with pytest.raises(error, match=message):
+            _export("llama", False, tmp_path, last_hidden)
+
+
+def test_the_torchscript_patches_make_llama_export_run(tmp_path, last_hidden, ort_run, diff):
+    with export_patches(dynamo=False):
         path, x, expected = _export("llama", False, tmp_path, last_hidden)
     assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
 
 
-def test_torchscript_llama_runs_at_another_batch_and_length(tmp_path, last_hidden, ort_run, diff):
-    # The packed-sequence branch is decided on the traced values, so no traced batch size is
-    # baked into mask indexing: the export runs at shapes it was not traced at.
+def _export_at_one_shape_run_at_another(patch_list, tmp_path, last_hidden, ort_run):
+    """Export tiny Llama traced at (1, 16) with dynamic axes under ``patch_list``; run at (2, 7)."""
     model = last_hidden(zoo.tiny_llama(), "input_ids").eval()
     x = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(2))
     path = tmp_path / "dyn.onnx"
-    with export_patches(dynamo=False):
+    with ExitStack() as stack:
+        for patch in patch_list:
+            stack.enter_context(patch.factory())
         torch.onnx.export(
             model,
             (x,),
@@ -75,14 +91,32 @@ def test_torchscript_llama_runs_at_another_batch_and_length(tmp_path, last_hidde
     other = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         expected = model(other).numpy()
-    assert diff(ort_run(path, {"x": other.numpy()})[0], expected) <= 1e-4
+    return ort_run(path, {"x": other.numpy()})[0], expected
+
+
+def test_torchscript_llama_runs_at_another_batch_and_length(tmp_path, last_hidden, ort_run, diff):
+    # The packed-sequence branch is decided on the traced values, and masks are built from
+    # broadcast indices, so no traced size is baked in: the export runs at other shapes.
+    got, expected = _export_at_one_shape_run_at_another(
+        patches_for(False), tmp_path, last_hidden, ort_run
+    )
+    assert diff(got, expected) <= 1e-4
+
+
+def test_without_the_traceable_mask_builder_llama_fails_at_another_length(
+    tmp_path, last_hidden, ort_run
+):
+    # transformers 4.x vmaps the mask function: the trace reshapes to the traced length.
+    applied = _all_but("traceable_sdpa_mask_builder")
+    with pytest.raises(Fail, match="Reshape"):
+        _export_at_one_shape_run_at_another(applied, tmp_path, last_hidden, ort_run)
 
 
 @pytest.mark.parametrize("name", sorted(DECODERS))
 def test_torchscript_decoders_export_with_parity(name, tmp_path, last_hidden, ort_run, diff):
     with export_patches(dynamo=False) as applied:
         assert applied == [p.name for p in patches_for(False)]
-        assert {"packed_sequence_without_diff", "sdpa_without_enable_gqa"} <= set(applied)
+        assert "packed_sequence_without_diff" in applied
         path, x, expected = _export(name, False, tmp_path, last_hidden)
     assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
 
@@ -119,7 +153,10 @@ def test_patched_function_matches_original_in_eager():
         patched = masking_utils.find_packed_sequence_indices
         assert patched is not original
         assert torch.equal(patched(packed), original(packed))
-        assert patched(plain) is None and original(plain) is None
+        # "Not packed": None, or (transformers 4.57, which always returns the ids) all zeros.
+        assert patched(plain) is None
+        unpacked = original(plain)
+        assert unpacked is None or not unpacked.any()
 
 
 def test_patch_restores_on_exception():
@@ -145,9 +182,9 @@ def test_patches_are_keyed_to_version_and_path():
     assert patches_for(False, "4.40.0") == []
     assert [p.name for p in patches_for(False, "4.57.6")] == [
         "packed_sequence_without_diff",
-        "sdpa_without_enable_gqa",
         "traceable_sdpa_mask_builder",
     ]
+    assert [p.name for p in patches_for(True, "4.57.6")] == ["masks_as_under_torch_export"]
 
 
 def test_applied_patches_are_logged_at_debug(caplog):
@@ -157,6 +194,7 @@ def test_applied_patches_are_logged_at_debug(caplog):
 
 
 def _layer_mask(model, ids):
+    """The mask the first layer gets, with an all-ones padding mask (nothing masked)."""
     seen = {}
 
     def hook(module, args, kwargs):
@@ -165,7 +203,7 @@ def _layer_mask(model, ids):
     handle = model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():
-            model(input_ids=ids)
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
     finally:
         handle.remove()
     return seen["mask"]
@@ -183,3 +221,39 @@ def test_dynamo_mask_patch_makes_eager_capture_see_the_export_mask():
     assert isinstance(mask, torch.Tensor) and mask.shape[-2:] == (6, 6)
     assert _layer_mask(model, ids) is None  # restored
     assert "masks_as_under_torch_export" in [p.name for p in patches_for(dynamo=True)]
+
+
+def test_the_traceable_mask_builder_builds_transformers_masks():
+    from transformers import masking_utils
+
+    from hyperexport.versions import traceable_sdpa_mask
+
+    builder = traceable_sdpa_mask()
+    if builder is None:
+        pytest.skip("this transformers release builds traceable masks itself")
+    padding = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    packed = torch.tensor([[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]])
+    cases = [
+        {"mask_function": masking_utils.causal_mask_function},
+        {"mask_function": masking_utils.sliding_window_causal_mask_function(3)},
+        {"mask_function": masking_utils.causal_mask_function, "attention_mask": padding},
+        {
+            "mask_function": masking_utils.and_masks(
+                masking_utils.causal_mask_function,
+                masking_utils.packed_sequence_mask_function(packed),
+            )
+        },
+    ]
+    for case in cases:
+        offset = 2 if "attention_mask" in case else 0
+        args = {
+            "batch_size": 2,
+            "cache_position": torch.arange(6) + offset,
+            "kv_length": 6 + offset,
+            "allow_is_causal_skip": False,
+            **case,
+        }
+        want = masking_utils.sdpa_mask(**args)
+        got = builder(**args)
+        assert got.shape == want.shape == (2, 1, 6, 6 + offset)
+        assert torch.equal(got, want)

@@ -14,6 +14,7 @@ from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.transformers.attention import attention_export_context
 from hyperexport.transformers.patches import export_patches
 from hyperexport.transformers.static_cache import ExplicitKVCacheModel, StaticCache
+from hyperexport.versions import cache_keyword
 from tests.helpers.ort import run_ort
 
 pytest.importorskip("transformers")
@@ -164,7 +165,7 @@ def _llama_step(model: torch.nn.Module, cache: StaticCache, ids: torch.Tensor, s
         "input_ids": ids,
         "attention_mask": torch.ones(1, start + new, dtype=torch.int64),
         "position_ids": torch.arange(start, start + new)[None],
-        "cache": cache,
+        cache_keyword(): cache,  # past_key_values in transformers 4.57
         "use_cache": True,
     }
 
