@@ -46,7 +46,7 @@ FLOORS = {
     "onnxscript": "0.6.0",
     "onnx": "1.19.0",
     "onnx-ir": "0.1.15",
-    "onnxruntime": "1.23.0",
+    "onnxruntime": "1.31.0",
     "numpy": "2.0.1",
 }
 
