@@ -75,6 +75,10 @@ class KVCacheLayer(nn.Module):
         super().__init__()
         self.step = KVStep(layer)
         self.index = index
+        # Models that pick each layer's mask by its kind (full or sliding attention) read it off
+        # the layer in their loop (transformers 4.57: ``decoder_layer.attention_type``).
+        if isinstance(kind := getattr(layer, "attention_type", None), str):
+            self.attention_type = kind
 
     def forward(
         self,
