@@ -1,5 +1,6 @@
-"""One entry of a recipe's ``inputs``, as data: what a task (text generation, seq2seq) writes
-into the recipe it resolves. ``config.schema.InputSpec`` validates it like any other entry."""
+"""One entry of a recipe's ``inputs``, as data: what a task (text generation, seq2seq) or
+``inputs: auto`` writes into the recipe it resolves. ``config.schema.InputSpec`` validates it
+like any other entry."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 def input_spec(
     shape: list[int],
-    check_shape: list[int],
+    check_shape: list[int] | None,
     dtype: str,
     low: float,
     high: float,

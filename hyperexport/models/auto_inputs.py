@@ -29,6 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from hyperexport.contracts.input_specs import input_spec
 from hyperexport.errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -194,15 +195,8 @@ def _spec(
     dynamic: Mapping[int, str],
     check: list[int],
 ) -> dict[str, Any]:
-    return {
-        "shape": shape,
-        "dtype": dtype,
-        "low": low,
-        "high": high,
-        "seed": 0,
-        "dynamic": dict(dynamic),
-        "check_shape": check if dynamic else None,
-    }
+    """A seed-0 inputs entry; ``check`` is its second shape, kept only with dynamic axes."""
+    return input_spec(shape, check if dynamic else None, dtype, low, high, 0, dict(dynamic))
 
 
 def _section(config: Any, kind: str) -> Any:
