@@ -18,8 +18,8 @@ import yaml
 
 from hyperexport.config import RECIPES_DIR
 from tests.helpers.cli import REPO, probe_result, report, run, write_toy
+from tests.helpers.rebuilds import reran_from
 from tests.helpers.recipes import REFUSED
-from tests.helpers.statuses import reran_from
 
 WORKFLOW = REPO / "examples" / "ci" / "github-actions.yml"
 REMOTE_WORKFLOW = REPO / "examples" / "ci" / "github-actions-remote.yml"

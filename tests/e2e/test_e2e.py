@@ -19,7 +19,8 @@ from tests.helpers.builds import (
     toy_package_in,
     toy_package_recipe,
 )
-from tests.helpers.statuses import reran_from, statuses
+from tests.helpers.rebuilds import reran_from
+from tests.helpers.statuses import statuses
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ from hyperexport.config import BuildSettings, Recipe, validate_recipe
 from hyperexport.engine import code_closure
 from hyperexport.engine.store import CacheStore
 from hyperexport.stages import PIPELINE, model_loader
-from tests.helpers.statuses import reran_from, statuses
+from tests.helpers.rebuilds import reran_from
+from tests.helpers.statuses import statuses
 
 MODEL = """
 import os

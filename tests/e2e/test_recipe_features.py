@@ -17,7 +17,8 @@ import pytest
 
 from hyperexport.config import compose_recipe, validate_recipe
 from tests.helpers.builds import blocks_net_source, build, package_in
-from tests.helpers.statuses import reran_from, statuses
+from tests.helpers.rebuilds import reran_from
+from tests.helpers.statuses import statuses
 
 
 def report_of(outcome: Any) -> dict[str, Any]:

@@ -15,11 +15,3 @@ def statuses(build: BuildOutcome | BuildResult) -> dict[str, str]:
     result = build if isinstance(build, BuildResult) else build.result
     return {s.name: s.status for s in result.stages}
 
-
-def reran_from(first: str) -> dict[str, str]:
-    """The statuses of a rebuild whose change reaches stage ``first``: every stage before it a
-    ``hit``, it and every stage after it ``ran``."""
-    from hyperexport.contracts.names import STAGE_NAMES
-
-    start = STAGE_NAMES.index(first)
-    return {name: "hit" if i < start else "ran" for i, name in enumerate(STAGE_NAMES)}
