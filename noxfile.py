@@ -45,7 +45,7 @@ FLOORS = {
     "transformers": "4.57.6",
     "onnxscript": "0.6.0",
     "onnx": "1.19.0",
-    "onnx-ir": "0.1.15",
+    "onnx-ir": "0.1.16",
     "onnxruntime": "1.31.0",
     "numpy": "2.0.1",
 }

@@ -101,6 +101,14 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         paths=("dynamo",),
         reason="torch's dynamo exporter imports onnxscript._framework_apis.torch_2_11",
     ),
+    Requirement(
+        when="torch",
+        from_release="2.11",
+        needs="onnx-ir",
+        at_least="0.1.16",
+        paths=("dynamo",),
+        reason="torch's dynamo exporter reads onnx_ir.schemas, which onnx-ir 0.1.16 brings",
+    ),
 )
 
 

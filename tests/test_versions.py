@@ -106,10 +106,20 @@ def test_torch_2_11_with_an_old_onnxscript_is_refused_before_a_dynamo_export(
     assert path_for(False).dynamo is False  # the TorchScript path does not import onnxscript's APIs
 
 
+def test_torch_2_11_with_an_onnx_ir_without_schemas_is_refused_before_a_dynamo_export(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _installed(monkeypatch, {"torch": "2.11.0", "onnxscript": "0.6.2", "onnx-ir": "0.1.15"})
+    [problem] = versions.unsupported(True)
+    assert "torch 2.11.0" in problem and "onnx-ir 0.1.15" in problem
+    assert "onnx-ir>=0.1.16" in problem and "onnx_ir.schemas" in problem
+    assert versions.unsupported(False) == []
+
+
 def test_older_torch_or_newer_onnxscript_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    _installed(monkeypatch, {"torch": "2.9.1", "onnxscript": "0.5.7"})
+    _installed(monkeypatch, {"torch": "2.9.1", "onnxscript": "0.5.7", "onnx-ir": "0.1.15"})
     assert versions.unsupported(True) == []
-    _installed(monkeypatch, {"torch": "2.13.0", "onnxscript": "0.6.0"})
+    _installed(monkeypatch, {"torch": "2.13.0", "onnxscript": "0.6.0", "onnx-ir": "0.1.16"})
     assert versions.unsupported(True) == []
 
 
