@@ -35,6 +35,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 import torch
+from onnx_ir.passes.common import InlinePass
 
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError
@@ -278,7 +279,21 @@ def _export_program(
         )
     if onnx_program is None:  # only the TorchScript path returns None
         raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
-    return onnx_program.model
+    return _inline_library_functions(onnx_program.model)
+
+
+def _inline_library_functions(model: ir.Model) -> ir.Model:
+    """``model`` with the functions torch's exporter left in it inlined.
+
+    With the optimizer off, some onnxscript releases (0.6.2 on torch 2.13: ``aten_split``,
+    ``aten_getitem`` of ``pkg.onnxscript.torch_lib``) leave library functions in the exported
+    model. A unit's functions would not survive the splice into the parent (only hierarchy
+    functions are carried), so they are inlined here; a unit holds no function of ours.
+    """
+    if model.functions:
+        log.debug("inlining %s left by torch's exporter", sorted(model.functions))
+        InlinePass()(model)
+    return model
 
 
 def export_dynamo(

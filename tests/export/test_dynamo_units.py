@@ -363,3 +363,37 @@ def test_a_specialised_dynamic_dim_is_an_error_not_a_silent_static_dim() -> None
             dynamo=True,
             dynamic_axes={"x": {0: "batch"}},
         )
+
+
+def test_library_functions_left_by_the_exporter_are_inlined_in_a_unit() -> None:
+    """onnxscript 0.6.2 on torch 2.13 leaves torch_lib's ``aten_split`` as a function of the
+    exported unit; the splice carries hierarchy functions only, so the parent lost its body
+    ("No opset import for domain 'pkg.onnxscript.torch_lib'" in ONNX Runtime)."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    body = onnx.helper.make_function(
+        "pkg.lib",
+        "twice",
+        ["x"],
+        ["y"],
+        [helper.make_node("Add", ["x", "x"], ["y"])],
+        [helper.make_opsetid("", 18)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("twice", ["x"], ["y"], domain="pkg.lib")],
+        "unit",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    proto = helper.make_model(
+        graph,
+        functions=[body],
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("pkg.lib", 1)],
+    )
+    model = dynamo._inline_library_functions(ir.serde.deserialize_model(proto))
+    assert not model.functions
+    assert [node.op_type for node in model.graph] == ["Add"]
+    x = np.arange(2, dtype=np.float32)
+    [y] = run_ort(ir.serde.serialize_model(model), {"x": x})
+    np.testing.assert_array_equal(y, 2 * x)
