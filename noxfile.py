@@ -159,6 +159,9 @@ def leg(session: nox.Session, leg: str) -> None:
         env["PIP_CONSTRAINT"] = os.devnull
         if wheels := os.environ.get("HYPEREXPORT_WHEELS"):
             install += ["--find-links", wheels]
+    # a reused venv is brought to the newest release the leg's constraints allow (else a venv
+    # first built under other pins keeps them: the onnx-ir-floor leg kept onnxscript 0.6.2)
+    install += ["--upgrade", "--upgrade-strategy", "eager"]
     start = time.monotonic()
     session.install(*install, "-e", f"{REPO}[dev]", env=env)
     setup_seconds = round(time.monotonic() - start)
