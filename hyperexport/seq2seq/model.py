@@ -107,7 +107,14 @@ class DecoderStep(nn.Module):
         # The layers read the cross KV from the cache; the encoder's states only give the
         # cross-attention its length (and mark it as cross-attention), so zeros of that shape.
         states = cross.new_zeros((cross.shape[0], cross.shape[2], self.hidden_size))
-        kwargs: dict[str, Any] = {}
+        # The decoder's own mask, every past and new position attended: what transformers'
+        # decoders make themselves when given none, but only when not compiling. Given, the
+        # capture (eager) and the export (torch.export) build the causal mask from the same
+        # inputs; otherwise 4.57's BART and mBART size it past + new + 1 under torch.export
+        # (past + new eagerly), which their layers, exported from the capture, cannot add.
+        past = past_key_values["0"]["decoder"]["key"].shape[2]
+        decoder_mask = input_ids.new_ones((input_ids.shape[0], past + input_ids.shape[1]))
+        kwargs: dict[str, Any] = {"decoder_attention_mask": decoder_mask}
         if self.encoder_mask:
             kwargs["attention_mask"] = encoder_attention_mask
         output = self.model(
