@@ -167,6 +167,11 @@ def transformers_version() -> str | None:
     return installed_version("transformers")
 
 
+def torch_version() -> str | None:
+    """The installed torch version, or None when torch is not installed."""
+    return installed_version("torch")
+
+
 def release_in(version: str, specifier: str) -> bool:
     """Whether release ``version`` (``"4.57.6"``) satisfies ``specifier`` (``">=4.54"``)."""
     from packaging.specifiers import SpecifierSet
@@ -248,9 +253,35 @@ _SDPA_MASK_PARTS = (
 )
 
 
+#: The torch releases whose ``torch.export`` cannot trace transformers 4.x's vmapped SDPA mask
+#: builder at dynamic sizes, so that the dynamo path builds masks with :func:`traceable_sdpa_mask`
+#: too. torch 2.9.1 with transformers 4.57.6: torch's own
+#: ``torch.onnx.export(dynamo=True, dynamic_shapes=...)`` of a tiny ``LlamaModel`` fails in
+#: ``sdpa_mask_recent_torch`` (the vmapped ``packed_sequence_mask[batch_idx, q_idx]`` under
+#: ``TransformGetItemToIndex``) with ``RuntimeError: 8*s72 is not tracked with proxy for
+#: <_ModuleStackTracer>``, with ``Dim`` and with ``Dim.AUTO`` alike; static shapes export. torch
+#: 2.13.0 exports the same model (the ``cheap`` leg). 2.10 to 2.12 were not run with 4.57, so they
+#: get the bridge, which builds the same mask (tests/transformers/test_patches.py).
+VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT = "<2.13"
+
+
+def export_fails_on_vmapped_masks() -> bool:
+    """Whether torch's own ``torch.export`` of a transformers decoder with dynamic shapes fails on
+    its SDPA mask with the installed pair: transformers builds masks by vmapping (4.x, where
+    :func:`traceable_sdpa_mask` has a builder to put in its place) and torch is one of
+    :data:`VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`. Tests use it for a strict xfail of torch's own
+    export; hyperexport's dynamo path bridges it (``broadcast_sdpa_mask_for_torch_export`` in
+    :mod:`hyperexport.transformers.patches`)."""
+    found = torch_version()
+    if found is None or not release_in(found, VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT):
+        return False
+    return installed_version("transformers") is not None and traceable_sdpa_mask() is not None
+
+
 def traceable_sdpa_mask() -> Any:
     """transformers 4.x's SDPA mask builder, rewritten so that the TorchScript tracer can trace it
-    at any batch size and length.
+    at any batch size and length (and ``torch.export`` below torch 2.13, at dynamic sizes:
+    :data:`VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`).
 
     transformers 4.57 builds masks on torch >= 2.6 with ``sdpa_mask_recent_torch``, which vmaps
     the mask function under ``TransformGetItemToIndex`` (a custom autograd function): traced by

@@ -23,9 +23,11 @@ import torch
 
 from hyperexport.errors import VersionsError
 from hyperexport.versions import (
+    VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT,
     masking_export_flags,
     never_gqa,
     release_in,
+    torch_version,
     traceable_sdpa_mask,
     transformers_version,
 )
@@ -46,6 +48,8 @@ class ExportPatch:
         paths: Export paths (``"torchscript"``, ``"dynamo"``) that need it.
         reason: What breaks without it.
         factory: Returns the context manager that applies the patch and restores on exit.
+        torch_releases: Version specifier of the torch releases that need it (declared in
+            :mod:`hyperexport.versions`); empty for every release.
     """
 
     name: str
@@ -53,11 +57,17 @@ class ExportPatch:
     paths: tuple[str, ...]
     reason: str
     factory: Callable[[], AbstractContextManager[None]]
+    torch_releases: str = ""
 
-    def applies(self, dynamo: bool, version: str) -> bool:
-        """Whether the patch is needed on this export path with this transformers version."""
+    def applies(self, dynamo: bool, version: str, torch_release: str | None = None) -> bool:
+        """Whether the patch is needed on this export path with this transformers version and
+        this torch version (None: unknown, which satisfies any torch specifier)."""
         path = DYNAMO if dynamo else TORCHSCRIPT
-        return path in self.paths and release_in(version, self.transformers)
+        if path not in self.paths or not release_in(version, self.transformers):
+            return False
+        if not self.torch_releases or torch_release is None:
+            return True
+        return release_in(torch_release, self.torch_releases)
 
 
 @contextmanager
@@ -149,11 +159,14 @@ def masks_as_under_torch_export() -> Iterator[None]:
 
 @contextmanager
 def traceable_sdpa_mask_builder() -> Iterator[None]:
-    """Build SDPA masks with a traceable builder during a TorchScript export (transformers 4.x).
+    """Build SDPA masks by broadcasting instead of vmapping during an export (transformers 4.x).
 
     See :func:`~hyperexport.versions.traceable_sdpa_mask`: 4.57's default builder fails under
-    ``torch.jit.trace`` (``unordered_map::at``), its older one bakes the traced length. Both the module's ``sdpa_mask`` (which
-    ``eager_mask`` calls) and the ``"sdpa"`` entry of the mask interface are swapped.
+    ``torch.jit.trace`` (``unordered_map::at``), its older one bakes the traced length; torch
+    2.9's ``torch.export`` fails on the default one at dynamic sizes
+    (:data:`~hyperexport.versions.VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`). Both the module's
+    ``sdpa_mask`` (which ``eager_mask`` calls) and the ``"sdpa"`` entry of the mask interface are
+    swapped.
     """
     from transformers import masking_utils
 
@@ -161,7 +174,7 @@ def traceable_sdpa_mask_builder() -> Iterator[None]:
     if builder is None:
         raise VersionsError(
             f"transformers {transformers_version()}: masking_utils lacks the 4.x mask helpers; "
-            "the TorchScript path cannot trace its SDPA mask"
+            "the SDPA mask cannot be built by broadcasting"
         )
     mapping = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
     with _swapped(masking_utils, "sdpa_mask", builder):
@@ -207,6 +220,17 @@ PATCHES: tuple[ExportPatch, ...] = (
         factory=traceable_sdpa_mask_builder,
     ),
     ExportPatch(
+        name="broadcast_sdpa_mask_for_torch_export",
+        transformers=">=4.54,<5",
+        torch_releases=VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT,
+        paths=(DYNAMO,),
+        reason=(
+            "torch.export of torch < 2.13 cannot trace 4.x's vmapped SDPA mask builder at dynamic "
+            "sizes (a size 'is not tracked with proxy'); torch's own export fails too"
+        ),
+        factory=traceable_sdpa_mask_builder,
+    ),
+    ExportPatch(
         name="exportable_moe",
         transformers=">=5",
         paths=(TORCHSCRIPT, DYNAMO),
@@ -226,12 +250,15 @@ PATCHES: tuple[ExportPatch, ...] = (
 )
 
 
-def patches_for(dynamo: bool, version: str | None = None) -> list[ExportPatch]:
+def patches_for(
+    dynamo: bool, version: str | None = None, torch_release: str | None = None
+) -> list[ExportPatch]:
     """The patches needed on one export path.
 
     Args:
         dynamo: The export path (``True`` for ``dynamo=True``).
         version: transformers version to key on; the installed one when None.
+        torch_release: torch version to key on; the installed one when None.
 
     Returns:
         The applicable patches, in the order they are entered. Empty without transformers.
@@ -239,7 +266,8 @@ def patches_for(dynamo: bool, version: str | None = None) -> list[ExportPatch]:
     version = version if version is not None else transformers_version()
     if version is None:
         return []
-    return [patch for patch in PATCHES if patch.applies(dynamo, version)]
+    torch_release = torch_release if torch_release is not None else torch_version()
+    return [patch for patch in PATCHES if patch.applies(dynamo, version, torch_release)]
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import onnx
 import pytest
 import torch
 
-from hyperexport import ExportOptions, zoo
+from hyperexport import ExportOptions, versions, zoo
 from hyperexport.api import capture_model
 from tests.helpers.exports import export_bytes
 from tests.helpers.ort import run_ort
@@ -46,6 +46,33 @@ def test_llama_dynamic_batch_and_sequence(mode: str, dynamo: bool) -> None:
         want = model(input_ids=x).last_hidden_state.detach().numpy()
         np.testing.assert_allclose(run_ort(data, [x.numpy()])[0], want, atol=1e-4)
     assert manifest.probe_inputs and manifest.probe_outputs
+
+
+@pytest.mark.xfail(
+    versions.export_fails_on_vmapped_masks(),
+    reason="torch.export (torch < 2.13) cannot trace transformers 4.x's vmapped SDPA mask at "
+    "dynamic sizes ('is not tracked with proxy'); this is torch's own export of the model, which "
+    "hyperexport bridges (broadcast_sdpa_mask_for_torch_export)",
+    raises=torch.onnx.OnnxExporterError,
+    strict=True,
+)
+def test_torchs_own_dynamo_export_of_llama_with_dynamic_batch_and_sequence(tmp_path) -> None:
+    """The plain ``torch.onnx.export`` of the model above, no hyperexport patch entered."""
+    model = zoo.tiny_llama(num_layers=2)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    auto = torch.export.Dim.AUTO
+    torch.onnx.export(
+        model,
+        (ids,),
+        tmp_path / "plain.onnx",
+        dynamo=True,
+        opset_version=18,
+        input_names=["input_ids"],
+        dynamic_shapes=({0: auto, 1: auto},),
+    )
+    x = torch.randint(0, 128, (3, 5), generator=torch.Generator().manual_seed(3))
+    want = model(input_ids=x).last_hidden_state.detach().numpy()
+    np.testing.assert_allclose(run_ort(tmp_path / "plain.onnx", [x.numpy()])[0], want, atol=1e-4)
 
 
 def test_check_stage_compares_at_the_second_shape(tmp_path) -> None:

@@ -170,21 +170,39 @@ def test_patch_restores_on_exception():
 
 
 def test_patches_are_keyed_to_version_and_path():
-    assert [p.name for p in patches_for(False, "5.24.0")] == [
+    assert [p.name for p in patches_for(False, "5.24.0", "2.13.0")] == [
         "packed_sequence_without_diff",
         "sdpa_without_enable_gqa",
         "exportable_moe",
     ]
-    assert [p.name for p in patches_for(True, "5.24.0")] == [
+    assert [p.name for p in patches_for(True, "5.24.0", "2.13.0")] == [
         "exportable_moe",
         "masks_as_under_torch_export",
     ]
-    assert patches_for(False, "4.40.0") == []
-    assert [p.name for p in patches_for(False, "4.57.6")] == [
+    assert patches_for(False, "4.40.0", "2.13.0") == []
+    assert [p.name for p in patches_for(False, "4.57.6", "2.13.0")] == [
         "packed_sequence_without_diff",
         "traceable_sdpa_mask_builder",
     ]
-    assert [p.name for p in patches_for(True, "4.57.6")] == ["masks_as_under_torch_export"]
+    assert [p.name for p in patches_for(True, "4.57.6", "2.13.0")] == [
+        "masks_as_under_torch_export"
+    ]
+
+
+def test_the_dynamo_path_broadcasts_4x_masks_below_torch_2_13():
+    """torch 2.9's torch.export cannot trace 4.57's vmapped mask builder at dynamic sizes."""
+    for torch_release in ("2.9.1", "2.12.0"):
+        assert [p.name for p in patches_for(True, "4.57.6", torch_release)] == [
+            "broadcast_sdpa_mask_for_torch_export",
+            "masks_as_under_torch_export",
+        ]
+    assert "broadcast_sdpa_mask_for_torch_export" not in [
+        p.name for p in patches_for(True, "5.24.0", "2.9.1")
+    ]
+    assert [p.name for p in patches_for(False, "4.57.6", "2.9.1")] == [
+        "packed_sequence_without_diff",
+        "traceable_sdpa_mask_builder",
+    ]
 
 
 def test_applied_patches_are_logged_at_debug(caplog):
