@@ -9,8 +9,9 @@ check gives the ORT max diff against torch, its report the functions and what ``
 chose), then export time against a plain ``torch.onnx.export`` of the same model, inputs and
 dynamic dims, side by side: the CPU time (``time.process_time``, torch on one thread) of
 ``export_hyper_onnx`` over that of the plain export, best of ``--repeat`` after a warm-up
-export of each kind. A pair listed in ``hyperexport.zoo.EXPECTED_FAILURES`` is recorded with
-its reason instead.
+export of each kind. A pair listed in ``hyperexport.zoo.EXPECTED_FAILURES`` (the installed
+transformers' expected failures, whose release the JSON records) is recorded with its reason
+instead.
 
 ``tests/zoo/test_zoo_table.py`` fails when the README's table differs from what this script
 renders from the recipes and the committed JSON (a recipe added, removed or changed without a
@@ -283,9 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         results["recipes"] = {k: results["recipes"][k] for k in names if k in results["recipes"]}
         import torch
 
+        from hyperexport.versions import transformers_version
+
         results["environment"] = {
             "date": time.strftime("%Y-%m-%d"),
             "torch": torch.__version__,
+            # The zoo's expected failures depend on it (hyperexport.zoo.expected_failures).
+            "transformers": transformers_version(),
             "threads": 1,
             "repeat": args.repeat,
         }

@@ -218,6 +218,38 @@ def query_position_arguments(module: Any, length: int) -> dict[str, Any]:
     return found
 
 
+def _transformers_from(release: str, version: str | None) -> bool:
+    """Whether transformers ``version`` (the installed one when None) is ``release`` or later."""
+    if version is None:
+        return _at_least("transformers", release)
+    return Version(version.split("+")[0]) >= Version(release)
+
+
+def masks_built_by_vmap(transformers: str | None = None) -> bool:
+    """Whether transformers builds SDPA masks with its vmapped builder (4.x's
+    ``sdpa_mask_recent_torch``; 5.x broadcasts index tensors instead).
+
+    ``torch.jit.trace`` fails on it (``RuntimeError: unordered_map::at``), so a plain TorchScript
+    export of a decoder that builds such a mask fails at export; hyperexport swaps in
+    :func:`traceable_sdpa_mask`. Tests and the zoo's expected failures key on it.
+
+    Args:
+        transformers: A transformers release (``"4.57.6"``); the installed one when None.
+    """
+    return not _transformers_from("5", transformers)
+
+
+def swin_attention_by_interface(transformers: str | None = None) -> bool:
+    """Whether transformers' Swin attention goes through the attention interface (SDPA by
+    default), as from 5.x; 4.57's ``SwinSelfAttention`` multiplies and softmaxes by hand, and
+    torch's dynamo export of Swin with a dynamic batch (ours too) works there.
+
+    Args:
+        transformers: A transformers release (``"4.57.6"``); the installed one when None.
+    """
+    return _transformers_from("5", transformers)
+
+
 def masking_export_flags() -> list[tuple[Any, str]]:
     """The functions that tell transformers' mask creation it runs under ``torch.export`` (then
     it always builds the SDPA mask instead of skipping it), as ``(module, name)`` pairs.

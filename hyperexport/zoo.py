@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from hyperexport import versions
+
 log = logging.getLogger(__name__)
 
-#: The zoo: recipes/zoo_*.yaml. A (recipe, dynamo) pair listed here is expected to fail, and why;
-#: the zoo tests mark it xfail (strict, so a fix shows up) and the README's table says why.
 #: The recipe base of the encoder-decoder zoo (``recipes/base/seq2seq.yaml``): recipes built on
 #: it export two graphs checked by decoding (tests/seq2seq), not one forward graph.
 SEQ2SEQ_BASE = "/recipe_base: seq2seq"
@@ -39,19 +39,53 @@ def seq2seq_zoo(recipes_dir: Any) -> list[str]:
     )
 
 
-EXPECTED_FAILURES: dict[tuple[str, bool], str] = {
-    ("zoo_swin", True): (
-        "torch.onnx.export(dynamo=True) fails in its decompositions on Swin with a dynamic batch "
-        "(a view of sdpa's transposed output), plain export too; with eager attention each "
-        "SwinStage returns attention weights whose first dim is batch x windows, a derived dim "
-        "functions cannot express yet"
-    ),
-    ("zoo_cohere", False): (
-        "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
-        "run: with grouped-query attention the query is reshaped to the key's head count "
-        "(Reshape of {2,16,64} to {2,16,2,16} in layers.0.self_attn); the dynamo path is fine"
-    ),
-}
+#: Swin on the dynamo path, where transformers routes its attention through SDPA
+#: (:func:`~hyperexport.versions.swin_attention_by_interface`).
+_SWIN_DYNAMO = (
+    "torch.onnx.export(dynamo=True) fails in its decompositions on Swin with a dynamic batch "
+    "(a view of sdpa's transposed output), plain export too; with eager attention each "
+    "SwinStage returns attention weights whose first dim is batch x windows, a derived dim "
+    "functions cannot express yet"
+)
+#: Cohere on the TorchScript path, by how transformers builds masks
+#: (:func:`~hyperexport.versions.masks_built_by_vmap`): 5.x (broadcast) and 4.x (vmapped).
+_COHERE_TORCHSCRIPT = (
+    "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
+    "run: with grouped-query attention the query is reshaped to the key's head count "
+    "(Reshape of {2,16,64} to {2,16,2,16} in layers.0.self_attn); the dynamo path is fine"
+)
+_COHERE_TORCHSCRIPT_VMAPPED_MASKS = (
+    "torch.onnx.export(dynamo=False) of CohereModel itself fails at export on transformers 4.x "
+    "(RuntimeError: unordered_map::at, tracing its vmapped mask builder), and with hyperexport's "
+    "traceable mask builder gives a graph ONNX Runtime cannot run ('invalid expand shape' in "
+    "the Expand of rotary_emb); the dynamo path is fine"
+)
+
+
+def expected_failures(transformers: str | None = None) -> dict[tuple[str, bool], str]:
+    """The zoo's expected failures on a transformers release: ``(recipe, dynamo) -> why``.
+
+    Each is a pair where torch's own plain export of the same model fails too
+    (tests/zoo/test_fail_torch.py); the condition on the release lives in
+    :mod:`hyperexport.versions`.
+
+    Args:
+        transformers: A transformers release (``"4.57.6"``); the installed one when None.
+    """
+    found: dict[tuple[str, bool], str] = {}
+    if versions.swin_attention_by_interface(transformers):
+        found[("zoo_swin", True)] = _SWIN_DYNAMO
+    found[("zoo_cohere", False)] = (
+        _COHERE_TORCHSCRIPT_VMAPPED_MASKS
+        if versions.masks_built_by_vmap(transformers)
+        else _COHERE_TORCHSCRIPT
+    )
+    return found
+
+
+#: The expected failures on the installed transformers (:func:`expected_failures`): the zoo
+#: tests mark each xfail (strict, so a fix shows up) and the README's table says why.
+EXPECTED_FAILURES: dict[tuple[str, bool], str] = expected_failures()
 
 
 def _seeded(seed: int) -> torch.Generator:

@@ -9,7 +9,11 @@ and writes the present keys/values back. With ``hiera=[KVStep]`` each step becom
     (hidden_states, attention_mask, cos, sin, position_ids, past_key, past_value)
         -> (hidden_states, present_key, present_value)
 
-that a generation loop can call. Inside a step the layer sees a one-layer cache at index 0 (its
+that a generation loop can call. The hidden states come back as the layer returned them: a tensor,
+or a one-tensor tuple where the layer returns a tuple (transformers 4.57's Gemma2 and others, whose
+stack takes ``[0]``, while its Llama returns the tensor). Being the step's output structure, it is
+recorded at capture and rebuilt where the step is a function, so :class:`KVCacheLayer` returns what
+the layer it stands for would, on any release, without asking which. Inside a step the layer sees a one-layer cache at index 0 (its
 ``layer_idx`` is set to 0 for the call), so all steps of one structure share a per-type body.
 
 Works for decoders whose layers are called like Llama's (Llama, Qwen2/3, Mistral, ...). Use it
@@ -48,8 +52,13 @@ class KVStep(nn.Module):
         position_ids: torch.Tensor | None,
         past_key: torch.Tensor,
         past_value: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run the layer on a one-layer cache holding ``past_key``/``past_value``."""
+    ) -> tuple[torch.Tensor | tuple[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Run the layer on a one-layer cache holding ``past_key``/``past_value``.
+
+        Returns:
+            The hidden states (a tensor, or ``(tensor,)`` if the layer returns a tuple), the
+            present keys and the present values.
+        """
         from transformers import DynamicCache
 
         cache = DynamicCache()
@@ -63,7 +72,8 @@ class KVStep(nn.Module):
                 use_cache=True,
                 **{cache_keyword(): cache},
             )
-        hidden = out[0] if isinstance(out, tuple) else out
+        # Only the hidden states: the layer's other outputs (attention weights) are not asked for.
+        hidden = (out[0],) if isinstance(out, tuple) else out
         present: Any = cache.layers[0]
         return hidden, present.keys, present.values
 
@@ -87,8 +97,9 @@ class KVCacheLayer(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_ids: torch.Tensor | None = None,
         **kwargs: Any,
-    ) -> torch.Tensor:
-        """Same call convention as a Llama decoder layer; the cache is updated in place."""
+    ) -> torch.Tensor | tuple[torch.Tensor]:
+        """Same call convention as a Llama decoder layer, and the layer's own kind of result (see
+        :class:`KVStep`); the cache is updated in place."""
         cache = kwargs.get(cache_keyword())
         if cache is None or position_embeddings is None:
             raise ValueError("KVCacheLayer needs the model's cache and position embeddings")

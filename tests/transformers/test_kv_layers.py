@@ -98,3 +98,44 @@ def test_swap_is_undone_when_the_export_raises() -> None:
         assert len(wrapped) == 2
         raise RuntimeError("boom")
     assert list(model.layers) == originals
+
+
+def test_a_layer_that_returns_a_tuple_still_gets_one() -> None:
+    """transformers 4.57's Gemma2 layers return ``(hidden,)`` and its stack takes ``[0]`` (5.x's
+    return the tensor): the step model must decode the same with the layers swapped, across the
+    sliding-window and full-attention layers, on a past longer than the window."""
+    from hyperexport.generation.model import CausalLMStep
+
+    config = {
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 8,
+        "max_position_embeddings": 128,
+    }
+    model = zoo.random_transformer("Gemma2ForCausalLM", config, attn_implementation="eager")
+    step = CausalLMStep(model).eval()
+    batch, past, new = 2, 12, 4
+    g = torch.Generator().manual_seed(0)
+    pasts = {
+        str(i): {k: torch.randn(batch, 2, past, 16, generator=g) for k in ("key", "value")}
+        for i in range(2)
+    }
+    args = (
+        torch.randint(3, 128, (batch, new), generator=g),
+        torch.ones(batch, past + new, dtype=torch.int64),
+        torch.arange(past, past + new).expand(batch, -1),
+    )
+    with torch.no_grad():
+        want = step(*args, pasts)
+        with explicit_kv_layers(model):
+            got = step(*args, pasts)
+    torch.testing.assert_close(got["logits"], want["logits"])
+    for i in ("0", "1"):
+        assert got["present"][i]["key"].shape[2] == past + new
+        torch.testing.assert_close(got["present"][i]["key"], want["present"][i]["key"])

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from hyperexport.zoo import EXPECTED_FAILURES
+from hyperexport.zoo import expected_failures
 from tests.helpers.recipes import REFUSED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,12 +27,18 @@ def _script() -> ModuleType:
 
 def test_every_zoo_recipe_was_measured_on_both_paths() -> None:
     table = _script()
-    results = json.loads(table.RESULTS.read_text())["recipes"]
+    measured = json.loads(table.RESULTS.read_text())
+    results = measured["recipes"]
     assert sorted(results) == table.zoo_recipes()
+    # The expected failures of the transformers release the table was measured on.
+    release = measured["environment"].get("transformers")
+    if release is None and REFUSED:  # measured before the release was recorded, not on this one
+        pytest.skip(next(iter(REFUSED.values())) or "")
+    failures = expected_failures(release)
     for name, entry in results.items():
         for label, dynamo in table.PATHS:
             result = entry[label]
-            expected = EXPECTED_FAILURES.get((name, dynamo))
+            expected = failures.get((name, dynamo))
             if expected:
                 assert result == {"ok": False, "expected_failure": expected}
             else:
