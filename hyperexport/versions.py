@@ -239,17 +239,6 @@ def masks_built_by_vmap(transformers: str | None = None) -> bool:
     return not _transformers_from("5", transformers)
 
 
-def swin_attention_by_interface(transformers: str | None = None) -> bool:
-    """Whether transformers' Swin attention goes through the attention interface (SDPA by
-    default), as from 5.x; 4.57's ``SwinSelfAttention`` multiplies and softmaxes by hand, and
-    torch's dynamo export of Swin with a dynamic batch (ours too) works there.
-
-    Args:
-        transformers: A transformers release (``"4.57.6"``); the installed one when None.
-    """
-    return _transformers_from("5", transformers)
-
-
 def masking_export_flags() -> list[tuple[Any, str]]:
     """The functions that tell transformers' mask creation it runs under ``torch.export`` (then
     it always builds the SDPA mask instead of skipping it), as ``(module, name)`` pairs.

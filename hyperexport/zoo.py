@@ -39,14 +39,6 @@ def seq2seq_zoo(recipes_dir: Any) -> list[str]:
     )
 
 
-#: Swin on the dynamo path, where transformers routes its attention through SDPA
-#: (:func:`~hyperexport.versions.swin_attention_by_interface`).
-_SWIN_DYNAMO = (
-    "torch.onnx.export(dynamo=True) fails in its decompositions on Swin with a dynamic batch "
-    "(a view of sdpa's transposed output), plain export too; with eager attention each "
-    "SwinStage returns attention weights whose first dim is batch x windows, a derived dim "
-    "functions cannot express yet"
-)
 #: Cohere on the TorchScript path, by how transformers builds masks
 #: (:func:`~hyperexport.versions.masks_built_by_vmap`): 5.x (broadcast) and 4.x (vmapped).
 _COHERE_TORCHSCRIPT = (
@@ -72,15 +64,12 @@ def expected_failures(transformers: str | None = None) -> dict[tuple[str, bool],
     Args:
         transformers: A transformers release (``"4.57.6"``); the installed one when None.
     """
-    found: dict[tuple[str, bool], str] = {}
-    if versions.swin_attention_by_interface(transformers):
-        found[("zoo_swin", True)] = _SWIN_DYNAMO
-    found[("zoo_cohere", False)] = (
+    cohere = (
         _COHERE_TORCHSCRIPT_VMAPPED_MASKS
         if versions.masks_built_by_vmap(transformers)
         else _COHERE_TORCHSCRIPT
     )
-    return found
+    return {("zoo_cohere", False): cohere}
 
 
 #: The expected failures on the installed transformers (:func:`expected_failures`): the zoo

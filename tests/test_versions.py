@@ -173,16 +173,10 @@ def test_the_later_classes_exist_where_the_installed_release_has_them() -> None:
 
 def test_the_zoo_release_predicates_name_the_release_of_each_change() -> None:
     assert versions.masks_built_by_vmap("4.57.6") and not versions.masks_built_by_vmap("5.24.0")
-    assert versions.swin_attention_by_interface("5.0.0")
-    assert not versions.swin_attention_by_interface("4.57.6")
 
 
 def test_the_zoo_release_predicates_match_the_installed_transformers() -> None:
     pytest.importorskip("transformers")
     from transformers import masking_utils
-    from transformers.models.swin import modeling_swin
 
     assert versions.masks_built_by_vmap() == hasattr(masking_utils, "sdpa_mask_recent_torch")
-    assert versions.swin_attention_by_interface() == hasattr(
-        modeling_swin, "ALL_ATTENTION_FUNCTIONS"
-    )

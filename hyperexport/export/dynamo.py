@@ -266,7 +266,14 @@ def _export_program(
         program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
     table = placeholder_translation_table(program)
     table.update(translations or {})
-    with quiet_exporter(), dynamo_export_caches(), decomposition_without_input_guards():
+    # torch.onnx's decompositions under no_grad too: with autograd on, 5.x Swin's view of SDPA's
+    # transposed output at a symbolic batch fails there ("Cannot view ... [4*s39, 16, 2, 8]").
+    with (
+        quiet_exporter(),
+        torch.no_grad(),
+        dynamo_export_caches(),
+        decomposition_without_input_guards(),
+    ):
         onnx_program = torch.onnx.export(
             program,
             inputs,
