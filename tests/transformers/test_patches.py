@@ -132,7 +132,8 @@ def test_torchscript_encoders_export_with_parity(name, tmp_path, last_hidden, or
 @pytest.mark.parametrize("name", sorted(ALL_MODELS))
 def test_dynamo_exports_with_parity(name, tmp_path, last_hidden, ort_run, diff):
     with export_patches(dynamo=True) as applied:
-        assert applied == ["masks_as_under_torch_export"]
+        # (the MoE patch is applied on every dynamo export too; it only touches MoE blocks)
+        assert "masks_as_under_torch_export" in applied
         path, x, expected = _export(name, True, tmp_path, last_hidden)
     assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
 
