@@ -43,7 +43,7 @@ PINNED_TORCH = "2.13.0"
 FLOORS = {
     "torch": "2.9.1",
     "transformers": "4.57.6",
-    "onnxscript": "0.6.1",
+    "onnxscript": "0.6.2",
     "onnx": "1.19.0",
     "onnx-ir": "0.1.16",
     "onnxruntime": "1.31.0",
