@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Builds the fake recipe with optimize=<argv[3]> into outputs <argv[2]>, cache <argv[1]>. With a
 # 4th argument, publishing writes that marker file just before the swap and waits for its removal.
 DRIVER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from hyperexport.config import BuildSettings
 from hyperexport.builds import publish
@@ -46,7 +46,10 @@ if len(sys.argv) > 4:
     swap = publish._swap_link
 
     def paused(link, directory):
-        marker.write_text(str(directory))
+        # written whole, then renamed: the test polls for the marker and reads it at once
+        part = marker.with_name(marker.name + ".part")
+        part.write_text(str(directory))
+        os.replace(part, marker)
         while marker.exists():
             time.sleep(0.02)
         swap(link, directory)
