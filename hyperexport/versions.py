@@ -218,13 +218,6 @@ def query_position_arguments(module: Any, length: int) -> dict[str, Any]:
     return found
 
 
-def _transformers_from(release: str, version: str | None) -> bool:
-    """Whether transformers ``version`` (the installed one when None) is ``release`` or later."""
-    if version is None:
-        return _at_least("transformers", release)
-    return Version(version.split("+")[0]) >= Version(release)
-
-
 def masks_built_by_vmap(transformers: str | None = None) -> bool:
     """Whether transformers builds SDPA masks with its vmapped builder (4.x's
     ``sdpa_mask_recent_torch``; 5.x broadcasts index tensors instead).
@@ -236,7 +229,8 @@ def masks_built_by_vmap(transformers: str | None = None) -> bool:
     Args:
         transformers: A transformers release (``"4.57.6"``); the installed one when None.
     """
-    return not _transformers_from("5", transformers)
+    found = transformers if transformers is not None else transformers_version()
+    return found is not None and release_in(found, "<5")
 
 
 def masking_export_flags() -> list[tuple[Any, str]]:
