@@ -6,32 +6,54 @@ the build's no-op path never imports them.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
-
-from hyperexport.errors import (
-    CheckError,
-    HieraError,
-    HyperExportError,
-    InputError,
-    ModelForwardError,
-    ModuleExportError,
-    OpsetError,
-    OptionsError,
-    RecipeError,
-    RewriteError,
-    StageError,
-)
-from hyperexport.options import (
-    AttentionOptions,
-    CustomOpSymbolic,
-    ExportOptions,
-    RewriteOptions,
-)
 
 __version__ = "0.1.0"
 
+#: The public names and the modules that define them, imported on first use: so importing the
+#: package loads nothing else (the command line then loads everything through the keyed loader,
+#: ``engine/keyed_imports.py``, and a no-op build never loads torch or onnx).
+_PUBLIC = {
+    "CheckError": "hyperexport.errors",
+    "HieraError": "hyperexport.errors",
+    "HyperExportError": "hyperexport.errors",
+    "InputError": "hyperexport.errors",
+    "ModelForwardError": "hyperexport.errors",
+    "ModuleExportError": "hyperexport.errors",
+    "OpsetError": "hyperexport.errors",
+    "OptionsError": "hyperexport.errors",
+    "RecipeError": "hyperexport.errors",
+    "RewriteError": "hyperexport.errors",
+    "StageError": "hyperexport.errors",
+    "AttentionOptions": "hyperexport.options",
+    "CustomOpSymbolic": "hyperexport.options",
+    "ExportOptions": "hyperexport.options",
+    "RewriteOptions": "hyperexport.options",
+    "export_hyper_onnx": "hyperexport.api",
+}
+
 if TYPE_CHECKING:
     from hyperexport.api import export_hyper_onnx
+    from hyperexport.errors import (
+        CheckError,
+        HieraError,
+        HyperExportError,
+        InputError,
+        ModelForwardError,
+        ModuleExportError,
+        OpsetError,
+        OptionsError,
+        RecipeError,
+        RewriteError,
+        StageError,
+    )
+    from hyperexport.options import (
+        AttentionOptions,
+        CustomOpSymbolic,
+        ExportOptions,
+        RewriteOptions,
+    )
 
 __all__ = [
     "AttentionOptions",
@@ -55,8 +77,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "export_hyper_onnx":
-        from hyperexport.api import export_hyper_onnx
-
-        return export_hyper_onnx
-    raise AttributeError(f"module 'hyperexport' has no attribute {name!r}")
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hyperexport' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

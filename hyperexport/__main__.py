@@ -31,6 +31,8 @@ import sys
 from collections.abc import Sequence
 
 from hyperexport import exit_codes
+from hyperexport.engine.cache_dir import default_cache_dir
+from hyperexport.engine.keyed_imports import default_bytecode_dir, keyed_imports
 
 log = logging.getLogger("hyperexport")
 
@@ -96,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        code = _run(args)
+        # Everything the command imports from here on runs from the source its keys hash
+        # (engine/keyed_imports.py); both modules use the standard library only.
+        with keyed_imports(default_bytecode_dir(default_cache_dir())):
+            code = _run(args)
     except Terminated:
         sys.stdout.flush()
         print(f"[ERROR] {TERMINATED_MESSAGE}", file=sys.stderr)

@@ -23,13 +23,14 @@ from hyperexport.builds.publish import (
     publish_build,
 )
 from hyperexport.config import BuildSettings, Recipe
+from hyperexport.engine.cache_dir import default_cache_dir
 from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import FileDigestIndex, sha256_text
 from hyperexport.engine.machinery import machinery
 from hyperexport.engine.remote import remote_from_settings
 from hyperexport.engine.runner import DEFAULT_VARIANT, REFUSED, BuildRequest, BuildResult, Runner
 from hyperexport.engine.stage import Stage
-from hyperexport.engine.store import default_cache_dir, open_store
+from hyperexport.engine.store import open_store
 from hyperexport.errors import CacheUnavailableError, ForeignPathError
 
 log = logging.getLogger(__name__)

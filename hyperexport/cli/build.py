@@ -44,7 +44,7 @@ from hyperexport.config import (
 from hyperexport.config.hydra import recipes_named, register_resolvers
 from hyperexport.config.paths import DEFAULT_RECIPE
 from hyperexport.config.schema import _outputs_root
-from hyperexport.engine.store import default_cache_dir
+from hyperexport.engine.cache_dir import default_cache_dir
 from hyperexport.errors import RecipeError
 from hyperexport.stages import PIPELINE, model_loader
 

@@ -31,7 +31,8 @@ from hyperexport import exit_codes
 from hyperexport.cli.quantities import human_age, human_size, parse_age, parse_size
 from hyperexport.cli.table import render_table
 from hyperexport.cli.usage import UnusableDirectory, UsageError, check_dir
-from hyperexport.engine.store import CacheStore, default_cache_dir
+from hyperexport.engine.cache_dir import default_cache_dir
+from hyperexport.engine.store import CacheStore
 from hyperexport.errors import CacheUnavailableError
 
 log = logging.getLogger(__name__)

@@ -56,6 +56,7 @@ from hyperexport.engine.hashing import (
     canonical_json,
     sha256_text,
 )
+from hyperexport.engine.keyed_imports import compiled_digest
 from hyperexport.engine.machinery import MACHINERY
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,19 @@ def _distributions_by_top() -> Mapping[str, list[str]]:
 
 
 def _path_entries() -> list[Path]:
-    """The folders of ``sys.path`` (resolved), longest first."""
+    """The folders of ``sys.path`` and the working directory (resolved), longest first.
+
+    Files are named relative to the longest that holds them, so that a checkout, a virtualenv
+    or a working directory elsewhere names them alike: the console script's ``sys.path`` lacks
+    the working directory that ``python -m`` puts first. The filesystem's root is never one.
+    """
     entries = {Path(p or ".").resolve() for p in sys.path if isinstance(p, str)}
-    return sorted((e for e in entries if e.is_dir()), key=lambda e: len(e.parts), reverse=True)
+    entries.add(Path.cwd().resolve())
+    return sorted(
+        (e for e in entries if e.is_dir() and len(e.parts) > 1),
+        key=lambda e: len(e.parts),
+        reverse=True,
+    )
 
 
 def _relative_file(name: str, file: Path, entries: list[Path]) -> str | None:
@@ -183,7 +194,10 @@ def snapshot(index: FileDigestIndex, opened: Iterable[str] = ()) -> DependencySe
             )
             rel = file.as_posix()
         try:
-            modules[name] = [rel, index.digest_at(str(file))]
+            # What ran: the bytes the keyed loader compiled, when it loaded the module
+            # (keyed_imports.py); else the file as it is now.
+            ran = compiled_digest(str(file)) or index.digest_at(str(file))
+            modules[name] = [rel, ran]
             module_files.add(os.path.realpath(file))
         except OSError as e:  # deleted since it was imported: nothing to validate it against
             log.warning("module %s: cannot hash %s (%s); not recorded", name, file, e)

@@ -39,6 +39,7 @@ from hyperexport.engine.code_closure import ImportMemo, package_sources, stage_c
 from hyperexport.engine.discovered import DiscoveredDeps
 from hyperexport.engine.entries import ActionEntry
 from hyperexport.engine.environment import environment_fingerprint
+from hyperexport.engine.keyed_imports import default_bytecode_dir, keyed_imports
 from hyperexport.engine.keys import explain, key_material, key_params, stage_key
 from hyperexport.engine.machinery import machinery
 from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
@@ -218,7 +219,7 @@ class Runner:
         self._final = True
         #: Paths opened by the stages that ran the model in this build (``opened.py``): the
         #: model's load and trace read them, so every later such stage depends on them too.
-        self._opened: set[str] = set()
+        self._opened = opened.Reads()
         self._held = contextlib.ExitStack()  # the single-flight lock of the current stage
         #: The last build's checkouts; kept after :meth:`run` only inside ``with runner:``, for
         #: publishing to take its large copies (:meth:`Workspace.hand_over`).
@@ -231,11 +232,13 @@ class Runner:
         Raises:
             CacheUnavailableError: A stage must run and the cache cannot be written.
         """
+        bytecode = None if self.store.read_only else default_bytecode_dir(self.store.root)
         try:
             for attempt in range(_ATTEMPTS):
                 self._final = attempt == _ATTEMPTS - 1
                 try:
-                    return self._run_once(request)
+                    with keyed_imports(bytecode):  # the code that runs is the code keyed
+                        return self._run_once(request)
                 except _CorruptUpstream as e:
                     log.warning("%s; discarding that cache entry and rebuilding", e)
                     for key in e.keys:
@@ -247,7 +250,7 @@ class Runner:
 
     def _run_once(self, request: BuildRequest) -> BuildResult:
         result = BuildResult()
-        self._opened = set()
+        self._opened = opened.Reads()
         model = _Memo(self.load_model)
         workspace = self._new_workspace()
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hyperexport.engine import locks
+from hyperexport.engine.cache_dir import ENV_CACHE_DIR
 from hyperexport.engine.entries import ActionEntry, OutputFile
 from hyperexport.engine.hashing import FileDigestIndex, atomic_write_json, sha256_file
 from hyperexport.errors import CacheUnavailableError
@@ -55,23 +56,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENV_CACHE_DIR = "HYPEREXPORT_CACHE_DIR"
 # Blobs up to this size are fully re-hashed when an entry is looked up; larger ones are checked
 # by size there and by digest whenever they are copied out.
 VERIFY_LIMIT = 4 << 20
 _READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
-
-
-def default_cache_dir(configured: str | os.PathLike[str] | None = None) -> Path:
-    """``configured``, else ``$HYPEREXPORT_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or ``~/.cache``."""
-    if configured:
-        return Path(configured).expanduser().resolve()
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env).expanduser().resolve()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return (base / "hyperexport").resolve()
 
 
 class CorruptBlobError(ValueError):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.engine.store import ActionEntry, CacheStore, default_cache_dir
+from hyperexport.engine.cache_dir import default_cache_dir
+from hyperexport.engine.store import ActionEntry, CacheStore
 
 KEY = "ab" * 32
 
