@@ -189,6 +189,35 @@ def test_edited_module_imported_by_the_model_reruns(
     assert again.report is not None and again.report["check"]["ok"] is True  # ORT vs torch
 
 
+def test_an_edit_that_keeps_size_and_mtime_runs_the_new_source(user: Path, tmp_path: Path) -> None:
+    """Issue 32: an edited .py whose size and mtime stayed the same ran from its stale .pyc,
+    and the old code's model was stored under the new source's key."""
+    import py_compile
+    import subprocess
+
+    helpers = user.parent / "hxk_helpers.py"
+    py_compile.compile(  # the bytecode Python itself would write, recording mtime and size
+        str(helpers), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP
+    )
+    cache, outputs = tmp_path / "cache", tmp_path / "out"
+    before = model_bytes(build(load(user), cache, outputs))
+    stat = helpers.stat()
+    helpers.write_text(HELPERS.replace("torch.relu(x)", "torch.tanh(x)"))  # the same size
+    os.utime(helpers, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    stale = subprocess.run(  # the default loader still runs relu: the hazard is real here
+        [sys.executable, "-c", "import hxk_helpers, torch; print(hxk_helpers.act(-torch.ones(1)))"],
+        cwd=user.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "tensor([0.])" in stale.stdout
+    again = build(load(user), cache, outputs)
+    assert reasons(again)["trace"] == "model code changed (hxk_helpers.py)"
+    assert model_bytes(again) != before  # tanh was exported, not the stale relu
+    assert again.report is not None and again.report["check"]["ok"] is True
+
+
 def test_swapped_checkpoint_with_mtime_restored_reruns(user: Path, tmp_path: Path) -> None:
     import hxk_model  # type: ignore[import-not-found]
     from safetensors.torch import save_file
