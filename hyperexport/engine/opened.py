@@ -3,19 +3,27 @@
 Python raises an audit event for every file it opens (``open``: built-in ``open``, ``io``,
 ``os.open``, ``pathlib``) and for every shared library ``ctypes`` loads (``ctypes.dlopen``).
 One audit hook (:func:`sys.addaudithook`: it cannot be removed, so it is installed once per
-process and does nothing outside :func:`recording`) collects the regular files opened for
-reading while a stage that runs the model runs. The runner keys them by content, beside the
-modules that were loaded (:mod:`hyperexport.engine.discovered`).
+process and does nothing outside :func:`recording`) collects, per thread, the files opened
+while a stage that runs the model runs. The runner keys the regular files among them that were
+read by content, beside the modules that were loaded (:mod:`hyperexport.engine.discovered`).
 
-Not collected:
+Not keyed:
 
+* what the stage wrote itself: a file it opened for writing, or whose status changed after the
+  recording began (created or rewritten by the stage, native code included: torch's exporter
+  writing an ONNX file, then reading it back). That is the build's own scratch space;
 * what native code opens without an audit event: safetensors and tokenizers reading a
   checkpoint, the dynamic linker loading a library's dependencies. A checkpoint and every
   file or folder a ``model:`` argument names are keyed by content already; anything else native
   code reads must be declared;
-* ``/proc``, ``/dev``, ``/sys``, the temporary directory, ``__pycache__``, and the paths the
-  caller excludes (the cache, the outputs, the files keyed already);
-* files opened for writing.
+* ``/proc``, ``/dev``, ``/sys``, ``__pycache__``, and the paths the caller excludes (the cache,
+  the outputs, the files keyed already).
+
+A file in the temporary directory is keyed like any other: a model that reads
+``/tmp/x/gain.json`` depends on it (an earlier design left the temporary directory out, and a
+changed ``gain.json`` was then a cache hit on every machine). What torch and transformers read
+there for themselves during a trace or export is nothing (measured on every recipe kind, both
+export paths: only the cache's own checkouts, which are excluded as the cache).
 """
 
 from __future__ import annotations
@@ -23,27 +31,44 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import tempfile
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 _SYSTEM_PREFIXES = ("/proc/", "/dev/", "/sys/")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _lock = threading.Lock()
-_active: list[tuple[int, set[str]]] = []
+_active: list[tuple[int, Reads]] = []
 _installed = False
 
 
-def _opened_path(event: str, args: tuple[Any, ...]) -> str | None:
-    """The path a read-only ``open`` or a ``ctypes.dlopen`` names, else None."""
+@dataclass
+class Reads:
+    """What the stages that run the model opened in one build.
+
+    Attributes:
+        read: Paths opened for reading, or loaded with ``ctypes`` (absolute as given).
+        written: Paths opened for writing.
+        since_ns: When the first recording began (``time.time_ns()``); a file whose status
+            changed later is the build's own.
+    """
+
+    read: set[str] = field(default_factory=set)
+    written: set[str] = field(default_factory=set)
+    since_ns: int | None = None
+
+
+def _opened_path(event: str, args: tuple[Any, ...]) -> tuple[str, bool] | None:
+    """``(path, for writing)`` of an ``open`` or a ``ctypes.dlopen``, else None."""
+    writing = False
     if event == "open":
         path, mode, flags = (*args, None, None, None)[:3]
         if isinstance(mode, str):
-            if any(c in mode for c in "wax+"):
-                return None
-        elif isinstance(flags, int) and flags & _WRITE_FLAGS:
-            return None
+            writing = any(c in mode for c in "wax+")
+        elif isinstance(flags, int):
+            writing = bool(flags & _WRITE_FLAGS)
     elif event == "ctypes.dlopen":
         path = args[0] if args else None
     else:
@@ -52,20 +77,22 @@ def _opened_path(event: str, args: tuple[Any, ...]) -> str | None:
         path = os.fsdecode(path)
     if not isinstance(path, str) or not path:
         return None
-    return path
+    return path, writing
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
     if not _active or event not in ("open", "ctypes.dlopen"):
         return
-    path = _opened_path(event, args)
-    if path is None:
+    found = _opened_path(event, args)
+    if found is None:
         return
+    path, writing = found
     thread = threading.get_ident()
     with _lock:
-        for owner, sink in _active:
+        for owner, reads in _active:
             if owner == thread:
-                sink.add(os.path.abspath(path) if os.sep in path else path)
+                where = reads.written if writing else reads.read
+                where.add(os.path.abspath(path) if os.sep in path else path)
 
 
 def _install() -> None:
@@ -77,42 +104,41 @@ def _install() -> None:
 
 
 @contextlib.contextmanager
-def recording(sink: set[str]) -> Iterator[set[str]]:
-    """Collect into ``sink`` the paths this thread opens for reading (or dlopens) inside the
-    block; other threads (a remote tier's I/O loop, a server in a test) are not the model.
+def recording(reads: Reads) -> Iterator[Reads]:
+    """Collect into ``reads`` the paths this thread opens inside the block; other threads (a
+    remote tier's I/O loop, a server in a test) are not the model.
 
     Paths are absolute as given (not resolved); a ``dlopen`` of a bare library name
     (``libm.so.6``, found by the dynamic linker) is kept as that name and dropped by
     :func:`regular_files`.
     """
     _install()
-    entry = (threading.get_ident(), sink)
+    if reads.since_ns is None:
+        reads.since_ns = time.time_ns()
+    entry = (threading.get_ident(), reads)
     with _lock:
         _active.append(entry)
     try:
-        yield sink
+        yield reads
     finally:
         with _lock:
             _active.remove(entry)
 
 
-def _excluded_prefixes(extra: tuple[str, ...]) -> tuple[str, ...]:
-    temp = os.path.realpath(tempfile.gettempdir())
-    return tuple(p.rstrip(os.sep) + os.sep for p in (*extra, temp)) + _SYSTEM_PREFIXES
-
-
-def regular_files(paths: set[str], exclude: tuple[str, ...] = ()) -> list[str]:
-    """The regular files among ``paths``, resolved, outside the excluded places, sorted.
+def regular_files(reads: Reads, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The regular files the stages read and did not write themselves, resolved, outside the
+    excluded places, sorted.
 
     Args:
-        paths: What :func:`recording` collected.
+        reads: What :func:`recording` collected.
         exclude: Folders (or files) whose content is keyed otherwise or that are the build's
             own (the cache, the outputs, the checkpoint).
     """
-    prefixes = _excluded_prefixes(tuple(os.path.realpath(e) for e in exclude))
-    exact = {os.path.realpath(e) for e in exclude}
+    excluded = tuple(os.path.realpath(e) for e in exclude)
+    prefixes = tuple(p.rstrip(os.sep) + os.sep for p in excluded) + _SYSTEM_PREFIXES
+    exact = set(excluded) | {os.path.realpath(p) for p in reads.written if os.path.isabs(p)}
     found = set()
-    for path in paths:
+    for path in reads.read:
         if not os.path.isabs(path) or path.startswith(_SYSTEM_PREFIXES):
             continue
         real = os.path.realpath(path)
@@ -121,7 +147,18 @@ def regular_files(paths: set[str], exclude: tuple[str, ...] = ()) -> list[str]:
             or (real + os.sep).startswith(prefixes)
             or "__pycache__" in real.split(os.sep)
             or not os.path.isfile(real)
+            or _changed_since(real, reads.since_ns)
         ):
             continue
         found.add(real)
     return sorted(found)
+
+
+def _changed_since(path: str, since_ns: int | None) -> bool:
+    """Whether ``path``'s status changed at or after ``since_ns``: the stage made it."""
+    if since_ns is None:
+        return False
+    try:
+        return os.stat(path).st_ctime_ns >= since_ns
+    except OSError:
+        return True

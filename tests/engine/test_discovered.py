@@ -6,8 +6,10 @@ import importlib
 import json
 import logging
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,24 +219,20 @@ def test_an_edited_installed_library_is_a_change(installed: Path, tmp_path: Path
     assert restored.key == pristine_key == full_key(DECLARED, deps) != patched_key
 
 
-def test_files_the_model_read_are_keyed_by_content(
-    user_code: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_files_the_model_read_are_keyed_by_content(user_code: Path, tmp_path: Path) -> None:
     from hyperexport.engine import opened
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # tmp_path is not temp here
 
     data = user_code / "table.txt"
     data.write_text("1 2 3")
     outside = tmp_path / "elsewhere.bin"
     outside.write_bytes(b"x")
-    seen: set[str] = set()
-    with opened.recording(seen):
+    reads = opened.Reads()
+    with opened.recording(reads):
         data.read_text()
         with open(outside, "rb"):
             pass
         (user_code / "written.txt").write_text("not a dependency")
-    files = opened.regular_files(seen, exclude=())
+    files = opened.regular_files(reads, exclude=())
     assert str(data.resolve()) in files and str(outside.resolve()) in files
     assert str((user_code / "written.txt").resolve()) not in files
     index = FileDigestIndex(None)
@@ -247,19 +245,54 @@ def test_files_the_model_read_are_keyed_by_content(
     assert describe(found) == "file read by the model changed (table.txt)"
 
 
-def test_the_temporary_directory_and_excluded_folders_are_not_recorded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_file_in_the_temporary_directory_is_keyed_like_any_other(tmp_path: Path) -> None:
+    """Issue 32: a model reading /tmp/x/gain.json got an empty record, which matched anywhere."""
     from hyperexport.engine import opened
 
-    temp, cache, pycache = tmp_path / "tmp", tmp_path / "cache", tmp_path / "__pycache__"
-    for folder in (temp, cache, pycache):
+    assert tmp_path.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+    gain = tmp_path / "gain.json"
+    gain.write_text('{"gain": 1.0}')
+    time.sleep(0.05)  # its status predates the recording
+    reads = opened.Reads()
+    with opened.recording(reads):
+        gain.read_text()
+    files = opened.regular_files(reads, exclude=())
+    assert files == [str(gain.resolve())]
+    index = FileDigestIndex(None)
+    deps = snapshot(index, files)
+    assert list(deps["files"].values()) == [index.digest(gain)]
+    gain.write_text('{"gain": 4.75}')
+    assert changes(deps, FileDigestIndex(None)) == [f"file:{next(iter(deps['files']))}"]
+
+
+def test_what_the_stage_wrote_itself_is_not_a_dependency(tmp_path: Path) -> None:
+    """Its own scratch: opened for writing, or made after the recording began (as native code
+    does, without an audit event), then read back."""
+    from hyperexport.engine import opened
+
+    reads = opened.Reads()
+    with opened.recording(reads):
+        written = tmp_path / "written.onnx"
+        written.write_bytes(b"model")
+        written.read_bytes()
+        native = tmp_path / "native.bin"  # written where no audit event is raised
+        subprocess.run(["sh", "-c", f"printf model > '{native}'"], check=True)
+        native.read_bytes()
+    assert str(written) in reads.written
+    assert str(native) in reads.read and str(native) not in reads.written
+    assert opened.regular_files(reads, exclude=()) == []
+
+
+def test_system_and_excluded_folders_are_not_recorded(tmp_path: Path) -> None:
+    from hyperexport.engine import opened
+
+    cache, pycache = tmp_path / "cache", tmp_path / "__pycache__"
+    for folder in (cache, pycache):
         folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    paths = {tmp_path / "kept.txt", temp / "t", cache / "blob", pycache / "m.pyc"}
+    paths = {tmp_path / "kept.txt", cache / "blob", pycache / "m.pyc"}
     for path in paths:
         path.write_text("x")
-    found = opened.regular_files(
-        {*map(str, paths), "/proc/self/status", "libm.so.6"}, (str(cache),)
-    )
-    assert found == [str((tmp_path / "kept.txt").resolve())]
+    time.sleep(0.05)
+    reads = opened.Reads(read={*map(str, paths), "/proc/self/status", "libm.so.6"})
+    reads.since_ns = time.time_ns()
+    assert opened.regular_files(reads, (str(cache),)) == [str((tmp_path / "kept.txt").resolve())]
