@@ -3,8 +3,10 @@
 * The environment fingerprint (Python and library versions) is the engine's
   (:mod:`hyperexport.engine.environment`); :data:`ENV_DISTRIBUTIONS` is what a report lists.
 * The model fingerprint covers the model's *declared code*: the top-level modules the recipe
-  names (installed distributions by name, version and a digest of their RECORD file; local,
-  non-installed packages by a digest of their source files, names relative); names inside
+  names (installed distributions by name, version and a digest of the files they hold inside
+  their own package, from their RECORD: never what the installer wrote for the machine, such as
+  a console script naming the virtualenv's Python; local, non-installed packages by a digest of
+  their source files, names relative); names inside
   hyperexport (a factory in ``hyperexport.zoo``) join the code the stage runs
   (:func:`package_modules`). The code those modules import in turn is found when the stage runs
   (:mod:`hyperexport.engine.discovered`). It also covers the model's *weights and files*: the
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import functools
 import importlib.metadata as metadata
@@ -108,15 +111,42 @@ def module_fingerprint(top: str, index: FileDigestIndex) -> dict[str, Any]:
     if any(part in SITE_DIRS for part in root.parts):
         dist = _distribution_of(top)
         if dist is not None:
-            record = dist.read_text("RECORD") or ""
             return {
                 "kind": "dist",
                 "name": dist.metadata["Name"],
                 "version": dist.version,
-                "record": sha256_text(record),
+                "files": package_files_digest(dist, root, index),
             }
         log.warning("no distribution owns installed module %r; hashing its sources", top)
     return {"kind": "local", "digest": _local_digest(root, index)}
+
+
+def package_files_digest(dist: metadata.Distribution, root: Path, index: FileDigestIndex) -> str:
+    """A digest of the files an installed distribution holds inside its own package ``root``.
+
+    From the hashes its ``RECORD`` lists for them, which the wheel carried: what the installer
+    wrote for itself (console scripts, whose first line names the virtualenv's Python, the
+    ``.dist-info`` folder, ``.pth`` files) lies outside the package and does not count, and
+    neither do compiled ``__pycache__`` files. Without a ``RECORD`` (another installer), the
+    package's source files are hashed instead.
+    """
+    record = dist.read_text("RECORD")
+    site = dist.locate_file("")
+    try:
+        prefix = Path(root).resolve().relative_to(Path(str(site)).resolve()).as_posix()
+    except ValueError:
+        prefix = None
+    if record is None or prefix is None:
+        return _local_digest(root, index)
+    inside = prefix if root.is_file() else f"{prefix}/"
+    entries = []
+    for row in csv.reader(record.splitlines()):
+        if len(row) < 2 or not row[1]:
+            continue
+        path = row[0]
+        if (path == inside or path.startswith(inside)) and "__pycache__" not in path:
+            entries.append((path, row[1]))
+    return sha256_text(canonical_json(sorted(entries)))
 
 
 def code_fingerprint(import_paths: Iterable[str], index: FileDigestIndex) -> dict[str, Any]:

@@ -35,11 +35,49 @@ def test_environment_fingerprint_reads_versions_without_importing() -> None:
     assert fp["packages"]["hyperexport"] is not None
 
 
-def test_installed_distribution_by_record(tmp_path: Path) -> None:
+def test_installed_distribution_by_its_package_files(tmp_path: Path) -> None:
     fp = module_fingerprint("transformers", FileDigestIndex(None))
     assert fp["kind"] == "dist"
     assert fp["name"] == "transformers"
-    assert len(fp["record"]) == 64
+    assert len(fp["files"]) == 64
+
+
+def _fake_install(site: Path, script: str, module: str) -> None:
+    """Distribution ``hxf-dist`` in ``site`` as pip lays it out: a package, its dist-info, and
+    a RECORD that lists a console script whose text names the virtualenv's Python."""
+    (site / "hxf_pkg").mkdir(parents=True, exist_ok=True)
+    (site / "hxf_pkg" / "__init__.py").write_text(module)
+    info = site / "hxf_dist-1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hxf-dist\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("hxf_pkg\n")
+    digest = hashing.sha256_text(module)
+    (info / "RECORD").write_text(
+        f"hxf_pkg/__init__.py,sha256={digest},{len(module)}\n"
+        "hxf_pkg/__pycache__/__init__.cpython-311.pyc,,\n"
+        f"../../../bin/hxf,sha256={hashing.sha256_text(script)},{len(script)}\n"
+        "hxf_dist-1.0.dist-info/RECORD,,\n"
+        f"hxf_dist-1.0.dist-info/direct_url.json,sha256={hashing.sha256_text(str(site))},9\n"
+    )
+
+
+def test_what_the_installer_wrote_for_the_machine_is_not_keyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: RECORD's digest of a console script (``#!/path/to/venv/bin/python``) made two
+    virtualenvs of one stack key the same model differently."""
+    found = {}
+    for venv, module in (("a", "GAIN = 1\n"), ("bb", "GAIN = 1\n"), ("c", "GAIN = 2\n")):
+        site = tmp_path / venv / "lib" / "site-packages"
+        _fake_install(site, f"#!{tmp_path / venv}/bin/python\nimport hxf_pkg\n", module)
+        monkeypatch.syspath_prepend(str(site))
+        for name in [m for m in sys.modules if m == "hxf_pkg"]:
+            del sys.modules[name]
+        found[venv] = module_fingerprint("hxf_pkg", FileDigestIndex(None))
+        monkeypatch.undo()
+    assert found["a"]["kind"] == "dist" and found["a"]["version"] == "1.0"
+    assert found["a"] == found["bb"]  # other paths, other scripts: the same package
+    assert found["a"] != found["c"]  # another package file: another key
 
 
 def test_local_module_digest_follows_its_source(
