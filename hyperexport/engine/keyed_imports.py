@@ -57,6 +57,13 @@ _depth = 0
 _finder: _KeyedFinder | None = None
 
 
+def active_bytecode_dir() -> Path | None:
+    """The folder the keyed loader keeps its .pyc files in now (None outside a block): what it
+    reads there is the loader's, not the model's (:mod:`.opened` must not key it)."""
+    finder = _finder
+    return None if finder is None else finder.loader.bytecode_dir
+
+
 def compiled_digest(path: str | os.PathLike[str]) -> str | None:
     """The sha256 of the source bytes :class:`KeyedSourceLoader` compiled for ``path`` (as
     the module's ``__file__`` names it), or None if it did not load that file."""

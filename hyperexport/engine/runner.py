@@ -39,7 +39,11 @@ from hyperexport.engine.code_closure import ImportMemo, package_sources, stage_c
 from hyperexport.engine.discovered import DiscoveredDeps
 from hyperexport.engine.entries import ActionEntry
 from hyperexport.engine.environment import environment_fingerprint
-from hyperexport.engine.keyed_imports import default_bytecode_dir, keyed_imports
+from hyperexport.engine.keyed_imports import (
+    active_bytecode_dir,
+    default_bytecode_dir,
+    keyed_imports,
+)
 from hyperexport.engine.keys import explain, key_material, key_params, stage_key
 from hyperexport.engine.machinery import machinery
 from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
@@ -340,7 +344,12 @@ class Runner:
         files the model opened."""
         if not stage.needs_model:
             return declared
-        exclude = (str(self.store.root), *request.not_discovered)
+        bytecode = active_bytecode_dir()  # the keyed loader's own reads
+        exclude = (
+            str(self.store.root),
+            *request.not_discovered,
+            *([str(bytecode)] if bytecode is not None else []),
+        )
         return self.discovered.record(declared, opened.regular_files(self._opened, exclude))
 
     def _one(
