@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hyperexport.engine.code_closure import ModuleSource, stage_code
+from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import canonical_json, sha256_text
+
+if TYPE_CHECKING:
+    from hyperexport.engine.stage import Stage
 
 _MAX_CHANGES = 3
 _MAX_VALUE = 40
@@ -50,6 +55,45 @@ def key_material(
         "model": dict(model),
         "code": dict(code or {}),
     }
+
+
+def declared_material(
+    stage: Stage,
+    params: Mapping[str, Any],
+    upstream: Mapping[str, Mapping[str, str]],
+    *,
+    model: Mapping[str, Any],
+    code_roots: Iterable[str],
+    sources: dict[str, ModuleSource],
+) -> dict[str, Any]:
+    """The declared key material of ``stage``: only what it reads and runs.
+
+    The one place that says what a stage's key covers: the runner keys builds with it, and the
+    lock file (``hyperexport.lock``) records it, without building, for every locked variant.
+
+    Args:
+        stage: The stage.
+        params: Its recipe slice (:func:`~hyperexport.engine.stage.recipe_slice`).
+        upstream: ``{stage: {file: digest}}`` of the upstream outputs it reads (empty where
+            they are not known: a dry run's later stages, the lock).
+        model: The model fingerprint; keyed only by a stage that runs the model.
+        code_roots: Modules of the keyed package the model's recipe names (a factory inside
+            it): code the stages running the model run besides their own.
+        sources: The keyed package's modules (:func:`~hyperexport.engine.code_closure.
+            package_sources`).
+    """
+    keyed_model = model if stage.needs_model else {}
+    return key_material(
+        stage=stage.name,
+        version=stage.version,
+        params=key_params(params, keyed_model.get("files", {})),
+        upstream=upstream,
+        env=environment_fingerprint(stage.libraries),
+        model=keyed_model,
+        code=stage_code(
+            type(stage).__module__, tuple(code_roots) if stage.needs_model else (), sources
+        ),
+    )
 
 
 #: What replaces a path-valued param in the key: the file's digests are keyed instead (under
@@ -172,7 +216,7 @@ def explain(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> s
     prev_env, cur_env = previous.get("env", {}), current.get("env", {})
     if prev_env != cur_env:
         reasons += [c.removeprefix("packages.") for c in diff_values(prev_env, cur_env)]
-    reasons += _model_reasons(previous.get("model", {}), current.get("model", {}))
+    reasons += model_reasons(previous.get("model", {}), current.get("model", {}))
     reasons += _code_reasons(previous.get("code", {}), current.get("code", {}))
     if not reasons:
         return "same inputs as the last build"
@@ -182,17 +226,19 @@ def explain(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> s
     return ", ".join(shown)
 
 
-def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+def model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What changed of a model fingerprint, as reasons (the build's, and the lock file's)."""
     reasons = []
     old_code, new_code = old.get("code", {}), new.get("code", {})
     changed = sorted(m for m in set(old_code) | set(new_code) if old_code.get(m) != new_code.get(m))
     if changed:
-        reasons.append(f"model code changed ({', '.join(changed)})")
+        shown = [_code_change(m, old_code.get(m), new_code.get(m)) for m in changed]
+        reasons.append(f"model code changed ({', '.join(shown)})")
     if old.get("weights") != new.get("weights"):
         reasons += diff_values(old.get("weights"), new.get("weights"), label="weights") or [
             "weights changed"
         ]
-    old_env, new_env = old.get("env", {}), new.get("env", {})
+    old_env, new_env = _declared_env(old.get("env")), _declared_env(new.get("env"))
     for name in sorted(set(old_env) | set(new_env)):
         if name not in old_env:
             reasons.append(f"env {name} declared")
@@ -211,6 +257,34 @@ def _model_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
                 f"files of {name} changed ({which})" if which else f"files of {name} changed"
             )
     return reasons
+
+
+def _declared_env(value: Any) -> dict[str, Any]:
+    """``{name: what is known of its value}``; a list names the variables only (the lock)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    return {str(name): "declared" for name in value or ()}
+
+
+def _short(value: Any) -> str:
+    return str(value)[:8] if value else "none"
+
+
+def _code_change(name: str, old: Any, new: Any) -> str:
+    """``transformers 5.24.0→5.25.0``, ``transformers files 30e8a68b→5c0d3606``,
+    ``my_models 1f2e3d4c→9a8b7c6d``, ``my_models added``: what changed of one top-level module
+    the recipe names (its fingerprint: :func:`hyperexport.builds.fingerprint.module_fingerprint`)."""
+    if not isinstance(old, Mapping):
+        return f"{name} added"
+    if not isinstance(new, Mapping):
+        return f"{name} removed"
+    if old.get("kind") != new.get("kind"):
+        return f"{name} {old.get('kind')}→{new.get('kind')}"
+    if old.get("version") != new.get("version"):
+        return f"{name} {old.get('version')}→{new.get('version')}"
+    if old.get("files") != new.get("files"):
+        return f"{name} files {_short(old.get('files'))}→{_short(new.get('files'))}"
+    return f"{name} {_short(old.get('digest'))}→{_short(new.get('digest'))}"
 
 
 #: How many changed files of a checkpoint a reason names before it counts the rest.

@@ -35,16 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.engine import discovered, opened
-from hyperexport.engine.code_closure import ImportMemo, package_sources, stage_code
+from hyperexport.engine.code_closure import ImportMemo, package_sources
 from hyperexport.engine.discovered import DiscoveredDeps
 from hyperexport.engine.entries import ActionEntry
-from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.keyed_imports import (
     active_bytecode_dir,
     default_bytecode_dir,
     keyed_imports,
 )
-from hyperexport.engine.keys import explain, key_material, key_params, stage_key
+from hyperexport.engine.keys import declared_material, explain, stage_key
 from hyperexport.engine.machinery import machinery
 from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
 from hyperexport.engine.store import CacheStore, CorruptBlobError, Lookup
@@ -315,20 +314,14 @@ class Runner:
         params: Mapping[str, Any],
         upstream: Mapping[str, Mapping[str, str]],
     ) -> dict[str, Any]:
-        """The declared key material of ``stage``: only what it reads and runs."""
-        model = request.model if stage.needs_model else {}
-        return key_material(
-            stage=stage.name,
-            version=stage.version,
-            params=key_params(params, model.get("files", {})),
-            upstream=upstream,
-            env=environment_fingerprint(stage.libraries),
-            model=model,
-            code=stage_code(
-                type(stage).__module__,
-                request.code_roots if stage.needs_model else (),
-                package_sources(memo=self.imports),
-            ),
+        """The declared key material of ``stage`` (:func:`~.keys.declared_material`)."""
+        return declared_material(
+            stage,
+            params,
+            upstream,
+            model=request.model,
+            code_roots=request.code_roots,
+            sources=package_sources(memo=self.imports),
         )
 
     def _resolve(self, stage: Stage, declared: str) -> tuple[str | None, str]:

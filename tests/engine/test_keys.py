@@ -48,7 +48,15 @@ def test_reason_for_upstream_env_model_version() -> None:
     env = {"python": "3.11", "packages": {"torch": "2.14.0"}}
     assert explain(old, _material(env=env)) == "torch 2.13.0→2.14.0"
     model = {"code": {"transformers": {"version": "5.25.0"}}, "weights": {"seed": 0}}
-    assert explain(old, _material(model=model)) == "model code changed (transformers)"
+    assert explain(old, _material(model=model)) == "model code changed (transformers 5.24.0→5.25.0)"
+    dist = {"kind": "dist", "name": "transformers", "version": "5.24.0", "files": "a" * 64}
+    before = _material(model={"code": {"transformers": dist}, "weights": {"seed": 0}})
+    for change, said in (
+        ({"version": "5.25.0"}, "transformers 5.24.0→5.25.0"),
+        ({"files": "b" * 64}, "transformers files aaaaaaaa→bbbbbbbb"),  # a local patch
+    ):
+        after = _material(model={"code": {"transformers": {**dist, **change}}, "weights": {"seed": 0}})
+        assert explain(before, after) == f"model code changed ({said})"
     assert explain(old, _material(version=2)) == "stage version 1→2"
     assert explain(None, old) == "no previous build"
 

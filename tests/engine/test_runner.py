@@ -96,7 +96,7 @@ def test_model_fingerprint_change_reruns_the_stages_that_run_the_model(store: Ca
     model = {"code": {"m": {"kind": "local", "digest": "1" * 64}}, "weights": {"seed": 0}}
     result = _build(store, stages, model=model)
     assert statuses(result) == {"trace": "ran", "export": "ran", "rewrite": "hit", "check": "hit"}
-    assert result.stages[0].reason == "model code changed (m)"
+    assert result.stages[0].reason == "model code changed (m 00000000→11111111)"
 
 
 def test_failing_stage_leaves_no_entry_and_names_module(store: CacheStore) -> None:
