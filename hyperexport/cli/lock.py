@@ -101,7 +101,11 @@ def _lock(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.recipe) - {v.recipe for v in variants})
     if unknown:
         raise UsageError(f"--recipe {', '.join(unknown)}: not a locked variant's recipe")
-    old = read_lock(args.lock_file)
+    try:
+        old = read_lock(args.lock_file)
+    except RecipeError as e:  # another format (or not a lock): rewritten whole
+        log.warning("%s: %s; rewriting it whole", args.lock_file, e.reason)
+        old = {}
     selected = [v for v in variants if not args.recipe or v.recipe in args.recipe]
     entries = {name: e for name, e in old.items() if name in {v.name for v in variants}}
     code = exit_codes.OK

@@ -3,19 +3,26 @@
 Like ``dvc.lock``, the file is committed; a pull request's diff of it shows which models the
 change rebuilds. It holds one entry per variant CI builds (by default every recipe of
 ``recipes/`` at its default variant; ``conf/lock.yaml`` may list others), keyed
-``<recipe>/<variant>``. Each entry records only what does not depend on the machine:
+``<recipe>/<variant>``, and one table of the hyperexport sources those builds run. Everything in
+it is the declared key material of the stages (:func:`hyperexport.engine.keys.
+declared_material`, the function the build keys with), minus what only a build knows (the
+upstream outputs), and nothing of the machine:
 
-* ``fields``: the recipe fields the stages read, as they are keyed (a checkpoint path is
-  replaced by the digests of its files, so moving it is no change);
-* ``digests``: sha256 of the hyperexport code the stages run (with the stage versions), of the
-  model (its code, weights and files) and of the recipe slice;
-* ``versions``: the libraries the stages declare, and Python's major.minor;
+* ``sources`` (top level): ``{path: token digest}`` of every hyperexport module a locked stage
+  runs;
+* per variant, ``fields``: the recipe fields the stages read, as they are keyed (a checkpoint
+  path is replaced by the digests of its files, so moving it is no change);
+* ``model``: the model fingerprint (the code the recipe names, by distribution version and
+  package-file digest or by source digest; the weights; the files ``model:`` arguments name),
+  with the names of the environment variables it declares but never their values;
+* ``stages``: each stage's version and the digest of the code it runs;
+* ``versions``: the libraries the stages declare, and Python's major.minor (``constraints.txt``
+  pins each of them, so the lock holds on any machine that installs it);
 * ``artifacts``: the sha256 of each published file, when the variant was built by ``lock``.
 
-The file is JSON with sorted keys and one value per line, so it diffs well. The inputs are
-computed the way the build computes its stage keys, without building and without torch
-(:func:`variant_inputs`); :func:`compare` says what differs between two entries, in the same
-words as a build's reasons.
+The file is JSON with sorted keys and one value per line, so it diffs well. :func:`compare`
+says what differs, in the build's own words: the field, the model's module and its digest or
+version, the checkpoint file, the hyperexport source.
 """
 
 from __future__ import annotations
@@ -38,8 +45,8 @@ log = logging.getLogger(__name__)
 LOCK_FILE = REPO_ROOT / "hyperexport.lock"
 #: The optional list of variants CI builds.
 LOCK_CONFIG = CONF_DIR / "lock.yaml"
-#: Format version of the file.
-LOCK_FORMAT = 1
+#: Format version of the file (2: sources, model and stages itemised, so reasons name them).
+LOCK_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class LockEntry:
         return {
             "recipe": self.recipe,
             "overrides": list(self.overrides),
-            **self.inputs,
+            **{k: v for k, v in self.inputs.items() if k != SOURCES},
             "artifacts": dict(sorted(self.artifacts.items())),
         }
 
@@ -83,6 +90,11 @@ class LockEntry:
             inputs,
             {str(k): str(v) for k, v in (data.get("artifacts") or {}).items()},
         )
+
+
+#: The inputs' key of the sources a variant's stages run (``{path: digest}``); the file keeps one
+#: table of them at the top level, and each entry its stages' code digests.
+SOURCES = "sources"
 
 
 def locked_variants(config: Path = LOCK_CONFIG, recipes_dir: Path = RECIPES_DIR) -> list[Variant]:
@@ -115,17 +127,18 @@ def locked_variants(config: Path = LOCK_CONFIG, recipes_dir: Path = RECIPES_DIR)
 
 
 def variant_inputs(variant: Variant) -> dict[str, Any]:
-    """What ``variant``'s build depends on, machine-independent, computed without building.
+    """What ``variant``'s build depends on, machine-independent, computed without building:
+    each stage's declared key material (:func:`hyperexport.engine.keys.declared_material`),
+    gathered into ``fields``, ``model``, ``stages``, ``versions`` and ``sources``.
 
     Raises:
         RecipeError: The recipe or its overrides are invalid.
     """
     from hyperexport.builds import fingerprint
     from hyperexport.config.hydra import compose_recipe
-    from hyperexport.engine.code_closure import package_sources, stage_code
-    from hyperexport.engine.environment import environment_fingerprint
+    from hyperexport.engine.code_closure import package_sources
     from hyperexport.engine.hashing import FileDigestIndex
-    from hyperexport.engine.keys import key_params
+    from hyperexport.engine.keys import declared_material
     from hyperexport.engine.stage import recipe_slice
     from hyperexport.stages import PIPELINE
 
@@ -136,33 +149,49 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
         recipe.data, recipe.file, recipe.checkpoint, FileDigestIndex(None)
     )
     roots = fingerprint.package_modules(fingerprint.model_imports(recipe.data))
-    sources = package_sources()
-    params: dict[str, Any] = {}
-    code: dict[str, Any] = {}
-    packages: dict[str, Any] = {}
-    python = ""
+    package = package_sources()
+    fields: dict[str, Any] = {}
+    stages: dict[str, Any] = {}
+    versions: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for stage in PIPELINE:
-        params.update(key_params(recipe_slice(recipe.data, stage.reads), model.get("files", {})))
-        code[stage.name] = {
-            "version": stage.version,
-            "code": stage_code(type(stage).__module__, roots if stage.needs_model else (), sources),
+        material = declared_material(
+            stage,
+            recipe_slice(recipe.data, stage.reads),
+            {},
+            model=model,
+            code_roots=roots,
+            sources=package,
+        )
+        fields.update(material["params"])
+        stages[stage.name] = {
+            "version": material["version"],
+            "code": sha256_text(canonical_json(material["code"])),
         }
-        env = environment_fingerprint(stage.libraries)
-        packages.update(env["packages"])
-        python = env["python"]
+        sources.update(material["code"])
+        versions["python"] = material["env"]["python"]
+        versions.update(material["env"]["packages"])
     return {
-        "fields": params,
-        "digests": {
-            "code": sha256_text(canonical_json(code)),
-            "model": sha256_text(canonical_json(model)),
-            "recipe": sha256_text(canonical_json(params)),
-        },
-        "versions": {"python": python, **dict(sorted(packages.items()))},
+        "fields": fields,
+        "model": _without_env_values(model),
+        "stages": stages,
+        "versions": dict(sorted(versions.items())),
+        SOURCES: dict(sorted(sources.items())),
     }
 
 
+def _without_env_values(model: Mapping[str, Any]) -> dict[str, Any]:
+    """The model fingerprint with the environment variables it declares named, not hashed: a
+    value is the CI machine's, and a digest of it is never written down (README, "Trust")."""
+    out = {k: v for k, v in model.items() if k != "env"}
+    if "env" in model:
+        out["env"] = sorted(model["env"])
+    return out
+
+
 def read_lock(path: Path = LOCK_FILE) -> dict[str, LockEntry]:
-    """The entries of the lock file at ``path`` (empty if there is none).
+    """The entries of the lock file at ``path`` (empty if there is none); each entry's inputs
+    hold the file's source table under :data:`SOURCES`.
 
     Raises:
         RecipeError: The file is not a lock file of this format.
@@ -175,15 +204,27 @@ def read_lock(path: Path = LOCK_FILE) -> dict[str, LockEntry]:
         raise RecipeError(str(path), "hyperexport.lock", f"is not JSON ({e})") from e
     if not isinstance(data, dict) or data.get("format") != LOCK_FORMAT:
         raise RecipeError(str(path), "format", f"must be {LOCK_FORMAT}; run `hyperexport lock`")
+    sources = {str(k): str(v) for k, v in (data.get(SOURCES) or {}).items()}
     variants = data.get("variants") or {}
-    return {str(k): LockEntry.from_json(v) for k, v in variants.items() if isinstance(v, dict)}
+    entries = {}
+    for name, value in variants.items():
+        if isinstance(value, dict):
+            entry = LockEntry.from_json(value)
+            entry.inputs[SOURCES] = sources
+            entries[str(name)] = entry
+    return entries
 
 
 def render_lock(entries: Mapping[str, LockEntry]) -> str:
-    """The file's text: sorted keys, two-space indents, one value per line."""
+    """The file's text: sorted keys, two-space indents, one value per line; the sources of
+    every entry in one table."""
+    sources: dict[str, str] = {}
+    for entry in entries.values():
+        sources.update(entry.inputs.get(SOURCES) or {})
     data = {
         "format": LOCK_FORMAT,
         "generated_by": "hyperexport lock",
+        SOURCES: dict(sorted(sources.items())),
         "variants": {name: entries[name].to_json() for name in sorted(entries)},
     }
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -195,22 +236,44 @@ def write_lock(entries: Mapping[str, LockEntry], path: Path = LOCK_FILE) -> None
 
 
 def compare(locked: LockEntry | None, current: Mapping[str, Any]) -> str:
-    """Why ``current`` (inputs) would rebuild against the ``locked`` entry; "" if it would not."""
-    from hyperexport.engine.keys import diff_values
+    """Why ``current`` (inputs) would rebuild against the ``locked`` entry; "" if it would not.
+
+    In the build's words (:mod:`hyperexport.engine.keys`): ``opset 18→17``, ``model code changed
+    (transformers files 30e8a68b→5c0d3606)``, ``files of model.path changed (config.json)``,
+    ``hyperexport code changed (check/judge.py)``, ``onnx 1.19.0→1.23.2``.
+    """
+    from hyperexport.engine.keys import diff_values, model_reasons
 
     if locked is None:
         return "not in hyperexport.lock"
-    reasons = diff_values(locked.inputs.get("fields", {}), current.get("fields", {}))
-    old_digests, new_digests = locked.inputs.get("digests", {}), current.get("digests", {})
-    for part, what in (("code", "hyperexport code"), ("model", "model code, weights or files")):
-        if old_digests.get(part) != new_digests.get(part):
-            reasons.append(f"{what} changed")
-    versions = diff_values(locked.inputs.get("versions", {}), current.get("versions", {}))
-    reasons += versions
-    if not reasons and old_digests.get("recipe") != new_digests.get("recipe"):
-        reasons.append("recipe changed")
+    old = locked.inputs
+    reasons = diff_values(old.get("fields", {}), current.get("fields", {}))
+    reasons += model_reasons(old.get("model", {}), current.get("model", {}))
+    reasons += _stage_reasons(old, current)
+    reasons += diff_values(old.get("versions", {}), current.get("versions", {}))
     more = len(reasons) - _MAX_REASONS
     return ", ".join(reasons[:_MAX_REASONS]) + (f", +{more} more" if more > 0 else "")
+
+
+def _stage_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Stage versions that moved, and the hyperexport sources that changed among those the
+    stages whose code digest moved run now."""
+    reasons = []
+    old_stages, new_stages = old.get("stages", {}), new.get("stages", {})
+    code_moved = False
+    for name in [*new_stages, *(n for n in old_stages if n not in new_stages)]:
+        before, after = old_stages.get(name) or {}, new_stages.get(name) or {}
+        if before.get("version") != after.get("version"):
+            reasons.append(f"stage {name} version {before.get('version')}→{after.get('version')}")
+        code_moved = code_moved or before.get("code") != after.get("code")
+    if code_moved:
+        old_src, new_src = old.get(SOURCES, {}), new.get(SOURCES, {})
+        changed = sorted(p for p in new_src if old_src.get(p) != new_src[p])
+        shown = [p.removeprefix("hyperexport/") for p in changed[:3]]
+        more = f", +{len(changed) - 3} more" if len(changed) > 3 else ""
+        what = f" ({', '.join(shown)}{more})" if shown else " (imports between its modules)"
+        reasons.append(f"hyperexport code changed{what}")
+    return reasons
 
 
 #: How many differences a stale entry's reason names before it counts the rest.
