@@ -95,15 +95,12 @@ def _steady() -> dict[str, str]:
 
 
 def _constraints(pins: dict[str, str]) -> str:
-    """constraints.txt with the leg's pins in place of (or beside) its own, and the steady ones."""
-    pins = {**_steady(), **pins}
-    lines = []
-    for line in (REPO / "constraints.txt").read_text().splitlines():
-        name = line.split("#", 1)[0].split("==", 1)[0].strip()
-        if name and name in pins:
-            continue
-        lines.append(line)
-    return "\n".join([*lines, *(f"{name}=={version}" for name, version in pins.items())]) + "\n"
+    """The leg's constraints: its pins, the steady ones, and torch at the pinned stack's release
+    unless the leg varies it. Not the rest of constraints.txt, which pins the pinned stack's
+    whole closure: a leg lets pip resolve what its own pins need (transformers 4.57 its own
+    tokenizers and huggingface-hub)."""
+    pins = {"torch": PINNED_TORCH, **_steady(), **pins}
+    return "\n".join(f"{name}=={version}" for name, version in pins.items()) + "\n"
 
 
 def _commit() -> str:
@@ -134,10 +131,14 @@ def _counts(junit: Path) -> dict[str, Any]:
     return {**counts, "failed_tests": sorted(failed)}
 
 
+#: The default tests of a leg: pyproject's selection, less what holds on the pinned stack only
+#: (the committed lock's freshness: a leg differs from the pins by design).
+DEFAULT_SELECTION = "not slow and not zoo and not pinned_stack"
+
+
 def _run_pytest(session: nox.Session, marker: str | None, junit: Path) -> dict[str, Any]:
     args = ["python", "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider"]
-    if marker:
-        args += ["-m", marker]
+    args += ["-m", marker or DEFAULT_SELECTION]
     start = time.monotonic()
     session.run(*args, f"--junitxml={junit}", success_codes=[0, 1], env={"PYTHONPATH": str(REPO)})
     return {**_counts(junit), "wall_seconds": round(time.monotonic() - start)}
@@ -203,3 +204,46 @@ def leg(session: nox.Session, leg: str) -> None:
     if failed:
         session.error(f"leg {leg}: {failed} failed (see {tmp})")
     print(f"leg {leg}: ok", file=sys.stderr)
+
+
+#: What the stack is, of constraints.txt: the distributions whose versions the lock records (and
+#: torch); ``nox -s constraints`` resolves the rest afresh around them.
+STACK = (
+    "torch",
+    "transformers",
+    "onnxscript",
+    "onnx",
+    "onnx-ir",
+    "onnxruntime",
+    "onnxruntime-genai",
+    "numpy",
+    "ml-dtypes",
+)
+
+
+def _normalized(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+@nox.session(python="3.11", reuse_venv=False)
+def constraints(session: nox.Session) -> None:
+    """Rewrite constraints.txt: the stack's pins kept, everything else ``pip install -e .[dev]``
+    resolves around them in a fresh virtualenv, frozen (its comment header kept)."""
+    path = REPO / "constraints.txt"
+    lines = path.read_text().splitlines()
+    header = [line for line in lines if line.startswith("#")]
+    stack = [
+        line
+        for line in lines
+        if "==" in line and _normalized(line.split("==", 1)[0].strip()) in STACK
+    ]
+    tmp = Path(session.create_tmp())
+    (tmp / "stack.txt").write_text("\n".join(stack) + "\n")
+    session.install("-c", str(tmp / "stack.txt"), "-e", f"{REPO}[dev]")
+    frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+    pins = sorted(
+        (line for line in str(frozen).splitlines() if "==" in line and not line.startswith("#")),
+        key=str.lower,
+    )
+    path.write_text("\n".join([*header, *pins]) + "\n")
+    session.log(f"wrote {path.relative_to(REPO)} ({len(pins)} pins)")
