@@ -70,3 +70,17 @@ def test_the_remote_workflow_falls_back_to_anonymous_reads_for_forks() -> None:
         "+build.storage_options.anon=${{ github.event.pull_request.head.repo.fork == true }}"
         in text
     )
+
+
+@pytest.mark.parametrize("path", [*GITHUB, GITLAB], ids=lambda p: p.name)
+def test_ci_installs_exactly_the_pinned_stack(path: Path) -> None:
+    """Issue 32: the examples installed the registry's torch 2.13.0 while the lock records the
+    CPU build 2.13.0+cpu, so the lock check failed on their first run."""
+    text = path.read_text()
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert installs
+    for line in installs:
+        assert "-c constraints.txt" in line
+        assert "--extra-index-url https://download.pytorch.org/whl/cpu" in line
+    pinned = (REPO / "constraints.txt").read_text()
+    assert "\ntorch==2.13.0+cpu\n" in pinned
