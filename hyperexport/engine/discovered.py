@@ -67,6 +67,25 @@ _OLDER_FORMATS = (1,)
 #: Dependency sets kept per declared key (newest first); older ones are dropped.
 MAX_SETS = 8
 _NOT_RECORDED = frozenset((PACKAGE, "__main__", "__mp_main__"))
+#: The top-level name prefix of the import hooks an editable install writes (setuptools,
+#: PEP 660): ``__editable___hyperexport_0_1_0_finder`` holds the checkout's absolute path. It is
+#: the installer's machinery, not code the model runs: the modules it maps are recorded by
+#: their own content.
+_EDITABLE_FINDERS = "__editable__"
+
+
+@functools.lru_cache(maxsize=1)
+def _package_machinery() -> frozenset[str]:
+    """Top-level names the keyed package's own distribution installs besides the package (an
+    editable install's finder): hyperexport's code is keyed by its sources already."""
+    owners = _distributions_by_top().get(PACKAGE) or []
+    return frozenset(
+        top for top, dists in _distributions_by_top().items() if set(dists) & set(owners)
+    )
+
+
+def _not_recorded(top: str) -> bool:
+    return top in _NOT_RECORDED or top.startswith(_EDITABLE_FINDERS) or top in _package_machinery()
 
 #: ``{"modules": {name: [relative file, digest]}, "dists": {name: version},
 #: "files": {relative or absolute path: digest}}``.
@@ -158,7 +177,7 @@ def snapshot(index: FileDigestIndex, opened: Iterable[str] = ()) -> DependencySe
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
         if (
-            top in _NOT_RECORDED
+            _not_recorded(top)
             or name in MACHINERY
             or _is_stdlib(top)
             or not isinstance(module, ModuleType)

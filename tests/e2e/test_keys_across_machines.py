@@ -56,3 +56,32 @@ def test_the_host_name_can_be_changed_here() -> None:
     reason = m.can_rename_host()
     if reason is not None:
         pytest.skip(f"the host name was not varied: {reason}")
+
+
+@pytest.mark.slow
+def test_one_remote_serves_a_machine_with_its_own_virtualenv(tmp_path: Path) -> None:
+    """Build on machine A with a full virtualenv of the pinned stack, uploading to a shared
+    remote; machine B, with its own full virtualenv and checkout at other paths, pulls: every
+    stage hits, and what it publishes is byte for byte A's. Two installs of the stack (a few
+    minutes each), hence slow; README "CI" documents it."""
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    sources = [m.write_distribution(tmp_path / "src", name) for name in sorted(m.DISTRIBUTIONS)]
+    machines = (m.Machine(tmp_path / "a", "ana"), m.Machine(tmp_path / "b" / "elsewhere", "bo"))
+    for machine in machines:
+        m.make_venv(machine, system_site_packages=False)
+        m.copy_checkout(machine)
+        constraints = machine.checkout / "constraints.txt"
+        m.pip(machine, "-c", str(constraints), "-e", f"{machine.checkout}[dev]", timeout=1800)
+        m.install_distributions(machine, sources)
+        m.write_user(machine)
+    first, second = machines
+    shared = f"build.remote=file://{remote}"
+    a = m.build_here(first, shared)
+    assert a.returncode == 0, a.stderr[-2000:]
+    b = m.build_here(second, shared)
+    assert b.returncode == 0, b.stderr[-2000:]
+    statuses = {s["name"]: s["status"] for s in m.report(second)["stages"]}
+    assert set(statuses.values()) == {"hit"}, statuses
+    assert m.stage_keys(first) == m.stage_keys(second)
+    assert m.published(first) == m.published(second)

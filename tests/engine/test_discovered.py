@@ -296,3 +296,20 @@ def test_system_and_excluded_folders_are_not_recorded(tmp_path: Path) -> None:
     reads = opened.Reads(read={*map(str, paths), "/proc/self/status", "libm.so.6"})
     reads.since_ns = time.time_ns()
     assert opened.regular_files(reads, (str(cache),)) == [str((tmp_path / "kept.txt").resolve())]
+
+
+def test_an_editable_install_finder_is_not_recorded(tmp_path: Path) -> None:
+    """setuptools' editable finder names the checkout's absolute path: keyed, it made every
+    checkout of one tree a different key (found by the slow test of one remote, two machines)."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    finder = "__editable___hxd_model_1_0_finder"
+    (folder / f"{finder}.py").write_text(f"MAPPING = {{'hxd_model': {str(tmp_path)!r}}}\n")
+    sys.path.insert(0, str(folder))
+    try:
+        importlib.import_module(finder)
+        deps = snapshot(FileDigestIndex(None))
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(finder, None)
+    assert not [name for name in deps["modules"] if name.startswith("__editable__")]
