@@ -20,6 +20,7 @@ words as a build's reasons.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -142,7 +143,9 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
     packages: dict[str, Any] = {}
     python = ""
     for stage in PIPELINE:
-        params.update(key_params(recipe_slice(recipe.data, stage.reads), model.get("files", {})))
+        # Merged, not updated: stages read parts of one group (quantize the whole section,
+        # evaluate quantize.method), and the group's fields are the union.
+        _merge(params, key_params(recipe_slice(recipe.data, stage.reads), model.get("files", {})))
         code[stage.name] = {
             "version": stage.version,
             "code": stage_code(type(stage).__module__, roots if stage.needs_model else (), sources),
@@ -159,6 +162,15 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
         },
         "versions": {"python": python, **dict(sorted(packages.items()))},
     }
+
+
+def _merge(into: dict[str, Any], more: Mapping[str, Any]) -> None:
+    """Add ``more`` to ``into``, recursing into the mappings both hold."""
+    for name, value in more.items():
+        if isinstance(value, Mapping) and isinstance(into.get(name), dict):
+            _merge(into[name], value)
+        else:
+            into[name] = copy.deepcopy(value)
 
 
 def read_lock(path: Path = LOCK_FILE) -> dict[str, LockEntry]:
