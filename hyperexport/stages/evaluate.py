@@ -11,8 +11,9 @@ trace's ``genai_config.json``; it names them by digest (``evaluated.json``,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import (
@@ -34,6 +35,10 @@ from hyperexport.seq2seq import names as seq2seq
 from hyperexport.seq2seq.names import GRAPHS, is_seq2seq, manifest_file, model_file
 from hyperexport.stages.judged_files import judged_files, write_evaluated
 from hyperexport.stages.recipe_stage import RecipeStage
+
+if TYPE_CHECKING:
+    from hyperexport.check.evaluation import OutputRun
+    from hyperexport.check.model_evaluator import ModelEvaluator
 
 
 class EvaluateStage(RecipeStage):
@@ -103,7 +108,7 @@ class EvaluateStage(RecipeStage):
                 )
             evaluate_seq2seq(inputs.dir("trace"), rewrite_dir, out_dir)
         else:
-            self._evaluate(
+            evaluated = self._evaluate(
                 recipe,
                 inputs.dir("export"),
                 rewrite_dir / MODEL_FILE,
@@ -111,12 +116,12 @@ class EvaluateStage(RecipeStage):
                 out_dir,
                 MODEL_FILE,
             )
+            if recipe.quantize.method != NO_QUANTIZATION:
+                self._compare_quantized(recipe, inputs, out_dir, evaluated)
         if recipe.task == TEXT_GENERATION:  # the decode, in onnxruntime-genai
             from hyperexport.generation.evaluate import evaluate_generation
 
             evaluate_generation(inputs.dir("trace"), rewrite_dir, out_dir)
-        if recipe.quantize.method != NO_QUANTIZATION:
-            self._compare_quantized(recipe, inputs, out_dir)
         write_evaluated(out_dir, judged_files(inputs.digests, recipe.task))
 
     def _evaluate(
@@ -127,8 +132,11 @@ class EvaluateStage(RecipeStage):
         manifest_path: Path,
         out_dir: Path,
         published: str,
-    ) -> None:
-        from hyperexport.check.model_evaluator import evaluate_model
+    ) -> tuple[ModelEvaluator, Sequence[OutputRun]]:
+        """Evaluate one model into ``out_dir``; its evaluator and whole-model runs at the traced
+        shape (for the quantized comparison to reuse)."""
+        from hyperexport.check.evaluation import SECOND_SHAPE
+        from hyperexport.check.model_evaluator import ModelEvaluator
         from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
         from hyperexport.from_recipe.check_settings import check_settings
@@ -136,13 +144,22 @@ class EvaluateStage(RecipeStage):
         capture = read_capture(export_dir / REFERENCE_DIR)
         manifest = ExportManifest.loads(manifest_path.read_text(encoding="utf-8"))
         settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
-        evaluation = evaluate_model(model, manifest, capture.record, capture.arrays, settings)
+        evaluator = ModelEvaluator(model, manifest, capture.record, capture.arrays)
+        evaluation = evaluator.evaluate(settings)
         # The report names the model as published beside it, not this build's scratch copy.
         dataclasses.replace(evaluation, model_path=published).save(out_dir)
+        return evaluator, [o for o in evaluation.outputs if not o.name.endswith(SECOND_SHAPE)]
 
-    def _compare_quantized(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+    def _compare_quantized(
+        self,
+        recipe: RecipeConfig,
+        inputs: StageInputs,
+        out_dir: Path,
+        evaluated: tuple[ModelEvaluator, Sequence[OutputRun]],
+    ) -> None:
         """The quantize stage's model file against the float one, both in ONNX Runtime, whole
-        and every call site alone, on the reference capture's inputs → ``quantized.json``."""
+        and every call site alone, on the reference capture's inputs → ``quantized.json``. The
+        float model's runs are its evaluation's (``evaluated``), not made twice."""
         from hyperexport.check.quantized import compare_quantized
         from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
@@ -159,5 +176,6 @@ class EvaluateStage(RecipeStage):
             capture.arrays,
             method=recipe.quantize.method,
             block_size=recipe.quantize.block_size,
+            evaluated=evaluated,
         )
         comparison.save(out_dir)

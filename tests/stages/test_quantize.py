@@ -240,3 +240,35 @@ def test_the_check_names_every_published_model_file_by_the_digest_its_key_covers
     assert all(upstream[name] == digest for name, digest in check["judged"].items())
     summary = (outcome.out_dir / "check.txt").read_text()
     assert f"judged {QUANTIZED_MODEL_FILE}: sha256 {published[QUANTIZED_MODEL_FILE]}" in summary
+
+
+def test_evaluate_runs_the_float_model_once_for_both_comparisons(
+    built: tuple[Path, BuildOutcome], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quantized model is compared with the float model's outputs the evaluation computed
+    (and judged against torch): the float model is not run a second time."""
+    from hyperexport.check import model_evaluator, parity
+
+    tmp_path, _ = built
+    ran: list[str] = []
+    calls: list[str] = []
+    end_to_end, run_functions = parity.run_end_to_end, model_evaluator.ModelEvaluator.run_functions
+
+    def counting_end_to_end(path: Path, *args: Any, **kwargs: Any) -> Any:
+        ran.append(Path(path).name)
+        return end_to_end(path, *args, **kwargs)
+
+    def counting_functions(self: Any, indices: Any, reason: str) -> Any:
+        before = len(self.function_runs())
+        runs = run_functions(self, indices, reason)
+        calls.append(f"{self.model_path.name}: {len(self.function_runs()) - before}")
+        return runs
+
+    monkeypatch.setattr(parity, "run_end_to_end", counting_end_to_end)
+    monkeypatch.setattr(model_evaluator, "run_end_to_end", counting_end_to_end)
+    monkeypatch.setattr(model_evaluator.ModelEvaluator, "run_functions", counting_functions)
+    outcome = _build(tmp_path, "quantize.method=int4_block", force=("evaluate",))
+    assert outcome.exit_code == 0, outcome.result.error
+    assert sorted(ran) == [MODEL_FILE, QUANTIZED_MODEL_FILE]
+    sites = len(json.loads((outcome.out_dir / "manifest.json").read_text())["calls"])
+    assert calls == [f"{MODEL_FILE}: 0", f"{QUANTIZED_MODEL_FILE}: {sites}"]
