@@ -59,16 +59,14 @@ def read_report(out_dir: Path) -> dict[str, Any] | None:
 def artifact_text(
     store: CacheStore, stages: Sequence[Stage], result: BuildResult, name: str
 ) -> str | None:
-    """The text of artifact ``name`` from a successful stage, or from the failed stage's files."""
+    """The text of artifact ``name`` (a name of a stage's declared outputs for this build) from
+    a successful stage, or from the failed stage's files."""
     for stage in stages:
-        optional: Mapping[str, str] = getattr(stage, "optional_artifacts", {})
-        rel = stage.artifacts.get(name) or optional.get(name)
+        rel = result.declared.get(stage.name, {}).get(name)
         if rel is None:
             continue
         entry = result.entries.get(stage.name)
         if entry is not None:
-            if name not in stage.artifacts and rel not in {f.path for f in entry.outputs}:
-                return None  # an optional artifact this build did not write
             return store.read_text(entry, rel)
         if result.error is not None and result.error.stage == stage.name:
             return result.failed_files.get(rel)
@@ -87,8 +85,7 @@ def build_report(
     """The content of ``report.json``; artifact paths are under ``out_dir`` (the public link)."""
     artifacts = {}
     for stage in request.stages:
-        optional: Mapping[str, str] = getattr(stage, "optional_artifacts", {})
-        for name, rel in {**stage.artifacts, **optional}.items():
+        for name, rel in result.declared.get(stage.name, {}).items():
             if rel in files:
                 artifacts[name] = str(out_dir / rel)
     check_text = artifact_text(store, request.stages, result, "check")

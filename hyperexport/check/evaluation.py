@@ -23,10 +23,10 @@ import numpy as np
 from hyperexport.atomic import atomic_write_text
 from hyperexport.check.report import StructuralResult
 from hyperexport.contracts.arrays import load_arrays, save_arrays
+from hyperexport.contracts.names import EVALUATION_ARRAYS as EVALUATION_ARRAYS
+from hyperexport.contracts.names import EVALUATION_JSON as EVALUATION_JSON
 from hyperexport.errors import CheckError
 
-EVALUATION_JSON = "evaluation.json"
-EVALUATION_ARRAYS = "evaluation.npz"
 #: Suffix of the probe run's output names (the second shape, for dynamic axes).
 SECOND_SHAPE = "@second_shape"
 #: Bumped whenever the record's layout changes; a record of another version is refused.

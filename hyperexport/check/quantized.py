@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
@@ -24,6 +25,10 @@ from hyperexport.check.quantized_record import Closeness, QuantizedComparison
 from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.contracts.names import QUANTIZED_DOMAIN, QUANTIZED_OP_TYPES
 from hyperexport.contracts.records import CaptureRecord
+
+if TYPE_CHECKING:
+    from hyperexport.check.evaluation import OutputRun
+    from hyperexport.check.model_evaluator import ModelEvaluator
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,7 @@ def compare_quantized(
     *,
     method: str,
     block_size: int,
+    evaluated: tuple[ModelEvaluator, Sequence[OutputRun]] | None = None,
 ) -> QuantizedComparison:
     """Run both models (whole, and every call site alone) in ONNX Runtime and compare them.
 
@@ -77,6 +83,10 @@ def compare_quantized(
         record: The capture record; ``arrays`` its tensors (the inputs both models run on).
         method: The quantization method (for the record).
         block_size: The int4 block size (for the record).
+        evaluated: The float model's evaluator after its evaluation, and the whole-model runs
+            it made (at the traced shape; empty when it made none): reused, not run again
+            (the call sites it ran are not run again either), so that the quantized model is
+            compared with the very outputs the check compares with torch.
     """
     from hyperexport.check.model_evaluator import ModelEvaluator
     from hyperexport.check.parity import run_end_to_end
@@ -84,9 +94,13 @@ def compare_quantized(
 
     captured = CapturedArrays(record, arrays)
     evaluators, ends, calls_run = [], [], []
-    for path, manifest in (float_model, quantized_model):
-        evaluator = ModelEvaluator(path, manifest, record, arrays)
-        ends.append(run_end_to_end(path, manifest, captured, evaluator.computed))
+    for side, (path, manifest) in enumerate((float_model, quantized_model)):
+        reused = evaluated if side == 0 else None
+        evaluator = reused[0] if reused else ModelEvaluator(path, manifest, record, arrays)
+        if reused and reused[1]:
+            ends.append(tuple(reused[1]))
+        else:
+            ends.append(run_end_to_end(path, manifest, captured, evaluator.computed))
         calls_run.append(evaluator.run_functions(range(len(manifest.calls)), "quantized"))
         evaluators.append(evaluator)
     f_arrays, q_arrays = evaluators[0].computed, evaluators[1].computed

@@ -264,8 +264,9 @@ def cmd_show(args: argparse.Namespace, root: Path) -> int:
 
 def cmd_verify(args: argparse.Namespace, root: Path) -> int:
     from hyperexport.cli.cache_verify import verify
+    from hyperexport.stages.pipeline import PIPELINE
 
-    result = verify(CacheStore(root))
+    result = verify(CacheStore(root), PIPELINE)
     for line in result.problems:
         print(line)
     print(

@@ -2,6 +2,11 @@
 corrupt blob (dangling), lacks an output its stage declares (incomplete), or cannot be read, so
 that no later lookup trusts them.
 
+What a stage declares is computed from the stage's code (``Stage.outputs``) for the params the
+entry recorded when it was committed, never read from a list the entry holds: editing an
+entry's files cannot make it look complete. An entry of a stage the pipeline does not have, or
+whose params the stage cannot read, is dropped: no build of this hyperexport would use it.
+
 Everything else is left alone: a blob no entry names is not corrupt (``cache gc`` removes it),
 and a build running meanwhile only adds complete blobs (written under a temporary name, then
 renamed) and entries whose blobs already exist.
@@ -10,10 +15,12 @@ renamed) and entries whose blobs already exist.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hyperexport.cli.cache_inventory import scan
+from hyperexport.cli.cache_inventory import EntryInfo, scan
 from hyperexport.engine.hashing import sha256_file
+from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
 
 log = logging.getLogger(__name__)
@@ -44,9 +51,10 @@ class VerifyResult:
         return not self.problems
 
 
-def verify(store: CacheStore) -> VerifyResult:
+def verify(store: CacheStore, stages: Sequence[Stage]) -> VerifyResult:
     """Re-hash every blob of ``store``, then check every entry against what is left, and
-    against the outputs its stage declared (recorded in the entry)."""
+    against the outputs its stage (one of ``stages``, by name) declares for the entry's params."""
+    by_name = {stage.name: stage for stage in stages}
     result = VerifyResult()
     for digest, path in store.blob_paths():
         try:
@@ -68,29 +76,36 @@ def verify(store: CacheStore) -> VerifyResult:
         path.unlink(missing_ok=True)
     for info in inventory.entries:
         result.entries += 1
-        lacking = info.entry.missing()
-        if lacking:
+        problem = _incomplete(info, by_name) or _dangling(info, store)
+        if problem:
             result.dropped_entries += 1
             what = f"{info.stage}, {', '.join(info.recipes) or 'recipe unknown'}"
-            result.problems.append(
-                f"entry {info.key[:12]} ({what}): dropped, incomplete (lacks {', '.join(lacking)})"
-            )
+            result.problems.append(f"entry {info.key[:12]} ({what}): dropped, {problem}")
             info.path.unlink(missing_ok=True)
-            continue
-        for f in info.entry.outputs:
-            blob = store.blob_path(f.digest)
-            try:
-                size = blob.stat().st_size
-            except FileNotFoundError:
-                problem = "is missing"
-            else:
-                problem = "" if size == f.size else f"has {size} bytes, not {f.size}"
-            if problem:
-                result.dropped_entries += 1
-                what = f"{info.stage}, {', '.join(info.recipes) or 'recipe unknown'}"
-                result.problems.append(
-                    f"entry {info.key[:12]} ({what}): dropped, blob of {f.path} {problem}"
-                )
-                info.path.unlink(missing_ok=True)
-                break
     return result
+
+
+def _incomplete(info: EntryInfo, stages: Mapping[str, Stage]) -> str:
+    """Why ``info``'s entry is not complete for its stage (empty: it is)."""
+    stage = stages.get(info.stage)
+    if stage is None:
+        return f"stage {info.stage!r} is not one of this pipeline's ({', '.join(stages)})"
+    try:
+        declared = stage.outputs(info.entry.params)
+    except (ValueError, TypeError, AttributeError, KeyError) as e:  # data, not a recipe
+        return f"its params do not declare outputs ({type(e).__name__}: {e})"
+    lacking = info.entry.missing(declared)
+    return f"incomplete (lacks {', '.join(lacking)})" if lacking else ""
+
+
+def _dangling(info: EntryInfo, store: CacheStore) -> str:
+    """Why an output blob of ``info``'s entry is unusable (empty: none is)."""
+    for f in info.entry.outputs:
+        blob = store.blob_path(f.digest)
+        try:
+            size = blob.stat().st_size
+        except FileNotFoundError:
+            return f"blob of {f.path} is missing"
+        if size != f.size:
+            return f"blob of {f.path} has {size} bytes, not {f.size}"
+    return ""

@@ -27,6 +27,7 @@ version, the checkpoint file, the hyperexport source.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -163,7 +164,9 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
             code_roots=roots,
             sources=package,
         )
-        fields.update(material["params"])
+        # Merged, not updated: stages read parts of one group (quantize the whole section,
+        # evaluate quantize.method), and the group's fields are the union.
+        _merge(fields, material["params"])
         stages[stage.name] = {
             "version": material["version"],
             "code": sha256_text(canonical_json(material["code"])),
@@ -187,6 +190,15 @@ def _without_env_values(model: Mapping[str, Any]) -> dict[str, Any]:
     if "env" in model:
         out["env"] = sorted(model["env"])
     return out
+
+
+def _merge(into: dict[str, Any], more: Mapping[str, Any]) -> None:
+    """Add ``more`` to ``into``, recursing into the mappings both hold."""
+    for name, value in more.items():
+        if isinstance(value, Mapping) and isinstance(into.get(name), dict):
+            _merge(into[name], value)
+        else:
+            into[name] = copy.deepcopy(value)
 
 
 def read_lock(path: Path = LOCK_FILE) -> dict[str, LockEntry]:

@@ -28,6 +28,7 @@ from hyperexport.contracts.names import AUTO as AUTO
 from hyperexport.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
 from hyperexport.contracts.names import (
     FORWARD,
+    NO_QUANTIZATION,
     SPEECH_RECOGNITION,
     TEXT2TEXT_GENERATION,
     TEXT_GENERATION,
@@ -87,7 +88,7 @@ IMPLEMENTED_TASKS = (FORWARD, TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECO
 
 #: ``quantize.method`` values: ``none`` (the stage does nothing), or a method of
 #: ``passes/quantize_weights.py`` (int8 per column, dynamic activations; int4 blocks).
-QUANTIZE_METHODS = ("none", "int8_dynamic", "int4_block")
+QUANTIZE_METHODS = (NO_QUANTIZATION, "int8_dynamic", "int4_block")
 
 #: The stages that run the model (they read what changes its behaviour: ``env``, ``task``).
 MODEL_STAGES = ("trace", "export")
@@ -340,8 +341,11 @@ class QuantizeSpec(Section):
     no module, a method ONNX Runtime cannot run on the model's dtype) the stage refuses.
     """
 
-    method: str = option("none", readers=_QUANTIZE, choices=QUANTIZE_METHODS)
-    block_size: int = option(32, readers=_QUANTIZE, check=_block_size)
+    # evaluate runs the quantized model (whole and every call site) against the float one.
+    method: str = option(
+        NO_QUANTIZATION, readers=(*_QUANTIZE, "evaluate"), choices=QUANTIZE_METHODS
+    )
+    block_size: int = option(32, readers=(*_QUANTIZE, "evaluate"), check=_block_size)
     exclude: list[str] = option(factory=list, readers=_QUANTIZE, check=_module_names)
 
 
@@ -414,8 +418,12 @@ class RecipeConfig(Section):
     # of the stages that run it (builds/fingerprint.py, model fingerprint), as digests.
     env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
     # What of the model is exported; the generation task also decodes in evaluate and check.
+    # rewrite: which model files it writes (one, or one per graph) follows from it.
     task: str = option(
-        FORWARD, readers=(*MODEL_STAGES, *CHECK_STAGES), choices=TASKS, check=_implemented_task
+        FORWARD,
+        readers=(*MODEL_STAGES, "rewrite", *CHECK_STAGES),
+        choices=TASKS,
+        check=_implemented_task,
     )
     generation: GenerationSpec = section(GenerationSpec)
 

@@ -21,9 +21,12 @@ STAGE_NAMES = ("trace", "export", "rewrite", "quantize", "evaluate", "check")
 #: The trace: the capture record and its tensors (numpy ``.npz``, never pickles).
 CAPTURE_JSON = "capture.json"
 TENSORS_NPZ = "tensors.npz"
-#: The export: the bundle record and one ONNX file per unit under ``units/``.
+#: The export: the bundle record and one ONNX file per unit under ``units/`` (the root unit,
+#: then ``u<order of the unit's first call>``), and the weights' one data file beside them.
 BUNDLE_JSON = "bundle.json"
 UNITS_DIR = "units"
+ROOT_UNIT = "root"
+WEIGHTS_FILE = "weights.data"
 #: The export: a copy of the capture record beside the bundle, so that it composes on its own.
 CAPTURE_RECORD = CAPTURE_JSON
 #: The export: the capture (record + tensors) its bundle was exported from, the check stage's
@@ -53,9 +56,14 @@ MANIFEST_JSON = "manifest.json"
 #: ``.data``) beside the float one, and its manifest (per_type weight inputs renamed).
 QUANTIZED_MODEL_FILE = "model.quantized.onnx"
 QUANTIZED_MANIFEST_JSON = "manifest.quantized.json"
-#: ... and the comparison of the quantized model with the float one (``check/quantized_record.py``).
+#: The evaluate stage: what ONNX Runtime computed (``check/evaluation.py``) ...
+EVALUATION_JSON = "evaluation.json"
+EVALUATION_ARRAYS = "evaluation.npz"
+#: ... the comparison of the quantized model with the float one, both run there
+#: (``check/quantized_record.py``) ...
 QUANTIZED_JSON = "quantized.json"
-#: The evaluate stage: what ONNX Runtime computed (``check/evaluation.py`` names its files).
+#: ... and the files it ran and decoded with, by digest: what the check vouches for.
+EVALUATED_JSON = "evaluated.json"
 #: The check: its report and the report's summary lines.
 CHECK_JSON = "check.json"
 CHECK_SUMMARY = "check.txt"
@@ -74,6 +82,8 @@ SPEECH_RECOGNITION = "automatic-speech-recognition"
 #: Their graphs, in the order they run: the stages keep each graph's files in a folder of this
 #: name and publish ``<graph>_model.onnx``; the report reads ``<graph>_manifest``/``_capture``.
 SEQ2SEQ_GRAPHS = ("encoder", "decoder")
+#: ``quantize.method`` that quantizes nothing (the default): the quantize stage writes nothing.
+NO_QUANTIZATION = "none"
 #: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``).
 FUNCTION_SCOPES = ("all", "first_instance", "none")
 #: transformers' own attention implementations: hyperexport registers its entry under another

@@ -7,11 +7,14 @@ depend on it rather than on each other.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENTRY_FORMAT = 1
+#: 2: the entry records its stage's params (format 1 recorded its own list of declared
+#: outputs, which ``cache verify`` trusted). An entry of another format is unreadable: a miss.
+ENTRY_FORMAT = 2
 
 
 def _unsafe_relpath(path: str) -> bool:
@@ -37,13 +40,14 @@ class ActionEntry:
     outputs: tuple[OutputFile, ...]
     # The recipe whose build computed the entry (shown by ``cache ls``; not part of the key).
     recipe: str | None = None
-    #: The outputs its stage declares (``artifacts``): an entry lacking one is incomplete.
-    declares: tuple[str, ...] = ()
+    #: The stage's params as keyed: what ``cache verify`` recomputes the stage's declared
+    #: outputs from (``Stage.outputs``). A build never reads them: it has its own.
+    params: Mapping[str, Any] = field(default_factory=dict)
 
-    def missing(self) -> list[str]:
-        """The declared outputs this entry lacks (an incomplete entry, never served)."""
+    def missing(self, declared: Mapping[str, str]) -> list[str]:
+        """The files of ``declared`` (``{name: path}``, the stage's outputs) this entry lacks."""
         have = {f.path for f in self.outputs}
-        return sorted(d for d in self.declares if d not in have)
+        return sorted({d for d in declared.values() if d not in have})
 
     def digests(self) -> dict[str, str]:
         """``{relative path: digest}``: what later stages' keys include."""
@@ -58,26 +62,26 @@ class ActionEntry:
         }
         if self.recipe is not None:
             data["recipe"] = self.recipe
-        if self.declares:
-            data["declares"] = list(self.declares)
+        data["params"] = dict(self.params)
         return data
 
     @classmethod
     def from_json(cls, data: Any) -> ActionEntry:
         if not isinstance(data, dict) or data.get("format") != ENTRY_FORMAT:
-            raise ValueError("unknown entry format")
+            found = data.get("format") if isinstance(data, dict) else None
+            raise ValueError(f"entry format {found!r}, not {ENTRY_FORMAT}")
         outputs = tuple(OutputFile(str(p), str(d), int(s)) for p, d, s in data["outputs"])
         for f in outputs:
             if not re.fullmatch(r"[0-9a-f]{64}", f.digest) or _unsafe_relpath(f.path):
                 raise ValueError(f"bad output record {f}")
         recipe = data.get("recipe")
-        declares = data.get("declares", [])
-        if not isinstance(declares, list) or not all(isinstance(d, str) for d in declares):
-            raise ValueError("bad declared outputs")
+        params = data["params"]
+        if not isinstance(params, dict):
+            raise ValueError("bad params record")
         return cls(
             key=str(data["key"]),
             stage=str(data["stage"]),
             outputs=outputs,
             recipe=recipe if isinstance(recipe, str) else None,
-            declares=tuple(declares),
+            params=params,
         )

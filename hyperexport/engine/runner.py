@@ -29,7 +29,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,12 +152,15 @@ class BuildResult:
         error: The failure that stopped the build.
         failed_files: Small text outputs (JSON) the failed stage wrote before raising, e.g. a
             failed check's report; never cached.
+        declared: ``{stage: {artifact name: path}}``: the outputs each attempted stage
+            declares for this build's params (``Stage.outputs``), what reports name them by.
     """
 
     stages: list[StageResult] = field(default_factory=list)
     entries: dict[str, ActionEntry] = field(default_factory=dict)
     error: StageError | None = None
     failed_files: dict[str, str] = field(default_factory=dict)
+    declared: dict[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -363,6 +366,7 @@ class Runner:
         waiting = [u for u in stage.upstream if u in pending]
         if waiting:  # dry run only: the upstream outputs (and so this key) are not known yet
             material = self._material(request, stage, params, {})
+            result.declared[stage.name] = stage.outputs(material["params"])
             own = explain(_without_upstream(previous), material)
             reason = f"after {', '.join(waiting)}" + ("" if own.startswith("same") else f"; {own}")
             return StageResult(stage.name, "would_run", None, reason, time.perf_counter() - start)
@@ -370,8 +374,10 @@ class Runner:
         material = self._material(request, stage, params, upstream)
         declared = stage_key(material)
         forced = stage.name in request.force
+        expected = stage.outputs(material["params"])  # what a complete entry holds
+        result.declared[stage.name] = expected
         with machinery():  # the cache's and remote tier's imports are not the model's
-            key, stale, lookup = self._lookup(stage, declared, forced, request.dry_run)
+            key, stale, lookup = self._lookup(stage, declared, expected, forced, request.dry_run)
         if lookup.status == "hit" and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
@@ -387,6 +393,7 @@ class Runner:
             upstream={u: upstream_dir(u) for u in stage.upstream},
             model=model if stage.needs_model else _no_model(stage.name),
             recipe_file=request.recipe_file,
+            digests=upstream,
         )
         status, detail, key = self._execute(
             request, stage, params, inputs, declared, material, result
@@ -400,16 +407,24 @@ class Runner:
         )
 
     def _lookup(
-        self, stage: Stage, declared: str, forced: bool, dry_run: bool
+        self,
+        stage: Stage,
+        declared: str,
+        expected: Mapping[str, str],
+        forced: bool,
+        dry_run: bool,
     ) -> tuple[str | None, str, Lookup]:
         """``(key, why stale, lookup)``; to compute the stage, hold the single-flight lock of
         ``declared`` (until the stage is done, in ``self._held``) and resolve and look again:
-        a concurrent build that computed it meanwhile makes this a hit."""
+        a concurrent build that computed it meanwhile makes this a hit. An entry lacking a
+        file of ``expected`` (the stage's declared outputs) is a miss."""
         key, stale = self._resolve(stage, declared)
         if key is None and self.store.remote is not None:
             key = self._resolve_remote(declared) or key
         lookup = (
-            self._complete(stage, self.store.lookup(key)) if key is not None else Lookup("missing")
+            self._complete(stage, self.store.lookup(key), expected)
+            if key is not None
+            else Lookup("missing")
         )
         if dry_run or self.store.read_only or (lookup.status == "hit" and not forced):
             return key, stale, lookup
@@ -422,23 +437,19 @@ class Runner:
         else:
             again_key = declared
         again = (
-            self._complete(stage, self.store.lookup(again_key))
+            self._complete(stage, self.store.lookup(again_key), expected)
             if again_key is not None
             else Lookup("missing")
         )
         return (again_key, "", again) if again.status == "hit" else (key, stale, lookup)
 
-    def _complete(self, stage: Stage, lookup: Lookup) -> Lookup:
-        """``lookup``, or ``corrupt`` when its entry lacks an output the stage declares (its
-        ``artifacts``): an incomplete entry is a miss, warned about and discarded."""
+    def _complete(self, stage: Stage, lookup: Lookup, expected: Mapping[str, str]) -> Lookup:
+        """``lookup``, or ``corrupt`` when its entry lacks a file of ``expected`` (the outputs
+        the stage's code declares for this build's params; never the entry's own record): an
+        incomplete entry is a miss, warned about and discarded."""
         if lookup.status != "hit" or lookup.entry is None:
             return lookup
-        missing = sorted(
-            {
-                *missing_outputs(stage, (f.path for f in lookup.entry.outputs)),
-                *lookup.entry.missing(),
-            }
-        )
+        missing = lookup.entry.missing(expected)
         if not missing:
             return lookup
         detail = f"lacks {', '.join(missing)}"
@@ -504,7 +515,7 @@ class Runner:
                 result.failed_files = _small_text_files(out_dir)
                 status = "failed"
             else:
-                missing = missing_outputs(stage, _relative_files(out_dir))
+                missing = missing_outputs(stage.outputs(material["params"]), out_dir)
                 if missing:  # never commit an incomplete entry
                     error = RuntimeError(f"stage {stage.name} did not write {', '.join(missing)}")
                     result.error = StageError(stage.name, error)
@@ -517,7 +528,7 @@ class Runner:
                         stage.name,
                         out_dir,
                         recipe=request.recipe_name,
-                        declares=sorted(set(stage.artifacts.values())),
+                        params=material["params"],
                         known=self.workspace.digest_of if self.workspace is not None else None,
                     )
                     if stage.needs_model and self.store.remote is not None:  # after the entry
@@ -629,14 +640,10 @@ def _reason(
     return explain(prev_material if isinstance(prev_material, Mapping) else None, material)
 
 
-def missing_outputs(stage: Stage, present: Iterable[str]) -> list[str]:
-    """The outputs ``stage`` declares (the files of its ``artifacts``) not in ``present``."""
-    have = set(present)
-    return sorted({f for f in stage.artifacts.values() if f not in have})
-
-
-def _relative_files(out_dir: Path) -> list[str]:
-    return [p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if not p.is_dir()]
+def missing_outputs(declared: Mapping[str, str], out_dir: Path) -> list[str]:
+    """The files of ``declared`` (a stage's ``outputs``) that ``out_dir`` does not hold."""
+    have = {p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if not p.is_dir()}
+    return sorted({f for f in declared.values() if f not in have})
 
 
 def _no_model(stage: str) -> Callable[[], Any]:

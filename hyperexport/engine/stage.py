@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +24,6 @@ class Stage(Protocol):
             their versions, and Python's, are part of its key. The hyperexport code it runs
             is found from its module's imports (:mod:`hyperexport.engine.code_closure`).
         publish: Glob patterns of output files copied to the build's outputs directory.
-        artifacts: ``{artifact name: output file}`` listed in the report (e.g. ``model``).
     """
 
     name: str
@@ -34,7 +33,21 @@ class Stage(Protocol):
     needs_model: bool
     libraries: tuple[str, ...]
     publish: tuple[str, ...]
-    artifacts: Mapping[str, str]
+
+    def outputs(self, params: Mapping[str, Any]) -> Mapping[str, str]:
+        """``{artifact name: relative path}``: every file ``run`` writes for ``params`` that a
+        cache entry of the stage must hold.
+
+        A function of the params alone, as keyed (a path-valued argument is
+        :data:`~hyperexport.engine.keys.FILE_PARAM`): a file whose presence depends on a field
+        (``quantize.method``, ``task``) is declared for the values that write it, and a file
+        that depends on content (an external data file, the tokenizer files a checkpoint may
+        have) is not declared. The runner refuses to commit a run that lacks one, and treats an
+        entry that lacks one as a miss; ``cache verify`` recomputes it from the params recorded
+        in the entry. An entry's own list of files is never the measure. The names are what
+        reports call the files (``model``, ``check``).
+        """
+        ...
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         """Produce the stage's output files in the empty directory ``out_dir``."""
@@ -55,15 +68,26 @@ class StageInputs:
         model: Returns the live model, loading it at most once per build (memoised by the
             runner so that trace and export share one load).
         recipe_file: The recipe file, for error messages.
+        digests: ``{stage name: {relative path: sha256}}`` of the upstream outputs: the digests
+            the stage's key covers (a stage that vouches for files names them by these).
     """
 
     upstream: Mapping[str, Path]
     model: Callable[[], Any]
     recipe_file: str = ""
+    digests: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def dir(self, stage: str) -> Path:
         """The output directory of upstream ``stage``."""
         return self.upstream[stage]
+
+    def digest(self, stage: str, path: str) -> str:
+        """The sha256 of upstream ``stage``'s output ``path`` (as its key covers it).
+
+        Raises:
+            KeyError: ``stage`` wrote no such file.
+        """
+        return self.digests[stage][path]
 
 
 def recipe_slice(recipe: Mapping[str, Any], reads: tuple[str, ...]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -263,7 +263,7 @@ class CacheStore:
         out_dir: Path,
         *,
         recipe: str | None = None,
-        declares: Sequence[str] = (),
+        params: Mapping[str, Any] | None = None,
         known: Callable[[Path], str | None] | None = None,
     ) -> ActionEntry:
         """Move every file of ``out_dir`` into the blob store, then write the entry (last).
@@ -276,7 +276,8 @@ class CacheStore:
         already has, without reading or copying anything. Any other symlink is refused.
 
         ``recipe`` (the building recipe's name) is recorded in the entry for ``cache ls``, and
-        ``declares`` (the outputs the stage declares) for ``cache verify``.
+        ``params`` (the stage's params as keyed) for ``cache verify``, which recomputes the
+        stage's declared outputs from them.
 
         Raises:
             ValueError: ``out_dir`` holds a symlink ``known`` does not vouch for.
@@ -301,7 +302,7 @@ class CacheStore:
                 self._put_blob(path, digest, size, move=True)
             outputs.append(OutputFile(rel, digest, size))
         entry = ActionEntry(
-            key=key, stage=stage, outputs=tuple(outputs), recipe=recipe, declares=tuple(declares)
+            key=key, stage=stage, outputs=tuple(outputs), recipe=recipe, params=dict(params or {})
         )
         self.write_entry(entry)
         if self.remote is not None:

@@ -24,7 +24,7 @@ from hyperexport.atomic import atomic_write_bytes, atomic_write_text
 from hyperexport.capture import signature, tree
 from hyperexport.capture.container import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle, UnitEntry
-from hyperexport.contracts.names import UNITS_DIR, probe_key
+from hyperexport.contracts.names import ROOT_UNIT, UNITS_DIR, probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys
 from hyperexport.errors import ModuleExportError
 from hyperexport.export.jobs import UnitJob
@@ -41,7 +41,7 @@ from hyperexport.options import ExportOptions
 
 log = logging.getLogger(__name__)
 
-ROOT = "root"
+ROOT = ROOT_UNIT
 
 
 class _UnitModule(torch.nn.Module):

@@ -24,10 +24,9 @@ import onnx_ir as ir
 import torch
 from onnx_ir.tensor_adapters import TorchTensor
 
-log = logging.getLogger(__name__)
+from hyperexport.contracts.names import WEIGHTS_FILE as WEIGHTS_FILE
 
-#: The external data file of a bundle's units, beside them in ``units/``.
-WEIGHTS_FILE = "weights.data"
+log = logging.getLogger(__name__)
 
 #: Tensors smaller than this stay inside the unit's protobuf (shape constants, scalars).
 INLINE_LIMIT = 1024

@@ -10,7 +10,7 @@ from typing import Any
 
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.contracts.names import MODEL_FILE
-from hyperexport.generation.genai_config import build_genai_config
+from hyperexport.generation.genai_config import build_genai_config, genai_source
 from hyperexport.generation.names import GENAI_CONFIG, TOKENIZER_FILES
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,8 @@ def write_genai_files(
     them (they are in the build key already: the model fingerprint hashes the files under
     ``model.path``, and the trace's outputs are stored by digest).
     """
-    genai = build_genai_config(config, model_file=MODEL_FILE, recipe_file=recipe_file)
+    # From the recorded keys only: the check builds it again from the same record.
+    genai = build_genai_config(genai_source(config), model_file=MODEL_FILE, recipe_file=recipe_file)
     text = json.dumps(genai, indent=1, sort_keys=True) + "\n"
     atomic_write_bytes(out_dir / GENAI_CONFIG, text.encode("utf-8"))
     written = [GENAI_CONFIG]

@@ -27,6 +27,31 @@ GENAI_MODEL_TYPES: Mapping[str, str] = {
 }
 
 
+#: Every key of a checkpoint's config that :func:`build_genai_config` reads: the trace records
+#: them beside the reference decode (:func:`genai_source`), and the check builds
+#: ``genai_config.json`` again from them to judge the published one.
+GENAI_SOURCE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    "n_positions",
+    "max_sequence_length",
+    "eos_token_id",
+    "bos_token_id",
+    "pad_token_id",
+)
+
+
+def genai_source(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``config`` that ``genai_config.json`` is built from (as data, JSON-ready)."""
+    return {key: config[key] for key in GENAI_SOURCE_KEYS if key in config}
+
+
 def genai_model_type(config: Mapping[str, Any], recipe_file: str = "") -> str:
     """onnxruntime-genai's ``model.type`` for a checkpoint config; a RecipeError for others."""
     model_type = str(config.get("model_type") or "")

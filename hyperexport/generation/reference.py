@@ -1,7 +1,8 @@
 """The reference decode: transformers' greedy ``generate`` for each prompt (trace stage, torch).
 
 Written as data for the torch-free evaluate and check stages: ``generation_reference.json``
-(prompts, generated token ids, per-step top-2 logit gap) and ``generation_reference.npz``
+(prompts, generated token ids, per-step top-2 logit gap, and the model config keys
+``genai_config.json`` is built from) and ``generation_reference.npz``
 (per-step logits of the generated position, ``single.<i>`` of shape ``(steps, vocab)`` for
 prompt ``i`` alone and ``batch`` of shape ``(steps, prompts, vocab)`` for the left-padded batch).
 """
@@ -18,6 +19,7 @@ import numpy as np
 
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.generation.arrays import write_npz
+from hyperexport.generation.genai_config import genai_source
 from hyperexport.generation.names import REFERENCE_JSON, REFERENCE_NPZ
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,8 @@ def record_reference(
         "pad_token_id": pad,
         "single": single,
         "batch": batch,
+        # The model config the decode ran with, as genai_config.json is built from it.
+        "config": genai_source(config),
     }
     log.info("reference decode (transformers, greedy): %s", single)
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"

@@ -2,6 +2,11 @@
 
 Light: numpy only (``check/judge.py``). ONNX Runtime runs here only to localise a failed
 whole-model comparison, on the call sites ``evaluate`` did not run.
+
+It vouches for files, by digest: ``check.json``'s ``judged`` names every published file the
+evaluation ran (the models, their data and manifests, ``genai_config.json``) with its sha256,
+which are upstream digests of this stage's key (``stages/judged_files.py``); an evaluation of
+other files than the ones this build publishes fails the check.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from hyperexport.contracts.names import (
     TEXT_GENERATION,
 )
 from hyperexport.engine.stage import StageInputs
+from hyperexport.errors import CheckError
 from hyperexport.generation.names import GENERATION_CHECK
 from hyperexport.seq2seq.names import (
     GRAPHS,
@@ -31,6 +37,7 @@ from hyperexport.seq2seq.names import (
     manifest_file,
     model_file,
 )
+from hyperexport.stages.judged_files import check_evaluated, judged_files
 from hyperexport.stages.recipe_stage import RecipeStage
 
 if TYPE_CHECKING:
@@ -51,8 +58,9 @@ class CheckStage(RecipeStage):
     """
 
     name: str = "check"
-    version: int = 5
-    #: ``trace``: the reference decode of ``task: text-generation``; ``quantize``: its comparison.
+    version: int = 6  # 6: judges evaluate's quantized comparison; names the files it vouches for
+    #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``;
+    #: ``rewrite``, ``quantize``: the published models, which it names by these digests.
     upstream: tuple[str, ...] = ("trace", "export", "rewrite", "quantize", "evaluate")
     #: Derived from the schema: the recipe fields that declare "check" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
@@ -60,7 +68,15 @@ class CheckStage(RecipeStage):
     #: numpy judges; the ONNX libraries run only for localisation, and then shape the result.
     libraries: tuple[str, ...] = ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxruntime")
     publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY, GENERATION_CHECK, SEQ2SEQ_CHECK)
-    artifacts: Mapping[str, str] = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """The report and its summary, and the judged decode of the generation tasks."""
+        files = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
+        if recipe.task == TEXT_GENERATION:
+            files["generation_check"] = GENERATION_CHECK
+        if is_seq2seq(recipe.task):
+            files["seq2seq_check"] = SEQ2SEQ_CHECK
+        return files
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         rewrite_dir = inputs.dir("rewrite")
@@ -100,10 +116,22 @@ class CheckStage(RecipeStage):
             data, lines = report.to_json(), report.summary_lines()
         _refuse_unknown_outputs(inputs.recipe_file, recipe.check.accept_vacuous, *known)
         # quantize (issue 26): the quantized model against the float one, when there is one.
-        quantized = _quantized_verdict(inputs.dir("quantize"), recipe)
+        quantized = _quantized_verdict(inputs.dir("evaluate"), recipe)
         if quantized is not None:
             data["quantized"] = quantized.to_json()
             lines = [*lines, *quantized.summary_lines()]
+        # The published files the evaluation ran: named by the digests this stage's key covers.
+        judged = judged_files(inputs.digests, recipe.task)
+        errors = [check_evaluated(inputs.dir("evaluate"), judged)]
+        data["judged"] = judged
+        if recipe.task == TEXT_GENERATION:  # genai_config.json against the model's config
+            from hyperexport.generation.config_check import genai_config_problems
+
+            problems = genai_config_problems(inputs.dir("trace"))
+            data["genai_config"] = {"passed": not problems, "problems": problems}
+            lines = [*lines, *(problems or ["genai_config.json: ok, as the model's config gives"])]
+            errors.append(CheckError("; ".join(problems)) if problems else None)
+        lines = [*lines, *(f"judged {name}: sha256 {digest}" for name, digest in judged.items())]
         text = json.dumps(data, sort_keys=True, indent=1) + "\n"
         atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
         generation_error = None
@@ -123,6 +151,9 @@ class CheckStage(RecipeStage):
             )
             lines = [*lines, *seq2seq_lines(decoded)]
         atomic_write_bytes(out_dir / CHECK_SUMMARY, ("\n".join(lines) + "\n").encode("utf-8"))
+        for error in errors:  # what the check would vouch for is not what it judged
+            if error is not None:
+                raise error
         for report in reports:
             report.raise_for_failure()
         if generation_error is not None:
@@ -186,13 +217,14 @@ def _refuse_unknown_outputs(
             )
 
 
-def _quantized_verdict(quantize_dir: Path, recipe: RecipeConfig) -> QuantizedVerdict | None:
-    """``check.quantized.*`` applied to the quantize stage's comparison (None: not quantized)."""
+def _quantized_verdict(evaluate_dir: Path, recipe: RecipeConfig) -> QuantizedVerdict | None:
+    """``check.quantized.*`` applied to the evaluate stage's comparison of the quantized model
+    with the float one (None: not quantized)."""
     from hyperexport.check.quantized_judge import judge_quantized
     from hyperexport.check.quantized_record import QuantizedComparison
     from hyperexport.from_recipe.check_settings import quantized_thresholds
 
-    comparison = QuantizedComparison.load(quantize_dir)
+    comparison = QuantizedComparison.load(evaluate_dir)
     if comparison is None:
         return None
     return judge_quantized(comparison, quantized_thresholds(recipe))

@@ -1,40 +1,61 @@
-"""Stage ``evaluate``: the final model's structural checks and ONNX Runtime runs, untoleranced.
+"""Stage ``evaluate``: the published models' structural checks and ONNX Runtime runs, untoleranced.
 
-Torch-free: it reads the export's reference capture with numpy, loads the model with onnx_ir and
-runs ONNX Runtime. It reads no tolerance, so changing one reruns only ``check``.
+Torch-free: it reads the export's reference capture with numpy, loads the models with onnx_ir and
+runs ONNX Runtime. It reads no tolerance, so changing one reruns only ``check``. What it runs
+are the files the build publishes, as the cache holds them: the rewrite's model (and each graph
+of the encoder-decoder tasks), the quantize stage's model against it, and the decode with the
+trace's ``genai_config.json``; it names them by digest (``evaluated.json``,
+``stages/judged_files.py``), and the check holds that against what the build publishes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import (
+    EVALUATED_JSON,
+    EVALUATION_ARRAYS,
+    EVALUATION_JSON,
     MANIFEST_JSON,
     MODEL_FILE,
+    NO_QUANTIZATION,
+    QUANTIZED_JSON,
+    QUANTIZED_MANIFEST_JSON,
+    QUANTIZED_MODEL_FILE,
     REFERENCE_DIR,
     TEXT_GENERATION,
 )
 from hyperexport.engine.stage import StageInputs
+from hyperexport.generation import names as generation
+from hyperexport.seq2seq import names as seq2seq
 from hyperexport.seq2seq.names import GRAPHS, is_seq2seq, manifest_file, model_file
+from hyperexport.stages.judged_files import judged_files, write_evaluated
 from hyperexport.stages.recipe_stage import RecipeStage
+
+if TYPE_CHECKING:
+    from hyperexport.check.evaluation import OutputRun
+    from hyperexport.check.model_evaluator import ModelEvaluator
 
 
 class EvaluateStage(RecipeStage):
-    """``evaluate_model`` → ``evaluation.json`` + ``evaluation.npz`` (``check/evaluation.py``).
+    """``evaluate_model`` → ``evaluation.json`` + ``evaluation.npz`` (``check/evaluation.py``);
+    with ``quantize.method``, the quantized model against the float one → ``quantized.json``.
 
     What it finds is judged by the ``check`` stage; a model that runs but is wrong does not fail
     here. A model that cannot be loaded at all does (``CheckError``).
     """
 
     name: str = "evaluate"
-    version: int = 2
+    version: int = 3  # 3: runs the quantized model; names the files it ran (evaluated.json)
     #: The reference capture comes from the export (``reference/``): the capture its bundle was
     #: exported from, which after a fallback is not the trace's.
-    #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``.
-    upstream: tuple[str, ...] = ("trace", "export", "rewrite")
+    #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``;
+    #: ``quantize``: the quantized model, run here against the float one.
+    upstream: tuple[str, ...] = ("trace", "export", "rewrite", "quantize")
     #: Derived from the schema: the recipe fields that declare "evaluate" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
@@ -46,8 +67,29 @@ class EvaluateStage(RecipeStage):
         "ml-dtypes",
         "onnxruntime-genai",
     )
-    publish: tuple[str, ...] = ()
-    artifacts: Mapping[str, str] = {}
+    #: The quantized model's comparison, as the check judged it (``check.json`` holds it too).
+    publish: tuple[str, ...] = (QUANTIZED_JSON,)
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """The evaluation (once, or per graph with the decode through both), the decode of
+        ``task: text-generation``, the quantized comparison, and ``evaluated.json``."""
+        evaluation = {"evaluation": EVALUATION_JSON, "evaluation_arrays": EVALUATION_ARRAYS}
+        files = {"evaluated": EVALUATED_JSON}
+        if is_seq2seq(recipe.task):
+            files.update(
+                {f"{g}_{n}": f"{g}/{rel}" for g in GRAPHS for n, rel in evaluation.items()}
+            )
+            files.update(
+                seq2seq_decode=seq2seq.DECODED_JSON, seq2seq_decode_arrays=seq2seq.DECODED_NPZ
+            )
+        else:
+            files.update(evaluation)
+        if recipe.task == TEXT_GENERATION:
+            files.update(generation=generation.GENERATED_JSON)
+            files.update(generation_arrays=generation.GENERATED_NPZ)
+        if recipe.quantize.method != NO_QUANTIZATION:
+            files.update(quantized_comparison=QUANTIZED_JSON)
+        return files
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         rewrite_dir = inputs.dir("rewrite")
@@ -65,19 +107,22 @@ class EvaluateStage(RecipeStage):
                     model_file(graph),
                 )
             evaluate_seq2seq(inputs.dir("trace"), rewrite_dir, out_dir)
-            return
-        self._evaluate(
-            recipe,
-            inputs.dir("export"),
-            rewrite_dir / MODEL_FILE,
-            rewrite_dir / MANIFEST_JSON,
-            out_dir,
-            MODEL_FILE,
-        )
+        else:
+            evaluated = self._evaluate(
+                recipe,
+                inputs.dir("export"),
+                rewrite_dir / MODEL_FILE,
+                rewrite_dir / MANIFEST_JSON,
+                out_dir,
+                MODEL_FILE,
+            )
+            if recipe.quantize.method != NO_QUANTIZATION:
+                self._compare_quantized(recipe, inputs, out_dir, evaluated)
         if recipe.task == TEXT_GENERATION:  # the decode, in onnxruntime-genai
             from hyperexport.generation.evaluate import evaluate_generation
 
             evaluate_generation(inputs.dir("trace"), rewrite_dir, out_dir)
+        write_evaluated(out_dir, judged_files(inputs.digests, recipe.task))
 
     def _evaluate(
         self,
@@ -87,8 +132,11 @@ class EvaluateStage(RecipeStage):
         manifest_path: Path,
         out_dir: Path,
         published: str,
-    ) -> None:
-        from hyperexport.check.model_evaluator import evaluate_model
+    ) -> tuple[ModelEvaluator, Sequence[OutputRun]]:
+        """Evaluate one model into ``out_dir``; its evaluator and whole-model runs at the traced
+        shape (for the quantized comparison to reuse)."""
+        from hyperexport.check.evaluation import SECOND_SHAPE
+        from hyperexport.check.model_evaluator import ModelEvaluator
         from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
         from hyperexport.from_recipe.check_settings import check_settings
@@ -96,6 +144,38 @@ class EvaluateStage(RecipeStage):
         capture = read_capture(export_dir / REFERENCE_DIR)
         manifest = ExportManifest.loads(manifest_path.read_text(encoding="utf-8"))
         settings = check_settings(recipe, capture.record.hiera, manifest.fallback_from)
-        evaluation = evaluate_model(model, manifest, capture.record, capture.arrays, settings)
+        evaluator = ModelEvaluator(model, manifest, capture.record, capture.arrays)
+        evaluation = evaluator.evaluate(settings)
         # The report names the model as published beside it, not this build's scratch copy.
         dataclasses.replace(evaluation, model_path=published).save(out_dir)
+        return evaluator, [o for o in evaluation.outputs if not o.name.endswith(SECOND_SHAPE)]
+
+    def _compare_quantized(
+        self,
+        recipe: RecipeConfig,
+        inputs: StageInputs,
+        out_dir: Path,
+        evaluated: tuple[ModelEvaluator, Sequence[OutputRun]],
+    ) -> None:
+        """The quantize stage's model file against the float one, both in ONNX Runtime, whole
+        and every call site alone, on the reference capture's inputs → ``quantized.json``. The
+        float model's runs are its evaluation's (``evaluated``), not made twice."""
+        from hyperexport.check.quantized import compare_quantized
+        from hyperexport.contracts.capture_files import read_capture
+        from hyperexport.contracts.manifest import ExportManifest
+
+        def model(folder: Path, name: str, manifest: str) -> tuple[Path, ExportManifest]:
+            text = (folder / manifest).read_text(encoding="utf-8")
+            return folder / name, ExportManifest.loads(text)
+
+        capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
+        comparison = compare_quantized(
+            model(inputs.dir("rewrite"), MODEL_FILE, MANIFEST_JSON),
+            model(inputs.dir("quantize"), QUANTIZED_MODEL_FILE, QUANTIZED_MANIFEST_JSON),
+            capture.record,
+            capture.arrays,
+            method=recipe.quantize.method,
+            block_size=recipe.quantize.block_size,
+            evaluated=evaluated,
+        )
+        comparison.save(out_dir)

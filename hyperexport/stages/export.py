@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
-from hyperexport.contracts.names import BUNDLE_JSON, CAPTURE_JSON, REFERENCE_DIR, TENSORS_NPZ
+from hyperexport.contracts.names import (
+    BUNDLE_JSON,
+    CAPTURE_JSON,
+    REFERENCE_DIR,
+    ROOT_UNIT,
+    TENSORS_NPZ,
+    UNITS_DIR,
+    WEIGHTS_FILE,
+)
 from hyperexport.engine.stage import StageInputs
 from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
 from hyperexport.stages.recipe_stage import RecipeStage
@@ -35,9 +43,23 @@ class ExportStage(RecipeStage):
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir")
     publish: tuple[str, ...] = ()
-    #: ``bundle.json``: one graph; the encoder-decoder tasks write one per graph folder.
-    artifacts: Mapping[str, str] = {}
-    optional_artifacts: Mapping[str, str] = {"bundle": BUNDLE_JSON}
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """The bundle record, the root unit, the first hiera call's unit (``u000``: validation
+        requires a hiera class, and the trace that the build ran one), the weights, and the
+        reference capture: once, or per graph folder (the encoder-decoder tasks). The other
+        units depend on the model: ``bundle.json`` lists them."""
+        files = {
+            "bundle": BUNDLE_JSON,
+            "root_unit": f"{UNITS_DIR}/{ROOT_UNIT}.onnx",
+            "first_unit": f"{UNITS_DIR}/u000.onnx",
+            "weights": f"{UNITS_DIR}/{WEIGHTS_FILE}",
+            "reference_capture": f"{REFERENCE_DIR}/{CAPTURE_JSON}",
+            "reference_tensors": f"{REFERENCE_DIR}/{TENSORS_NPZ}",
+        }
+        if is_seq2seq(recipe.task):
+            return {f"{g}_{name}": f"{g}/{rel}" for g in GRAPHS for name, rel in files.items()}
+        return files
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.config.fields import from_json, to_json

@@ -2,8 +2,10 @@
 
 With ``quantize.method: none`` (the default) it does nothing and writes nothing: the build's
 model is the rewrite's, byte for byte. Otherwise it writes the quantized model beside the float
-one (``model.quantized.onnx``, its manifest), and compares the two in ONNX Runtime
-(``quantized.json``: whole model and every call site alone), which the check stage judges.
+one (``model.quantized.onnx``, its manifest), and nothing else: the evaluate stage runs the
+file this stage wrote, the one the build publishes, against the float model in ONNX Runtime,
+and the check judges that. A comparison written here would be a record of a model, and a cache
+entry can pair a record with another model.
 """
 
 from __future__ import annotations
@@ -20,18 +22,15 @@ from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import (
     MANIFEST_JSON,
     MODEL_FILE,
-    QUANTIZED_JSON,
+    NO_QUANTIZATION,
     QUANTIZED_MANIFEST_JSON,
     QUANTIZED_MODEL_FILE,
-    REFERENCE_DIR,
 )
 from hyperexport.engine.stage import StageInputs
 from hyperexport.errors import RecipeError
 from hyperexport.stages.recipe_stage import RecipeStage
 
 log = logging.getLogger(__name__)
-
-NONE = "none"
 
 
 def _save(model: Any, path: Path, *, external_data: bool, threshold: int) -> None:
@@ -51,12 +50,11 @@ def _save(model: Any, path: Path, *, external_data: bool, threshold: int) -> Non
 
 
 class QuantizeStage(RecipeStage):
-    """``QuantizeMatMulsPass`` on the rewrite's model, then the quantized-vs-float comparison."""
+    """``QuantizeMatMulsPass`` on the rewrite's model (compared with it by ``evaluate``)."""
 
     name: str = "quantize"
-    version: int = 1
-    #: The reference capture (``reference/``) gives both models the same inputs.
-    upstream: tuple[str, ...] = ("export", "rewrite")
+    version: int = 2  # 2: no comparison here (evaluate runs the quantized model)
+    upstream: tuple[str, ...] = ("rewrite",)
     #: Derived from the schema: the recipe fields that declare "quantize" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
@@ -65,20 +63,24 @@ class QuantizeStage(RecipeStage):
         QUANTIZED_MODEL_FILE,
         f"{QUANTIZED_MODEL_FILE}.data",
         QUANTIZED_MANIFEST_JSON,
-        QUANTIZED_JSON,
     )
-    #: None declared: with ``quantize.method: none`` the stage writes nothing, and a declared
-    #: artifact is an output the entry must hold (the published files list the quantized model).
-    artifacts: Mapping[str, str] = {}
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """Nothing with ``quantize.method: none``; else the quantized model and its manifest
+        (its data file depends on the weights' sizes: not declared)."""
+        if recipe.quantize.method == NO_QUANTIZATION:
+            return {}
+        return {
+            "quantized_model": QUANTIZED_MODEL_FILE,
+            "quantized_manifest": QUANTIZED_MANIFEST_JSON,
+        }
 
     def run_recipe(self, recipe_config: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         q = recipe_config.quantize
-        if q.method == NONE:
+        if q.method == NO_QUANTIZATION:
             return
         import onnx_ir as ir
 
-        from hyperexport.check.quantized import compare_quantized
-        from hyperexport.contracts.capture_files import read_capture
         from hyperexport.contracts.manifest import ExportManifest
         from hyperexport.passes.quantize_manifest import function_inputs, quantized_manifest
         from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
@@ -111,16 +113,6 @@ class QuantizeStage(RecipeStage):
         )
         text = quantized.dumps() + "\n"
         atomic_write_bytes(out_dir / QUANTIZED_MANIFEST_JSON, text.encode("utf-8"))
-        capture = read_capture(inputs.dir("export") / REFERENCE_DIR)
-        comparison = compare_quantized(
-            (rewrite_dir / MODEL_FILE, manifest),
-            (out_dir / QUANTIZED_MODEL_FILE, quantized),
-            capture.record,
-            capture.arrays,
-            method=q.method,
-            block_size=q.block_size,
-        )
-        comparison.save(out_dir)
 
 
 def _refuse_unsupported(model: Any, method: str, recipe: str) -> None:

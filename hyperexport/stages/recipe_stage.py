@@ -1,4 +1,5 @@
-"""The base of the pipeline's stages: ``reads`` from the schema, ``run`` on the typed slice.
+"""The base of the pipeline's stages: ``reads`` from the schema, ``run`` and ``outputs`` on the
+typed slice.
 
 The runner hands a stage its recipe slice as JSON data (what it keys). :class:`RecipeStage`
 types it once (:func:`~hyperexport.config.fields.from_json`, ``partial``) and calls
@@ -19,21 +20,28 @@ from hyperexport.engine.stage import StageInputs
 
 
 class RecipeStage:
-    """Implements the stage protocol's ``run`` for a stage written against the typed recipe.
+    """Implements the stage protocol's ``run`` and ``outputs`` for a stage written against the
+    typed recipe.
 
     A subclass sets ``name`` and ``reads = stage_reads(name)`` and implements
-    :meth:`run_recipe`.
+    :meth:`run_recipe` and :meth:`recipe_outputs`.
     """
 
     name: str
-    #: Artifacts a build may or may not write (``task`` decides: one model, or one per graph):
-    #: listed in the report when present, not required of a cache entry.
-    optional_artifacts: Mapping[str, str] = {}
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         """Type ``params`` (this stage's slice) and run :meth:`run_recipe` on it."""
         self.run_recipe(from_json(RecipeConfig, params, partial=True), inputs, out_dir)
 
+    def outputs(self, params: Mapping[str, Any]) -> Mapping[str, str]:
+        """Type ``params`` and return :meth:`recipe_outputs` of it (the protocol's ``outputs``)."""
+        return self.recipe_outputs(from_json(RecipeConfig, params, partial=True))
+
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         """Produce the stage's outputs from the typed slice ``recipe`` (unread fields raise)."""
+        raise NotImplementedError(type(self).__name__)
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """``{artifact name: relative path}``: what :meth:`run_recipe` writes for ``recipe`` and
+        a cache entry must hold (:meth:`~hyperexport.engine.stage.Stage.outputs`)."""
         raise NotImplementedError(type(self).__name__)

@@ -8,9 +8,9 @@ from pathlib import Path
 from hyperexport import progress
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.config.schema import RecipeConfig, stage_reads
-from hyperexport.contracts.names import BUNDLE_JSON, MANIFEST_JSON, MODEL_FILE
+from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
 from hyperexport.engine.stage import StageInputs
-from hyperexport.seq2seq.names import GRAPHS, manifest_file, model_file
+from hyperexport.seq2seq.names import GRAPHS, is_seq2seq, manifest_file, model_file
 from hyperexport.stages.recipe_stage import RecipeStage
 
 
@@ -25,7 +25,8 @@ class RewriteStage(RecipeStage):
     """
 
     name: str = "rewrite"
-    version: int = 4  # 4: the model records the library versions it was built with
+    # 4: the model records the library versions it was built with; 5: reads task (its graphs)
+    version: int = 5
     upstream: tuple[str, ...] = ("export",)
     #: Derived from the schema: the recipe fields that declare "rewrite" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
@@ -47,14 +48,16 @@ class RewriteStage(RecipeStage):
         *(model_file(g) for g in GRAPHS),
         *(manifest_file(g) for g in GRAPHS),
     )
-    #: One model, or one per graph of the encoder-decoder tasks (``encoder_model.onnx``, ...).
-    artifacts: Mapping[str, str] = {}
-    optional_artifacts: Mapping[str, str] = {
-        "model": MODEL_FILE,
-        "manifest": MANIFEST_JSON,
-        **{f"{g}_model": model_file(g) for g in GRAPHS},
-        **{f"{g}_manifest": manifest_file(g) for g in GRAPHS},
-    }
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """One model and its manifest, or one per graph of the encoder-decoder tasks
+        (``encoder_model.onnx``, ...). A data file depends on the weights' sizes: not declared."""
+        if is_seq2seq(recipe.task):
+            return {
+                **{f"{g}_model": model_file(g) for g in GRAPHS},
+                **{f"{g}_manifest": manifest_file(g) for g in GRAPHS},
+            }
+        return {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.from_recipe.export_options import export_options
@@ -64,10 +67,10 @@ class RewriteStage(RecipeStage):
         export_dir = inputs.dir("export")
         # The encoder-decoder tasks export one bundle per graph folder: each becomes
         # <graph>_model.onnx + <graph>_manifest.json (Optimum's file names).
-        graphs = [g for g in GRAPHS if (export_dir / g / BUNDLE_JSON).is_file()]
-        jobs = [(export_dir / g, model_file(g), manifest_file(g)) for g in graphs] or [
-            (export_dir, MODEL_FILE, MANIFEST_JSON)
-        ]
+        if is_seq2seq(recipe.task):
+            jobs = [(export_dir / g, model_file(g), manifest_file(g)) for g in GRAPHS]
+        else:
+            jobs = [(export_dir, MODEL_FILE, MANIFEST_JSON)]
         for bundle_dir, model_name, manifest_name in jobs:
             model, manifest = compose_model(bundle_dir, options=export_options(recipe))
             with progress.watch_bytes(out_dir, f"writing {model_name}"):

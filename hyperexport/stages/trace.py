@@ -7,9 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
-from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON, CAPTURE_SPEC_JSON
+from hyperexport.contracts.names import (
+    AUTO_FILE,
+    CAPTURE_JSON,
+    CAPTURE_SPEC_JSON,
+    TENSORS_NPZ,
+    TEXT_GENERATION,
+)
 from hyperexport.engine.stage import StageInputs
+from hyperexport.generation import names as generation
 from hyperexport.generation.names import GENAI_CONFIG, TOKENIZER_FILES
+from hyperexport.seq2seq import names as seq2seq
 from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
 from hyperexport.stages.recipe_stage import RecipeStage
 
@@ -34,14 +42,32 @@ class TraceStage(RecipeStage):
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
     #: ``genai_config.json`` and tokenizer files: written for ``task: text-generation`` only.
     publish: tuple[str, ...] = (AUTO_FILE, GENAI_CONFIG, *TOKENIZER_FILES)
-    #: ``capture.json`` and ``capture_spec.json``: ``task: forward``/``text-generation``; the
-    #: encoder-decoder tasks write one capture per graph, in ``encoder/`` and ``decoder/``.
-    artifacts: Mapping[str, str] = {}
-    optional_artifacts: Mapping[str, str] = {
-        "capture": CAPTURE_JSON,
-        "capture_spec": CAPTURE_SPEC_JSON,
-        **{f"{g}_capture": f"{g}/{CAPTURE_JSON}" for g in GRAPHS},
-    }
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """The capture, its tensors and specification: once (``forward``, ``text-generation``,
+        which adds the reference decode and ``genai_config.json``), or per graph in
+        ``encoder/`` and ``decoder/`` beside the reference decode (the encoder-decoder tasks).
+        ``auto.json`` and the tokenizer files depend on the recipe's values and the checkpoint's
+        folder, not on a field alone: not declared."""
+        capture = {
+            "capture": CAPTURE_JSON,
+            "tensors": TENSORS_NPZ,
+            "capture_spec": CAPTURE_SPEC_JSON,
+        }
+        if is_seq2seq(recipe.task):
+            return {
+                **{f"{g}_{name}": f"{g}/{rel}" for g in GRAPHS for name, rel in capture.items()},
+                "seq2seq_reference": seq2seq.REFERENCE_JSON,
+                "seq2seq_reference_arrays": seq2seq.REFERENCE_NPZ,
+            }
+        if recipe.task == TEXT_GENERATION:
+            return {
+                **capture,
+                "genai_config": GENAI_CONFIG,
+                "generation_reference": generation.REFERENCE_JSON,
+                "generation_reference_arrays": generation.REFERENCE_NPZ,
+            }
+        return capture
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.config.fields import from_json, to_json

@@ -60,7 +60,7 @@ def stages(delay: float = 0.0, big: int = 0, slow: str | None = None) -> tuple[S
             upstream=s.upstream,
             needs_model=s.needs_model,
             publish=s.publish,
-            artifacts=dict(s.artifacts),
+            declares=dict(s.declares),
             delay=delay if slow in (None, s.name) else 0.0,
             big=big if s.name == "export" else 0,
         )

@@ -261,7 +261,7 @@ class _Refusing:
         self._base, self._code, self._inside = base, code, inside
         for name in ("name", "version", "upstream", "reads", "needs_model", "libraries"):
             setattr(self, name, getattr(base, name))
-        self.publish, self.artifacts = base.publish, base.artifacts
+        self.publish, self.outputs = base.publish, base.outputs
 
     def run(self, params: Any, inputs: Any, out_dir: Path) -> None:
         target = out_dir / "model.onnx" if self._inside else Path("/nonexistent/elsewhere")

@@ -152,7 +152,7 @@ def test_failed_check_keeps_the_good_build_and_publishes_the_failure(tmp_path: P
         reads=("check",),
         upstream=("trace", "rewrite"),
         publish=("check.json",),
-        artifacts={"check": "check.json"},
+        declares={"check": "check.json"},
         fail=diverges,
     )
     outcome = run_build(

@@ -107,7 +107,7 @@ def test_failed_stage_report_and_exit_code(tmp_path: Path) -> None:
         reads=("check",),
         upstream=("trace", "rewrite"),
         publish=("check.json",),
-        artifacts={"check": "check.json"},
+        declares={"check": "check.json"},
         fail=lambda p: StageBoom("output 0 diverges", "layers.0"),
     )
     outcome = run_build(recipe(), _settings(tmp_path), stages=stages, load_model=lambda: "m")

@@ -120,8 +120,8 @@ def test_dry_run_reports_and_writes_nothing(toy_package: Path, tmp_path: Path) -
         "trace: hit",
         "export: would run (opset 18→17)",
         "rewrite: would run (after export)",
-        "quantize: would run (after export, rewrite)",
-        "evaluate: would run (after export, rewrite; opset 18→17)",
+        "quantize: would run (after rewrite)",
+        "evaluate: would run (after export, rewrite, quantize; opset 18→17)",
         "check: would run (after export, rewrite, quantize, evaluate; opset 18→17)",
     )
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before

@@ -175,7 +175,7 @@ def test_rebuilds_are_byte_identical_and_cache_commands_work(
     for name in ("model.onnx", DATA):
         assert (first.out_dir / name).read_bytes() == (other.out_dir / name).read_bytes()
     store = CacheStore(tmp_path / "a" / "cache")
-    checked = verify(store)
+    checked = verify(store, PIPELINE)
     assert checked.ok and checked.corrupt_blobs == 0, checked.problems
     assert checked.entries == len(STAGE_NAMES)
     # gc may take everything: the published files are regular files and stay intact.
@@ -192,7 +192,7 @@ def test_rebuilds_are_byte_identical_and_cache_commands_work(
     # checkout copy; the outputs already hold these bytes, so publishing copies nothing).
     assert [c[2] for c in watch.copies if c[2] == len(want)] == [len(want)], watch.copies
     assert [p for _, p in store.blob_paths() if p.stat().st_size == len(want)]
-    assert verify(store).ok
+    assert verify(store, PIPELINE).ok
 
 
 def test_a_check_only_rebuild_moves_its_checkout_into_the_outputs(

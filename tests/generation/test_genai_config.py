@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from hyperexport.errors import RecipeError
-from hyperexport.generation.genai_config import GENAI_MODEL_TYPES, build_genai_config
+from hyperexport.generation.config_check import genai_config_problems
+from hyperexport.generation.genai_config import (
+    GENAI_MODEL_TYPES,
+    GENAI_SOURCE_KEYS,
+    build_genai_config,
+    genai_source,
+)
+from hyperexport.generation.names import GENAI_CONFIG, REFERENCE_JSON
 
 LLAMA = {
     "model_type": "llama",
@@ -44,3 +54,41 @@ def test_a_model_type_onnxruntime_genai_does_not_know_is_refused_naming_it() -> 
     with pytest.raises(RecipeError, match="'gpt_bigcode'") as info:
         build_genai_config({**LLAMA, "model_type": "gpt_bigcode"}, model_file="m", recipe_file="r")
     assert info.value.field == "task"
+
+
+def test_the_recorded_source_keys_build_the_same_config_as_the_whole_config() -> None:
+    """The trace records only :data:`GENAI_SOURCE_KEYS` for the check to build the file again:
+    every key the builder reads must be among them."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    for config in (LlamaConfig(num_key_value_heads=2), Qwen3Config(head_dim=32)):
+        data = json.loads(config.to_json_string())
+        assert build_genai_config(genai_source(data), model_file="m") == build_genai_config(
+            data, model_file="m"
+        )
+    assert set(genai_source({**LLAMA, "rope_theta": 1e4})) == set(LLAMA) & set(GENAI_SOURCE_KEYS)
+
+
+def _trace_dir(tmp_path: Path, genai: dict[str, object], config: object) -> Path:
+    (tmp_path / GENAI_CONFIG).write_text(json.dumps(genai))
+    (tmp_path / REFERENCE_JSON).write_text(json.dumps({"config": config}))
+    return tmp_path
+
+
+def test_the_published_genai_config_is_judged_against_the_models_config(tmp_path: Path) -> None:
+    genai = build_genai_config(LLAMA, model_file="model.onnx")
+    assert genai_config_problems(_trace_dir(tmp_path, genai, LLAMA)) == []
+    genai["model"]["context_length"] = 4096  # a decode of a few tokens never reaches it
+    genai["search"]["top_k"] = 50
+    assert genai_config_problems(_trace_dir(tmp_path, genai, LLAMA)) == [
+        "genai_config.json: model.context_length is 4096, the model's config gives 96",
+        "genai_config.json: search.top_k is 50, the model's config gives 1",
+    ]
+    del genai["model"]["decoder"]
+    genai["extra"] = True
+    problems = genai_config_problems(_trace_dir(tmp_path, genai, LLAMA))
+    assert problems[0] == "genai_config.json: extra is true, the model's config gives absent"
+    assert problems[-1] == "genai_config.json: +1 more fields"  # decoder, absent
+    assert genai_config_problems(_trace_dir(tmp_path, genai, None)) == [
+        "generation_reference.json records no model config to judge genai_config.json against"
+    ]

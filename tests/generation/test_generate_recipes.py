@@ -6,6 +6,7 @@ The Llama recipe on the TorchScript path runs by default; the rest with ``-m zoo
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, compose_recipe
+from hyperexport.engine.store import CacheStore
 from hyperexport.errors import RecipeError
 from hyperexport.generation.judge import MIN_DISTINCT
 from hyperexport.stages import PIPELINE, model_loader
@@ -124,3 +126,47 @@ def test_refusals_are_exit_2_naming_the_field(
     cause = outcome.result.error.__cause__
     assert isinstance(cause, RecipeError) and cause.field == field, outcome.result.error
     assert "\n" not in str(cause)
+
+
+def _replace_output(store: CacheStore, key: str, path: str, data: bytes) -> None:
+    """Entry ``key`` with output ``path`` holding ``data``: a new blob under its true digest and
+    the entry pointing at it, as a writer of the shared cache could make it."""
+    digest = hashlib.sha256(data).hexdigest()
+    store.blob_path(digest).parent.mkdir(parents=True, exist_ok=True)
+    store.blob_path(digest).write_bytes(data)
+    record = json.loads(store.action_path(key).read_text())
+    record["outputs"] = [
+        [p, digest, len(data)] if p == path else [p, d, s] for p, d, s in record["outputs"]
+    ]
+    store.action_path(key).write_text(json.dumps(record))
+
+
+def test_a_tampered_genai_config_in_the_cache_is_judged_and_not_published(tmp_path: Path) -> None:
+    """Issue 32: a trace entry whose genai_config.json had another context_length (digests
+    made consistent) was served and published with rc 0: the decode of a few tokens never
+    reaches the context length. The check builds the file again from the model config the
+    reference decode ran with, and names the field."""
+    _, first = _build(tmp_path, "recipe=zoo_llama_generate")
+    assert first.exit_code == 0, first.result.error
+    store = CacheStore(tmp_path / "cache")
+    trace = first.result.entries["trace"]
+    genai = json.loads(store.read_text(trace, "genai_config.json") or "")
+    context = genai["model"]["context_length"]
+    genai["model"]["context_length"] = context * 64
+    _replace_output(store, trace.key, "genai_config.json", json.dumps(genai).encode())
+
+    _, outcome = _build(tmp_path, "recipe=zoo_llama_generate")
+    assert outcome.result.stages[0].status == "hit"  # the tampered entry was served
+    assert outcome.exit_code == 1 and outcome.result.error is not None
+    assert outcome.result.error.stage == "check"
+    assert (
+        f"genai_config.json: model.context_length is {context * 64}, the model's config gives "
+        f"{context}" in str(outcome.result.error)
+    )
+    published = json.loads(
+        (tmp_path / "out" / "zoo_llama_generate" / "default" / "genai_config.json").read_text()
+    )
+    assert published["model"]["context_length"] == context  # the good build's stays
+    check = json.loads((outcome.out_dir / "check.json").read_text())
+    tampered = store.read_entry(trace.key).digests()["genai_config.json"]
+    assert check["judged"]["genai_config.json"] == tampered  # the file the decode ran with

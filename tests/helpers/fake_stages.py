@@ -38,9 +38,13 @@ class FakeStage:
     needs_model: bool = False
     libraries: tuple[str, ...] = ()
     publish: tuple[str, ...] = ()
-    artifacts: dict[str, str] = field(default_factory=dict)
+    #: Its declared outputs (``{name: path}``), whatever the params: ``outputs`` returns them.
+    declares: dict[str, str] = field(default_factory=dict)
     fail: Callable[[Mapping[str, Any]], StageBoom | None] | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def outputs(self, params: Mapping[str, Any]) -> Mapping[str, str]:
+        return dict(self.declares)
 
     def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
         self.runs.append(dict(params))
@@ -77,13 +81,13 @@ def pipeline() -> tuple[FakeStage, ...]:
             reads=("rewrite",),
             upstream=("export",),
             publish=("model.onnx", "manifest.json"),
-            artifacts={"model": "model.onnx"},
+            declares={"model": "model.onnx"},
         ),
         FakeStage(
             "check",
             reads=("check", "opset"),
             upstream=("trace", "rewrite"),
             publish=("check.json",),
-            artifacts={"check": "check.json"},
+            declares={"check": "check.json"},
         ),
     )

@@ -45,6 +45,10 @@ def _assert_seq2seq_build(tmp_path: Path, name: str, dynamo: bool) -> None:
     # Two graphs, both in the report's artifacts, both hierarchical.
     for graph in ("encoder", "decoder"):
         assert report["artifacts"][f"{graph}_model"] == str(folder / f"{graph}_model.onnx")
+    # The check vouches for both graphs as published, by the digests its key covers.
+    judged = json.loads((folder / "check.json").read_text())["judged"]
+    for name in ("encoder_model.onnx", "decoder_model.onnx", "encoder_manifest.json"):
+        assert judged[name] == report["files"][name]["digest"]
     encoder = onnx.load(str(folder / "encoder_model.onnx"), load_external_data=False)
     decoder = onnx.load(str(folder / "decoder_model.onnx"), load_external_data=False)
     enc_functions = {f.name for f in encoder.functions}

@@ -25,10 +25,14 @@ def test_evaluate_reads_no_tolerance_and_check_reads_them() -> None:
     assert "evaluate" in by_name["check"].upstream
 
 
-def test_quantize_follows_rewrite_and_only_check_reads_its_comparison() -> None:
+def test_quantize_follows_rewrite_and_evaluate_runs_what_it_wrote() -> None:
     by_name = {s.name: s for s in PIPELINE}
     assert STAGE_NAMES.index("quantize") == STAGE_NAMES.index("rewrite") + 1
     # The whole quantize section, and how model files are written.
     assert set(by_name["quantize"].reads) == {"quantize", "external_data", "external_data_threshold"}
-    assert "quantize" in by_name["check"].upstream  # judges the comparison
-    assert "quantize" not in by_name["evaluate"].upstream  # the float model vs torch, as before
+    assert by_name["quantize"].upstream == ("rewrite",)  # it compares nothing: no reference
+    # Issue 32: evaluate runs the quantized model file (the published one) against the float
+    # one; the check judges that, and names the file by the digest its key covers.
+    assert "quantize" in by_name["evaluate"].upstream
+    assert {"quantize.method", "quantize.block_size"} <= set(by_name["evaluate"].reads)
+    assert {"quantize", "evaluate"} <= set(by_name["check"].upstream)

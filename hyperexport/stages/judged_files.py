@@ -1,0 +1,55 @@
+"""The files a build's check vouches for: the published files the evaluate stage ran.
+
+The rewrite's and the quantize stage's outputs (each of them is published: the models, their
+data files and manifests) and, for ``task: text-generation``, the ``genai_config.json`` the
+decode read. The evaluate stage records them (``evaluated.json``) and the check holds that
+record against its own view, both computed here from the upstream digests the runner hands a
+stage (:attr:`~hyperexport.engine.stage.StageInputs.digests`): so every file the check names
+is one its key covers, by the digest it covers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from hyperexport.atomic import atomic_write_bytes
+from hyperexport.contracts.names import EVALUATED_JSON, TEXT_GENERATION
+from hyperexport.errors import CheckError
+from hyperexport.generation.names import GENAI_CONFIG
+
+#: The stages whose every output is a published model file the evaluate stage runs.
+MODEL_STAGES = ("rewrite", "quantize")
+
+
+def judged_files(digests: Mapping[str, Mapping[str, str]], task: str) -> dict[str, str]:
+    """``{published file: sha256}`` of what the evaluation runs, from the upstream digests."""
+    files: dict[str, str] = {}
+    for stage in MODEL_STAGES:
+        files.update(digests.get(stage, {}))
+    if task == TEXT_GENERATION:
+        files[GENAI_CONFIG] = digests["trace"][GENAI_CONFIG]
+    return dict(sorted(files.items()))
+
+
+def write_evaluated(out_dir: Path, files: Mapping[str, str]) -> None:
+    """Write ``evaluated.json``: the files the evaluation ran, by digest."""
+    text = json.dumps({"files": dict(files)}, indent=1, sort_keys=True) + "\n"
+    atomic_write_bytes(out_dir / EVALUATED_JSON, text.encode("utf-8"))
+
+
+def check_evaluated(evaluate_dir: Path, judged: Mapping[str, str]) -> CheckError | None:
+    """A CheckError when the evaluation did not run exactly ``judged`` (the files this build
+    publishes, by digest), naming the first file that differs; None when it did."""
+    ran = json.loads((evaluate_dir / EVALUATED_JSON).read_text(encoding="utf-8"))["files"]
+    for name in sorted(set(ran) | set(judged)):
+        if name not in ran:
+            return CheckError(f"{name} (sha256 {judged[name][:12]}) was not evaluated")
+        if ran[name] != judged.get(name):
+            published = judged[name][:12] if name in judged else "not published"
+            return CheckError(
+                f"the evaluation ran {name} sha256 {ran[name][:12]}, this build publishes "
+                f"{published}"
+            )
+    return None
