@@ -45,6 +45,7 @@ from filelock import FileLock
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.builds.cleanup import remove_publication, remove_stale_builds
 from hyperexport.builds.layout import BUILDS, FAILED_SUFFIX, LOCK_SUFFIX
+from hyperexport.builds.recipe_source import check_same_source
 from hyperexport.builds.report import (
     artifact_text,
     build_report,
@@ -127,8 +128,10 @@ def publish_build(
 
     Raises:
         CorruptBlobError: A cached blob was corrupt (removed; rebuilding the stage heals it).
+        ForeignRecipeError: ``recipe_dir`` holds publications of another recipe source.
     """
     link = recipe_dir / (variant if result.ok else variant + FAILED_SUFFIX)
+    check_same_source(recipe_dir, request.recipe_file)  # again: one may have appeared meanwhile
     files = _files_to_publish(store, request.stages, result, link)
     index = {f.rel: f.record() for f in files}
     report = fix_paths(
