@@ -229,7 +229,7 @@ def test_a_refused_build_touches_nothing(tmp_path: Path, overrides: list[str]) -
             "recipe=tiny_llama",
             *overrides,
             f"build.cache_dir={world / 'cache'}",
-            f"build.outputs_dir={world / 'outputs'}",
+            f"build.outputs_dir={world / 'outputs' / 'not-yet'}",  # a refusal makes no folder
         ],
         cwd=world / "cwd",
         env=env,
