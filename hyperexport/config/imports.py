@@ -71,9 +71,8 @@ def _locate_module(module: str) -> Path | str | None:
 @functools.lru_cache(maxsize=64)
 def _top_level_names(path: Path) -> frozenset[str]:
     """Names bound at the top level of a Python source file (classes, defs, imports, assigns)."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
+    tree = _parsed(path)
+    if tree is None:
         return frozenset()
     names: set[str] = set()
     for node in ast.walk(tree) if path.name == "__init__.py" else tree.body:
