@@ -4,12 +4,12 @@
 hyperexport's ``recipes/`` under that name, or one recipe file kept elsewhere
 (``recipe_file=``). Every ``report.json`` records its source (``recipe.source``); a build whose
 recipe has the same ``name`` but another source stops before any stage runs, naming both recipe
-files (exit code 3), instead of replacing the other recipe's publication.
+files (exit code 3), instead of replacing the other recipe's publication
+(``publish.check_same_source`` reads the reports; this module reads nothing).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,24 +56,3 @@ def published_source(report: Mapping[str, Any]) -> tuple[str, str] | None:
     if not isinstance(file, str) or not file:
         return None
     return (source if isinstance(source, str) and source else recipe_source(file)), file
-
-
-def check_same_source(recipe_dir: Path, recipe_file: str) -> None:
-    """Refuse to publish into ``recipe_dir`` when a publication there (a ``<variant>`` or
-    ``<variant>.failed`` link) was made from another recipe source than ``recipe_file``.
-
-    Raises:
-        ForeignRecipeError: naming the recipe file of that publication and ``recipe_file``.
-    """
-    from hyperexport.builds.report import read_report  # it records recipe_source()
-
-    if not recipe_dir.is_dir():
-        return
-    mine = recipe_source(recipe_file)
-    for link in sorted(recipe_dir.iterdir()):
-        if link.name.startswith(".") or not link.is_symlink():
-            continue
-        report = read_report(link) if os.path.isdir(link) else None
-        found = published_source(report) if report is not None else None
-        if found is not None and found[0] != mine:
-            raise ForeignRecipeError(recipe_dir, found[1], recipe_file)

@@ -20,9 +20,10 @@ from hyperexport.builds.publish import (
     CorruptBlobError,
     Publication,
     check_not_foreign,
+    check_same_source,
     publish_build,
 )
-from hyperexport.builds.recipe_source import ForeignRecipeError, check_same_source
+from hyperexport.builds.recipe_source import ForeignRecipeError
 from hyperexport.config import BuildSettings, Recipe
 from hyperexport.engine.cache_dir import default_cache_dir
 from hyperexport.engine.environment import environment_fingerprint

@@ -13,11 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.builds.recipe_source import (
-    ForeignRecipeError,
-    check_same_source,
-    recipe_source,
-)
+from hyperexport.builds.publish import check_same_source
+from hyperexport.builds.recipe_source import ForeignRecipeError, recipe_source
 from hyperexport.builds.report import REPORT
 from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, BuildSettings, Recipe

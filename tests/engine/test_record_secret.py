@@ -49,7 +49,7 @@ def _all_bytes(root: Path) -> bytes:
 
 
 def test_records_hold_no_plain_digest_and_keys_agree_across_caches(tmp_path: Path) -> None:
-    value = "short"
+    value = "pin-4821"  # short: a plain digest of it is found by trying guesses
     one, two = CacheStore(tmp_path / "one"), CacheStore(tmp_path / "two")
     first, second = _build(one, value), _build(two, value)
     keys = {s.name: s.key for s in first.stages}
