@@ -20,22 +20,42 @@ log = logging.getLogger(__name__)
 _ORPHAN_LOCK_AGE = 600.0
 
 
-def remove_publication(link: Path) -> None:
+def is_publication_link(link: Path) -> bool:
+    """Whether ``link`` is a link hyperexport made: a symlink into its folder's ``.builds/``
+    (what it names may be gone)."""
+    if not link.is_symlink():
+        return False
+    target = Path(os.path.normpath(link.parent / os.readlink(link)))
+    return target.parent == link.parent / BUILDS
+
+
+def remove_publication(link: Path) -> bool:
     """Remove a published variant: the link, the directory it names, and ``.builds`` if empty.
 
-    Only what hyperexport created is removed: a real file or directory at ``link`` is left
-    untouched, with a WARNING.
+    Only what hyperexport created is removed: anything at ``link`` but a link into
+    ``.builds/`` (a real file or directory, a link of the user's) is left untouched, with a
+    WARNING.
+
+    Returns:
+        Whether ``link`` was removed (False also when there was nothing there).
     """
-    if link.is_symlink():
-        target = link.resolve()
+    if is_publication_link(link):
+        target = Path(os.path.normpath(link.parent / os.readlink(link)))
         link.unlink(missing_ok=True)
-        if target.parent == (link.parent / BUILDS).resolve():
-            shutil.rmtree(target, ignore_errors=True)
-    elif os.path.lexists(link):
-        log.warning("%s was not created by hyperexport (not a link); left untouched", link)
+        shutil.rmtree(target, ignore_errors=True)
+        removed = True
+    else:
+        if os.path.lexists(link):
+            log.warning(
+                "%s was not created by hyperexport (not a link into %s); left untouched",
+                link,
+                BUILDS,
+            )
+        removed = False
     builds = link.parent / BUILDS
     if builds.is_dir() and not any(builds.iterdir()):
         builds.rmdir()
+    return removed
 
 
 def remove_stale_builds(recipe_dir: Path) -> list[Path]:

@@ -45,6 +45,11 @@ from filelock import FileLock
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.builds.cleanup import remove_publication, remove_stale_builds
 from hyperexport.builds.layout import BUILDS, FAILED_SUFFIX, LOCK_SUFFIX
+from hyperexport.builds.recipe_source import (
+    ForeignRecipeError,
+    published_source,
+    recipe_source,
+)
 from hyperexport.builds.report import (
     artifact_text,
     build_report,
@@ -127,8 +132,10 @@ def publish_build(
 
     Raises:
         CorruptBlobError: A cached blob was corrupt (removed; rebuilding the stage heals it).
+        ForeignRecipeError: ``recipe_dir`` holds publications of another recipe source.
     """
     link = recipe_dir / (variant if result.ok else variant + FAILED_SUFFIX)
+    check_same_source(recipe_dir, request.recipe_file)  # again: one may have appeared meanwhile
     files = _files_to_publish(store, request.stages, result, link)
     index = {f.rel: f.record() for f in files}
     report = fix_paths(
@@ -293,6 +300,26 @@ def _warn_if_duplicate(store: CacheStore, f: _File, others: Sequence[Path]) -> N
                 path,
             )
             return
+
+
+def check_same_source(recipe_dir: Path, recipe_file: str) -> None:
+    """Refuse to publish into ``recipe_dir`` when a publication there (a ``<variant>`` or
+    ``<variant>.failed`` link) was made from another recipe source than ``recipe_file``
+    (``recipe_source.py``).
+
+    Raises:
+        ForeignRecipeError: naming the recipe file of that publication and ``recipe_file``.
+    """
+    if not recipe_dir.is_dir():
+        return
+    mine = recipe_source(recipe_file)
+    for link in sorted(recipe_dir.iterdir()):
+        if link.name.startswith(".") or not link.is_symlink():
+            continue
+        report = read_report(link) if os.path.isdir(link) else None
+        found = published_source(report) if report is not None else None
+        if found is not None and found[0] != mine:
+            raise ForeignRecipeError(recipe_dir, found[1], recipe_file)
 
 
 def check_not_foreign(link: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.atomic import atomic_write_bytes
+from hyperexport.builds.recipe_source import recipe_source
 from hyperexport.builds.report_html import model_io, write_report_html
 from hyperexport.builds.summary import function_tree
 from hyperexport.contracts.names import SEQ2SEQ_GRAPHS
@@ -117,6 +118,8 @@ def build_report(
         "recipe": {
             "name": request.recipe_name,
             "file": request.recipe_file,
+            # which recipe made it: a build of another source is refused (recipe_source.py)
+            "source": recipe_source(request.recipe_file),
             "config": dict(request.recipe),
         },
         "overrides": list(overrides),

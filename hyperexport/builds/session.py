@@ -20,8 +20,10 @@ from hyperexport.builds.publish import (
     CorruptBlobError,
     Publication,
     check_not_foreign,
+    check_same_source,
     publish_build,
 )
+from hyperexport.builds.recipe_source import ForeignRecipeError
 from hyperexport.config import BuildSettings, Recipe
 from hyperexport.engine.cache_dir import default_cache_dir
 from hyperexport.engine.environment import environment_fingerprint
@@ -115,6 +117,7 @@ def run_build(
     try:  # the cache and the outputs: usable, or one line and exit 3 before any stage runs
         for name in (variant, variant + FAILED_SUFFIX):  # never a user's file or folder
             check_not_foreign(recipe_dir / name)
+        check_same_source(recipe_dir, recipe.file)  # never another recipe's publications
         with machinery():  # what the remote tier imports is not the model's
             store = open_store(
                 default_cache_dir(settings.cache_dir),
@@ -204,7 +207,7 @@ def _publish(
                 local=runner.workspace,
             )
             return result, publication
-        except ForeignPathError as e:  # appeared while the build ran: left untouched
+        except (ForeignPathError, ForeignRecipeError) as e:  # appeared while it ran: untouched
             return _unavailable(e, recipe_dir / variant)
         except OSError as e:  # the outputs' filesystem refused (full, read-only, quota)
             if e.errno not in REFUSED:

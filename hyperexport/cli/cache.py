@@ -306,7 +306,8 @@ def cmd_gc(args: argparse.Namespace, root: Path) -> int:
     print(
         f"gc: {verb} {len(result.evicted)} entries; "
         f"{'would remove' if options.dry_run else 'removed'} {result.blobs} blobs "
-        f"({human_size(result.blob_bytes)}), {len(result.unreadable)} unreadable entries and "
+        f"({human_size(result.blob_bytes)}), {result.records} dependency records "
+        f"({human_size(result.record_bytes)}), {len(result.unreadable)} unreadable entries and "
         f"{result.temp_files} stale temporary files, {result.scratch} scratch folders of dead "
         f"builds ({human_size(result.scratch_bytes)}); cache {root}: "
         f"{human_size(result.size_before)} -> {human_size(result.size_after)}{bound}"

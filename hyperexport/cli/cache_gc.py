@@ -11,7 +11,11 @@ Order of removal, safe while builds run on the same cache:
    written or reused within the grace period: a running build writes its blobs before its
    entry, and refreshes the time of a blob it reuses
    (:meth:`~hyperexport.engine.store.CacheStore.commit`).
-3. Temporary files of killed writes older than the grace period go too, and so do the scratch
+3. Dependency records (``<cache>/deps/``, :mod:`~hyperexport.engine.discovered`) go once no
+   entry left on disk is stored under a key they resolve to, unless written within the grace
+   period (a build writes its record just before its entry): without the entry, a record only
+   makes a build look at sets that hit nothing. A record of a newer format stays.
+4. Temporary files of killed writes older than the grace period go too, and so do the scratch
    folders of dead builds, by the build's own rule
    (:func:`~hyperexport.engine.locks.remove_dead_scratch`: a folder whose lock is free).
 
@@ -40,6 +44,7 @@ from hyperexport.cli.cache_inventory import (
     stale_temp_files,
 )
 from hyperexport.engine import locks
+from hyperexport.engine.discovered import recorded_keys
 from hyperexport.engine.store import CacheStore
 
 log = logging.getLogger(__name__)
@@ -76,6 +81,8 @@ class GcResult:
         unreadable: Entry files that were not valid entries (removed, as a lookup would).
         blobs: Number of blobs removed.
         blob_bytes: Their bytes.
+        records: Number of dependency records removed.
+        record_bytes: Their bytes.
         temp_files: Stale temporary files removed.
         scratch: Scratch folders of dead builds removed.
         scratch_bytes: Their bytes.
@@ -88,6 +95,8 @@ class GcResult:
     unreadable: list[str] = field(default_factory=list)
     blobs: int = 0
     blob_bytes: int = 0
+    records: int = 0
+    record_bytes: int = 0
     temp_files: int = 0
     scratch: int = 0
     scratch_bytes: int = 0
@@ -98,6 +107,34 @@ class _Blob:
     path: Path
     size: int
     mtime: float
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A dependency record: the full keys it resolves to (None: a newer format, kept)."""
+
+    path: Path
+    size: int
+    mtime: float
+    keys: frozenset[str] | None
+
+
+def _records(store: CacheStore) -> list[_Record]:
+    found = []
+    for path in sorted((store.root / "deps").glob("*/*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        found.append(_Record(path, st.st_size, st.st_mtime, recorded_keys(path)))
+    return found
+
+
+def _unreferenced(records: Sequence[_Record], keys: set[str], cutoff: float) -> list[_Record]:
+    """The records that resolve to none of ``keys`` and were not written after ``cutoff``."""
+    return [r for r in records if r.keys is not None and not (r.keys & keys) and r.mtime <= cutoff]
 
 
 def _blobs(store: CacheStore) -> dict[str, _Blob]:
@@ -117,20 +154,26 @@ def plan(
     projected: int,
     options: GcOptions,
     now: float,
+    records: Sequence[_Record] = (),
 ) -> tuple[list[EntryInfo], int]:
     """Choose entries to evict, least recently used first.
 
     Args:
         entries: Readable entries, least recently used first.
         blobs: The blobs on disk.
-        projected: Cache bytes once garbage (unreferenced old blobs, temp files) is gone.
+        projected: Cache bytes once garbage (unreferenced old blobs and dependency records,
+            temp files) is gone.
         options: Bounds and grace period.
         now: The current time (epoch seconds).
+        records: The dependency records on disk (an evicted entry may free its record).
 
     Returns:
         ``(entries to evict, number kept because they were used within the grace period)``.
     """
     refs = Counter(d for e in entries for d in set(e.entry.digests().values()))
+    on_disk = {e.key for e in entries}
+    live = {r.path: set(r.keys & on_disk) for r in records if r.keys}
+    record_of = {k: r for r in records if r.keys for k in r.keys if k in on_disk}
     evict: list[EntryInfo] = []
     kept_recent = 0
     for info in entries:
@@ -149,6 +192,11 @@ def plan(
             blob = blobs.get(digest)
             if refs[digest] == 0 and blob is not None and now - blob.mtime >= options.grace:
                 projected -= blob.size
+        record = record_of.get(info.key)
+        if record is not None and info.key in live[record.path]:
+            live[record.path].discard(info.key)
+            if not live[record.path] and now - record.mtime >= options.grace:
+                projected -= record.size
     return evict, kept_recent
 
 
@@ -157,20 +205,23 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
     now = time.time() if now is None else now
     inventory = scan(store)
     blobs = _blobs(store)
+    records = _records(store)
     result = GcResult(size_before=disk_usage(store.root))
     _collect_scratch(store, options, result)
     cutoff = now - options.grace
     temps = stale_temp_files(store, cutoff)
     referenced = {d for e in inventory.entries for d in e.entry.digests().values()}
     orphans = [b for d, b in blobs.items() if d not in referenced and b.mtime <= cutoff]
+    orphan_records = _unreferenced(records, {e.key for e in inventory.entries}, cutoff)
     garbage = (
         sum(b.size for b in orphans)
+        + sum(r.size for r in orphan_records)
         + sum(_file_size(p) for p in temps)
         + sum(_file_size(p) for _k, _r, p in inventory.unreadable)
         + result.scratch_bytes
     )
     evict, result.kept_recent = plan(
-        inventory.entries, blobs, result.size_before - garbage, options, now
+        inventory.entries, blobs, result.size_before - garbage, options, now, records
     )
     result.unreadable = [key for key, _reason, _path in inventory.unreadable]
     if options.dry_run:
@@ -181,8 +232,12 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
         }
         dropped = [b for d, b in blobs.items() if d not in kept and b.mtime <= cutoff]
         result.blobs, result.blob_bytes = len(dropped), sum(b.size for b in dropped)
+        if not inventory.unreadable:
+            left = {e.key for e in inventory.entries if e.key not in gone}
+            loose = _unreferenced(records, left, cutoff)
+            result.records, result.record_bytes = len(loose), sum(r.size for r in loose)
         result.temp_files = len(temps)
-        freed = sum(_file_size(e.path) for e in evict) + result.blob_bytes
+        freed = sum(_file_size(e.path) for e in evict) + result.blob_bytes + result.record_bytes
         freed += sum(_file_size(p) for p in temps)
         freed += sum(_file_size(p) for _k, _r, p in inventory.unreadable)
         freed += result.scratch_bytes
@@ -197,6 +252,7 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
         else:
             result.kept_recent += 1
     _remove_unreferenced_blobs(store, cutoff, result)
+    _remove_unreferenced_records(store, cutoff, result)
     for path in temps:
         if retire(path, cutoff) is not None:
             result.temp_files += 1
@@ -262,6 +318,20 @@ def _remove_unreferenced_blobs(store: CacheStore, cutoff: float, result: GcResul
         if size is not None:
             result.blobs += 1
             result.blob_bytes += size
+
+
+def _remove_unreferenced_records(store: CacheStore, cutoff: float, result: GcResult) -> None:
+    """Delete dependency records that resolve to no entry on disk, unless written after
+    ``cutoff``: listed after the evictions, so entries committed meanwhile count."""
+    inventory = scan(store)
+    if inventory.unreadable:
+        return  # an entry that cannot be read may be stored under a record's key: keep all
+    keys = {e.key for e in inventory.entries}
+    for record in _unreferenced(_records(store), keys, cutoff):
+        size = retire(record.path, cutoff)
+        if size is not None:
+            result.records += 1
+            result.record_bytes += size
 
 
 def _file_size(path: Path) -> int:

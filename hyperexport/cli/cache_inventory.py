@@ -139,10 +139,10 @@ def disk_usage(root: Path) -> int:
 
 
 def stale_temp_files(store: CacheStore, older_than: float) -> list[Path]:
-    """Temporary files of atomic writes (``.<name>.<random>.tmp``) in blobs/, actions/, runs/
-    and index/ not modified since ``older_than`` (epoch seconds): left by killed writers."""
+    """Temporary files of atomic writes (``.<name>.<random>.tmp``) in blobs/, actions/, runs/,
+    index/ and deps/ not modified since ``older_than`` (epoch seconds): left by killed writers."""
     found = []
-    for sub in ("blobs", "actions", "runs", "index"):
+    for sub in ("blobs", "actions", "runs", "index", "deps"):
         for path in sorted((store.root / sub).rglob(f".*{TEMP_SUFFIX}")):
             try:
                 if path.is_file() and path.stat().st_mtime < older_than:

@@ -6,7 +6,8 @@ older versions) can go when the recipe file its ``report.json`` names no longer 
 ``recipes/`` has no recipe of that name either, or when its link points at nothing. A folder
 without a readable ``report.json`` is listed as unknown and removed only when named. Removal goes
 through :func:`~hyperexport.builds.cleanup.remove_publication` (the link first, then what it
-names).
+names), which removes only links into ``.builds/``: a chosen folder (or link) hyperexport did not
+write is kept, reported as kept, and not counted; ``--yes`` then exits 1.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperexport import exit_codes
-from hyperexport.builds.cleanup import remove_publication
+from hyperexport.builds.cleanup import is_publication_link, remove_publication
 from hyperexport.builds.report import REPORT
 from hyperexport.cli.cache_inventory import disk_usage
 from hyperexport.cli.quantities import human_size
@@ -117,12 +118,21 @@ def select(
     return sorted(chosen.values(), key=lambda item: item[0].label)
 
 
-def remove(variant: Variant) -> None:
-    """Delete one variant (its link and publication), and its recipe folder when left empty."""
-    remove_publication(variant.path)
+def remove(variant: Variant) -> bool:
+    """Delete one variant (its link and publication), and its recipe folder when left empty.
+
+    Returns:
+        Whether it was removed: only a link hyperexport made is (see :func:`remove_publication`).
+    """
+    removed = remove_publication(variant.path)
     parent = variant.path.parent
     if not any(parent.iterdir()):
         parent.rmdir()
+    return removed
+
+
+#: Why a chosen folder stays: ``clean`` removes only the links it made and what they name.
+NOT_OURS = "not a link into .builds/ that hyperexport made: left untouched"
 
 
 def run_clean(args: argparse.Namespace) -> int:
@@ -137,10 +147,18 @@ def run_clean(args: argparse.Namespace) -> int:
     verb = "removed" if args.yes else "would remove"
     rows = []
     freed = 0
+    gone = 0
+    kept: list[str] = []
     for variant, reason in chosen:
         size = disk_usage(variant.path)
-        if args.yes:
-            remove(variant)
+        ours = is_publication_link(variant.path)
+        if ours and args.yes:
+            ours = remove(variant)
+        if not ours:
+            kept.append(variant.label)
+            rows.append(["kept" if args.yes else "would keep", variant.label, "-", NOT_OURS])
+            continue
+        gone += 1
         freed += size
         rows.append([verb, variant.label, human_size(size), reason])
     for line in render_table(["ACTION", "OUTPUT", "SIZE", "WHY"], rows)[1:]:
@@ -148,8 +166,10 @@ def run_clean(args: argparse.Namespace) -> int:
     unknown = [v.label for v in found if v.recipe_file is None and v.path.exists()]
     if unknown:
         print(f"left {len(unknown)} folders without a readable {REPORT}: {', '.join(unknown)}")
-    hint = "" if args.yes or not chosen else " (dry run: add --yes to remove)"
+    hint = "" if args.yes or not gone else " (dry run: add --yes to remove)"
     print(
-        f"{verb} {len(chosen)} of {len(found)} output folders, {human_size(freed)}; outputs {root}{hint}"
+        f"{verb} {gone} of {len(found)} output folders, {human_size(freed)}; outputs {root}{hint}"
     )
-    return exit_codes.OK
+    if kept:
+        print(f"kept {len(kept)} chosen folders hyperexport did not write: {', '.join(kept)}")
+    return exit_codes.FAILED if kept and args.yes else exit_codes.OK

@@ -29,10 +29,10 @@ _RECIPE_FILES: dict[str, Path] = {}
 
 
 def _hydra_dir(outputs_dir: str | None, dry_run: Any, sub: str = "") -> str:
-    """Hydra's own run/sweep directory: the outputs root, or a temp dir in a dry run.
+    """Hydra's sweep directory: under the outputs root, or the system temp dir in a dry run.
 
-    Hydra always creates its job directory (and a sweep writes ``multirun.yaml`` there); a dry
-    run must not write into the outputs, so it points Hydra at the system temp directory.
+    A sweep writes ``multirun.yaml`` and its job records there; a dry run must not write into
+    the outputs. (A single run's directory is the working directory: conf/config.yaml.)
     """
     if str(dry_run).lower() == "true":
         import tempfile

@@ -7,6 +7,7 @@ See :mod:`hyperexport.config.fields` for how a field is declared and what is der
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import re
 from collections.abc import Mapping
@@ -159,10 +160,23 @@ def _custom_op_name(name: str) -> None:
         raise Invalid(f"{name!r} must look like 'domain::op'")
 
 
+#: Names of variables that hold secrets (case-insensitive ``fnmatch`` patterns): never ``env``.
+SECRET_ENV_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
+
+
 def _env_names(names: list[str]) -> None:
     for i, name in enumerate(names):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise Invalid(f"{name!r} is not an environment variable name", at=f"[{i}]")
+        looks = [p for p in SECRET_ENV_PATTERNS if fnmatch.fnmatchcase(name.upper(), p)]
+        if looks:
+            raise Invalid(
+                f"{name!r} looks like a secret ({looks[0]}): a declared value enters the cache "
+                "keys, and a key is a function of the value, so whoever reads the keys (a shared "
+                "or remote cache) can check guesses of a short secret against them and sees when "
+                "it changed; declare only variables that change what the model computes",
+                at=f"[{i}]",
+            )
     if len(set(names)) != len(names):
         raise Invalid("names a variable twice")
 

@@ -23,7 +23,12 @@ from hyperexport.config.fields import (
     to_json,
     typed_value,
 )
-from hyperexport.config.imports import _locate_module, _top_level_names, split_import_path
+from hyperexport.config.imports import (
+    _locate_module,
+    _top_level_names,
+    split_import_path,
+    static_parameters,
+)
 from hyperexport.config.schema import (
     AUTO,
     PROMOTE_MIN_OPSET,
@@ -230,7 +235,7 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
     target = r.model.get("_target_")
     if not isinstance(target, str) or not target:
         check.fail("model._target_", "missing required field (import path of the model factory)")
-    _check_import(check, "model._target_", target)
+    _check_targets(check, "model", r.model)
     if r.task == TEXT_GENERATION and not r.generation.prompts:
         check.fail("generation.prompts", f"task {TEXT_GENERATION} needs at least one prompt")
     if r.task in (TEXT2TEXT_GENERATION, SPEECH_RECOGNITION):
@@ -273,6 +278,57 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
         )
     for i, op in enumerate(r.custom_ops):
         _check_import(check, f"custom_ops[{i}].symbolic", op.symbolic)
+
+
+#: Keys of a ``_target_`` mapping that Hydra reads itself: not arguments of the target.
+_HYDRA_KEYS = frozenset({"_target_", "_args_", "_recursive_", "_convert_", "_partial_"})
+
+
+def _check_targets(check: _Checker, where: str, node: Any) -> None:
+    """Every ``_target_`` in ``node`` (``model:`` and what it holds, at any depth), before
+    anything is instantiated: the import path as :func:`_check_import` checks it, then the
+    arguments beside it against the parameters its source declares."""
+    if isinstance(node, Mapping):
+        if "_target_" in node:
+            target = node["_target_"]
+            if not isinstance(target, str) or not target:
+                check.fail(f"{where}._target_", f"must be an import path, got {target!r}")
+            _check_import(check, f"{where}._target_", target)
+            _check_arguments(check, where, target, node)
+        for key, value in node.items():
+            _check_targets(check, f"{where}.{key}", value)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            _check_targets(check, f"{where}[{i}]", item)
+
+
+def _check_arguments(check: _Checker, where: str, target: str, node: Mapping[str, Any]) -> None:
+    """The arguments beside ``_target_`` fit what its source declares (when it can be read:
+    :func:`~hyperexport.config.imports.static_parameters`), as the call would require."""
+    params = static_parameters(target)
+    if params is None:
+        return
+    args = node.get("_args_", [])
+    given = [str(k) for k in node if k not in _HYDRA_KEYS]
+    count = len(args) if isinstance(args, list) else 0
+    if count > len(params.positional) and not params.var_positional:
+        check.fail(
+            f"{where}._args_",
+            f"{target} takes {len(params.positional)} positional arguments, {count} given",
+        )
+    by_position = set(params.positional[:count])
+    for name in given:
+        if name in by_position:
+            check.fail(f"{where}.{name}", f"{target} is given {name!r} twice (by position too)")
+        if name not in params.keyword and not params.var_keyword:
+            known = sorted(params.keyword)
+            hint = did_you_mean(name, known) or f" (it takes: {', '.join(known) or 'nothing'})"
+            check.fail(f"{where}.{name}", f"not a parameter of {target}{hint}")
+    if node.get("_partial_") is True:
+        return
+    missing = sorted(params.required - by_position - set(given))
+    if missing:
+        check.fail(where, f"{target} needs {', '.join(repr(m) for m in missing)}: missing")
 
 
 def _check_input(check: _Checker, where: str, spec: InputSpec) -> None:
@@ -339,8 +395,13 @@ def _check_import(check: _Checker, where: str, path: str) -> None:
     located = _locate_module(module)
     if isinstance(located, str):
         check.fail(where, f"cannot import {path!r}: {located}")
-    if located is None:  # not statically resolvable (extension module, ...): checked at import
-        return
+    if located is None:  # nothing to read: a built-in or compiled module, a namespace package
+        check.fail(
+            where,
+            f"cannot check {path!r} without importing it: module {module} has no Python source "
+            "(built into Python, compiled, or a namespace package); name a function or class "
+            "defined in a .py file",
+        )
     names = _top_level_names(located)
     if attr in names:
         return

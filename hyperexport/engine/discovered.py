@@ -476,3 +476,27 @@ def _valid_set(deps: Any) -> bool:
         isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)
         for v in modules.values()
     ) and all(v is None or isinstance(v, str) for v in dists.values())
+
+
+def recorded_keys(path: Path) -> frozenset[str] | None:
+    """The full keys the dependency record at ``path`` (``<declared>.json``) can resolve to:
+    what ``cache gc`` holds against the entries on disk.
+
+    Returns:
+        The keys (empty for a record no build would use: unreadable, or of an older format),
+        or None for a format newer than this version's, which is left alone.
+    """
+    declared = path.name.removesuffix(".json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # gone meanwhile, or unreadable: a lookup ignores it too
+        return frozenset()
+    if not isinstance(data, dict):
+        return frozenset()
+    version = data.get("format")
+    if isinstance(version, int) and version > DEPS_FORMAT:
+        return None
+    sets = data.get("sets")
+    if version != DEPS_FORMAT or not isinstance(sets, list):
+        return frozenset()
+    return frozenset(full_key(declared, s) for s in sets if _valid_set(s))

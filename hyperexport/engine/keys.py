@@ -11,6 +11,8 @@ what changed (``opset 18→17``) instead of only that something did.
 from __future__ import annotations
 
 import copy
+import hashlib
+import hmac
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +125,30 @@ def _child(value: Any, part: str) -> Any:
     if isinstance(value, list) and part.isdigit() and int(part) < len(value):
         return value[int(part)]
     return None
+
+
+def recorded_material(material: Mapping[str, Any], secret: bytes | None) -> dict[str, Any]:
+    """``material`` as a record keeps it: the digest of each declared environment value
+    (``model.env``) replaced by its HMAC-SHA256 under the cache's ``secret``
+    (:mod:`~hyperexport.engine.record_secret`).
+
+    The key is computed over the material itself, so it stays the same on every machine; a
+    record holds no plain digest of a value (which a guess could be checked against), yet two
+    records of one cache still show whether a value changed (``env NAME changed``). Without a
+    secret (a read-only cache that has none) the material is returned as it is, to compare
+    only: such a cache writes no record.
+    """
+    model = material.get("model")
+    env = model.get("env") if isinstance(model, Mapping) else None
+    if secret is None or not isinstance(model, Mapping) or not isinstance(env, Mapping):
+        return dict(material)
+    keyed = {
+        name: None
+        if value is None
+        else hmac.new(secret, str(value).encode("utf-8"), hashlib.sha256).hexdigest()
+        for name, value in env.items()
+    }
+    return {**material, "model": {**model, "env": keyed}}
 
 
 def stage_key(material: Mapping[str, Any]) -> str:

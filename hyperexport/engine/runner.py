@@ -38,13 +38,15 @@ from hyperexport.engine import discovered, opened
 from hyperexport.engine.code_closure import ImportMemo, package_sources
 from hyperexport.engine.discovered import DiscoveredDeps
 from hyperexport.engine.entries import ActionEntry
+from hyperexport.engine.hashing import canonical_json
 from hyperexport.engine.keyed_imports import (
     active_bytecode_dir,
     default_bytecode_dir,
     keyed_imports,
 )
-from hyperexport.engine.keys import declared_material, explain, stage_key
+from hyperexport.engine.keys import declared_material, explain, recorded_material, stage_key
 from hyperexport.engine.machinery import machinery
+from hyperexport.engine.record_secret import record_secret
 from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
 from hyperexport.engine.store import CacheStore, CorruptBlobError, Lookup
 from hyperexport.engine.workspace import Workspace
@@ -227,6 +229,7 @@ class Runner:
         #: model's load and trace read them, so every later such stage depends on them too.
         self._opened = opened.Reads()
         self._held = contextlib.ExitStack()  # the single-flight lock of the current stage
+        self._secret: bytes | None = None  # keys environment values in records (record_secret)
         #: The last build's checkouts; kept after :meth:`run` only inside ``with runner:``, for
         #: publishing to take its large copies (:meth:`Workspace.hand_over`).
         self.workspace: Workspace | None = None
@@ -327,6 +330,16 @@ class Runner:
             sources=package_sources(memo=self.imports),
         )
 
+    def _recorded(self, material: dict[str, Any]) -> dict[str, Any]:
+        """``material`` as the run records keep it: no plain digest of an environment value
+        (:func:`~hyperexport.engine.keys.recorded_material`, under the cache's secret)."""
+        model = material.get("model")
+        if not isinstance(model, Mapping) or not model.get("env"):
+            return material
+        if self._secret is None:
+            self._secret = record_secret(self.store.root, create=not self.store.read_only)
+        return recorded_material(material, self._secret)
+
     def _resolve(self, stage: Stage, declared: str) -> tuple[str | None, str]:
         """``(key to look up, why not)``: for a stage that runs user code, the full key of a
         recorded module set that still holds (None, and what changed, if none does)."""
@@ -367,12 +380,14 @@ class Runner:
         if waiting:  # dry run only: the upstream outputs (and so this key) are not known yet
             material = self._material(request, stage, params, {})
             result.declared[stage.name] = stage.outputs(material["params"])
+            material = self._recorded(material)
             own = explain(_without_upstream(previous), material)
             reason = f"after {', '.join(waiting)}" + ("" if own.startswith("same") else f"; {own}")
             return StageResult(stage.name, "would_run", None, reason, time.perf_counter() - start)
         upstream = {u: result.entries[u].digests() for u in stage.upstream}
         material = self._material(request, stage, params, upstream)
         declared = stage_key(material)
+        material = self._recorded(material)  # from here on, as records keep it (reasons too)
         forced = stage.name in request.force
         expected = stage.outputs(material["params"])  # what a complete entry holds
         result.declared[stage.name] = expected
@@ -381,7 +396,7 @@ class Runner:
         if lookup.status == "hit" and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
-            if not request.dry_run and (own_run or {}).get("key") != key:
+            if not request.dry_run and _record_outdated(own_run, key, material):
                 record = _record(key, declared, material, "ok", request.recipe_name)
                 self.store.record_run(request.run_name, stage.name, record)
             return StageResult(stage.name, "hit", key, "", time.perf_counter() - start)
@@ -612,6 +627,18 @@ def _record(
         "material": dict(material),
         "recipe": recipe,  # the records of a sweep variant live under <recipe>@<variant>
     }
+
+
+def _record_outdated(own: Mapping[str, Any] | None, key: str, material: Mapping[str, Any]) -> bool:
+    """Whether a hit must rewrite the recipe's run record: another key, or (for a model that
+    reads declared environment variables) material recorded otherwise, such as a plain digest
+    of a value written before records keyed them (``recorded_material``)."""
+    if own is None or own.get("key") != key:
+        return True
+    model = material.get("model")
+    if not isinstance(model, Mapping) or not model.get("env"):
+        return False
+    return canonical_json(own.get("material")) != canonical_json(material)
 
 
 def _without_upstream(previous: Mapping[str, Any] | None) -> dict[str, Any] | None:

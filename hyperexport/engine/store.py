@@ -7,6 +7,7 @@ Layout under the cache root::
                                  the file's mtime is the entry's last use (refreshed on every hit)
     runs/<recipe>/<stage>.json   the key material of the last build of a recipe (for reasons)
     index/files.json             size/mtime -> digest fast path
+    index/record-secret          keys the digests of env values in runs/ (``record_secret.py``)
     tmp/<name>/                  scratch folders of running builds (same filesystem: a stage's
                                  output files are moved into blobs/, not copied)
     locks/                       per-key and per-scratch lock files (see ``locks.py``)

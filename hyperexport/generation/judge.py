@@ -156,10 +156,19 @@ def judge_generation(
     return results, error
 
 
+def verdict(r: SequenceResult, what: str = "tokens identical") -> str:
+    """What the comparison of one sequence found, as the check judged it: ``16 tokens
+    identical`` when it passed; else ``FAILED: 6 of 16 tokens identical: <each problem>``."""
+    if not r.problems:
+        return f"{len(r.exported)} {what}"
+    same = len(r.reference) if r.first_divergence is None else r.first_divergence
+    return f"FAILED: {same} of {len(r.reference)} {what}: {'; '.join(r.problems)}"
+
+
 def summary_lines(results: Sequence[SequenceResult]) -> list[str]:
     """One line per sequence for ``check.txt``."""
     return [
-        f"generation {r.name}: {len(r.exported)} tokens identical, max logits diff "
+        f"generation {r.name}: {verdict(r)}, max logits diff "
         f"{max(r.max_diff_per_step, default=0.0):.2e}, min top-2 gap {r.min_top2_gap:.2e}"
         for r in results
     ]

@@ -16,7 +16,7 @@ from typing import Any
 
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.generation.arrays import read_npz
-from hyperexport.generation.judge import GenerationCheckError, SequenceResult, compare
+from hyperexport.generation.judge import GenerationCheckError, SequenceResult, compare, verdict
 from hyperexport.seq2seq.names import (
     DECODED_JSON,
     DECODED_NPZ,
@@ -73,8 +73,9 @@ def judge_seq2seq(
 def summary_lines(results: Sequence[SequenceResult]) -> list[str]:
     """One line per prompt for ``check.txt``."""
     return [
-        f"seq2seq {r.name}: {len(r.exported)} decode steps through the graphs identical to "
-        f"transformers, max logits diff {max(r.max_diff_per_step, default=0.0):.2e}, "
+        f"seq2seq {r.name}: "
+        f"{verdict(r, 'decode steps through the graphs identical to transformers')}, "
+        f"max logits diff {max(r.max_diff_per_step, default=0.0):.2e}, "
         f"min top-2 gap {r.min_top2_gap:.2e}"
         for r in results
     ]

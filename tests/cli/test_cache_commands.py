@@ -326,6 +326,43 @@ def test_gc_never_touches_what_was_used_within_the_grace_period(
     assert list(store.blob_paths()) == []
 
 
+def test_gc_collects_dependency_records_no_entry_uses(
+    tmp_path: Path, store: CacheStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record goes with the last entry stored under a key it resolves to (issue 32)."""
+    alpha = keys(build(tmp_path, name="alpha"))
+    beta = keys(build(tmp_path, name="beta", opset=17))  # shares alpha's trace
+    deps = store.root / "deps"
+    records = sorted(deps.glob("*/*.json"))
+    assert len(records) == 3  # the shared trace's, and each export's
+    newer = deps / "ab" / f"{'ab' * 32}.json"  # a newer hyperexport's: never guessed at
+    newer.parent.mkdir(exist_ok=True)
+    newer.write_text(json.dumps({"format": 99, "sets": []}))
+    week_ago = time.time() - 8 * 24 * HOUR
+    for path in [*records, newer]:
+        os.utime(path, (week_ago, week_ago))
+    for key in set(alpha.values()) - set(beta.values()):
+        age(store, key, 8 * 24 * HOUR)
+
+    code, lines, _ = run_cache(tmp_path, capsys, "gc", "--older-than", "7d", "--dry-run")
+    assert code == 0
+    assert ", 1 dependency records (" in lines[-1]
+    assert sorted(deps.glob("*/*.json")) == sorted([*records, newer])
+
+    code, lines, _ = run_cache(tmp_path, capsys, "gc", "--older-than", "7d")
+    assert code == 0 and ", 1 dependency records (" in lines[-1]
+    left = sorted(deps.glob("*/*.json"))
+    assert len(left) == 3 and newer in left  # the trace's and beta's export's stay
+    assert statuses(build(tmp_path, name="beta", opset=17)) == ["hit"] * 4
+    assert statuses(build(tmp_path, name="alpha")) == ["hit", "ran", "ran", "ran"]
+
+    code, lines, _ = run_cache(tmp_path, capsys, "gc", "--max-size", "0", "--grace", "0")
+    assert code == 0
+    assert list(store.entry_paths()) == []
+    assert sorted(deps.glob("*/*.json")) == [newer]
+    assert ", 3 dependency records (" in lines[-2]
+
+
 def test_retire_puts_back_a_file_used_meanwhile(tmp_path: Path) -> None:
     from hyperexport.cli.cache_gc import retire
 
@@ -511,7 +548,8 @@ def test_status_says_what_would_run_and_why_without_torch(
     )
     tables = [t.strip().splitlines() for t in proc.stdout.split("RECIPE")[1:]]
     assert [line.split() for line in tables[0][1:7]] == [
-        ["toy", stage, "hit"] for stage in ("trace", "export", "rewrite", "quantize", "evaluate", "check")
+        ["toy", stage, "hit"]
+        for stage in ("trace", "export", "rewrite", "quantize", "evaluate", "check")
     ]
     assert tables[0][7] == f"1 of 1 recipes up to date, 0 invalid; cache {tmp_path / 'cache'}"
     assert [line.split()[:3] for line in tables[1][1:3]] == [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
@@ -111,3 +112,45 @@ def test_clean_removes_a_link_that_points_at_nothing(
     code, lines = clean(tmp_path, capsys, "--yes")
     assert not broken.is_symlink()
     assert (good / "report.json").is_file()
+
+
+def test_clean_reports_what_it_really_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Folders hyperexport did not write are kept, and the summary says so (issue 32)."""
+    recipe_file = tmp_path / "mine.yaml"
+    ours = build(tmp_path, "mine", recipe_file)
+    folder = tmp_path / "outputs" / "mine"
+    (folder / "by-hand").mkdir()  # a user's folder, with a report copied in
+    (folder / "by-hand" / "report.json").write_text((ours / "report.json").read_text())
+    elsewhere = tmp_path / "data"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    (folder / "a-link").symlink_to(elsewhere)  # a user's link, not into .builds/
+
+    code, lines = clean(tmp_path, capsys, "mine")
+    assert code == 0
+    assert sorted(line.split()[:3] for line in lines[:3]) == [
+        ["would", "keep", "mine/a-link"],
+        ["would", "keep", "mine/by-hand"],
+        ["would", "remove", "mine/default"],
+    ]
+    assert lines[3] == "left 1 folders without a readable report.json: mine/a-link"
+    assert lines[4].startswith("would remove 1 of 3 output folders")
+
+    code, lines = clean(tmp_path, capsys, "mine", "--yes")
+    assert code == 1
+    assert sorted(line.split()[:2] for line in lines[:3]) == [
+        ["kept", "mine/a-link"],
+        ["kept", "mine/by-hand"],
+        ["removed", "mine/default"],
+    ]
+    assert lines[4].startswith("removed 1 of 3 output folders")
+    assert lines[5] == "kept 2 chosen folders hyperexport did not write: mine/a-link, mine/by-hand"
+    assert not os.path.lexists(folder / "default")
+    assert (folder / "by-hand" / "report.json").is_file()
+    assert (folder / "a-link").is_symlink() and (elsewhere / "keep.txt").read_text() == "mine"
+
+    code, lines = clean(tmp_path, capsys, "mine", "--yes")  # nothing of ours left
+    assert code == 1
+    assert lines[3].startswith("removed 0 of 2 output folders")

@@ -53,3 +53,31 @@ def test_a_top2_gap_below_the_measured_error_fails() -> None:
     got[1, 2] += 0.6  # the error moves one logit by more than the gap
     result = compare("p", tokens, tokens, want, got)
     assert any("top-2 logit gap" in p for p in result.problems)
+
+
+def test_the_summary_agrees_with_the_check() -> None:
+    """A failed decode's line says it failed and how far it agreed (issue 32: it said "16 tokens
+    identical" beside "tokens diverge at step 6")."""
+    from hyperexport.generation.judge import summary_lines
+    from hyperexport.seq2seq.judge import summary_lines as seq2seq_lines
+
+    want = [3, 7, 9, 4, 11, 2, 5, 8, 6, 1, 12, 10, 13, 14, 15, 0]
+    got = [*want[:6], 9, *want[7:]]
+    passed = compare("prompt 0", want, want, _logits(want, 2.0), _logits(want, 2.0))
+    failed = compare("prompt 1", want, got, _logits(want, 2.0), _logits(want, 2.0))
+    good, bad = summary_lines([passed, failed])
+    assert good.startswith("generation prompt 0: 16 tokens identical, max logits diff")
+    assert bad.startswith(
+        "generation prompt 1: FAILED: 6 of 16 tokens identical: tokens diverge at step 6: "
+        "transformers [5], export [9], max logits diff"
+    )
+    assert ": 16 tokens identical" not in bad
+    seq_good, seq_bad = seq2seq_lines([passed, failed])
+    assert "prompt 0: 16 decode steps through the graphs identical to transformers," in seq_good
+    assert "prompt 1: FAILED: 6 of 16 decode steps" in seq_bad and "step 6" in seq_bad
+
+    repeated = compare(
+        "prompt 2", [5] * 16, [5] * 16, _logits([5] * 16, 2.0), _logits([5] * 16, 2.0)
+    )
+    (line,) = summary_lines([repeated])  # identical, yet the check fails: the line says so
+    assert line.startswith("generation prompt 2: FAILED: 16 of 16 tokens identical: the reference")
