@@ -160,18 +160,35 @@ def _custom_op_name(name: str) -> None:
         raise Invalid(f"{name!r} must look like 'domain::op'")
 
 
-#: Names of variables that hold secrets (case-insensitive ``fnmatch`` patterns): never ``env``.
-SECRET_ENV_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
+#: Names of variables that hold secrets, never ``env``: case-insensitive ``fnmatch`` patterns of
+#: one ``_``-separated part of the name (``HF_TOKEN``, ``ACCESSTOKEN``, ``aws_secret_access_key``,
+#: ``DB_PASSWORD``; not ``TOKENIZERS_PARALLELISM``, which only tunes a library's threads) ...
+SECRET_ENV_PARTS = ("*TOKEN", "*TOKENS", "*SECRET*", "*PASSWORD*", "*PASSWD*")
+#: ... and of the whole name (``API_KEY``; not ``KEYBOARD_LAYOUT``).
+SECRET_ENV_NAMES = ("*_KEY", "*_KEYS")
+
+
+def _secret_pattern(name: str) -> str | None:
+    """The pattern by which ``name`` looks like a secret's variable, or None."""
+    upper = name.upper()
+    for pattern in SECRET_ENV_NAMES:
+        if fnmatch.fnmatchcase(upper, pattern):
+            return pattern
+    for part in upper.split("_"):
+        for pattern in SECRET_ENV_PARTS:
+            if fnmatch.fnmatchcase(part, pattern):
+                return pattern
+    return None
 
 
 def _env_names(names: list[str]) -> None:
     for i, name in enumerate(names):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise Invalid(f"{name!r} is not an environment variable name", at=f"[{i}]")
-        looks = [p for p in SECRET_ENV_PATTERNS if fnmatch.fnmatchcase(name.upper(), p)]
+        looks = _secret_pattern(name)
         if looks:
             raise Invalid(
-                f"{name!r} looks like a secret ({looks[0]}): a declared value enters the cache "
+                f"{name!r} looks like a secret ({looks}): a declared value enters the cache "
                 "keys, and a key is a function of the value, so whoever reads the keys (a shared "
                 "or remote cache) can check guesses of a short secret against them and sees when "
                 "it changed; declare only variables that change what the model computes",

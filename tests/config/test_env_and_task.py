@@ -67,6 +67,8 @@ def test_task_default_readers_and_implemented_set() -> None:
         "CLIENT_SECRET",
         "DB_PASSWORD",
         "API_KEY",
+        "HFTOKEN",
+        "MY_TOKENS",
     ],
 )
 def test_a_name_that_looks_like_a_secret_is_refused(name: str) -> None:
@@ -81,5 +83,5 @@ def test_a_name_that_looks_like_a_secret_is_refused(name: str) -> None:
 
 
 def test_names_that_only_resemble_a_secret_pattern_pass() -> None:
-    names = ["HF_HOME", "MY_MODEL_FLAG", "KEYBOARD_LAYOUT", "MONKEY", "KEY"]
+    names = ["HF_HOME", "MY_MODEL_FLAG", "KEYBOARD_LAYOUT", "MONKEY", "KEY", "TOKENIZERS_PARALLELISM"]
     assert validate_recipe({**BASE, "env": names}, "/r/t.yaml").data["env"] == names
