@@ -282,12 +282,26 @@ def keyed_paths(data: Mapping[str, Any], recipe_file: str, checkpoint: Path | No
 
 
 def model_imports(data: Mapping[str, Any]) -> list[str]:
-    """The import paths a recipe names for its model: factory, hiera classes, symbolics."""
+    """The import paths a recipe names for its model: the factory and every ``_target_`` nested
+    in ``model:`` (a config object built for it), hiera classes, symbolics."""
     return [
-        data["model"]["_target_"],
+        *_targets(data["model"]),
         *(data["hiera"] if isinstance(data.get("hiera"), list) else ()),  # not "auto"
         *(op["symbolic"] for op in data.get("custom_ops", ())),
     ]
+
+
+def _targets(value: Any) -> Iterator[str]:
+    """Every ``_target_`` in ``value``, outermost first."""
+    if isinstance(value, Mapping):
+        if isinstance(value.get("_target_"), str):
+            yield value["_target_"]
+        for key in sorted(value, key=str):
+            if key != "_target_":
+                yield from _targets(value[key])
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _targets(item)
 
 
 def model_fingerprint(

@@ -31,6 +31,7 @@ from hyperexport.config.imports import (
 )
 from hyperexport.config.schema import (
     AUTO,
+    NO_QUANTIZATION,
     PROMOTE_MIN_OPSET,
     REMOTE_MODES,
     BuildConfig,
@@ -246,6 +247,12 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
                 "hiera",
                 f"task {r.task} makes the encoder and decoder layers functions itself: "
                 "set hiera: auto",
+            )
+        if r.quantize.method != NO_QUANTIZATION:  # two graphs, no single model.onnx to quantize
+            check.fail(
+                "quantize.method",
+                f"{r.quantize.method}: task {r.task} is not quantized yet (its encoder and "
+                "decoder graphs); set quantize.method: none",
             )
     if r.dynamic == AUTO and r.inputs != AUTO:
         check.fail(

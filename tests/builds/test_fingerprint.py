@@ -241,3 +241,26 @@ def test_a_checkpoint_that_is_not_one_is_refused_by_validation(tmp_path: Path, t
     with pytest.raises(RecipeError) as raised:
         validate_recipe(data, str(tmp_path / "r.yaml"))
     assert raised.value.field == "checkpoint"
+
+
+def test_a_nested_target_is_keyed_as_the_model_s_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config object built for the factory (``model.config._target_``) is code the recipe
+    names: keyed before the build, as the factory is, not only discovered after it."""
+    (tmp_path / "hxn_configs.py").write_text("def make(width=4):\n    return {'width': width}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = {
+        "model": {
+            "_target_": "hyperexport.zoo.tiny_llama",
+            "config": {"_target_": "hxn_configs.make", "width": 8},
+            "extras": [{"_target_": "json.loads", "s": "1"}],
+        },
+        "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
+    }
+    from hyperexport.builds.fingerprint import model_imports
+
+    imports = model_imports(data)
+    assert imports[:3] == ["hyperexport.zoo.tiny_llama", "hxn_configs.make", "json.loads"]
+    code = code_fingerprint(imports, FileDigestIndex(None))
+    assert code["hxn_configs"]["kind"] == "local" and code["json"] == {"kind": "stdlib"}

@@ -85,3 +85,21 @@ def test_a_name_that_looks_like_a_secret_is_refused(name: str) -> None:
 def test_names_that_only_resemble_a_secret_pattern_pass() -> None:
     names = ["HF_HOME", "MY_MODEL_FLAG", "KEYBOARD_LAYOUT", "MONKEY", "KEY", "TOKENIZERS_PARALLELISM"]
     assert validate_recipe({**BASE, "env": names}, "/r/t.yaml").data["env"] == names
+
+
+def test_a_quantized_encoder_decoder_is_refused_before_it_builds() -> None:
+    """Its two graphs have no single model.onnx to quantize: the quantize stage failed with a
+    FileNotFoundError after the export (found by the issue-32 review)."""
+    from hyperexport.errors import RecipeError
+
+    recipe = {
+        **BASE,
+        "task": "text2text-generation",
+        "hiera": "auto",
+        "generation": {"prompts": [[1, 2, 3]]},
+        "quantize": {"method": "int4_block"},
+    }
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(recipe, "/r/t.yaml")
+    assert info.value.field == "quantize.method"
+    assert "quantize.method: none" in info.value.reason
