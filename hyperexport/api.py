@@ -24,6 +24,7 @@ from hyperexport.contracts.bundle import ExportBundle
 from hyperexport.contracts.capture_spec import CaptureSpec
 from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.contracts.records import CaptureRecord, tree_tensor_keys
+from hyperexport.defaults import DEFAULT_OPSET
 from hyperexport.errors import OptionsError
 from hyperexport.export.fallback import (
     CaptureCall,
@@ -196,7 +197,7 @@ def export_hyper_onnx(
     kwargs: Mapping[str, Any] | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
-    opset_version: int = 18,
+    opset_version: int = DEFAULT_OPSET,
     dynamo: bool | None = None,
     hiera: Sequence[type | str] | None = None,
     external_data: bool = False,

@@ -20,6 +20,10 @@ from hyperexport.errors import OpsetError, OptionsError
 
 FunctionMode = Literal["per_instance", "per_type"]
 FUNCTION_MODES: tuple[str, ...] = get_args(FunctionMode)
+#: One function per module instance (and input signature): the default.
+PER_INSTANCE: FunctionMode = "per_instance"
+#: One function per class whose calls export the same graph (weights become inputs).
+PER_TYPE: FunctionMode = "per_type"
 
 AxesItems = tuple[tuple[str, tuple[tuple[int, str], ...]], ...]
 ShapeItems = tuple[tuple[str, tuple[int, ...]], ...]
@@ -183,7 +187,7 @@ class ExportOptions:
         OptionsError: A value has the wrong type or is out of range; names the option.
     """
 
-    functions: FunctionMode = "per_instance"
+    functions: FunctionMode = PER_INSTANCE
     fallback: bool = False
     custom_ops: tuple[CustomOpSymbolic, ...] = ()
     rewrite: RewriteOptions = field(default_factory=RewriteOptions)

@@ -3,6 +3,11 @@ import it (read with ``ast``, nothing is imported).
 
 * value sets: a module-level tuple, list, set or frozenset of two or more literals, and every
   ``Literal[...]`` of two or more values, anywhere;
+* subsets: a value set of strings written in one module whose values all belong to a value set
+  of another module (``("trace", "export")`` beside the stage names): a copy of part of it;
+* literals compared in code: a string compared (``==``, ``!=``, ``in``) inside any function
+  that is a value of a set written in another module (``mode == "per_type"`` beside the
+  function modes): that module's name for it is imported instead;
 * file names: a string literal shaped like a file name (``auto.json``, ``model.onnx``), at
   module level or in code (docstrings, comments and f-string text are prose, not counted).
 """
@@ -23,6 +28,10 @@ FILE_NAME = re.compile(r"[\w-]+\.(json|npz|onnx|data|txt|html|yaml|lock|tmp)")
 NOT_OURS = {
     "ai.onnx",  # ONNX's default domain, named by its spec
 }
+#: Strings compared in code that belong to other libraries' vocabularies, spelled as they do:
+#: numpy's and ONNX's dtype names (a recipe's ``dtype`` choices are these names too), Hydra's
+#: ``_target_`` key and transformers' argument names.
+OTHERS_VOCABULARY = {"", "bool", "bfloat16", "float16", "float32", "_target_", "cache_position"}
 
 
 def _literals(node: ast.expr) -> frozenset[str] | None:
@@ -33,6 +42,29 @@ def _literals(node: ast.expr) -> frozenset[str] | None:
     if len(elts) < 2 or not all(isinstance(e, ast.Constant) for e in elts):
         return None
     return frozenset(ast.unparse(e) for e in elts)
+
+
+def _strings(values: frozenset[str]) -> frozenset[str]:
+    """The string values of a value set (as :func:`_literals` spells them)."""
+    return frozenset(v for v in values if v[:1] in ("'", '"'))
+
+
+def _compared(tree: ast.Module) -> Iterator[tuple[int, frozenset[str]]]:
+    """``(line, strings)`` of every comparison inside a function with string literals: a
+    compared constant, or the literals of an ``in (...)`` display."""
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        for node in ast.walk(function):
+            if not isinstance(node, ast.Compare):
+                continue
+            found: set[str] = set()
+            for side in (node.left, *node.comparators):
+                if isinstance(side, ast.Constant) and isinstance(side.value, str):
+                    found.add(ast.unparse(side))
+                found |= _strings(_literals(side) or frozenset())
+            if found:
+                yield node.lineno, frozenset(found)
 
 
 def _value_sets(tree: ast.Module) -> Iterator[frozenset[str]]:
@@ -83,6 +115,30 @@ def written_twice(sources: dict[str, str]) -> dict[str, list[str]]:
     return {what: sorted(where) for what, where in sorted(seen.items()) if len(where) > 1}
 
 
+def copied_values(sources: dict[str, str]) -> list[str]:
+    """Subsets of another module's value set, and literals compared in code that another
+    module names: one line each."""
+    sets: dict[str, list[frozenset[str]]] = {
+        module: [s for s in (_strings(v) for v in _value_sets(ast.parse(text))) if s]
+        for module, text in sources.items()
+    }
+    found = []
+    for module, text in sources.items():
+        for values in sets[module]:
+            owners = [m for m, vs in sets.items() if m != module and any(values < w for w in vs)]
+            ours = {v for v in values if v not in {repr(w) for w in OTHERS_VOCABULARY}}
+            if len(values) > 1 and owners and ours:
+                found.append(f"{module}: {', '.join(sorted(values))} is a subset of {owners[0]}'s")
+        for line, strings in _compared(ast.parse(text)):
+            for value in sorted(strings - {repr(v) for v in OTHERS_VOCABULARY}):
+                owners = [
+                    m for m, vs in sets.items() if m != module and any(value in w for w in vs)
+                ]
+                if owners:
+                    found.append(f"{module}:{line}: {value} compared; {owners[0]} names it")
+    return found
+
+
 def test_the_finder_finds_each_kind() -> None:
     a = 'X = ("all", "none")\nF = "auto.json"\n'
     b = (
@@ -102,3 +158,25 @@ def test_no_value_set_or_file_name_is_written_in_two_modules() -> None:
         for p in sorted(PACKAGE.rglob("*.py"))
     }
     assert written_twice(sources) == {}
+
+
+def test_the_copy_finder_finds_subsets_and_compared_literals() -> None:
+    a = 'MODES = ("per_instance", "per_type")\nSTAGES = ("trace", "export", "check")\n'
+    b = (
+        'MODEL = ("trace", "export")\n'
+        'def f(mode, dtype):\n    return mode == "per_type" or dtype == "float32"\n'
+        'def g(stage):\n    return stage in ("check", "other")\n'
+    )
+    assert copied_values({"a": a, "b": b}) == [
+        "b: 'export', 'trace' is a subset of a's",
+        "b:3: 'per_type' compared; a names it",
+        "b:5: 'check' compared; a names it",
+    ]
+
+
+def test_no_value_set_is_copied_in_part_and_no_named_value_is_compared_as_a_literal() -> None:
+    sources = {
+        p.relative_to(PACKAGE.parent).as_posix(): p.read_text(encoding="utf-8")
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+    assert copied_values(sources) == []

@@ -34,19 +34,13 @@ from hyperexport.contracts.names import CHECKPOINT_CONFIG, TOKENIZER_FILES
 from hyperexport.engine.code_closure import PACKAGE
 from hyperexport.engine.environment import SITE_DIRS
 from hyperexport.engine.hashing import FileDigestIndex, canonical_json, sha256_text
+from hyperexport.versions import RECORDED_DISTRIBUTIONS
 
 log = logging.getLogger(__name__)
 
-#: The distributions a build report lists (a stage's key holds only its own ``libraries``).
-ENV_DISTRIBUTIONS = (
-    "torch",
-    "onnx",
-    "onnxscript",
-    "onnx-ir",
-    "onnxruntime",
-    "transformers",
-    "hyperexport",
-)
+#: The distributions a build report lists (a stage's key holds only its own ``libraries``):
+#: those a model records, and onnx-ir.
+ENV_DISTRIBUTIONS = (*RECORDED_DISTRIBUTIONS, "onnx-ir")
 
 
 def top_level_module(import_path: str) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from hyperexport.check.report import FunctionResult
 from hyperexport.contracts.manifest import ExportManifest
+from hyperexport.contracts.names import ALL_CALLS, NO_CALLS
 from hyperexport.contracts.records import CaptureRecord
 
 
@@ -19,9 +20,9 @@ def select_calls(manifest: ExportManifest, scope: str) -> list[int]:
     ``first_instance`` keeps, for each class, the first call in execution order: the first call
     of the first instance.
     """
-    if scope == "none":
+    if scope == NO_CALLS:
         return []
-    if scope == "all":
+    if scope == ALL_CALLS:
         return list(range(len(manifest.calls)))
     classes = class_names(manifest)
     seen: set[str] = set()

@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from hyperexport.check.quantized_record import Closeness, QuantizedComparison
+from hyperexport.defaults import DEFAULT_MAX_REL_ERROR, DEFAULT_MIN_COSINE, DEFAULT_MIN_TOP1
 from hyperexport.errors import CheckError
 
 
 @dataclass(frozen=True)
 class QuantizedThresholds:
-    """``check.quantized.*`` (meaning and defaults: ``config/schema.py`` ``QuantizedCheckSpec``)."""
+    """``check.quantized.*`` (meaning: ``config/schema.py`` ``QuantizedCheckSpec``)."""
 
-    min_cosine: float
-    max_rel_error: float
-    min_top1: float
+    min_cosine: float = DEFAULT_MIN_COSINE
+    max_rel_error: float = DEFAULT_MAX_REL_ERROR
+    min_top1: float = DEFAULT_MIN_TOP1
 
 
 def _failures(c: Closeness, t: QuantizedThresholds) -> list[str]:

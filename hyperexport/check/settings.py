@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
+from hyperexport.defaults import DEFAULT_ATOL, DEFAULT_FUNCTION_SCOPE, DEFAULT_RTOL
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,10 @@ class CheckSettings:
             zero, or constant: ``vacuous.py``); any other such output fails the check.
     """
 
-    atol: float = 1e-4
-    rtol: float = 1e-3
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
     per_output: tuple[tuple[str, Tolerance], ...] = ()
-    function_scope: str = "all"
+    function_scope: str = DEFAULT_FUNCTION_SCOPE
     expected_classes: tuple[str, ...] = ()
     expected_opset: int | None = None
     expected_dynamo: bool | None = None

@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hyperexport import exit_codes
 from hyperexport.builds import sweep
 from hyperexport.builds.session import BuildOutcome, run_build, variant_dir
-from hyperexport.cli.sweep_check import refused_jobs, sweep_jobs
+from hyperexport.cli.sweep_check import MULTIRUN_FLAGS, refused_jobs, sweep_jobs
 from hyperexport.cli.threads import parallel_jobs, share_cores, with_default_n_jobs
 from hyperexport.cli.usage import UnusableDirectory, check_dir
 from hyperexport.config import (
@@ -52,7 +52,7 @@ log = logging.getLogger("hyperexport")
 
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 #: Flags that run builds; any other Hydra flag gets every recipe registered.
-_SWEEP_FLAGS = ("-m", "--multirun", "-r", "--run")
+_SWEEP_FLAGS = (*MULTIRUN_FLAGS, "-r", "--run")
 # Exit codes of the jobs run in this process, and of the sweeps that ended in it.
 _exit_codes: list[int] = []
 

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, compose_recipe
 from hyperexport.engine.runner import StageResult
+from hyperexport.engine.store import HIT
 from hyperexport.errors import RecipeError
 from hyperexport.stages import PIPELINE
 
@@ -40,7 +41,7 @@ class RecipeStatus:
 
     @property
     def up_to_date(self) -> bool:
-        return self.error is None and all(s.status == "hit" for s in self.stages)
+        return self.error is None and all(s.status == HIT for s in self.stages)
 
 
 def repository_recipes() -> list[str]:

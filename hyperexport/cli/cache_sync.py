@@ -22,7 +22,7 @@ from hyperexport import exit_codes
 from hyperexport.cli.usage import UsageError
 from hyperexport.engine.entries import ActionEntry
 from hyperexport.engine.remote import Remote
-from hyperexport.engine.store import CacheStore
+from hyperexport.engine.store import HIT, CacheStore
 from hyperexport.progress import track
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def cmd_pull(args: argparse.Namespace, root: Path) -> int:
     remote = _remote(args, "read_only")
     fetched = present = failed = 0
     for key in track(_remote_keys(remote), f"pulling from {args.remote}", unit="entries"):
-        if store.lookup(key).status == "hit":  # this store has no remote: local only
+        if store.lookup(key).status == HIT:  # this store has no remote: local only
             present += 1
             continue
         if args.recipe:

@@ -14,14 +14,16 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from hyperexport.config.schema import RECIPE_FILE
 from hyperexport.errors import RecipeError
 
-_MULTIRUN_FLAGS = ("-m", "--multirun")
+#: The flags that make the command line a multirun (Hydra's).
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def sweep_jobs(args: Sequence[str]) -> list[list[str]] | None:
     """The overrides of each job of a multirun (None when ``args`` is not one)."""
-    if not any(a in _MULTIRUN_FLAGS for a in args):
+    if not any(a in MULTIRUN_FLAGS for a in args):
         return None
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -50,7 +52,7 @@ def refused_jobs(jobs: Sequence[Sequence[str]], recipe_file: Path | None) -> lis
     refused = []
     for num, job in enumerate(jobs):
         overrides = [
-            o for o in job if not (recipe_file and o.split("=", 1)[0] in ("recipe", "recipe_file"))
+            o for o in job if not (recipe_file and o.split("=", 1)[0] in ("recipe", RECIPE_FILE))
         ]
         try:
             compose_recipe(overrides, recipe_file=recipe_file, stage_names=names)

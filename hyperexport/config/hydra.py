@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from hyperexport.config.fields import defaults_of
 from hyperexport.config.paths import CONF_DIR, DEFAULT_RECIPE, RECIPES_DIR
 from hyperexport.config.schema import (
     BUILD_KEYS,
+    RECIPE_FILE,
     BuildConfig,
     BuildSettings,
     Recipe,
@@ -65,7 +67,7 @@ def recipes_named(overrides: Sequence[str], default: str = DEFAULT_RECIPE) -> se
     for item in overrides:
         key, sep, value = item.partition("=")
         key = key.lstrip("+~")
-        if not sep or key == "recipe_file" or not key.startswith("recipe"):
+        if not sep or key == RECIPE_FILE or not key.startswith("recipe"):
             continue
         if key != "recipe" or item.startswith(("+", "~")) or "(" in value:
             return None
@@ -99,7 +101,7 @@ def register_configs(
 
     register_resolvers()
     cs = ConfigStore.instance()
-    cs.store(name="build_schema", node=BuildConfig)
+    cs.store(name="build_defaults", node={"build": build_defaults()})
     cs.store(name="recipe_defaults", node=recipe_defaults())
     files = recipe_files(extra_recipe)
     _RECIPE_FILES.update(files)
@@ -171,6 +173,12 @@ def recipe_file_of(option: str | None) -> str:
     if option and "/" not in option and (RECIPES_DIR / f"{option}.yaml").is_file():
         return str(RECIPES_DIR / f"{option}.yaml")
     return str(option or "<no recipe>")
+
+
+def build_defaults() -> dict[str, Any]:
+    """:class:`BuildConfig`'s defaults as plain data (untyped: ``build.force=all`` is a string
+    until validation makes it the stage list)."""
+    return dataclasses.asdict(BuildConfig())
 
 
 def recipe_defaults() -> dict[str, Any]:

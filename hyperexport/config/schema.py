@@ -28,15 +28,31 @@ from hyperexport.config.paths import DEFAULT_OUTPUTS_DIR
 from hyperexport.contracts.names import AUTO as AUTO
 from hyperexport.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
 from hyperexport.contracts.names import (
+    CHECK,
+    EVALUATE,
+    EXPORT,
     FORWARD,
     NO_QUANTIZATION,
     SPEECH_RECOGNITION,
     TEXT2TEXT_GENERATION,
     TEXT_GENERATION,
+    TRACE,
 )
 from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
+from hyperexport.defaults import (
+    DEFAULT_ATOL,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_FUNCTION_SCOPE,
+    DEFAULT_MAX_REL_ERROR,
+    DEFAULT_MIN_COSINE,
+    DEFAULT_MIN_TOP1,
+    DEFAULT_OPSET,
+    DEFAULT_RTOL,
+    QUANTIZE_METHODS,
+    block_size_problem,
+)
 from hyperexport.engine.settings import REMOTE_MODES as REMOTE_MODES
 from hyperexport.options import (
     FUNCTION_MODES,
@@ -70,7 +86,11 @@ DTYPES = (
 # ops changed signature at 18): defined once, in hyperexport.contracts.names.
 
 
-BUILD_KEYS = ("build", "recipe_file")
+#: The primary config's keys besides the recipe's: ``build.*`` and a recipe file outside
+#: ``recipes/`` (``recipe_file=/abs/path.yaml``).
+BUILD_KEYS = (BUILD, RECIPE_FILE) = ("build", "recipe_file")
+#: ``build.force=all``: every stage.
+FORCE_ALL = "all"
 
 
 DYNAMIC_MODES = ("none", AUTO)
@@ -87,14 +107,10 @@ TASKS = (
 #: one is adding it here (and its use in the stages that read ``task``).
 IMPLEMENTED_TASKS = (FORWARD, TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
 
-#: ``quantize.method`` values: ``none`` (the stage does nothing), or a method of
-#: ``passes/quantize_weights.py`` (int8 per column, dynamic activations; int4 blocks).
-QUANTIZE_METHODS = (NO_QUANTIZATION, "int8_dynamic", "int4_block")
-
 #: The stages that run the model (they read what changes its behaviour: ``env``, ``task``).
-MODEL_STAGES = ("trace", "export")
+MODEL_STAGES = (TRACE, EXPORT)
 #: The stages that check the final model against the recipe's expectations.
-CHECK_STAGES = ("evaluate", "check")
+CHECK_STAGES = (EVALUATE, CHECK)
 
 #: Longest recipe ``name``: it is a folder name under the outputs root.
 MAX_NAME_LENGTH = 64
@@ -207,8 +223,9 @@ def _implemented_task(task: str) -> None:
 
 
 def _block_size(size: int) -> None:
-    if size < 16 or size & (size - 1):
-        raise Invalid(f"must be a power of two >= 16, got {size}")
+    problem = block_size_problem(size)
+    if problem is not None:
+        raise Invalid(problem)
 
 
 def _module_names(names: list[str]) -> None:
@@ -289,9 +306,9 @@ class QuantizedCheckSpec(Section):
     names).
     """
 
-    min_cosine: float = option(0.95, readers=_CHECK, check=_fraction)
-    max_rel_error: float = option(0.35, readers=_CHECK, check=_positive)
-    min_top1: float = option(0.75, readers=_CHECK, check=_fraction)
+    min_cosine: float = option(DEFAULT_MIN_COSINE, readers=_CHECK, check=_fraction)
+    max_rel_error: float = option(DEFAULT_MAX_REL_ERROR, readers=_CHECK, check=_positive)
+    min_top1: float = option(DEFAULT_MIN_TOP1, readers=_CHECK, check=_fraction)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -312,10 +329,12 @@ class CheckSpec(Section):
     that is no output or key of the model is refused by the check stage (exit 2).
     """
 
-    atol: float = option(1e-4, readers=_CHECK, check=_positive)
-    rtol: float = option(1e-3, readers=_CHECK, check=_positive)
+    atol: float = option(DEFAULT_ATOL, readers=_CHECK, check=_positive)
+    rtol: float = option(DEFAULT_RTOL, readers=_CHECK, check=_positive)
     per_output: dict[str, ToleranceSpec] = option(factory=dict, readers=_CHECK, check=_tolerances)
-    function_scope: str = option("all", readers=CHECK_STAGES, choices=FUNCTION_SCOPES)
+    function_scope: str = option(
+        DEFAULT_FUNCTION_SCOPE, readers=CHECK_STAGES, choices=FUNCTION_SCOPES
+    )
     expect_ops: dict[str, int] = option(factory=dict, readers=CHECK_STAGES, check=_op_counts)
     accept_vacuous: list[str] = option(factory=list, readers=_CHECK, check=_output_names)
     quantized: QuantizedCheckSpec = section(QuantizedCheckSpec)
@@ -376,7 +395,9 @@ class QuantizeSpec(Section):
     method: str = option(
         NO_QUANTIZATION, readers=(*_QUANTIZE, "evaluate"), choices=QUANTIZE_METHODS
     )
-    block_size: int = option(32, readers=(*_QUANTIZE, "evaluate"), check=_block_size)
+    block_size: int = option(
+        DEFAULT_BLOCK_SIZE, readers=(*_QUANTIZE, "evaluate"), check=_block_size
+    )
     exclude: list[str] = option(factory=list, readers=_QUANTIZE, check=_module_names)
 
 
@@ -427,11 +448,12 @@ class RecipeConfig(Section):
     hiera: list[str] | Literal["auto"] = option(REQUIRED, readers=MODEL_STAGES)
     dynamic: str = option("none", readers=MODEL_STAGES, choices=DYNAMIC_MODES)
     method: str = option(_library(ExportOptions, "method"), readers=MODEL_STAGES)
-    opset: int = option(18, readers=("export", *CHECK_STAGES))
+    opset: int = option(DEFAULT_OPSET, readers=("export", *CHECK_STAGES))
     dynamo: bool = option(REQUIRED, readers=(*MODEL_STAGES, *CHECK_STAGES))
     fallback: bool = option(_library(ExportOptions, "fallback"), readers=("export", *CHECK_STAGES))
+    # The export makes the functions; the rewrite reads the mode from the bundle it composes.
     functions: str = option(
-        _library(ExportOptions, "functions"), readers=("export", "rewrite"), choices=FUNCTION_MODES
+        _library(ExportOptions, "functions"), readers=("export",), choices=FUNCTION_MODES
     )
     attention: AttentionSpec = section(AttentionSpec)
     rewrite: RewriteSpec = section(RewriteSpec)
@@ -461,17 +483,30 @@ class RecipeConfig(Section):
 
 @dataclass
 class BuildConfig:
-    """Build settings (``build.*``); they never change what is built, only where and whether."""
+    """Build settings (``build.*``); they never change what is built, only where and whether.
 
+    The one declaration of their defaults: ``conf/config.yaml`` takes them from here
+    (``build_defaults``), and :func:`~hyperexport.config.validate.validate_build` fills in
+    what a build leaves out from here.
+    """
+
+    #: Cache location; None: ``$HYPEREXPORT_CACHE_DIR``, else ``~/.cache/hyperexport``.
     cache_dir: str | None = None
+    #: Root of the materialised artifacts; None: ``<repo>/outputs``. A build writes to
+    #: ``<outputs_dir>/<recipe name>/<overrides or "default">/``.
     outputs_dir: str | None = None
+    #: Print each stage's status and reason; write nothing.
     dry_run: bool = False
+    #: Stages to rerun even when cached: ``build.force=[export]``, ``build.force=all``.
     force: list[str] = field(default_factory=list)
-    #: A remote cache tier, an fsspec URL (``s3://bucket/prefix``, ``file:///srv/cache``).
+    #: A remote cache tier, an fsspec URL (``s3://bucket/prefix``, ``gs://...``,
+    #: ``file:///srv/cache``): a local miss is looked up there.
     remote: str | None = None
-    #: ``read_write`` (fetch and upload) or ``read_only`` (fetch only: pull-request CI).
-    remote_mode: str = "read_write"
-    #: fsspec storage options of the remote (credentials, ``endpoint_url``); never reported.
+    #: ``read_write`` (fetch, and upload computed entries) or ``read_only`` (fetch only:
+    #: pull-request CI).
+    remote_mode: str = REMOTE_MODES[0]
+    #: fsspec storage options of the remote (credentials, ``endpoint_url``); also from the
+    #: environment (``AWS_*``, ``FSSPEC_<PROTOCOL>_<OPTION>``). Never written into reports.
     storage_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -509,8 +544,8 @@ class BuildSettings:
     outputs_dir: Path
     dry_run: bool
     force: tuple[str, ...]
-    remote: str | None = None
-    remote_mode: str = "read_write"
+    remote: str | None = BuildConfig.remote
+    remote_mode: str = BuildConfig.remote_mode
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 

@@ -31,6 +31,7 @@ from hyperexport.config.imports import (
 )
 from hyperexport.config.schema import (
     AUTO,
+    FORCE_ALL,
     NO_QUANTIZATION,
     PROMOTE_MIN_OPSET,
     REMOTE_MODES,
@@ -43,7 +44,9 @@ from hyperexport.config.schema import (
 )
 from hyperexport.config.task_inference import TaskNotInferable, infer_task
 from hyperexport.contracts.names import (
+    CHECKPOINT_SUFFIXES,
     OPSET_RANGES,
+    SAFETENSORS,
     SPEECH_RECOGNITION,
     TEXT2TEXT_GENERATION,
     TEXT_GENERATION,
@@ -210,14 +213,10 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     return Recipe(name=config.name, file=recipe_file, data=to_json(config), checkpoint=checkpoint)
 
 
-#: What the checkpoint loader reads (``from_recipe/model.py``): safetensors, or a torch state dict.
-CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-
-
 def _check_checkpoint(check: _Checker, checkpoint: Path) -> None:
     """A ``.safetensors`` file, a folder holding some, or a torch state dict file."""
     if checkpoint.is_dir():
-        if not any(checkpoint.glob("*.safetensors")):
+        if not any(checkpoint.glob(f"*{SAFETENSORS}")):
             check.fail("checkpoint", f"folder {checkpoint} holds no .safetensors file")
     elif checkpoint.suffix not in CHECKPOINT_SUFFIXES:
         check.fail(
@@ -424,8 +423,9 @@ def _check_import(check: _Checker, where: str, path: str) -> None:
 def validate_build(
     data: Mapping[str, Any] | None, recipe_file: str, stage_names: Sequence[str]
 ) -> BuildSettings:
-    """Validate the ``build:`` section; ``force`` may be a name, a list, or ``all``."""
-    data = dict(data or {})
+    """Validate the ``build:`` section; ``force`` may be a name, a list, or ``all``. A setting
+    left out has :class:`BuildConfig`'s default."""
+    data = {**dataclasses.asdict(BuildConfig()), **(data or {})}
     check = _Checker(recipe_file)
     check.dataclass_(
         BuildConfig,
@@ -435,25 +435,25 @@ def validate_build(
     force = data.get("force") or []
     if isinstance(force, str):
         force = [force]
-    if "all" in force:
+    if FORCE_ALL in force:
         force = list(stage_names)
     for name in force:
         if name not in stage_names:
             check.fail("build.force", f"unknown stage {name!r}{did_you_mean(name, stage_names)}")
-    remote = data.get("remote") or None
-    mode = data.get("remote_mode", "read_write")
+    remote = data["remote"] or None
+    mode = data["remote_mode"]
     if mode not in REMOTE_MODES:
         check.fail("build.remote_mode", f"must be one of {list(REMOTE_MODES)}, got {mode!r}")
     if remote is not None:
         _check_remote_url(check, remote)
     return BuildSettings(
-        cache_dir=data.get("cache_dir"),
-        outputs_dir=Path(_outputs_root(data.get("outputs_dir"))),
-        dry_run=bool(data.get("dry_run", False)),
+        cache_dir=data["cache_dir"],
+        outputs_dir=Path(_outputs_root(data["outputs_dir"])),
+        dry_run=bool(data["dry_run"]),
         force=tuple(force),
         remote=remote,
         remote_mode=mode,
-        storage_options=dict(data.get("storage_options") or {}),
+        storage_options=dict(data["storage_options"] or {}),
     )
 
 

@@ -8,14 +8,22 @@ any package may depend on this module.
 from __future__ import annotations
 
 # -- the check ----------------------------------------------------------------------------------
-#: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``): here
-#: so that the recipe schema and the check library share one set without one importing the other.
-FUNCTION_SCOPES = ("all", "first_instance", "none")
+#: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``): every
+#: one, the first call of each class, none. Here so that the recipe schema and the check library
+#: share one set without one importing the other.
+FUNCTION_SCOPES = (ALL_CALLS, FIRST_INSTANCE, NO_CALLS) = ("all", "first_instance", "none")
 
 # -- the build's stages --------------------------------------------------------------------------
 #: Their names, in pipeline order (``stages/pipeline.py`` builds them; a test holds the two
 #: together): what ``build.force`` accepts and what reports and sweep tables list.
-STAGE_NAMES = ("trace", "export", "rewrite", "quantize", "evaluate", "check")
+STAGE_NAMES = (TRACE, EXPORT, REWRITE, QUANTIZE, EVALUATE, CHECK) = (
+    "trace",
+    "export",
+    "rewrite",
+    "quantize",
+    "evaluate",
+    "check",
+)
 
 # -- files of the stages' outputs ---------------------------------------------------------------
 #: The trace: the capture record and its tensors (numpy ``.npz``, never pickles).
@@ -38,6 +46,10 @@ AUTO_FILE = "auto.json"
 CAPTURE_SPEC_JSON = "capture_spec.json"
 #: A transformers checkpoint folder is one holding this file (its model config).
 CHECKPOINT_CONFIG = "config.json"
+#: What a recipe's ``checkpoint`` may be: safetensors (a file, or a folder of them), or a torch
+#: state dict file.
+SAFETENSORS = ".safetensors"
+CHECKPOINT_SUFFIXES = (SAFETENSORS, ".pt", ".pth", ".bin")
 #: A checkpoint's tokenizer files: keyed with the checkpoint, and copied beside a generation
 #: model (so ``onnxruntime_genai.Tokenizer(model)`` works on the output folder).
 TOKENIZER_FILES = (
@@ -84,8 +96,6 @@ SPEECH_RECOGNITION = "automatic-speech-recognition"
 SEQ2SEQ_GRAPHS = ("encoder", "decoder")
 #: ``quantize.method`` that quantizes nothing (the default): the quantize stage writes nothing.
 NO_QUANTIZATION = "none"
-#: Which call sites get a per-function check (``check.function_scope``, ``CheckSettings``).
-FUNCTION_SCOPES = ("all", "first_instance", "none")
 #: transformers' own attention implementations: hyperexport registers its entry under another
 #: name (recipe validation, ``AttentionOptions``, ``transformers/attention.py``).
 BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")

@@ -87,6 +87,7 @@ def _package_machinery() -> frozenset[str]:
 def _not_recorded(top: str) -> bool:
     return top in _NOT_RECORDED or top.startswith(_EDITABLE_FINDERS) or top in _package_machinery()
 
+
 #: ``{"modules": {name: [relative file, digest]}, "dists": {name: version},
 #: "files": {relative or absolute path: digest}}``.
 DependencySet = dict[str, dict[str, Any]]

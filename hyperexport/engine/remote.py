@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from hyperexport.engine.discovered import DEPS_FORMAT, MAX_SETS, set_digest
 from hyperexport.engine.entries import ActionEntry
 from hyperexport.engine.hashing import atomic_write_json, sha256_file
-from hyperexport.engine.settings import REMOTE_MODES
+from hyperexport.engine.settings import READ_WRITE, REMOTE_MODES
 from hyperexport.errors import CacheUnavailableError
 
 
@@ -83,7 +83,7 @@ class Remote:
         self,
         url: str,
         *,
-        mode: str = "read_write",
+        mode: str = READ_WRITE,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         import fsspec
@@ -91,7 +91,7 @@ class Remote:
         if mode not in REMOTE_MODES:
             raise ValueError(f"remote mode {mode!r} is not one of {REMOTE_MODES}")
         self.url = url
-        self.writable = mode == "read_write"
+        self.writable = mode == READ_WRITE
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         except (ImportError, ValueError) as e:

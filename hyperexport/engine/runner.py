@@ -48,7 +48,7 @@ from hyperexport.engine.keys import declared_material, explain, recorded_materia
 from hyperexport.engine.machinery import machinery
 from hyperexport.engine.record_secret import record_secret
 from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
-from hyperexport.engine.store import CacheStore, CorruptBlobError, Lookup
+from hyperexport.engine.store import CORRUPT, HIT, MISSING, CacheStore, CorruptBlobError, Lookup
 from hyperexport.engine.workspace import Workspace
 from hyperexport.errors import CacheUnavailableError, CorruptRecordError, StageError
 
@@ -88,7 +88,7 @@ class StageResult:
 
     def line(self) -> str:
         """The one log line of this stage: ``export: ran (opset 18→17) in 1.20s``."""
-        if self.status == "hit":
+        if self.status == HIT:
             return f"{self.name}: hit"
         if self.status == "would_run":
             return f"{self.name}: would run ({self.reason})"
@@ -393,13 +393,13 @@ class Runner:
         result.declared[stage.name] = expected
         with machinery():  # the cache's and remote tier's imports are not the model's
             key, stale, lookup = self._lookup(stage, declared, expected, forced, request.dry_run)
-        if lookup.status == "hit" and not forced:
+        if lookup.status == HIT and not forced:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
             if not request.dry_run and _record_outdated(own_run, key, material):
                 record = _record(key, declared, material, "ok", request.recipe_name)
                 self.store.record_run(request.run_name, stage.name, record)
-            return StageResult(stage.name, "hit", key, "", time.perf_counter() - start)
+            return StageResult(stage.name, HIT, key, "", time.perf_counter() - start)
         reason = _reason(forced, lookup.status, stale, previous, declared, material)
         if request.dry_run:
             return StageResult(stage.name, "would_run", key, reason, time.perf_counter() - start)
@@ -439,9 +439,9 @@ class Runner:
         lookup = (
             self._complete(stage, self.store.lookup(key), expected)
             if key is not None
-            else Lookup("missing")
+            else Lookup(MISSING)
         )
-        if dry_run or self.store.read_only or (lookup.status == "hit" and not forced):
+        if dry_run or self.store.read_only or (lookup.status == HIT and not forced):
             return key, stale, lookup
         self._held.enter_context(self.store.single_flight(declared, f"stage {stage.name}"))
         if forced:
@@ -454,15 +454,15 @@ class Runner:
         again = (
             self._complete(stage, self.store.lookup(again_key), expected)
             if again_key is not None
-            else Lookup("missing")
+            else Lookup(MISSING)
         )
-        return (again_key, "", again) if again.status == "hit" else (key, stale, lookup)
+        return (again_key, "", again) if again.status == HIT else (key, stale, lookup)
 
     def _complete(self, stage: Stage, lookup: Lookup, expected: Mapping[str, str]) -> Lookup:
         """``lookup``, or ``corrupt`` when its entry lacks a file of ``expected`` (the outputs
         the stage's code declares for this build's params; never the entry's own record): an
         incomplete entry is a miss, warned about and discarded."""
-        if lookup.status != "hit" or lookup.entry is None:
+        if lookup.status != HIT or lookup.entry is None:
             return lookup
         missing = lookup.entry.missing(expected)
         if not missing:
@@ -475,7 +475,7 @@ class Runner:
             detail,
         )
         self.store.discard(lookup.entry.key)
-        return Lookup("corrupt", detail=detail)
+        return Lookup(CORRUPT, detail=detail)
 
     def _resolve_remote(self, declared: str) -> str | None:
         """The full key of a dependency set recorded on the remote that holds here, if any.
@@ -657,7 +657,7 @@ def _reason(
 ) -> str:
     if forced:
         return "forced"
-    if lookup_status == "corrupt":
+    if lookup_status == CORRUPT:
         return "cache entry corrupt"
     if stale:  # a module the stage loaded last time changed (discovered dependencies)
         return stale

@@ -6,5 +6,5 @@ not load the remote tier (nor put its code into the keys of the stages that load
 
 from __future__ import annotations
 
-#: How a build uses the remote tier: read and upload, or read only.
-REMOTE_MODES = ("read_write", "read_only")
+#: How a build uses the remote tier: read and upload (the default), or read only.
+REMOTE_MODES = (READ_WRITE, READ_ONLY) = ("read_write", "read_only")

@@ -43,7 +43,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from hyperexport.engine import locks
 from hyperexport.engine.cache_dir import ENV_CACHE_DIR
@@ -70,6 +70,12 @@ class CorruptBlobError(ValueError):
         self.path = path
         self.digest = digest
         super().__init__(f"cached blob of {path} ({digest[:12]}) is corrupt")
+
+
+#: What a lookup found: a complete, verified entry; nothing; an entry that failed its checks.
+HIT: Final = "hit"
+MISSING: Final = "missing"
+CORRUPT: Final = "corrupt"
 
 
 @dataclass(frozen=True)
@@ -173,22 +179,22 @@ class CacheStore:
         warned about, removed (unless read-only) and reported as ``corrupt``.
         """
         found = self.lookup_local(key)
-        if found.status == "hit" or self.remote is None:
+        if found.status == HIT or self.remote is None:
             return found
         if self.read_only:  # a dry run: the remote entry says what would be fetched
             entry = self.remote.read_entry(key)
-            return Lookup("hit", entry, detail="remote") if entry is not None else found
+            return Lookup(HIT, entry, detail="remote") if entry is not None else found
         if self.remote.fetch(key, self):
             fetched = self.lookup_local(key)
-            if fetched.status == "hit":
-                return Lookup("hit", fetched.entry, detail="remote")
+            if fetched.status == HIT:
+                return Lookup(HIT, fetched.entry, detail="remote")
         return found
 
     def lookup_local(self, key: str) -> Lookup:
         """Like :meth:`lookup`, in the local store only."""
         path = self.action_path(key)
         if not path.is_file():
-            return Lookup("missing")
+            return Lookup(MISSING)
         try:
             entry = ActionEntry.from_json(json.loads(path.read_text(encoding="utf-8")))
             if entry.key != key:
@@ -200,10 +206,10 @@ class CacheStore:
             log.warning("cache entry %s is corrupt (%s); treating it as a miss", key[:12], detail)
             if not self.read_only:
                 path.unlink(missing_ok=True)
-            return Lookup("corrupt", detail=detail)
+            return Lookup(CORRUPT, detail=detail)
         if not self.mark_used(key):  # removed meanwhile (cache gc): its blobs may go too
-            return Lookup("missing")
-        return Lookup("hit", entry)
+            return Lookup(MISSING)
+        return Lookup(HIT, entry)
 
     def discard(self, key: str) -> None:
         """Drop the entry of ``key`` (its blobs stay until collected); no-op when read-only."""

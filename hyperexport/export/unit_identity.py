@@ -27,7 +27,7 @@ import torch
 
 from hyperexport.capture.tree import qualified_name
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
-from hyperexport.options import FunctionMode
+from hyperexport.options import PER_INSTANCE, PER_TYPE, FunctionMode
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def _signature_data(
         "inputs": _shape_tree(call.inputs, meta),
         "children": children,
     }
-    if mode == "per_instance":
+    if mode == PER_INSTANCE:
         data["path"] = call.path
     else:
         data["structure"] = _module_structure(modules[call.path])
@@ -177,7 +177,7 @@ def plan_units(
         call = calls[0]
         reason = ""
         earlier = first_of_class.setdefault(call.class_name, (key, call))
-        if earlier[0] != key and mode == "per_type":
+        if earlier[0] != key and mode == PER_TYPE:
             reason = (
                 f"differs from {earlier[1].path!r}: {explain_split(data[earlier[0]], data[key])}"
             )

@@ -37,7 +37,7 @@ from hyperexport.export.registry import path_for
 from hyperexport.export.unit_graphs import graph_digest
 from hyperexport.export.unit_identity import plan_units
 from hyperexport.export.weights import WEIGHTS_FILE, WeightFile
-from hyperexport.options import ExportOptions
+from hyperexport.options import PER_TYPE, ExportOptions
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def export_units(
     # Bodies are always exported once per module *structure*, with weights as inputs. In
     # per-instance mode, the SpecializePerInstancePass later clones a body for each instance and
     # bakes that instance's weights in, which costs far less than exporting every instance.
-    plan = plan_units(record, modules, "per_type")
+    plan = plan_units(record, modules, PER_TYPE)
     units_dir = out_dir / UNITS_DIR
     units_dir.mkdir(parents=True, exist_ok=True)
     in_names = input_names or tuple(tree.leaf_names(record.inputs))
@@ -144,13 +144,13 @@ def export_units(
         units = path.export(
             jobs, model=model, modules=modules, capture=capture, opset=opset, options=options
         )
-        merge = _SameGraphs(entries, options.functions == "per_type")
+        merge = _SameGraphs(entries, options.functions == PER_TYPE)
         for name, unit_model in units:
             if merge.add(name, unit_model):
                 _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
     entries = merge.entries()
     for entry in entries:
-        if entry.split_reason and options.functions == "per_type":
+        if entry.split_reason and options.functions == PER_TYPE:
             log.info(
                 "per_type: %s at %r gets a function of its own; it %s",
                 entry.class_name.rsplit(".", 1)[-1],

@@ -13,6 +13,7 @@ from hyperexport.check.quantized_judge import QuantizedThresholds
 from hyperexport.check.settings import CheckSettings, Tolerance
 from hyperexport.config.fields import is_read
 from hyperexport.config.schema import RecipeConfig
+from hyperexport.contracts.names import PROMOTED_OPSET
 
 
 def check_settings(
@@ -31,8 +32,8 @@ def check_settings(
 
     The expectations follow from the recipe:
 
-    * default-domain opset: ``opset``, or 24 with ``attention.promote_opset24`` (promotion
-      raises the model to 24 whatever the export opset);
+    * default-domain opset: ``opset``, or ``PROMOTED_OPSET`` (24) with
+      ``attention.promote_opset24`` (promotion raises the model to it whatever the export opset);
     * export path (metadata): ``dynamo``, or the other path when ``fallback`` is on and the
       manifest records that the export fell back;
     * ``check.expect_ops``: executed counts of default-domain op types (``op_counts``).
@@ -44,7 +45,7 @@ def check_settings(
     settings = CheckSettings(
         function_scope=c.function_scope,
         expected_classes=tuple(hiera),
-        expected_opset=24 if recipe.attention.promote_opset24 else recipe.opset,
+        expected_opset=PROMOTED_OPSET if recipe.attention.promote_opset24 else recipe.opset,
         expected_dynamo=dynamo,
         expected_ops=tuple(sorted(c.expect_ops.items())),
     )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hyperexport.config.hydra import recipe_file_of
 from hyperexport.config.imports import split_import_path
+from hyperexport.contracts.names import SAFETENSORS
 from hyperexport.errors import HieraError, RecipeError, relayed
 
 if TYPE_CHECKING:
@@ -41,7 +42,9 @@ def load_model(model_cfg: Mapping[str, Any], checkpoint: Path | None, recipe_fil
         file = recipe_file or recipe_file_of(None)
         if isinstance(e.__cause__, RecipeError):  # the factory named the field (model.path, ...)
             raise RecipeError(file, e.__cause__.field, e.__cause__.reason) from e
-        raise RecipeError(file, "model", f"cannot instantiate: {relayed(e, with_type=False)}") from e
+        raise RecipeError(
+            file, "model", f"cannot instantiate: {relayed(e, with_type=False)}"
+        ) from e
     if checkpoint is not None:
         log.info("Loading checkpoint %s", checkpoint)
         model.load_state_dict(_read_state_dict(checkpoint), strict=True)
@@ -51,10 +54,10 @@ def load_model(model_cfg: Mapping[str, Any], checkpoint: Path | None, recipe_fil
 def _read_state_dict(checkpoint: Path) -> dict[str, Any]:
     import torch
 
-    files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
+    files = sorted(checkpoint.glob(f"*{SAFETENSORS}")) if checkpoint.is_dir() else [checkpoint]
     state: dict[str, Any] = {}
     for f in files:
-        if f.suffix == ".safetensors":
+        if f.suffix == SAFETENSORS:
             from safetensors.torch import load_file
 
             state.update(load_file(str(f)))

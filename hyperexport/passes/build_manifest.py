@@ -15,6 +15,7 @@ from hyperexport.contracts.manifest import FUNCTION_DOMAIN, CallSite, ExportMani
 from hyperexport.contracts.names import probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, leaf_names, tree_tensor_keys
 from hyperexport.errors import RewriteError
+from hyperexport.options import PER_TYPE
 from hyperexport.passes.compose_functions import CHILD_INDEX
 
 
@@ -75,7 +76,7 @@ def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord)
     sites: dict[str, CallSite] = {}
     _call_sites(model, model.graph, None, record, None, sites)
     used: dict[str, tuple[str, list[str], str]] = {}
-    per_type = bundle.function_mode == "per_type"
+    per_type = bundle.function_mode == PER_TYPE
     for call in record.calls:
         site = sites.get(call.call_id)
         if site is not None:

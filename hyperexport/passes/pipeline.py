@@ -25,7 +25,7 @@ from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.contracts.names import UNITS_DIR
 from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import RewriteError
-from hyperexport.options import ExportOptions
+from hyperexport.options import PER_INSTANCE, ExportOptions
 from hyperexport.passes.build_manifest import build_manifest
 from hyperexport.passes.compose_functions import ComposeFunctionsPass, function_names
 from hyperexport.passes.fold_leftovers import FoldLeftoversPass
@@ -76,7 +76,7 @@ def _always(_: PassInputs) -> bool:
 
 
 def _per_instance(inputs: PassInputs) -> bool:
-    return inputs.bundle.function_mode == "per_instance"
+    return inputs.bundle.function_mode == PER_INSTANCE
 
 
 def _specialize(inputs: PassInputs) -> SpecializePerInstancePass:

@@ -31,18 +31,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-INT4_BLOCK = "int4_block"
-INT8_DYNAMIC = "int8_dynamic"
+from hyperexport.contracts.names import NO_QUANTIZATION
+from hyperexport.defaults import (
+    INT4_BLOCK,
+    INT8_DYNAMIC,
+    MIN_BLOCK_SIZE,
+    QUANTIZE_METHODS,
+    block_size_problem,
+)
+
+__all__ = ["INT4_BLOCK", "INT8_DYNAMIC", "METHODS", "MIN_BLOCK_SIZE", "check_block_size"]
+
 #: Every method a quantize pass accepts; ``none`` (no quantization) is the stage's business.
-METHODS = (INT4_BLOCK, INT8_DYNAMIC)
-#: The smallest block ``MatMulNBits`` accepts; block sizes are powers of two from here.
-MIN_BLOCK_SIZE = 16
+METHODS = tuple(m for m in QUANTIZE_METHODS if m != NO_QUANTIZATION)
 
 
 def check_block_size(block_size: int) -> None:
     """Raise ``ValueError`` unless ``block_size`` is a power of two ≥ :data:`MIN_BLOCK_SIZE`."""
-    if block_size < MIN_BLOCK_SIZE or block_size & (block_size - 1):
-        raise ValueError(f"{block_size} is not a power of two ≥ {MIN_BLOCK_SIZE}")
+    problem = block_size_problem(block_size)
+    if problem is not None:
+        raise ValueError(f"block size {problem}")
 
 
 @dataclass(frozen=True)

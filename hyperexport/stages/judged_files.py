@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import EVALUATED_JSON, TEXT_GENERATION
+from hyperexport.contracts.names import EVALUATED_JSON, QUANTIZE, REWRITE, TEXT_GENERATION
 from hyperexport.errors import CheckError
 from hyperexport.generation.names import GENAI_CONFIG
 
 #: The stages whose every output is a published model file the evaluate stage runs.
-MODEL_STAGES = ("rewrite", "quantize")
+MODEL_STAGES = (REWRITE, QUANTIZE)
 
 
 def judged_files(digests: Mapping[str, Mapping[str, str]], task: str) -> dict[str, str]:
