@@ -19,6 +19,7 @@ import hyperexport
 from hyperexport import versions
 from hyperexport.errors import VersionsError
 from hyperexport.export.registry import path_for
+from hyperexport.transformers.masks import never_gqa
 
 PACKAGE = Path(hyperexport.__file__).parent
 BRIDGE = PACKAGE / "versions.py"
@@ -144,8 +145,8 @@ def test_transformers_hooks_resolve_on_the_installed_release() -> None:
     assert flags and all(callable(getattr(owner, name)) for owner, name in flags)
     assert flags[0][0] is masking_utils
     assert callable(sdpa_attention.use_gqa_in_sdpa)
-    assert versions.never_gqa(None, None) is False
-    assert versions.never_gqa(None, None, None) is False
+    assert never_gqa(None, None) is False
+    assert never_gqa(None, None, None) is False
 
 
 def test_a_transformers_class_of_a_later_release_is_refused_in_one_line(

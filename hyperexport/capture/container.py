@@ -13,18 +13,18 @@ import numpy as np
 import torch
 
 from hyperexport.atomic import atomic_write_text
-from hyperexport.contracts.arrays import load_arrays, raw_dtype, save_arrays
-from hyperexport.contracts.names import CAPTURE_JSON, TENSORS_NPZ
-from hyperexport.contracts.records import CaptureRecord, TensorMeta
-from hyperexport.errors import (
-    CorruptRecordError,
-)
-from hyperexport.versions import (
+from hyperexport.capture.torch_hooks import (
     is_tracing,
     pause_tracing,
     resume_tracing,
     torch_dtype,
     torch_dtype_name,
+)
+from hyperexport.contracts.arrays import load_arrays, raw_dtype, save_arrays
+from hyperexport.contracts.names import CAPTURE_JSON, TENSORS_NPZ
+from hyperexport.contracts.records import CaptureRecord, TensorMeta
+from hyperexport.errors import (
+    CorruptRecordError,
 )
 
 

@@ -14,13 +14,13 @@ import torch
 from hyperexport.capture import signature, tree
 from hyperexport.capture.attribute_reads import ReadLog, original_class
 from hyperexport.capture.container import to_array
-from hyperexport.contracts.records import ModuleCall, TensorMeta, Tree
-from hyperexport.versions import (
+from hyperexport.capture.torch_hooks import (
     is_tracing,
     pause_tracing,
     resume_tracing,
     torch_dtype_name,
 )
+from hyperexport.contracts.records import ModuleCall, TensorMeta, Tree
 
 
 class Recorder:

@@ -11,10 +11,7 @@ from typing import Any
 import torch
 
 from hyperexport.capture import signature, tree
-from hyperexport.versions import (
-    quiet_torchscript_exporter,
-    resume_tracing,
-)
+from hyperexport.capture.torch_hooks import quiet_torchscript_exporter, resume_tracing
 
 
 def run_under_trace(

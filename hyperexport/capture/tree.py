@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from hyperexport.capture.torch_hooks import pytree_node_types
 from hyperexport.contracts.records import CaptureRecord, Tree
 from hyperexport.contracts.records import leaf_names as leaf_names  # moved; re-exported
 from hyperexport.errors import CorruptRecordError, InputError
-from hyperexport.versions import pytree_node_types
 
 #: Classes of ``object`` nodes met by :func:`flatten` in this process, by qualified name.
 _OBJECT_TYPES: dict[str, type] = {}

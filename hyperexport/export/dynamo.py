@@ -37,14 +37,13 @@ import onnx_ir as ir
 import torch
 from onnx_ir.passes.common import InlinePass
 
+from hyperexport.capture.torch_hooks import torch_dtype, torch_dtype_name
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.errors import InputError
 from hyperexport.export.placeholders import Dim, PlaceholderSpec, ShapeFunction
-from hyperexport.versions import (
+from hyperexport.export.torch_exporter import (
     decomposition_without_input_guards,
     dynamo_export_caches,
-    torch_dtype,
-    torch_dtype_name,
 )
 
 log = logging.getLogger(__name__)

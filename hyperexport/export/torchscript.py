@@ -19,19 +19,19 @@ import torch
 from hyperexport import progress
 from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
+from hyperexport.capture.torch_hooks import quiet_torchscript_exporter
 from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import HyperExportError, ModuleExportError
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
 from hyperexport.export.placeholders import Dim, ShapeFunction, replace_children
-from hyperexport.export.weights import attach_torch_weights
-from hyperexport.options import CustomOpSymbolic, ExportOptions
-from hyperexport.versions import (
-    quiet_torchscript_exporter,
+from hyperexport.export.torch_exporter import (
     set_symbolic_output_type,
     weights_out_of_shape_inference,
 )
+from hyperexport.export.weights import attach_torch_weights
+from hyperexport.options import CustomOpSymbolic, ExportOptions
 
 
 class TorchScriptPath(ExportPath):

@@ -22,13 +22,12 @@ from typing import Any
 import torch
 
 from hyperexport.errors import VersionsError
+from hyperexport.transformers.masks import never_gqa, traceable_sdpa_mask
 from hyperexport.versions import (
     VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT,
     masking_export_flags,
-    never_gqa,
     release_in,
     torch_version,
-    traceable_sdpa_mask,
     transformers_version,
 )
 
@@ -125,7 +124,7 @@ def sdpa_without_enable_gqa() -> Iterator[None]:
     asks SDPA for ``enable_gqa=True``, which the TorchScript exporter cannot convert
     ("conversion of scaled_dot_product_attention not implemented if enable_gqa is True").
     Repeating the heads computes the same attention. (The hook's arguments differ between 4.57
-    and 5.x; :func:`~hyperexport.versions.never_gqa` takes either.)
+    and 5.x; :func:`~hyperexport.transformers.masks.never_gqa` takes either.)
     """
     from transformers.integrations import sdpa_attention
 
@@ -161,7 +160,7 @@ def masks_as_under_torch_export() -> Iterator[None]:
 def traceable_sdpa_mask_builder() -> Iterator[None]:
     """Build SDPA masks by broadcasting instead of vmapping during an export (transformers 4.x).
 
-    See :func:`~hyperexport.versions.traceable_sdpa_mask`: 4.57's default builder fails under
+    See :func:`~hyperexport.transformers.masks.traceable_sdpa_mask`: 4.57's default builder fails under
     ``torch.jit.trace`` (``unordered_map::at``), its older one bakes the traced length; torch
     2.9's ``torch.export`` fails on the default one at dynamic sizes
     (:data:`~hyperexport.versions.VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`). Both the module's

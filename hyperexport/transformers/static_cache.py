@@ -27,7 +27,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from hyperexport.versions import size_of
+
+def size_of(count: torch.Tensor, at_most: int) -> int:
+    """The integer in 0-d ``count`` as a size: a plain int eagerly, an unbacked size (bounded by
+    ``0 <= size <= at_most``) under ``torch.export``, where ``int(count)`` would fail on a
+    data-dependent value."""
+    size = count.item()
+    torch._check(size >= 0)
+    torch._check(size <= at_most)
+    return size  # type: ignore[return-value]
 
 
 class ExplicitKVCacheModel(nn.Module):

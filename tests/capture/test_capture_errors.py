@@ -17,7 +17,7 @@ from hyperexport import (
     export_hyper_onnx,
 )
 from hyperexport.capture.capture_model import capture_model
-from hyperexport.versions import is_tracing
+from hyperexport.capture.torch_hooks import is_tracing
 from tests.helpers.toys import Leaf, toy_inputs, toy_net
 
 

@@ -166,7 +166,7 @@ def test_without_external_data_a_model_over_the_protobuf_limit_is_refused(
 
 
 def test_the_shape_inference_patch_is_restored() -> None:
-    from hyperexport.versions import weights_out_of_shape_inference
+    from hyperexport.export.torch_exporter import weights_out_of_shape_inference
 
     original = torch._C._jit_pass_onnx_graph_shape_type_inference
     with weights_out_of_shape_inference():

@@ -245,7 +245,7 @@ def test_dynamo_mask_patch_makes_eager_capture_see_the_export_mask():
 def test_the_traceable_mask_builder_builds_transformers_masks():
     from transformers import masking_utils
 
-    from hyperexport.versions import traceable_sdpa_mask
+    from hyperexport.transformers.masks import traceable_sdpa_mask
 
     builder = traceable_sdpa_mask()
     if builder is None:

@@ -12,6 +12,7 @@ import pytest
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
 from hyperexport import versions
+from hyperexport.export.torch_exporter import decomposition_without_input_guards
 from hyperexport.zoo import EXPECTED_FAILURES
 
 #: How a plain TorchScript export of Cohere fails on the installed transformers: 4.x's vmapped
@@ -72,7 +73,7 @@ def _plain_export_matches_torch(name: str, dynamo: bool) -> None:
     # (with torch 2.9's own bug, pytorch/pytorch#172903, stepped around as hyperexport does: any
     # dynamo export with dynamic shapes fails there with "name 'L' is not defined", whatever the
     # model; the step around touches no graph)
-    with torch.no_grad(), versions.decomposition_without_input_guards():
+    with torch.no_grad(), decomposition_without_input_guards():
         torch.onnx.export(
             wrapped,
             tuple(example[n] for n in names),

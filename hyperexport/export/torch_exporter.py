@@ -1,0 +1,143 @@
+"""Patches of torch's ONNX exporters, used while hyperexport exports its units: the dynamo
+exporter's per-call caches and its decomposition guards, the TorchScript exporter's symbolic
+output types and shape inference (private APIs, restored on exit; whether a release needs a
+patch is a version fact, :mod:`hyperexport.versions`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from hyperexport.versions import export_guards_name_dynamo_sources
+
+if TYPE_CHECKING:
+    import torch
+
+
+def set_symbolic_output_type(value: object, like: torch.Tensor, sizes: list[int | None]) -> None:
+    """Give a TorchScript symbolic output the dtype of ``like`` and ``sizes`` (None: unknown).
+
+    Without it, the TorchScript exporter warns for every custom op and loses the shape
+    information that later symbolics (e.g. Linear -> Gemm vs MatMul) decide on.
+    """
+    import torch
+
+    tensor_type = torch._C.TensorType.create_from_tensor(like).with_sizes(sizes)
+    value.setType(tensor_type)  # type: ignore[attr-defined]
+
+
+#: torch.onnx's dynamo registries by opset, built once per process (see dynamo_export_caches).
+_ONNX_REGISTRIES: dict[int, object] = {}
+#: torch.export's set of CompositeImplicitAutograd ops, keyed by the op namespaces it covered.
+_CIA_OPS: dict[frozenset[str], object] = {}
+
+
+@contextlib.contextmanager
+def dynamo_export_caches() -> Iterator[None]:
+    """Let ``torch.onnx.export(dynamo=True)`` reuse what it rebuilds on every call, while open.
+
+    A hierarchical export makes one call per unit, and two per-call costs of torch 2.13 would
+    make most of its overhead over a plain export:
+
+    * the registry of torchlib translations (about a second: it parses the source of every
+      torchlib function), kept per opset;
+    * the set of CompositeImplicitAutograd ops that ``run_decompositions`` preserves (about
+      0.2 s: it walks every op of every namespace), kept per set of op namespaces. An op of an
+      existing namespace registered after the first export is not seen until the process
+      restarts.
+
+    Both are built on first use and kept for the process; only calls inside this context see
+    them. Translations passed in ``custom_translation_table`` are registered into the shared
+    registry and stay there: callers must only pass ops whose translation never changes
+    (hyperexport's placeholder ops, which are themselves defined once per process).
+    """
+    import torch
+    from torch.export import exported_program
+    from torch.onnx._internal.exporter import _registration
+
+    original = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    default_opset = original.__func__.__defaults__[0]
+    collect = exported_program._collect_all_valid_cia_ops
+
+    def from_torchlib(cls: type, opset_version: int = default_opset) -> object:
+        if opset_version not in _ONNX_REGISTRIES:
+            _ONNX_REGISTRIES[opset_version] = original.__func__(cls, opset_version=opset_version)
+        return _ONNX_REGISTRIES[opset_version]
+
+    def collect_cia_ops() -> object:
+        key = frozenset(torch.ops._dir)
+        if key not in _CIA_OPS:
+            _CIA_OPS[key] = collect()
+        return _CIA_OPS[key]
+
+    _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)  # type: ignore[method-assign,assignment]
+    exported_program._collect_all_valid_cia_ops = collect_cia_ops  # type: ignore[attr-defined,assignment]
+    try:
+        yield
+    finally:
+        _registration.ONNXRegistry.from_torchlib = original  # type: ignore[method-assign]
+        exported_program._collect_all_valid_cia_ops = collect  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def decomposition_without_input_guards() -> Iterator[None]:
+    """Let ``run_decompositions`` unlift a program with dynamic shapes on torch 2.9.
+
+    torch 2.9's ``ExportedProgram.module()`` inserts a ``_guards_fn`` whose generated code names
+    dynamo's ``L[...]`` sources, and ``torch.onnx.export(dynamo=True)`` calls it while it
+    decomposes: ``NameError: name 'L' is not defined`` (pytorch/pytorch#172903); later releases
+    rewrite those names to the signature's
+    (:func:`~hyperexport.versions.export_guards_name_dynamo_sources`). The guards only check a
+    call's inputs and never reach the ONNX graph, so while open, and only where that rewrite is
+    missing, ``module()`` is built without them.
+    """
+    from torch.export.exported_program import ExportedProgram
+
+    if not export_guards_name_dynamo_sources():
+        yield
+        return
+    original = ExportedProgram.module
+
+    def module(self: ExportedProgram, check_guards: bool = False) -> Any:
+        return original(self, check_guards=check_guards)
+
+    ExportedProgram.module = module  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ExportedProgram.module = original  # type: ignore[method-assign]
+
+
+#: Weights at least this large are kept out of the TorchScript exporter's shape inference.
+_SHAPE_INFERENCE_VALUE_LIMIT = 1 << 20
+
+
+@contextlib.contextmanager
+def weights_out_of_shape_inference() -> Iterator[None]:
+    """Keep large weights' values out of the TorchScript exporter's ONNX shape inference.
+
+    ``_jit_pass_onnx_graph_shape_type_inference`` copies every parameter value it is given
+    into the protobuf of each node that reads it (the embedding table into its Gather node),
+    twice per export: a transient copy of the largest weights. Shape inference needs values
+    only for shape-like constants, never for weights (their shapes and types are on the graph),
+    so tensors of at least 1 MiB are left out of the dict it sees. Restored on exit.
+    """
+    import torch
+
+    original = torch._C._jit_pass_onnx_graph_shape_type_inference
+
+    def infer(graph: Any, params_dict: dict[str, Any], opset: int) -> None:
+        small = {
+            k: v
+            for k, v in params_dict.items()
+            if not isinstance(v, torch.Tensor)
+            or v.numel() * v.element_size() < _SHAPE_INFERENCE_VALUE_LIMIT
+        }
+        original(graph, small, opset)
+
+    torch._C._jit_pass_onnx_graph_shape_type_inference = infer  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch._C._jit_pass_onnx_graph_shape_type_inference = original
