@@ -68,8 +68,8 @@ def _model(layers: int, hidden: int, vocab: int) -> Any:
 
 
 def _inputs(config: dict[str, Any], dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    from hyperexport.generation.task import step_inputs
     from hyperexport.models.inputs import make_inputs
+    from hyperexport.tasks.causal_lm import step_inputs
 
     specs = step_inputs(config, dtype)
     return make_inputs(specs), specs
@@ -78,8 +78,8 @@ def _inputs(config: dict[str, Any], dtype: str) -> tuple[dict[str, Any], dict[st
 def export_both(model: Any, folder: Path) -> tuple[Path, Path]:
     """Export the hierarchical and the flat step model into ``folder/hier`` and ``folder/flat``."""
     from hyperexport import ExportOptions, export_hyper_onnx
-    from hyperexport.generation.genai_config import build_genai_config
-    from hyperexport.generation.model import CausalLMStep
+    from hyperexport.tasks.genai_config import build_genai_config
+    from hyperexport.tasks.steps import CausalLMStep
     from hyperexport.transformers.kv_layers import KVStep, explicit_kv_layers
 
     config = model.config.to_dict()

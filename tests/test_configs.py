@@ -10,7 +10,7 @@ import pytest
 
 from hyperexport.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.errors import RecipeError
-from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
+from hyperexport.tasks.registry import task_named
 from tests.helpers.recipes import RECIPES, needs_later_transformers
 
 
@@ -53,11 +53,13 @@ def test_recipe_instantiates(name: str) -> None:
     recipe, _ = compose_recipe([f"recipe={name}"])
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
     assert isinstance(model, torch.nn.Module)
-    if is_seq2seq(recipe.data["task"]):  # two graphs, each with the task's own inputs
-        from hyperexport.seq2seq.task import graph_scope
+    task = task_named(recipe.data["task"])
+    if task.graphs:  # two graphs, each with the task's own inputs
+        from hyperexport.tasks.models import model_part
 
-        for graph in GRAPHS:
-            with graph_scope(model, recipe.data, str(recipe.file), graph) as (module, params):
+        for graph in task.graphs:
+            scope = model_part(task.name).scope(model, recipe.data, str(recipe.file), graph)
+            with scope as (module, params):
                 classes = resolve_classes(params["hiera"], recipe.file)
                 modules = list(module.modules())
                 assert classes and all(any(isinstance(m, c) for m in modules) for c in classes)

@@ -33,9 +33,6 @@ from hyperexport.contracts.names import (
     EXPORT,
     FORWARD,
     NO_QUANTIZATION,
-    SPEECH_RECOGNITION,
-    TEXT2TEXT_GENERATION,
-    TEXT_GENERATION,
     TRACE,
 )
 from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
@@ -60,6 +57,7 @@ from hyperexport.options import (
     ExportOptions,
     RewriteOptions,
 )
+from hyperexport.tasks.registry import TASKS as REGISTERED_TASKS
 
 __all__ = ["BUILTIN_ATTENTION", "FUNCTION_MODES", "FUNCTION_SCOPES", "REQUIRED"]
 
@@ -95,17 +93,12 @@ FORCE_ALL = "all"
 
 DYNAMIC_MODES = ("none", AUTO)
 
-#: ``task`` values: what of the model is exported. ``forward`` is one graph of ``method``.
-TASKS = (
-    FORWARD,
-    TEXT_GENERATION,
-    TEXT2TEXT_GENERATION,
-    SPEECH_RECOGNITION,
-    AUTO,
-)
-#: The tasks a stage implements; a recipe asking for another is refused (exit 2). Implementing
-#: one is adding it here (and its use in the stages that read ``task``).
-IMPLEMENTED_TASKS = (FORWARD, TEXT_GENERATION, TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
+#: The tasks the stages implement (``tasks/registry.py``); a recipe asking for another is
+#: refused (exit 2).
+IMPLEMENTED_TASKS = tuple(REGISTERED_TASKS)
+#: ``task`` values: what of the model is exported (``forward``, the default: one graph of
+#: ``method``), or ``auto``: from the checkpoint's config.
+TASKS = (*IMPLEMENTED_TASKS, AUTO)
 
 #: The stages that run the model (they read what changes its behaviour: ``env``, ``task``).
 MODEL_STAGES = (TRACE, EXPORT)

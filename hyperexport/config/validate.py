@@ -47,12 +47,11 @@ from hyperexport.contracts.names import (
     CHECKPOINT_SUFFIXES,
     OPSET_RANGES,
     SAFETENSORS,
-    SPEECH_RECOGNITION,
-    TEXT2TEXT_GENERATION,
     TEXT_GENERATION,
 )
 from hyperexport.engine.machinery import machinery
 from hyperexport.errors import RecipeError, did_you_mean
+from hyperexport.tasks.registry import TASKS
 from hyperexport.versions import missing_transformers_class
 
 log = logging.getLogger(__name__)
@@ -238,7 +237,8 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
     _check_targets(check, "model", r.model)
     if r.task == TEXT_GENERATION and not r.generation.prompts:
         check.fail("generation.prompts", f"task {TEXT_GENERATION} needs at least one prompt")
-    if r.task in (TEXT2TEXT_GENERATION, SPEECH_RECOGNITION):
+    task = TASKS.get(r.task)
+    if task is not None and task.graphs:  # the encoder-decoders: an encoder and a decoder graph
         if not r.generation.prompts:
             check.fail("generation.prompts", f"task {r.task} needs at least one prompt")
         if r.hiera != AUTO:
@@ -247,7 +247,7 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
                 f"task {r.task} makes the encoder and decoder layers functions itself: "
                 "set hiera: auto",
             )
-        if r.quantize.method != NO_QUANTIZATION:  # two graphs, no single model.onnx to quantize
+        if r.quantize.method != NO_QUANTIZATION:  # no single model.onnx to quantize
             check.fail(
                 "quantize.method",
                 f"{r.quantize.method}: task {r.task} is not quantized yet (its encoder and "

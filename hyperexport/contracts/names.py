@@ -84,11 +84,11 @@ CHECK_SUMMARY = "check.txt"
 #: ``hiera: auto`` / ``inputs: auto`` / ``dynamic: auto``: resolved on the live model
 #: (``models/auto.py``); recipe validation only checks the spelling.
 AUTO = "auto"
-#: ``task`` values (``config/schema.py`` ``TASKS``): one forward graph (the default), and the
-#: step model with past/present KV that onnxruntime-genai decodes with (``hyperexport/generation``).
+#: ``task`` values (``tasks/registry.py``): one forward graph (the default), and the step model
+#: with past/present KV that onnxruntime-genai decodes with.
 FORWARD = "forward"
 TEXT_GENERATION = "text-generation"
-#: ... and the encoder-decoder tasks: an encoder graph and a decoder graph (``hyperexport/seq2seq``).
+#: ... and the encoder-decoder tasks: an encoder graph and a decoder graph.
 TEXT2TEXT_GENERATION = "text2text-generation"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
 #: Their graphs, in the order they run: the stages keep each graph's files in a folder of this

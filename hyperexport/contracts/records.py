@@ -38,11 +38,16 @@ def tree_tensor_keys(tree: Tree) -> Iterator[str]:
             yield from tree_tensor_keys(child)
 
 
+#: The name of a tensor that is the whole tree (no key names it).
+LONE_TENSOR = "value"
+
+
 def leaf_names(tree: Tree, root: str = "") -> list[str]:
-    """Readable dotted names of the tensor leaves, in flattening order (``past.0.key``)."""
+    """Readable dotted names of the tensor leaves, in flattening order (``past.0.key``); a lone
+    tensor is :data:`LONE_TENSOR`."""
     kind = tree[0]
     if kind == "tensor":
-        return [root or "value"]
+        return [root or LONE_TENSOR]
     if kind == "const":
         return []
     join = (lambda k: f"{root}.{k}") if root else (lambda k: str(k))

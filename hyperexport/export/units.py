@@ -25,7 +25,13 @@ from hyperexport.capture import signature, tree
 from hyperexport.capture.container import Capture
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle, UnitEntry
 from hyperexport.contracts.names import ROOT_UNIT, UNITS_DIR, probe_key
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, Tree, tree_tensor_keys
+from hyperexport.contracts.records import (
+    LONE_TENSOR,
+    CaptureRecord,
+    ModuleCall,
+    Tree,
+    tree_tensor_keys,
+)
 from hyperexport.errors import ModuleExportError
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.placeholders import (
@@ -238,7 +244,7 @@ def _root_output_names(outputs: Tree, inputs: Sequence[str] = ()) -> tuple[str, 
     """Leaf names of the root outputs, prefixed with ``output`` unless they read as names that
     no input has (a model may return an input object, e.g. its cache)."""
     names = tree.leaf_names(outputs)
-    if any(not n[0].isalpha() or n == "value" or n in inputs for n in names):
+    if any(not n[0].isalpha() or n == LONE_TENSOR or n in inputs for n in names):
         names = tree.leaf_names(outputs, "output")
     return tuple(names)
 

@@ -19,26 +19,12 @@ from typing import TYPE_CHECKING
 
 from hyperexport.atomic import atomic_write_bytes
 from hyperexport.config.schema import RecipeConfig, stage_reads
-from hyperexport.contracts.names import (
-    CHECK_JSON,
-    CHECK_SUMMARY,
-    MANIFEST_JSON,
-    MODEL_FILE,
-    REFERENCE_DIR,
-    TEXT_GENERATION,
-)
+from hyperexport.contracts.names import CHECK_JSON, CHECK_SUMMARY, REFERENCE_DIR
 from hyperexport.engine.stage import StageInputs
 from hyperexport.errors import CheckError
-from hyperexport.generation.names import GENERATION_CHECK
-from hyperexport.seq2seq.names import (
-    GRAPHS,
-    SEQ2SEQ_CHECK,
-    is_seq2seq,
-    manifest_file,
-    model_file,
-)
 from hyperexport.stages.judged_files import check_evaluated, judged_files
 from hyperexport.stages.recipe_stage import RecipeStage
+from hyperexport.tasks.registry import check_published, task_named
 
 if TYPE_CHECKING:
     import numpy as np
@@ -67,53 +53,44 @@ class CheckStage(RecipeStage):
     needs_model: bool = False
     #: numpy judges; the ONNX libraries run only for localisation, and then shape the result.
     libraries: tuple[str, ...] = ("numpy", "ml-dtypes", "onnx", "onnx-ir", "onnxruntime")
-    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY, GENERATION_CHECK, SEQ2SEQ_CHECK)
+    #: Every task's judgement of its decode (``generation_check.json``, ``seq2seq_check.json``).
+    publish: tuple[str, ...] = (CHECK_JSON, CHECK_SUMMARY, *check_published())
 
     def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
-        """The report and its summary, and the judged decode of the generation tasks."""
-        files = {"check": CHECK_JSON, "check_summary": CHECK_SUMMARY}
-        if recipe.task == TEXT_GENERATION:
-            files["generation_check"] = GENERATION_CHECK
-        if is_seq2seq(recipe.task):
-            files["seq2seq_check"] = SEQ2SEQ_CHECK
-        return files
+        """The report and its summary, and the task's judgement of its decode."""
+        return {
+            "check": CHECK_JSON,
+            "check_summary": CHECK_SUMMARY,
+            **task_named(recipe.task).check_files,
+        }
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         rewrite_dir = inputs.dir("rewrite")
-        reports: list[CheckReport] = []
+        task = task_named(recipe.task)
         # Graph outputs and capture keys of every graph: what check.accept_vacuous may name.
         known: tuple[list[str], set[str]] = ([], set())
-        if is_seq2seq(recipe.task):  # each graph judged alone, then merged (graph-prefixed)
-            from hyperexport.seq2seq.judge import merge_reports
+        reports = [  # each graph judged alone
+            self._judge(
+                recipe,
+                known,
+                inputs.dir("export") / graph,
+                rewrite_dir / task.model_file(graph),
+                rewrite_dir / task.manifest_file(graph),
+                inputs.dir("evaluate") / graph,
+            )
+            for graph in task.folders()
+        ]
+        if task.graphs:  # one report of the graphs (names prefixed with the graph)
+            from hyperexport.tasks.judge import merge_reports
 
-            for graph in GRAPHS:
-                reports.append(
-                    self._judge(
-                        recipe,
-                        known,
-                        inputs.dir("export") / graph,
-                        rewrite_dir / model_file(graph),
-                        rewrite_dir / manifest_file(graph),
-                        inputs.dir("evaluate") / graph,
-                    )
-                )
-            data = merge_reports(dict(zip(GRAPHS, (r.to_json() for r in reports))))
+            data = merge_reports(dict(zip(task.graphs, (r.to_json() for r in reports))))
             lines = [
                 f"{graph}: {line}"
-                for graph, r in zip(GRAPHS, reports)
+                for graph, r in zip(task.graphs, reports)
                 for line in r.summary_lines()
             ]
         else:
-            report = self._judge(
-                recipe,
-                known,
-                inputs.dir("export"),
-                rewrite_dir / MODEL_FILE,
-                rewrite_dir / MANIFEST_JSON,
-                inputs.dir("evaluate"),
-            )
-            reports.append(report)
-            data, lines = report.to_json(), report.summary_lines()
+            data, lines = reports[0].to_json(), reports[0].summary_lines()
         _refuse_unknown_outputs(inputs.recipe_file, recipe.check.accept_vacuous, *known)
         # quantize (issue 26): the quantized model against the float one, when there is one.
         quantized = _quantized_verdict(inputs.dir("evaluate"), recipe)
@@ -121,43 +98,35 @@ class CheckStage(RecipeStage):
             data["quantized"] = quantized.to_json()
             lines = [*lines, *quantized.summary_lines()]
         # The published files the evaluation ran: named by the digests this stage's key covers.
-        judged = judged_files(inputs.digests, recipe.task)
+        judged = judged_files(inputs.digests, task)
         errors = [check_evaluated(inputs.dir("evaluate"), judged)]
         data["judged"] = judged
-        if recipe.task == TEXT_GENERATION:  # genai_config.json against the model's config
-            from hyperexport.generation.config_check import genai_config_problems
+        judge = None
+        if task.check_files:  # the task judges its decode (and vouches for what it read)
+            from hyperexport.tasks.judge import JUDGES
 
-            problems = genai_config_problems(inputs.dir("trace"))
-            data["genai_config"] = {"passed": not problems, "problems": problems}
-            lines = [*lines, *(problems or ["genai_config.json: ok, as the model's config gives"])]
-            errors.append(CheckError("; ".join(problems)) if problems else None)
+            judge = JUDGES[task.name]
+            vouched = judge.vouch(inputs.dir("trace"))
+            data.update(vouched.report)
+            lines = [*lines, *vouched.lines]
+            errors.append(CheckError("; ".join(vouched.problems)) if vouched.problems else None)
         lines = [*lines, *(f"judged {name}: sha256 {digest}" for name, digest in judged.items())]
         text = json.dumps(data, sort_keys=True, indent=1) + "\n"
         atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
-        generation_error = None
-        if recipe.task == TEXT_GENERATION:  # tokens and logits of the decode
-            from hyperexport.generation.judge import judge_generation, summary_lines
-
-            results, generation_error = judge_generation(
+        decode_error = None
+        if judge is not None:  # the decode, token for token, and its logits
+            decoded, decode_error = judge.judge(
                 inputs.dir("trace"), inputs.dir("evaluate"), out_dir
             )
-            lines = [*lines, *summary_lines(results)]
-        if is_seq2seq(recipe.task):  # the decode through both graphs, token for token
-            from hyperexport.seq2seq.judge import judge_seq2seq
-            from hyperexport.seq2seq.judge import summary_lines as seq2seq_lines
-
-            decoded, generation_error = judge_seq2seq(
-                inputs.dir("trace"), inputs.dir("evaluate"), out_dir
-            )
-            lines = [*lines, *seq2seq_lines(decoded)]
+            lines = [*lines, *decoded]
         atomic_write_bytes(out_dir / CHECK_SUMMARY, ("\n".join(lines) + "\n").encode("utf-8"))
         for error in errors:  # what the check would vouch for is not what it judged
             if error is not None:
                 raise error
         for report in reports:
             report.raise_for_failure()
-        if generation_error is not None:
-            raise generation_error
+        if decode_error is not None:
+            raise decode_error
         if quantized is not None:
             quantized.raise_for_failure()
 

@@ -27,14 +27,11 @@ from hyperexport.contracts.names import (
     QUANTIZED_MANIFEST_JSON,
     QUANTIZED_MODEL_FILE,
     REFERENCE_DIR,
-    TEXT_GENERATION,
 )
 from hyperexport.engine.stage import StageInputs
-from hyperexport.generation import names as generation
-from hyperexport.seq2seq import names as seq2seq
-from hyperexport.seq2seq.names import GRAPHS, is_seq2seq, manifest_file, model_file
 from hyperexport.stages.judged_files import judged_files, write_evaluated
 from hyperexport.stages.recipe_stage import RecipeStage
+from hyperexport.tasks.registry import task_named
 
 if TYPE_CHECKING:
     from hyperexport.check.evaluation import OutputRun
@@ -71,58 +68,37 @@ class EvaluateStage(RecipeStage):
     publish: tuple[str, ...] = (QUANTIZED_JSON,)
 
     def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
-        """The evaluation (once, or per graph with the decode through both), the decode of
-        ``task: text-generation``, the quantized comparison, and ``evaluated.json``."""
+        """The evaluation (once, or per graph), the task's decode, the quantized comparison,
+        and ``evaluated.json``."""
+        task = task_named(recipe.task)
         evaluation = {"evaluation": EVALUATION_JSON, "evaluation_arrays": EVALUATION_ARRAYS}
-        files = {"evaluated": EVALUATED_JSON}
-        if is_seq2seq(recipe.task):
-            files.update(
-                {f"{g}_{n}": f"{g}/{rel}" for g in GRAPHS for n, rel in evaluation.items()}
-            )
-            files.update(
-                seq2seq_decode=seq2seq.DECODED_JSON, seq2seq_decode_arrays=seq2seq.DECODED_NPZ
-            )
-        else:
-            files.update(evaluation)
-        if recipe.task == TEXT_GENERATION:
-            files.update(generation=generation.GENERATED_JSON)
-            files.update(generation_arrays=generation.GENERATED_NPZ)
+        files = {"evaluated": EVALUATED_JSON, **task.per_graph(evaluation)}
+        files.update(task.evaluate_files)
         if recipe.quantize.method != NO_QUANTIZATION:
             files.update(quantized_comparison=QUANTIZED_JSON)
         return files
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         rewrite_dir = inputs.dir("rewrite")
-        if is_seq2seq(recipe.task):  # each graph alone, then the decode through both
-            from hyperexport.seq2seq.evaluate import evaluate_seq2seq
-
-            for graph in GRAPHS:
-                (out_dir / graph).mkdir()
-                self._evaluate(
-                    recipe,
-                    inputs.dir("export") / graph,
-                    rewrite_dir / model_file(graph),
-                    rewrite_dir / manifest_file(graph),
-                    out_dir / graph,
-                    model_file(graph),
-                )
-            evaluate_seq2seq(inputs.dir("trace"), rewrite_dir, out_dir)
-        else:
+        task = task_named(recipe.task)
+        for graph in task.folders():  # each graph alone
+            (out_dir / graph).mkdir(exist_ok=True)
             evaluated = self._evaluate(
                 recipe,
-                inputs.dir("export"),
-                rewrite_dir / MODEL_FILE,
-                rewrite_dir / MANIFEST_JSON,
-                out_dir,
-                MODEL_FILE,
+                inputs.dir("export") / graph,
+                rewrite_dir / task.model_file(graph),
+                rewrite_dir / task.manifest_file(graph),
+                out_dir / graph,
+                task.model_file(graph),
             )
-            if recipe.quantize.method != NO_QUANTIZATION:
-                self._compare_quantized(recipe, inputs, out_dir, evaluated)
-        if recipe.task == TEXT_GENERATION:  # the decode, in onnxruntime-genai
-            from hyperexport.generation.evaluate import evaluate_generation
+        # Validation refuses quantize.method for the tasks with several graphs.
+        if recipe.quantize.method != NO_QUANTIZATION:
+            self._compare_quantized(recipe, inputs, out_dir, evaluated)
+        if task.evaluate_files:  # the task's decode of the exported graphs
+            from hyperexport.tasks.decode import DECODES
 
-            evaluate_generation(inputs.dir("trace"), rewrite_dir, out_dir)
-        write_evaluated(out_dir, judged_files(inputs.digests, recipe.task))
+            DECODES[task.name](inputs.dir("trace"), rewrite_dir, out_dir)
+        write_evaluated(out_dir, judged_files(inputs.digests, task))
 
     def _evaluate(
         self,

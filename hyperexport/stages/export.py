@@ -17,8 +17,8 @@ from hyperexport.contracts.names import (
     WEIGHTS_FILE,
 )
 from hyperexport.engine.stage import StageInputs
-from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
 from hyperexport.stages.recipe_stage import RecipeStage
+from hyperexport.tasks.registry import task_named
 
 
 class ExportStage(RecipeStage):
@@ -57,28 +57,21 @@ class ExportStage(RecipeStage):
             "reference_capture": f"{REFERENCE_DIR}/{CAPTURE_JSON}",
             "reference_tensors": f"{REFERENCE_DIR}/{TENSORS_NPZ}",
         }
-        if is_seq2seq(recipe.task):
-            return {f"{g}_{name}": f"{g}/{rel}" for g in GRAPHS for name, rel in files.items()}
-        return files
+        return task_named(recipe.task).per_graph(files)
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.config.fields import from_json, to_json
-        from hyperexport.generation.task import task_scope
+        from hyperexport.tasks.models import model_part
 
-        # task: text-generation exports the step model (past/present KV in and out); forward
-        # the model as loaded. Loading it first registers the output types the trees name.
-        if is_seq2seq(recipe.task):  # each graph from its own capture, into its own folder
-            from hyperexport.seq2seq.task import graph_scope
-
-            params = to_json(recipe)
-            for graph in GRAPHS:
-                with graph_scope(inputs.model(), params, inputs.recipe_file, graph) as scoped:
-                    (out_dir / graph).mkdir()
-                    typed = from_json(RecipeConfig, scoped[1], partial=True)
-                    self._run(scoped[0], typed, inputs, out_dir / graph, graph)
-            return
-        with task_scope(inputs.model(), to_json(recipe), inputs.recipe_file) as (model, params):
-            self._run(model, from_json(RecipeConfig, params, partial=True), inputs, out_dir)
+        # Each graph as the task scopes it (forward: the model as loaded), from the trace's
+        # capture of it, into its own folder when there are several. Loading the model first
+        # registers the output types the capture trees name.
+        part, params = model_part(recipe.task), to_json(recipe)
+        for graph in task_named(recipe.task).folders():
+            with part.scope(inputs.model(), params, inputs.recipe_file, graph) as scoped:
+                (out_dir / graph).mkdir(exist_ok=True)
+                typed = from_json(RecipeConfig, scoped[1], partial=True)
+                self._run(scoped[0], typed, inputs, out_dir / graph, graph)
 
     def _run(
         self,

@@ -1,8 +1,8 @@
 """The files a build's check vouches for: the published files the evaluate stage ran.
 
 The rewrite's and the quantize stage's outputs (each of them is published: the models, their
-data files and manifests) and, for ``task: text-generation``, the ``genai_config.json`` the
-decode read. The evaluate stage records them (``evaluated.json``) and the check holds that
+data files and manifests) and the trace files a task's decode reads (``Task.vouched``: the
+``genai_config.json`` of ``task: text-generation``). The evaluate stage records them (``evaluated.json``) and the check holds that
 record against its own view, both computed here from the upstream digests the runner hands a
 stage (:attr:`~hyperexport.engine.stage.StageInputs.digests`): so every file the check names
 is one its key covers, by the digest it covers.
@@ -15,21 +15,22 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import EVALUATED_JSON, QUANTIZE, REWRITE, TEXT_GENERATION
+from hyperexport.contracts.names import EVALUATED_JSON, QUANTIZE, REWRITE, TRACE
 from hyperexport.errors import CheckError
-from hyperexport.generation.names import GENAI_CONFIG
+from hyperexport.tasks.task import Task
 
 #: The stages whose every output is a published model file the evaluate stage runs.
 MODEL_STAGES = (REWRITE, QUANTIZE)
 
 
-def judged_files(digests: Mapping[str, Mapping[str, str]], task: str) -> dict[str, str]:
-    """``{published file: sha256}`` of what the evaluation runs, from the upstream digests."""
+def judged_files(digests: Mapping[str, Mapping[str, str]], task: Task) -> dict[str, str]:
+    """``{published file: sha256}`` of what the evaluation runs, from the upstream digests: the
+    models, and the trace files the task's decode reads (``Task.vouched``)."""
     files: dict[str, str] = {}
     for stage in MODEL_STAGES:
         files.update(digests.get(stage, {}))
-    if task == TEXT_GENERATION:
-        files[GENAI_CONFIG] = digests["trace"][GENAI_CONFIG]
+    for name in task.vouched:
+        files[name] = digests[TRACE][name]
     return dict(sorted(files.items()))
 
 

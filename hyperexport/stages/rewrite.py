@@ -10,8 +10,8 @@ from hyperexport.atomic import atomic_write_bytes
 from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
 from hyperexport.engine.stage import StageInputs
-from hyperexport.seq2seq.names import GRAPHS, is_seq2seq, manifest_file, model_file
 from hyperexport.stages.recipe_stage import RecipeStage
+from hyperexport.tasks.registry import TASKS, task_named
 
 
 class RewriteStage(RecipeStage):
@@ -40,22 +40,25 @@ class RewriteStage(RecipeStage):
         "transformers",
         "onnxruntime",
     )
+    #: Every task's models: ``model.onnx``, or one per graph (``encoder_model.onnx``, ...).
     publish: tuple[str, ...] = (
         MODEL_FILE,
         f"{MODEL_FILE}.data",
         "*.onnx.data",
         MANIFEST_JSON,
-        *(model_file(g) for g in GRAPHS),
-        *(manifest_file(g) for g in GRAPHS),
+        *dict.fromkeys(
+            f(g) for t in TASKS.values() for f in (t.model_file, t.manifest_file) for g in t.graphs
+        ),
     )
 
     def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
-        """One model and its manifest, or one per graph of the encoder-decoder tasks
-        (``encoder_model.onnx``, ...). A data file depends on the weights' sizes: not declared."""
-        if is_seq2seq(recipe.task):
+        """One model and its manifest, or one per graph of the task (``encoder_model.onnx``,
+        ...). A data file depends on the weights' sizes: not declared."""
+        task = task_named(recipe.task)
+        if task.graphs:
             return {
-                **{f"{g}_model": model_file(g) for g in GRAPHS},
-                **{f"{g}_manifest": manifest_file(g) for g in GRAPHS},
+                **{f"{g}_model": task.model_file(g) for g in task.graphs},
+                **{f"{g}_manifest": task.manifest_file(g) for g in task.graphs},
             }
         return {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
 
@@ -65,12 +68,10 @@ class RewriteStage(RecipeStage):
         from hyperexport.passes.pipeline import compose_model
 
         export_dir = inputs.dir("export")
-        # The encoder-decoder tasks export one bundle per graph folder: each becomes
-        # <graph>_model.onnx + <graph>_manifest.json (Optimum's file names).
-        if is_seq2seq(recipe.task):
-            jobs = [(export_dir / g, model_file(g), manifest_file(g)) for g in GRAPHS]
-        else:
-            jobs = [(export_dir, MODEL_FILE, MANIFEST_JSON)]
+        # One bundle per graph folder of the task, each into <graph>_model.onnx +
+        # <graph>_manifest.json (Optimum's file names); one graph: model.onnx + manifest.json.
+        task = task_named(recipe.task)
+        jobs = [(export_dir / g, task.model_file(g), task.manifest_file(g)) for g in task.folders()]
         for bundle_dir, model_name, manifest_name in jobs:
             model, manifest = compose_model(bundle_dir, options=export_options(recipe))
             with progress.watch_bytes(out_dir, f"writing {model_name}"):

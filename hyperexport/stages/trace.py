@@ -7,19 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.config.schema import RecipeConfig, stage_reads
-from hyperexport.contracts.names import (
-    AUTO_FILE,
-    CAPTURE_JSON,
-    CAPTURE_SPEC_JSON,
-    TENSORS_NPZ,
-    TEXT_GENERATION,
-)
+from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON, CAPTURE_SPEC_JSON, TENSORS_NPZ
 from hyperexport.engine.stage import StageInputs
-from hyperexport.generation import names as generation
-from hyperexport.generation.names import GENAI_CONFIG, TOKENIZER_FILES
-from hyperexport.seq2seq import names as seq2seq
-from hyperexport.seq2seq.names import GRAPHS, is_seq2seq
 from hyperexport.stages.recipe_stage import RecipeStage
+from hyperexport.tasks.registry import task_named, trace_published
 
 
 class TraceStage(RecipeStage):
@@ -40,55 +31,38 @@ class TraceStage(RecipeStage):
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = True
     libraries: tuple[str, ...] = ("torch", "transformers", "numpy")
-    #: ``genai_config.json`` and tokenizer files: written for ``task: text-generation`` only.
-    publish: tuple[str, ...] = (AUTO_FILE, GENAI_CONFIG, *TOKENIZER_FILES)
+    #: What a task publishes beside the model (``genai_config.json``, tokenizer files).
+    publish: tuple[str, ...] = (AUTO_FILE, *trace_published())
 
     def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
-        """The capture, its tensors and specification: once (``forward``, ``text-generation``,
-        which adds the reference decode and ``genai_config.json``), or per graph in
-        ``encoder/`` and ``decoder/`` beside the reference decode (the encoder-decoder tasks).
-        ``auto.json`` and the tokenizer files depend on the recipe's values and the checkpoint's
-        folder, not on a field alone: not declared."""
+        """The capture, its tensors and specification, once or per graph folder (the
+        encoder-decoder tasks: ``encoder/``, ``decoder/``), and the task's reference decode
+        (:class:`~hyperexport.tasks.task.Task` ``trace_files``). ``auto.json`` and the tokenizer
+        files depend on the recipe's values and the checkpoint's folder, not on a field alone:
+        not declared."""
+        task = task_named(recipe.task)
         capture = {
             "capture": CAPTURE_JSON,
             "tensors": TENSORS_NPZ,
             "capture_spec": CAPTURE_SPEC_JSON,
         }
-        if is_seq2seq(recipe.task):
-            return {
-                **{f"{g}_{name}": f"{g}/{rel}" for g in GRAPHS for name, rel in capture.items()},
-                "seq2seq_reference": seq2seq.REFERENCE_JSON,
-                "seq2seq_reference_arrays": seq2seq.REFERENCE_NPZ,
-            }
-        if recipe.task == TEXT_GENERATION:
-            return {
-                **capture,
-                "genai_config": GENAI_CONFIG,
-                "generation_reference": generation.REFERENCE_JSON,
-                "generation_reference_arrays": generation.REFERENCE_NPZ,
-            }
-        return capture
+        return {**task.per_graph(capture), **task.trace_files}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.config.fields import from_json, to_json
-        from hyperexport.generation.task import task_scope
+        from hyperexport.tasks.models import model_part
 
-        # task: text-generation runs the step model (past/present KV in and out) and records
-        # the reference decode; forward runs the model as loaded.
-        if is_seq2seq(recipe.task):  # an encoder and a decoder graph, each in its own folder
-            from hyperexport.seq2seq.task import graph_scope, record
-
-            params = to_json(recipe)
-            record(inputs.model(), params, inputs.recipe_file, out_dir)
-            for graph in GRAPHS:
-                with graph_scope(inputs.model(), params, inputs.recipe_file, graph) as scoped:
-                    (out_dir / graph).mkdir()
-                    typed = from_json(RecipeConfig, scoped[1], partial=True)
-                    self._run(scoped[0], typed, inputs, out_dir / graph)
-            return
-        scope = task_scope(inputs.model(), to_json(recipe), inputs.recipe_file, out_dir)
-        with scope as (model, params):
-            self._run(model, from_json(RecipeConfig, params, partial=True), inputs, out_dir)
+        # The task records what its graphs are judged against (a reference decode), on the
+        # model as loaded; then each graph runs as the task scopes it (forward: the model and
+        # the slice as they are), into its own folder when there are several.
+        part, params = model_part(recipe.task), to_json(recipe)
+        part.record(inputs.model(), params, inputs.recipe_file, out_dir)
+        for graph in task_named(recipe.task).folders():
+            with part.scope(inputs.model(), params, inputs.recipe_file, graph) as scoped:
+                folder = out_dir / graph
+                folder.mkdir(exist_ok=True)
+                typed = from_json(RecipeConfig, scoped[1], partial=True)
+                self._run(scoped[0], typed, inputs, folder)
 
     def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.capture_model import capture_model

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hyperexport.contracts.names import TEXT_GENERATION
 from hyperexport.stages.judged_files import check_evaluated, judged_files, write_evaluated
+from hyperexport.tasks.registry import FORWARD_TASK, TEXT_GENERATION_TASK
 
 DIGESTS = {
     "trace": {"capture.json": "a" * 64, "genai_config.json": "b" * 64},
@@ -17,13 +17,16 @@ DIGESTS = {
 
 
 def test_the_published_models_and_for_generation_the_genai_config() -> None:
-    assert judged_files(DIGESTS, "forward") == {"manifest.json": "e" * 64, "model.onnx": "d" * 64}
-    with_config = judged_files(DIGESTS, TEXT_GENERATION)
+    assert judged_files(DIGESTS, FORWARD_TASK) == {
+        "manifest.json": "e" * 64,
+        "model.onnx": "d" * 64,
+    }
+    with_config = judged_files(DIGESTS, TEXT_GENERATION_TASK)
     assert with_config["genai_config.json"] == "b" * 64 and "capture.json" not in with_config
 
 
 def test_an_evaluation_of_other_files_fails_the_check_naming_the_file(tmp_path: Path) -> None:
-    judged = judged_files(DIGESTS, "forward")
+    judged = judged_files(DIGESTS, FORWARD_TASK)
     write_evaluated(tmp_path, judged)
     assert check_evaluated(tmp_path, judged) is None
     write_evaluated(tmp_path, {**judged, "model.onnx": "f" * 64})

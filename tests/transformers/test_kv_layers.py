@@ -104,7 +104,7 @@ def test_a_layer_that_returns_a_tuple_still_gets_one() -> None:
     """transformers 4.57's Gemma2 layers return ``(hidden,)`` and its stack takes ``[0]`` (5.x's
     return the tensor): the step model must decode the same with the layers swapped, across the
     sliding-window and full-attention layers, on a past longer than the window."""
-    from hyperexport.generation.model import CausalLMStep
+    from hyperexport.tasks.steps import CausalLMStep
 
     config = {
         "vocab_size": 128,

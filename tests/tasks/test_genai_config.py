@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 from hyperexport.errors import RecipeError
-from hyperexport.generation.config_check import genai_config_problems
-from hyperexport.generation.genai_config import (
+from hyperexport.tasks.genai_config import (
     GENAI_MODEL_TYPES,
     GENAI_SOURCE_KEYS,
     build_genai_config,
+    genai_config_problems,
     genai_source,
 )
-from hyperexport.generation.names import GENAI_CONFIG, REFERENCE_JSON
+from hyperexport.tasks.registry import GENAI_CONFIG
+from hyperexport.tasks.registry import GENERATION_REFERENCE_JSON as REFERENCE_JSON
 
 LLAMA = {
     "model_type": "llama",

@@ -19,8 +19,8 @@ from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, compose_recipe
 from hyperexport.engine.store import CacheStore
 from hyperexport.errors import RecipeError
-from hyperexport.generation.judge import MIN_DISTINCT
 from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.tasks.judge import MIN_DISTINCT
 
 GENERATE = sorted(p.stem for p in RECIPES_DIR.glob("zoo_*_generate.yaml"))
 FAST = {("zoo_llama_generate", False)}

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hyperexport.generation.arrays import write_npz
-from hyperexport.seq2seq.judge import MIN_STEPS, judge_seq2seq, merge_reports
-from hyperexport.seq2seq.names import DECODED_JSON, DECODED_NPZ, REFERENCE_JSON, REFERENCE_NPZ
+from hyperexport.tasks.arrays import write_npz
+from hyperexport.tasks.judge import MIN_STEPS, judge_seq2seq, merge_reports
+from hyperexport.tasks.registry import SEQ2SEQ_DECODED_JSON as DECODED_JSON
+from hyperexport.tasks.registry import SEQ2SEQ_DECODED_NPZ as DECODED_NPZ
+from hyperexport.tasks.registry import SEQ2SEQ_REFERENCE_JSON as REFERENCE_JSON
+from hyperexport.tasks.registry import SEQ2SEQ_REFERENCE_NPZ as REFERENCE_NPZ
 
 
 def _logits(tokens: list[int], gap: float, vocab: int = 16) -> np.ndarray:
@@ -46,13 +49,17 @@ def test_a_long_varied_decode_with_a_wide_gap_passes(tmp_path: Path) -> None:
 
 def test_short_constant_divergent_or_undecided_decodes_fail(tmp_path: Path) -> None:
     short = [3, 7, 9]
-    assert any("ends after 3 steps" in p for p in _judge(_write(tmp_path / "a", short, short, 1, 0)))
+    assert any(
+        "ends after 3 steps" in p for p in _judge(_write(tmp_path / "a", short, short, 1, 0))
+    )
     constant = [5] * MIN_STEPS
     problems = _judge(_write(tmp_path / "b", constant, constant, 1.0, 0.0))
     assert any("repeats itself" in p for p in problems)
     varied = [3, 7, 9, 3, 11, 5, 7, 9]
     other = [*varied[:4], 1, *varied[5:]]
-    assert any("diverge at step 4" in p for p in _judge(_write(tmp_path / "c", varied, other, 1, 0)))
+    assert any(
+        "diverge at step 4" in p for p in _judge(_write(tmp_path / "c", varied, other, 1, 0))
+    )
     problems = _judge(_write(tmp_path / "d", varied, varied, gap=1e-3, noise=1e-2))
     assert any("does not exceed the measured logits error" in p for p in problems)
 
@@ -70,5 +77,8 @@ def test_merged_reports_prefix_each_graph() -> None:
     merged = merge_reports({"encoder": report(True), "decoder": report(False)})
     assert merged["ok"] is False and set(merged["graphs"]) == {"encoder", "decoder"}
     assert [o["name"] for o in merged["end_to_end"]["outputs"]] == ["encoder/y", "decoder/y"]
-    assert [f["module_path"] for f in merged["functions"]] == ["encoder/layers.0", "decoder/layers.0"]
+    assert [f["module_path"] for f in merged["functions"]] == [
+        "encoder/layers.0",
+        "decoder/layers.0",
+    ]
     assert merged["first_divergent_module"] == "decoder/layers.0"

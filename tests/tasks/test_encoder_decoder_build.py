@@ -17,8 +17,8 @@ import pytest
 from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, compose_recipe
 from hyperexport.errors import RecipeError
-from hyperexport.seq2seq.judge import MIN_STEPS
 from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.tasks.judge import MIN_STEPS
 from hyperexport.zoo import seq2seq_zoo
 
 

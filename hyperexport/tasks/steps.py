@@ -1,7 +1,18 @@
-"""The two graphs of an encoder-decoder model, as modules whose inputs and outputs are tensors.
+"""The modules each task's graphs are traced and exported from: every KV cache as explicit
+tensors (torch; the trace and export stages only).
 
-:class:`EncoderStep` runs the encoder once and projects each decoder layer's cross-attention
-keys/values from its states (:class:`~hyperexport.transformers.seq2seq_layers.CrossKV`):
+:class:`CausalLMStep` (``task: text-generation``) wraps a transformers ``*ForCausalLM``: its
+forward takes ``input_ids``, ``attention_mask``, ``position_ids`` and one
+``past_key_values.<i>.key/value`` tensor per layer (as ``past_key_values={"<i>": {"key": ...,
+"value": ...}}``, whose capture leaf names are the dotted names;
+:func:`~hyperexport.models.inputs.make_inputs` nests dotted input names so), and returns
+``logits`` and ``present.<i>.key/value``. Run it inside
+:func:`hyperexport.transformers.kv_layers.explicit_kv_layers` with ``hiera=[KVStep]``: each
+decoder layer is then a function with past and present KV as its inputs and outputs.
+
+The encoder-decoders' two graphs: :class:`TextEncoderStep` and :class:`SpeechEncoderStep` run
+the encoder once and project each decoder layer's cross-attention keys/values from its states
+(:class:`~hyperexport.transformers.seq2seq_layers.CrossKV`):
 
     input_ids, attention_mask          (text)   -> last_hidden_state, present.<i>.encoder.key/value
     input_features                     (speech)
@@ -27,6 +38,50 @@ from torch import nn
 
 from hyperexport.transformers.seq2seq_layers import CrossKV, cross_attention, stack_layers
 from hyperexport.versions import cache_keyword
+
+
+class CausalLMStep(nn.Module):
+    """One prefill or decode step of a causal LM, with its cache as explicit tensors.
+
+    Args:
+        model: A transformers ``*ForCausalLM`` whose ``config`` has ``num_hidden_layers``.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        config: Any = model.config
+        self.num_layers = int(config.num_hidden_layers)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key_values: dict[str, dict[str, torch.Tensor]],
+    ) -> dict[str, Any]:
+        """Logits of the new tokens and each layer's present keys/values (past + new)."""
+        from transformers import DynamicCache
+
+        # A cache of full layers whatever the config says: a sliding-window layer would crop
+        # its keys, and onnxruntime-genai (past_present_share_buffer off) expects the present
+        # to be the past plus the new tokens. The window is applied by the mask.
+        cache = DynamicCache()
+        for layer in range(self.num_layers):
+            kv = past_key_values[str(layer)]
+            cache.update(kv["key"], kv["value"], layer)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **{cache_keyword(): cache},
+        )
+        layers: list[Any] = list(cache.layers)
+        present: dict[str, dict[str, torch.Tensor]] = {}
+        for i, layer in enumerate(layers):
+            present[str(i)] = {"key": layer.keys, "value": layer.values}
+        return {"logits": output.logits, "present": present}
 
 
 def _cross_modules(model: nn.Module) -> nn.ModuleList:

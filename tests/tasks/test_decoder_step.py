@@ -1,4 +1,4 @@
-"""The decoder graph's module, :class:`~hyperexport.seq2seq.model.DecoderStep`, under
+"""The decoder graph's module, :class:`~hyperexport.tasks.steps.DecoderStep`, under
 ``torch.export``: the hierarchical export traces it there while the functions of its layers come
 from the eager capture, so both must build the same tensors at the layers' boundary."""
 
@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from hyperexport.config import RECIPES_DIR
-from hyperexport.seq2seq.model import DecoderStep
+from hyperexport.tasks.steps import DecoderStep
 from hyperexport.zoo import random_transformer
 
 BATCH, NEW, PAST, ENCODER = 2, 3, 3, 5

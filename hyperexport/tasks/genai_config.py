@@ -1,17 +1,27 @@
-"""``genai_config.json`` for onnxruntime-genai, built from a checkpoint's config as data.
+"""``genai_config.json`` for onnxruntime-genai, built from a checkpoint's config as data: the
+trace writes it beside the model (with the checkpoint's tokenizer files), and the check builds
+it again to judge the published one.
 
 No torch and no onnxruntime-genai: the config is a mapping (``config.json`` or
 ``PretrainedConfig.to_dict()``), and the result is JSON. The decoder's input and output names
-are the ones :class:`~hyperexport.generation.model.CausalLMStep` exports, which are those of
+are the ones :class:`~hyperexport.tasks.steps.CausalLMStep` exports, which are those of
 onnxruntime-genai's own model builder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+from hyperexport.atomic import atomic_write_bytes
+from hyperexport.contracts.names import MODEL_FILE, TOKENIZER_FILES
 from hyperexport.errors import RecipeError
+from hyperexport.tasks.registry import GENAI_CONFIG, GENERATION_REFERENCE_JSON
+
+log = logging.getLogger(__name__)
 
 #: transformers ``model_type`` -> onnxruntime-genai ``model.type``, for the decoder-only types
 #: onnxruntime-genai runs with the layout exported here (tried with 0.18.0: llama, mistral,
@@ -167,3 +177,81 @@ def build_genai_config(
         "top_p": 1.0,
     }
     return {"model": model, "search": search}
+
+
+def write_genai_files(
+    config: Mapping[str, Any],
+    model_params: Mapping[str, Any],
+    out_dir: Path,
+    recipe_file: str = "",
+) -> list[str]:
+    """Write ``genai_config.json`` and copy the checkpoint's tokenizer files; return their names.
+
+    The tokenizer files are copied from ``model.path`` when it is a local directory that has
+    them (they are in the build key already: the model fingerprint hashes the files under
+    ``model.path``, and the trace's outputs are stored by digest).
+    """
+    # From the recorded keys only: the check builds it again from the same record.
+    genai = build_genai_config(genai_source(config), model_file=MODEL_FILE, recipe_file=recipe_file)
+    text = json.dumps(genai, indent=1, sort_keys=True) + "\n"
+    atomic_write_bytes(out_dir / GENAI_CONFIG, text.encode("utf-8"))
+    written = [GENAI_CONFIG]
+    path = model_params.get("path")
+    if isinstance(path, str) and Path(path).expanduser().is_dir():
+        source = Path(path).expanduser()
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                atomic_write_bytes(out_dir / name, (source / name).read_bytes())
+                written.append(name)
+    log.info("onnxruntime-genai files: %s", written)
+    return written
+
+
+#: Differences named before the rest are counted.
+_MAX_NAMED = 3
+
+
+def genai_config_problems(trace_dir: Path) -> list[str]:
+    """What differs between the trace's ``genai_config.json`` and the one its reference's model
+    config gives (empty: they are equal), one line per field.
+
+    The published file is what onnxruntime-genai reads beside the model: the decode in the
+    evaluate stage ran with it, but a field the decode does not reach (``context_length``
+    longer than the prompts, a search default) would pass that unseen. So it is also built
+    again from the model config the reference decode was made with
+    (``generation_reference.json``'s ``config``, the keys :func:`build_genai_config` reads) and
+    must equal it.
+    """
+    reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
+    source = reference.get("config")
+    if not isinstance(source, dict):
+        return [
+            f"{GENERATION_REFERENCE_JSON} records no model config to judge {GENAI_CONFIG} against"
+        ]
+    expected = build_genai_config(source, model_file=MODEL_FILE)
+    published = json.loads((trace_dir / GENAI_CONFIG).read_text(encoding="utf-8"))
+    found = [
+        f"{GENAI_CONFIG}: {path} is {_show(have)}, the model's config gives {_show(want)}"
+        for path, have, want in _differences(published, expected)
+    ]
+    if len(found) > _MAX_NAMED:
+        found = [*found[:_MAX_NAMED], f"{GENAI_CONFIG}: +{len(found) - _MAX_NAMED} more fields"]
+    return found
+
+
+_ABSENT = object()
+
+
+def _differences(have: Any, want: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """``(dotted path, have, want)`` of every leaf that differs; absent is :data:`_ABSENT`."""
+    if isinstance(have, dict) and isinstance(want, dict):
+        for key in sorted(set(have) | set(want)):
+            yield from _differences(
+                have.get(key, _ABSENT), want.get(key, _ABSENT), f"{path}.{key}" if path else key
+            )
+    elif have != want or type(have) is not type(want):
+        yield path or "the file", have, want
+
+
+def _show(value: Any) -> str:
+    return "absent" if value is _ABSENT else json.dumps(value)

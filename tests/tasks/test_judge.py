@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hyperexport.generation.judge import MIN_DISTINCT, compare
+from hyperexport.tasks.judge import MIN_DISTINCT, compare
 
 
 def _logits(tokens: list[int], gap: float, vocab: int = 16) -> np.ndarray:
@@ -58,8 +58,7 @@ def test_a_top2_gap_below_the_measured_error_fails() -> None:
 def test_the_summary_agrees_with_the_check() -> None:
     """A failed decode's line says it failed and how far it agreed (issue 32: it said "16 tokens
     identical" beside "tokens diverge at step 6")."""
-    from hyperexport.generation.judge import summary_lines
-    from hyperexport.seq2seq.judge import summary_lines as seq2seq_lines
+    from hyperexport.tasks.judge import summary_lines
 
     want = [3, 7, 9, 4, 11, 2, 5, 8, 6, 1, 12, 10, 13, 14, 15, 0]
     got = [*want[:6], 9, *want[7:]]
@@ -72,7 +71,8 @@ def test_the_summary_agrees_with_the_check() -> None:
         "transformers [5], export [9], max logits diff"
     )
     assert ": 16 tokens identical" not in bad
-    seq_good, seq_bad = seq2seq_lines([passed, failed])
+    what = "decode steps through the graphs identical to transformers"
+    seq_good, seq_bad = summary_lines([passed, failed], "seq2seq", what)
     assert "prompt 0: 16 decode steps through the graphs identical to transformers," in seq_good
     assert "prompt 1: FAILED: 6 of 16 decode steps" in seq_bad and "step 6" in seq_bad
 

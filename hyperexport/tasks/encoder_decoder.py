@@ -1,7 +1,8 @@
-"""The encoder-decoder tasks in the trace and export stages: each graph's model and inputs.
+"""The encoder-decoder tasks in the trace and export stages (:class:`EncoderDecoderModel`, their
+:class:`~hyperexport.tasks.task.TaskModel`): each graph's model and inputs.
 
 :func:`graph_scope` turns the recipe's ``*ForConditionalGeneration`` into the module of one graph
-(:class:`~hyperexport.seq2seq.model.TextEncoderStep` or :class:`DecoderStep`, the latter with the
+(:class:`~hyperexport.tasks.steps.TextEncoderStep` or :class:`DecoderStep`, the latter with the
 decoder layers swapped for ``Seq2SeqCacheLayer``, restored on exit) and the recipe slice into
 explicit ``inputs`` (Optimum's names; batch, lengths and past length dynamic), ``hiera`` (the
 encoder's layer class and ``CrossKV`` in the encoder graph, ``Seq2SeqKVStep`` in the decoder
@@ -18,19 +19,21 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from hyperexport.contracts.input_specs import input_spec
-from hyperexport.contracts.names import AUTO
+from hyperexport.contracts.names import AUTO, SEQ2SEQ_GRAPHS, SPEECH_RECOGNITION
 from hyperexport.errors import RecipeError
-from hyperexport.seq2seq.names import (
-    CROSS_KV,
-    DECODER,
-    ENCODER,
-    KV_STEP,
-    SPEECH_RECOGNITION,
-    past_name,
-)
+from hyperexport.tasks.kv import KINDS, kv_input, past_name
+from hyperexport.tasks.task import Scoped
+
+#: The graphs, in the order they run.
+ENCODER, DECODER = SEQ2SEQ_GRAPHS
+#: Import paths of the units that become functions: each decoder layer's step (past and cross
+#: KV explicit) and each decoder layer's cross-KV projection in the encoder graph.
+KV_STEP = "hyperexport.transformers.seq2seq_layers.Seq2SeqKVStep"
+CROSS_KV = "hyperexport.transformers.seq2seq_layers.CrossKV"
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ def kv_shape(model: Any) -> tuple[int, int, int, str]:
     """``(decoder layers, heads, head size, dtype)`` of the cross-attention KV, as computed."""
     import torch
 
-    from hyperexport.seq2seq.model import _cross_modules
+    from hyperexport.tasks.steps import _cross_modules
 
     cross = _cross_modules(model)
     parameter = next(model.parameters())
@@ -121,13 +124,11 @@ def decoder_inputs(config: Mapping[str, Any], model: Any, task: str) -> dict[str
     if task == SPEECH_RECOGNITION:  # the encoder's length is fixed by the features' frames
         length = plength = int(config["max_source_positions"])
     for layer in range(layers):
-        for n, kind in enumerate(("key", "value")):
-            specs[past_name(layer, kind, "decoder")] = input_spec(
-                [batch, heads, past, head_size],
-                [pbatch, heads, ppast, head_size],
+        for n, kind in enumerate(KINDS):
+            specs[past_name(layer, kind, DECODER)] = kv_input(
+                (batch, heads, past, head_size),
+                (pbatch, ppast),
                 dtype,
-                -1.0,
-                1.0,
                 1 + 4 * layer + n,
                 {0: "batch", 2: "past_sequence_length"},
             )
@@ -139,12 +140,10 @@ def decoder_inputs(config: Mapping[str, Any], model: Any, task: str) -> dict[str
                     2: "encoder_sequence_length",
                 }
             )
-            specs[past_name(layer, kind, "encoder")] = input_spec(
-                [batch, heads, length, head_size],
-                [pbatch, heads, plength, head_size],
+            specs[past_name(layer, kind, ENCODER)] = kv_input(
+                (batch, heads, length, head_size),
+                (pbatch, plength),
                 dtype,
-                -1.0,
-                1.0,
                 3 + 4 * layer + n,
                 cross_axes,
             )
@@ -200,7 +199,7 @@ def graph_scope(
     model: Any, params: Mapping[str, Any], recipe_file: str, graph: str
 ) -> Iterator[tuple[Any, dict[str, Any]]]:
     """``(graph module, graph params)`` for the duration of the block; layers are put back."""
-    from hyperexport.seq2seq.model import DecoderStep, SpeechEncoderStep, TextEncoderStep
+    from hyperexport.tasks.steps import DecoderStep, SpeechEncoderStep, TextEncoderStep
     from hyperexport.transformers.seq2seq_layers import explicit_seq2seq_layers
 
     task = str(params["task"])
@@ -239,16 +238,30 @@ def reference_prompts(params: Mapping[str, Any], config: Mapping[str, Any]) -> l
     ]
 
 
-def record(model: Any, params: Mapping[str, Any], recipe_file: str, out_dir: Any) -> None:
-    """The trace stage's first step: transformers' greedy decode of the recipe's prompts."""
-    from hyperexport.seq2seq.reference import record_reference
+class EncoderDecoderModel:
+    """The encoder-decoder tasks' :class:`~hyperexport.tasks.task.TaskModel`: an encoder and a
+    decoder graph, judged by a greedy decode through both in ONNX Runtime."""
 
-    config = require_seq2seq(model, str(params["task"]), recipe_file)
-    vocab = int(config["vocab_size"])
-    for i, prompt in enumerate(params["generation"]["prompts"]):
-        if any(t >= vocab for t in prompt):
-            raise RecipeError(
-                recipe_file, f"generation.prompts[{i}]", f"token ids must be < vocab_size {vocab}"
-            )
-    prompts = reference_prompts(params, config)
-    record_reference(model, prompts, int(params["generation"]["max_new_tokens"]), out_dir)
+    def record(
+        self, model: Any, params: Mapping[str, Any], recipe_file: str, out_dir: Path
+    ) -> None:
+        """The trace's first step: transformers' greedy decode of the recipe's prompts."""
+        from hyperexport.tasks.reference import record_encoder_decoder
+
+        config = require_seq2seq(model, str(params["task"]), recipe_file)
+        vocab = int(config["vocab_size"])
+        for i, prompt in enumerate(params["generation"]["prompts"]):
+            if any(t >= vocab for t in prompt):
+                raise RecipeError(
+                    recipe_file,
+                    f"generation.prompts[{i}]",
+                    f"token ids must be < vocab_size {vocab}",
+                )
+        prompts = reference_prompts(params, config)
+        record_encoder_decoder(model, prompts, int(params["generation"]["max_new_tokens"]), out_dir)
+
+    def scope(
+        self, model: Any, params: Mapping[str, Any], recipe_file: str, graph: str
+    ) -> contextlib.AbstractContextManager[Scoped]:
+        """The module and slice of ``graph`` (:func:`graph_scope`)."""
+        return graph_scope(model, params, recipe_file, graph)

@@ -1,6 +1,8 @@
-"""``task: text-generation`` in the trace and export stages: the step model and its inputs.
+"""``task: text-generation`` in the trace and export stages (:class:`CausalLMModel`, the task's
+:class:`~hyperexport.tasks.task.TaskModel`): the step model and its inputs.
 
-:func:`generation_task` turns the recipe's ``*ForCausalLM`` into :class:`CausalLMStep` with its
+:func:`generation_task` turns the recipe's ``*ForCausalLM`` into
+:class:`~hyperexport.tasks.steps.CausalLMStep` with its
 decoder layers swapped for :class:`~hyperexport.transformers.kv_layers.KVCacheLayer` (restored
 on exit), and the recipe slice into explicit ``inputs`` (onnxruntime-genai's names, batch,
 sequence, total and past length dynamic), ``hiera`` (``KVStep``, plus any explicit classes, which
@@ -16,23 +18,23 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from hyperexport.contracts.input_specs import input_spec
 from hyperexport.errors import RecipeError
-from hyperexport.generation.genai_config import context_length, kv_shape
-from hyperexport.generation.names import KV_STEP, TEXT_GENERATION, past_name
+from hyperexport.tasks.genai_config import context_length, kv_shape
+from hyperexport.tasks.kv import KINDS, kv_input, past_name
+from hyperexport.tasks.task import Scoped
+
+#: The import path of the unit that becomes one function per decoder-layer structure.
+KV_STEP = "hyperexport.transformers.kv_layers.KVStep"
 
 log = logging.getLogger(__name__)
 
 #: (batch, new tokens, past length) of the traced step and of the check's second shape.
 TRACED = (2, 4, 3)
 PROBE = (3, 1, 5)
-
-
-def is_generation(params: Mapping[str, Any]) -> bool:
-    """Whether the recipe slice asks for ``task: text-generation``."""
-    return params.get("task") == TEXT_GENERATION
 
 
 def require_causal_lm(model: Any, recipe_file: str) -> dict[str, Any]:
@@ -88,13 +90,11 @@ def step_inputs(config: Mapping[str, Any], dtype: str) -> dict[str, dict[str, An
         ),
     }
     for layer in range(layers):
-        for n, kind in enumerate(("key", "value")):
-            specs[past_name(layer, kind)] = input_spec(
-                [batch, kv_heads, past, head_size],
-                [pbatch, kv_heads, ppast, head_size],
+        for n, kind in enumerate(KINDS):
+            specs[past_name(layer, kind)] = kv_input(
+                (batch, kv_heads, past, head_size),
+                (pbatch, ppast),
                 dtype,
-                -1.0,
-                1.0,
                 1 + 2 * layer + n,
                 {0: "batch", 2: "past_sequence_length"},
             )
@@ -141,7 +141,7 @@ def generation_task(
     model: Any, params: Mapping[str, Any], recipe_file: str
 ) -> Iterator[tuple[Any, dict[str, Any]]]:
     """``(step model, step params)`` for the duration of the block; the layers are put back."""
-    from hyperexport.generation.model import CausalLMStep
+    from hyperexport.tasks.steps import CausalLMStep
     from hyperexport.transformers.kv_layers import explicit_kv_layers
 
     config = require_causal_lm(model, recipe_file)
@@ -151,26 +151,27 @@ def generation_task(
         yield step, step_params(params, config, dtype)
 
 
-@contextlib.contextmanager
-def task_scope(
-    model: Any, params: Mapping[str, Any], recipe_file: str, trace_dir: Any = None
-) -> Iterator[tuple[Any, Mapping[str, Any]]]:
-    """What the trace and export stages run: the model and slice as they are (``task: forward``)
-    or, for ``text-generation``, the step model and step params (:func:`generation_task`).
+class CausalLMModel:
+    """``task: text-generation``'s :class:`~hyperexport.tasks.task.TaskModel`: one graph, the
+    step model, judged by a decode in onnxruntime-genai."""
 
-    With ``trace_dir`` (the trace stage), the reference decode, ``genai_config.json`` and the
-    tokenizer files are written there first, on the model as loaded.
-    """
-    if not is_generation(params):
-        yield model, params
-        return
-    if trace_dir is not None:
-        from hyperexport.generation.folder import write_genai_files
-        from hyperexport.generation.reference import record_reference
+    def record(
+        self, model: Any, params: Mapping[str, Any], recipe_file: str, out_dir: Path
+    ) -> None:
+        """The prompts checked against the model's context, ``genai_config.json`` and the
+        tokenizer files written, and the reference decode, on the model as loaded."""
+        from hyperexport.tasks.genai_config import write_genai_files
+        from hyperexport.tasks.reference import record_causal_lm
 
         config = require_causal_lm(model, recipe_file)
         check_prompts(params, config, recipe_file)
-        write_genai_files(config, params["model"], trace_dir, recipe_file)
-        record_reference(model, config, params["generation"], trace_dir)
-    with generation_task(model, params, recipe_file) as scoped:
-        yield scoped
+        write_genai_files(config, params["model"], out_dir, recipe_file)
+        record_causal_lm(model, config, params["generation"], out_dir)
+
+    @contextlib.contextmanager
+    def scope(
+        self, model: Any, params: Mapping[str, Any], recipe_file: str, graph: str
+    ) -> Iterator[Scoped]:
+        """The step model and the step params (:func:`generation_task`)."""
+        with generation_task(model, params, recipe_file) as scoped:
+            yield scoped

@@ -1,0 +1,164 @@
+"""The ``Task`` protocol: what of a model a recipe's ``task`` exports, and how it is judged.
+
+A task is known to the stages in four parts, each in the module of the stage(s) that call it,
+so that a stage's key covers only its own part (``engine/code_closure.py``: a change in a task's
+judge reruns the check, never the trace):
+
+* :class:`Task` (this module, :mod:`.registry`; every stage): its name, its graphs and the
+  files each stage writes for it. Data and names only: no torch, no ONNX library.
+* :class:`TaskModel` (:mod:`.models`; trace and export, torch): the module each graph is
+  traced and exported from, with the recipe slice it runs under (explicit inputs, hiera), and,
+  in the trace, the reference decode it is judged against.
+* :class:`TaskDecode` (:mod:`.decode`; evaluate, ONNX Runtime): the decode of the exported
+  graphs, written as data.
+* :class:`TaskJudge` (:mod:`.judge`; check, numpy): that decode judged against the reference,
+  and the files the decode read besides the models, vouched for.
+
+``forward`` (the default: one graph of ``method``) needs none but the first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task as every stage sees it: names, graphs, files.
+
+    Attributes:
+        name: The recipe's ``task`` value.
+        graphs: The graphs exported, in the order they run, each in a folder of that name and
+            published as ``<graph>_model.onnx`` (Optimum's names); empty: one graph, at the
+            folders' root, published as ``model.onnx``.
+        trace_files: ``{artifact: file}`` the trace writes besides the capture (the reference
+            decode): every run with this task writes them.
+        evaluate_files: ``{artifact: file}`` the evaluate stage writes besides the evaluation
+            (the decode of the exported graphs).
+        check_files: ``{artifact: file}`` the check writes besides its report (published).
+        vouched: Files of the trace that the decode reads beside the models (a runtime's
+            config): the check names them by digest, as it names the models.
+        published: Files of the trace published beside the model (those the trace writes only
+            when the checkpoint has them are not declared in ``trace_files``).
+    """
+
+    name: str
+    graphs: tuple[str, ...] = ()
+    trace_files: Mapping[str, str] = field(default_factory=dict)
+    evaluate_files: Mapping[str, str] = field(default_factory=dict)
+    check_files: Mapping[str, str] = field(default_factory=dict)
+    vouched: tuple[str, ...] = ()
+    published: tuple[str, ...] = ()
+
+    def folders(self) -> tuple[str, ...]:
+        """Each graph's folder, relative to a stage's outputs (``""``: the root)."""
+        return self.graphs or ("",)
+
+    def per_graph(self, files: Mapping[str, str]) -> dict[str, str]:
+        """``files`` (``{artifact: file}``) as a stage writes them for each graph: at the root
+        for one graph, else in each graph's folder, the artifact named after the graph
+        (``encoder_capture``: ``encoder/capture.json``)."""
+        if not self.graphs:
+            return dict(files)
+        return {f"{g}_{name}": f"{g}/{rel}" for g in self.graphs for name, rel in files.items()}
+
+    def model_file(self, graph: str) -> str:
+        """The published ONNX file of ``graph`` (:func:`model_file`)."""
+        return model_file(graph)
+
+    def manifest_file(self, graph: str) -> str:
+        """The published manifest of ``graph`` (:func:`manifest_file`)."""
+        return manifest_file(graph)
+
+
+def model_file(graph: str) -> str:
+    """The published ONNX file of ``graph``: ``encoder_model.onnx``, or ``model.onnx`` (``""``)."""
+    return f"{graph}_{MODEL_FILE}" if graph else MODEL_FILE
+
+
+def manifest_file(graph: str) -> str:
+    """The published manifest of ``graph``: ``encoder_manifest.json``, or ``manifest.json``."""
+    return f"{graph}_{MANIFEST_JSON}" if graph else MANIFEST_JSON
+
+
+#: What a stage runs for one graph: the module and the recipe slice to run it under.
+Scoped = tuple[Any, Mapping[str, Any]]
+
+
+class TaskModel(Protocol):
+    """The trace's and the export's part of a task (torch)."""
+
+    def record(
+        self, model: Any, params: Mapping[str, Any], recipe_file: str, out_dir: Path
+    ) -> None:
+        """The trace's first step, on the model as loaded: what the exported graphs will be
+        judged against (a reference decode), and the files published beside the model."""
+        ...
+
+    def scope(
+        self, model: Any, params: Mapping[str, Any], recipe_file: str, graph: str
+    ) -> contextlib.AbstractContextManager[Scoped]:
+        """``(module, slice)`` of ``graph`` for the duration of the block (layers the task
+        swaps are put back on exit)."""
+        ...
+
+
+class TaskDecode(Protocol):
+    """The evaluate stage's part of a task (ONNX Runtime, no torch, no tolerance)."""
+
+    def __call__(self, trace_dir: Path, rewrite_dir: Path, out_dir: Path) -> None:
+        """Decode the trace's reference inputs with the rewrite's graphs; write what came out
+        (the task's ``evaluate_files``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Vouched:
+    """What the check found of the trace files a decode read (``Task.vouched``).
+
+    Attributes:
+        report: Entries of ``check.json``.
+        lines: Lines of ``check.txt``.
+        problems: Why the check fails, one line each (empty: it passed).
+    """
+
+    report: Mapping[str, Any]
+    lines: tuple[str, ...]
+    problems: tuple[str, ...]
+
+
+class TaskJudge(Protocol):
+    """The check stage's part of a task (numpy, no ONNX library)."""
+
+    def vouch(self, trace_dir: Path) -> Vouched:
+        """The files of ``Task.vouched`` judged on their own (before ``check.json`` is written)."""
+        ...
+
+    def judge(
+        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path
+    ) -> tuple[list[str], Exception | None]:
+        """The decode judged against the reference; its report written (the task's
+        ``check_files``). Returns the lines of ``check.txt`` and the error to raise once the
+        check's own report is written (None: passed)."""
+        ...
+
+
+class ForwardModel:
+    """``task: forward``: the model as loaded, the recipe slice as it is, nothing recorded."""
+
+    def record(
+        self, model: Any, params: Mapping[str, Any], recipe_file: str, out_dir: Path
+    ) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def scope(
+        self, model: Any, params: Mapping[str, Any], recipe_file: str, graph: str
+    ) -> Iterator[Scoped]:
+        yield model, params
