@@ -38,6 +38,7 @@ from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
 from hyperexport.engine.settings import REMOTE_MODES as REMOTE_MODES
 from hyperexport.options import (
     FUNCTION_MODES,
+    FUSIONS,
     AttentionOptions,
     ExportOptions,
     RewriteOptions,
@@ -292,19 +293,24 @@ class CheckSpec(Section):
 @dataclass(frozen=True, eq=False, repr=False)
 class AttentionSpec(Section):
     """``implementation``: the transformers attention entry to export with (``hyperexport``
-    exports each attention call as one node). ``promote_opset24`` rewrites those nodes to
-    default-domain ``Attention`` and makes the final model opset 24 whatever ``opset`` says:
-    ``opset`` is then only the export opset."""
+    exports each attention call as one node, which ``rewrite.fuse`` turns into ONNX
+    ``Attention`` or ONNX Runtime's attention kernels)."""
 
     implementation: str | None = option(
         _library(AttentionOptions, "implementation"),
         readers=(*MODEL_STAGES, "rewrite"),
         check=_not_builtin,
     )
-    # Promotion is the rewrite's (and what the checks expect), not the export's.
-    promote_opset24: bool = option(
-        _library(AttentionOptions, "promote_opset24"), readers=("rewrite", *CHECK_STAGES)
-    )
+
+
+#: Recipe fields that no longer exist, and what replaces each: validation refuses them with
+#: this pointer (exit 2) rather than as an unknown key.
+RETIRED_FIELDS = {
+    "attention.promote_opset24": (
+        "rewrite.fuse: standard, which makes ONNX Attention and also fuses RMSNormalization "
+        "and RotaryEmbedding (the model stays opset 24); set that instead"
+    ),
+}
 
 
 _REWRITE = ("rewrite",)
@@ -323,6 +329,12 @@ class RewriteSpec(Section):
     #: that ONNX Runtime's quantizers find them after inlining.
     weights_as_initializers: bool = option(
         _library(RewriteOptions, "weights_as_initializers"), readers=_REWRITE
+    )
+    #: Fused kernels inside the functions: ``none``, ``standard`` (ONNX's own fused ops; the
+    #: final model is opset 24 whatever ``opset`` says, which is then the export opset) or
+    #: ``onnxruntime`` (ONNX Runtime's contrib kernels). The checks read it for the opset.
+    fuse: str = option(
+        _library(RewriteOptions, "fuse"), readers=(*_REWRITE, *CHECK_STAGES), choices=FUSIONS
     )
 
 

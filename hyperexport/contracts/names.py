@@ -94,6 +94,16 @@ def probe_key(key: str) -> str:
 FUNCTION_DOMAIN = "hyperexport.fn"
 PLACEHOLDER_DOMAIN = "hyperexport.placeholder"
 ATTENTION_DOMAIN = "hyperexport.attention"
+#: The attributes of its ``Attention`` node (``transformers/attention_onnx.py`` writes them; the
+#: passes that turn the node into ONNX or ONNX Runtime attention read them).
+ATTENTION_ATTRIBUTES = (
+    "is_causal",
+    "scale",
+    "softcap",
+    "q_num_heads",
+    "kv_num_heads",
+    "causal_hint",
+)
 META_EXPORT_PATH = "hyperexport.export_path"  # "dynamo=False" | "dynamo=True"
 META_FALLBACK = "hyperexport.fallback_from"
 META_FUNCTION_MODE = "hyperexport.function_mode"

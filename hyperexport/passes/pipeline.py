@@ -30,8 +30,8 @@ from hyperexport.passes.build_manifest import build_manifest
 from hyperexport.passes.compose_functions import ComposeFunctionsPass, function_names
 from hyperexport.passes.fold_leftovers import FoldLeftoversPass
 from hyperexport.passes.fuse_constants import FuseConstantsIntoFunctionsPass
+from hyperexport.passes.fuse_ops import FuseOpsPass
 from hyperexport.passes.optimize import OptimizeKeepFunctionsPass
-from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.passes.prune_function_io import PruneFunctionIOPass
 from hyperexport.passes.specialize_instances import SpecializePerInstancePass
 from hyperexport.passes.weights_as_initializers import WeightsAsInitializersPass
@@ -116,9 +116,9 @@ PASSES: tuple[PassEntry, ...] = (
         lambda i: FoldLeftoversPass(),
     ),
     PassEntry(
-        "promote_attention",
-        lambda i: i.options.attention.promote_opset24,
-        lambda i: PromoteAttentionToOpset24Pass(),
+        "fuse",
+        lambda i: i.options.rewrite.fuse != "none",
+        lambda i: FuseOpsPass(i.options.rewrite.fuse),
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),

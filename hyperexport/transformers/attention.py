@@ -65,7 +65,8 @@ def hyperexport_attention_forward(
         raise HyperExportError("hyperexport attention does not support attention sinks (s_aux)")
     if dropout and module.training:
         raise HyperExportError("hyperexport attention does not implement dropout; use eval mode")
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    declared = is_causal if is_causal is not None else getattr(module, "is_causal", None)
+    causal = declared if declared is not None else True
     # As in transformers' sdpa path: the mask, when present, already encodes causality, and a
     # single query token attends every cached key.
     use_causal = attention_mask is None and bool(causal) and int(query.shape[2]) > 1
@@ -77,6 +78,9 @@ def hyperexport_attention_forward(
         is_causal=use_causal,
         scale=scaling,
         softcap=kwargs.get("softcap"),
+        # The module says it is causal (a decoder's self-attention): recorded for the fusion
+        # into ONNX Runtime's always-causal GroupQueryAttention; unknown is not causal.
+        causal_hint=bool(declared) and not use_causal,
     )
     return output.transpose(1, 2).contiguous(), None
 

@@ -1,0 +1,219 @@
+"""``hyperexport.attention::Attention`` as ONNX Runtime's attention kernels (``com.microsoft``).
+
+The custom node (``transformers/attention_onnx.py``) takes 4-D ``(batch, heads, seq, head_dim)``
+queries, keys and values and an optional mask, and gives ``(batch, q_heads, seq, v_dim)``. It
+becomes:
+
+* ``GroupQueryAttention`` when the call is causal: ``is_causal=1`` with equal query and key
+  lengths (GroupQueryAttention aligns its causal mask bottom-right, ONNX's ``is_causal``
+  upper-left: the same when the lengths are), or ``causal_hint=1`` (the module is a decoder's
+  self-attention and its mask, if any, already hides later keys). Keys and values are the whole
+  sequence (no past input): ``total_sequence_length`` is the key length and every
+  ``seqlens_k`` entry is one less; the mask, if any, is added to the scores
+  (``attention_bias``: ``False`` -> the type's lowest finite value, so a row whose keys are all
+  masked stays finite), which together with the kernel's own causal mask is exactly the mask.
+* ``MultiHeadAttention`` when it is not causal and queries and keys have as many heads (an
+  encoder's attention), its mask added the same way.
+
+Both kernels take 3-D ``(batch, seq, heads * head_dim)`` tensors: the node's inputs are
+transposed and reshaped into them, and the output back, so the function's other nodes and its
+inputs and outputs stay as they were (the transposes the exporter wrote around the node then
+cancel; ONNX Runtime removes such pairs when it loads the model). What cannot be fused faithfully
+(softcap without GroupQueryAttention, grouped heads without causality, unknown head counts) is a
+:class:`AttentionRefusal` naming the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from hyperexport.contracts.names import ATTENTION_ATTRIBUTES, ATTENTION_DOMAIN
+from hyperexport.passes.fuse_values import rank, static_dim
+
+MS_DOMAIN = "com.microsoft"
+_ATTRIBUTES = frozenset(ATTENTION_ATTRIBUTES)
+#: The most negative finite value of each float type, as a float32 that CastLike keeps finite.
+_LOWEST = {
+    ir.DataType.FLOAT: float(np.finfo(np.float32).min),
+    ir.DataType.FLOAT16: float(np.finfo(np.float16).min),
+    ir.DataType.BFLOAT16: -3.3895313892515355e38,
+}
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How one attention node becomes a kernel.
+
+    Attributes:
+        kernel: ``GroupQueryAttention`` or ``MultiHeadAttention``.
+        q_heads: Query heads. kv_heads: Key/value heads.
+        scale: Factor on the scores. softcap: Cap on the scores (0: none).
+        lowest: The additive value of a masked-out key (a boolean mask), or None.
+    """
+
+    kernel: str
+    q_heads: int
+    kv_heads: int
+    scale: float
+    softcap: float
+    lowest: float | None
+
+
+class AttentionRefusal(ValueError):
+    """The node cannot become an ONNX Runtime kernel; the message says why."""
+
+
+def is_attention(node: ir.Node) -> bool:
+    return node.domain == ATTENTION_DOMAIN and node.op_type == "Attention"
+
+
+def attention_plan(node: ir.Node) -> AttentionPlan:
+    """The kernel for ``node``, or :class:`AttentionRefusal`."""
+    inputs = list(node.inputs)
+    if len(inputs) not in (3, 4) or any(v is None for v in inputs[:3]):
+        raise AttentionRefusal(f"expected inputs Q, K, V[, attn_mask], got {len(inputs)}")
+    unknown = set(node.attributes) - _ATTRIBUTES
+    if unknown:
+        raise AttentionRefusal(f"unknown attributes {sorted(unknown)}")
+    if node.attributes.get_int("q_num_heads", 0):
+        raise AttentionRefusal("3-D inputs (q_num_heads set) are not fused; 4-D inputs are")
+    q, k = inputs[0], inputs[1]
+    assert q is not None and k is not None
+    if 3 in (rank(q), rank(k)):
+        raise AttentionRefusal("3-D inputs are not fused; 4-D inputs are")
+    q_heads, kv_heads = static_dim(q, 1), static_dim(k, 1)
+    if q_heads is None or kv_heads is None:
+        raise AttentionRefusal("the head counts are unknown (Q and K have no static dim 1)")
+    mask = inputs[3] if len(inputs) == 4 else None
+    lowest = _mask_value(mask, q)
+    softcap = node.attributes.get_float("softcap", 0.0)
+    scale = node.attributes.get_float("scale", 0.0) or 1.0 / float(np.sqrt(_head_dim(q)))
+    if _causal(node, q, k):
+        return AttentionPlan("GroupQueryAttention", q_heads, kv_heads, scale, softcap, lowest)
+    if q_heads != kv_heads:
+        raise AttentionRefusal(
+            f"{q_heads} query heads on {kv_heads} key heads without causality: ONNX Runtime's "
+            "MultiHeadAttention needs equal head counts"
+        )
+    if softcap:
+        raise AttentionRefusal("softcap without causality: MultiHeadAttention has no softcap")
+    return AttentionPlan("MultiHeadAttention", q_heads, kv_heads, scale, 0.0, lowest)
+
+
+def _head_dim(q: ir.Value) -> int:
+    head = static_dim(q, -1)
+    if head is None:
+        raise AttentionRefusal("no scale attribute and the head size is unknown")
+    return head
+
+
+def _causal(node: ir.Node, q: ir.Value, k: ir.Value) -> bool:
+    if node.attributes.get_int("causal_hint", 0):
+        return True
+    if not node.attributes.get_int("is_causal", 0):
+        return False
+    q_len, k_len = _length(q), _length(k)
+    if q_len is None or q_len != k_len:
+        raise AttentionRefusal(
+            "is_causal with query and key lengths not known equal: ONNX aligns the causal "
+            "mask upper-left, GroupQueryAttention bottom-right"
+        )
+    return True
+
+
+def _length(x: ir.Value) -> int | str | None:
+    """The sequence dim (2) of a 4-D value: an int, a dim name, or None when unknown."""
+    if x.shape is None or x.shape.rank() != 4:
+        return None
+    dim = x.shape[2]
+    return dim if isinstance(dim, int) else dim.value
+
+
+def _mask_value(mask: ir.Value | None, q: ir.Value) -> float | None:
+    if mask is None:
+        return None
+    if rank(mask) != 4:
+        raise AttentionRefusal(f"the mask has rank {rank(mask)}, not 4")
+    if mask.dtype == ir.DataType.BOOL:
+        if q.dtype not in _LOWEST:
+            raise AttentionRefusal(f"a boolean mask on queries of type {q.dtype}")
+        return _LOWEST[q.dtype]
+    if mask.dtype is None or mask.dtype != q.dtype:
+        raise AttentionRefusal(f"the mask's type {mask.dtype} is neither bool nor Q's {q.dtype}")
+    return None
+
+
+class AttentionKernelRule(pattern.RewriteRuleClassBase):
+    """The custom attention node -> GroupQueryAttention or MultiHeadAttention, 3-D adapters
+    around it."""
+
+    def __init__(self, masked: bool) -> None:
+        super().__init__(f"AttentionKernel{'Masked' if masked else ''}")
+        self._masked = masked
+
+    def pattern(self, op, q, k, v, mask):  # type: ignore[no-untyped-def]
+        inputs = [q, k, v, mask] if self._masked else [q, k, v]
+        return op.Attention(*inputs, _domain=ATTENTION_DOMAIN, _outputs=["out"])
+
+    def check(self, op, out, **_):  # type: ignore[no-untyped-def]
+        try:
+            self._plan = attention_plan(out.producer())
+        except AttentionRefusal as e:
+            return pattern.MatchResult().fail(str(e), out)
+        return pattern.MatchResult()
+
+    def rewrite(self, op, q, k, v, mask=None, **_):  # type: ignore[no-untyped-def]
+        plan = self._plan
+        bias = None
+        if mask is not None:
+            bias = mask
+            if plan.lowest is not None:
+                zero = op.CastLike(op.Constant(value_float=0.0), q)
+                lowest = op.CastLike(op.Constant(value_float=plan.lowest), q)
+                bias = op.Where(mask, zero, lowest)
+        q3, k3, v3 = (_to_3d(op, x) for x in (q, k, v))
+        if plan.kernel == "MultiHeadAttention":
+            inputs = [q3, k3, v3] if bias is None else [q3, k3, v3, None, None, bias]
+            out3 = op.MultiHeadAttention(
+                *inputs, num_heads=plan.q_heads, scale=plan.scale, _domain=MS_DOMAIN
+            )
+            return _to_4d(op, out3, plan.q_heads)
+        total = op.Gather(op.Shape(k), op.Constant(value_int=2))
+        seqlens = op.Expand(
+            op.Sub(op.Reshape(total, op.Constant(value_ints=[1])), op.Constant(value_ints=[1])),
+            op.Gather(op.Shape(q), op.Constant(value_ints=[0])),
+        )
+        attributes: dict[str, object] = {
+            "num_heads": plan.q_heads,
+            "kv_num_heads": plan.kv_heads,
+            "scale": plan.scale,
+        }
+        if plan.softcap:
+            attributes["softcap"] = plan.softcap
+        inputs = [
+            q3, k3, v3, None, None,
+            op.Cast(seqlens, to=int(ir.DataType.INT32)),
+            op.Cast(total, to=int(ir.DataType.INT32)),
+        ]  # fmt: skip
+        if bias is not None:  # after cos_cache, sin_cache, position_ids
+            inputs += [None, None, None, bias]
+        out3, _, _ = op.GroupQueryAttention(*inputs, **attributes, _domain=MS_DOMAIN, _outputs=3)
+        return _to_4d(op, out3, plan.q_heads)
+
+
+def _to_3d(op, x):  # type: ignore[no-untyped-def]
+    """``(batch, heads, seq, dim)`` -> ``(batch, seq, heads * dim)``."""
+    return op.Reshape(op.Transpose(x, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1]))
+
+
+def _to_4d(op, x, heads: int):  # type: ignore[no-untyped-def]
+    """``(batch, seq, heads * dim)`` -> ``(batch, heads, seq, dim)``."""
+    return op.Transpose(op.Reshape(x, op.Constant(value_ints=[0, 0, heads, -1])), perm=[0, 2, 1, 3])
+
+
+def rules() -> list[pattern.RewriteRule]:
+    return [AttentionKernelRule.rule(masked) for masked in (True, False)]

@@ -1,0 +1,254 @@
+"""What the fusion rules need to know about values the exporters leave unannotated.
+
+Two facts decide whether a fused kernel may stand for a subgraph, and function bodies rarely
+carry either:
+
+* small constants (a slice's bounds, an epsilon, an Unsqueeze axis), which the TorchScript path
+  computes through ``Unsqueeze``/``Concat``/``Cast`` of ``Constant`` nodes:
+  :func:`constant_array` evaluates such chains (a few small ops, never a weight);
+* shapes (a head count is an attribute of ``GroupQueryAttention``), which the TorchScript path
+  writes on a function's inputs only (IR 8 has no value_info in functions):
+  :func:`inferred_shapes` runs ONNX's shape inference on a copy of one body, its inputs typed as
+  the function declares them, and :func:`annotated` puts the results on the values that lack
+  them for the duration of a rewrite, then takes them off again, so the fusion adds no shapes
+  to the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from hyperexport.contracts.names import ATTENTION_DOMAIN
+
+log = logging.getLogger(__name__)
+
+#: Constants larger than this are not evaluated (a rule's constants are scalars and bounds).
+MAX_CONSTANT_ELEMENTS = 64
+_MAX_DEPTH = 8
+
+
+def constant_array(value: ir.Value | None, _depth: int = 0) -> np.ndarray | None:
+    """The value of ``value`` if small constants compute it, else None.
+
+    Follows ``Constant``, initializers/constant-propagated values, and ``Identity``, ``Cast``,
+    ``Unsqueeze``, ``Squeeze``, ``Reshape`` and ``Concat`` of such values.
+    """
+    if value is None or _depth > _MAX_DEPTH:
+        return None
+    const = value.const_value
+    if const is not None:
+        if const.size > MAX_CONSTANT_ELEMENTS:
+            return None
+        return np.asarray(const.numpy())
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    inputs = [constant_array(v, _depth + 1) if v is not None else None for v in node.inputs]
+    return _evaluate(node, inputs)
+
+
+def _evaluate(node: ir.Node, inputs: list[np.ndarray | None]) -> np.ndarray | None:
+    op = node.op_type
+    if op == "Constant":
+        return _constant_attribute(node)
+    if not inputs or inputs[0] is None:
+        return None
+    data = inputs[0]
+    if op == "Identity":
+        return data
+    if op == "Cast":
+        to = node.attributes.get_int("to", 0)
+        return data.astype(ir.DataType(to).numpy()) if to else None
+    if op in ("Unsqueeze", "Squeeze"):
+        axes = _axes(node, inputs)
+        if axes is None:
+            return np.squeeze(data) if op == "Squeeze" else None
+        if op == "Squeeze":
+            return np.squeeze(data, axis=tuple(axes))
+        result = data
+        for axis in sorted(a % (data.ndim + len(axes)) for a in axes):
+            result = np.expand_dims(result, axis)
+        return result
+    if op == "Reshape" and len(inputs) > 1 and inputs[1] is not None:
+        shape = [int(d) for d in inputs[1]]
+        if 0 in shape:  # allowzero=0 copies the dim: not worth it for constants
+            return None
+        return data.reshape(shape)
+    if op == "Concat" and all(i is not None for i in inputs):
+        return np.concatenate(
+            [np.atleast_1d(i) for i in inputs if i is not None],
+            axis=node.attributes.get_int("axis", 0),
+        )
+    return None
+
+
+def _axes(node: ir.Node, inputs: list[np.ndarray | None]) -> list[int] | None:
+    if len(inputs) > 1 and inputs[1] is not None:
+        return [int(a) for a in np.atleast_1d(inputs[1])]
+    attribute = node.attributes.get("axes")
+    return list(attribute.as_ints()) if attribute is not None else None
+
+
+def _constant_attribute(node: ir.Node) -> np.ndarray | None:
+    for name, attribute in node.attributes.items():
+        if name == "value":
+            tensor = attribute.as_tensor()
+            return np.asarray(tensor.numpy()) if tensor.size <= MAX_CONSTANT_ELEMENTS else None
+        if name in ("value_int", "value_float"):
+            return np.asarray(attribute.value)
+        if name in ("value_ints", "value_floats"):
+            return np.asarray(list(attribute.value))
+    return None
+
+
+def scalar(value: ir.Value | None) -> float | None:
+    """The value of a one-element constant, as a float, or None."""
+    array = constant_array(value)
+    if array is None or array.size != 1:
+        return None
+    return float(array.reshape(()))
+
+
+def ints(value: ir.Value | None) -> list[int] | None:
+    """The integer elements of a small integer constant, or None."""
+    array = constant_array(value)
+    if array is None or not np.issubdtype(array.dtype, np.integer):
+        return None
+    return [int(v) for v in array.reshape(-1)]
+
+
+def dtype(value: ir.Value | None) -> ir.DataType | None:
+    """The element type of ``value``: declared, or that of the constant it holds."""
+    if value is None:
+        return None
+    if value.dtype is not None:
+        return value.dtype
+    if value.const_value is not None:
+        return value.const_value.dtype
+    node = value.producer()
+    if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        attribute = node.attributes.get("value")
+        if attribute is not None:
+            return attribute.as_tensor().dtype
+    return None
+
+
+def static_dim(value: ir.Value | None, axis: int) -> int | None:
+    """Dimension ``axis`` of ``value`` when its shape has it as an int, else None."""
+    if value is None or value.shape is None:
+        return None
+    rank = value.shape.rank()
+    if not -rank <= axis < rank:
+        return None
+    dim = value.shape[axis]
+    return dim if isinstance(dim, int) else None
+
+
+def rank(value: ir.Value | None) -> int | None:
+    """The rank of ``value`` when known."""
+    return None if value is None or value.shape is None else value.shape.rank()
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes in function bodies
+# --------------------------------------------------------------------------------------------
+def call_arguments(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Value | None]]:
+    """For each called function, the arguments of its first call (main graph, then bodies)."""
+    found: dict[ir.OperatorIdentifier, list[ir.Value | None]] = {}
+    owners: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for owner in owners:
+        for node in ir.traversal.RecursiveGraphIterator(owner):
+            if node.op_identifier() in model.functions:
+                found.setdefault(node.op_identifier(), list(node.inputs))
+    return found
+
+
+def inferred_shapes(
+    model: ir.Model, function: ir.Function, arguments: list[ir.Value | None] | None = None
+) -> dict[str, onnx.TypeProto]:
+    """ONNX shape inference over one function body, its inputs typed as the function declares
+    them or, where it does not, as ``arguments`` (a call's) are.
+
+    The body is copied into a graph of a scratch model (the model's functions ride along, so
+    nested calls infer too); nothing of ``model`` changes. An exported attention node stands
+    there as ``Identity`` of its query (the same shape when values have the head size of keys,
+    as in every transformers model), so that what follows it is typed too. Values inference
+    cannot type are absent from the result.
+    """
+    proto = ir.serde.serialize_function(function)
+    graph = onnx.GraphProto(name=f"{function.name}_body", node=proto.node)
+    for node in graph.node:
+        if node.domain == ATTENTION_DOMAIN:
+            del node.input[1:]
+            del node.attribute[:]
+            node.domain, node.op_type = "", "Identity"
+    for i, value in enumerate(function.inputs):
+        argument = arguments[i] if arguments is not None and i < len(arguments) else None
+        typed = value if value.type is not None or argument is None else argument
+        graph.input.append(_value_info(typed, value.name or ""))
+    for value in function.outputs:
+        graph.output.append(onnx.ValueInfoProto(name=value.name or ""))
+    graph.value_info.extend(proto.value_info)
+    opsets = [onnx.helper.make_opsetid(d, v) for d, v in function.opset_imports.items()]
+    scratch = onnx.helper.make_model(
+        graph, opset_imports=opsets, ir_version=max(model.ir_version, 10)
+    )
+    scratch.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
+    try:
+        inferred = onnx.shape_inference.infer_shapes(scratch, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        log.warning("fusion: no shape inference in %s (%s)", function.identifier(), e)
+        return {}
+    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    return {info.name: info.type for info in infos if info.type.HasField("tensor_type")}
+
+
+def _value_info(value: ir.Value, name: str) -> onnx.ValueInfoProto:
+    info = onnx.ValueInfoProto(name=name)
+    if value.type is not None or value.shape is not None:
+        ir.serde.serialize_value_into(info, value)
+        info.name = name
+    return info
+
+
+@contextlib.contextmanager
+def annotated(
+    model: ir.Model, function: ir.Function, arguments: list[ir.Value | None] | None = None
+) -> Iterator[None]:
+    """Inferred types and shapes on the body's values (inputs included) that have none, while
+    inside; removed on exit."""
+    types = inferred_shapes(model, function, arguments)
+    added: list[ir.Value] = []
+    values = [*function.inputs, *(v for node in function for v in node.outputs)]
+    for value in values:
+        tensor = types.get(value.name or "")
+        if tensor is None or (value.shape is not None and value.type is not None):
+            continue
+        _apply(tensor, value)
+        added.append(value)
+    try:
+        yield
+    finally:
+        for value in added:
+            value.shape = None
+            value.type = None
+
+
+def _apply(tensor: onnx.TypeProto, value: ir.Value) -> None:
+    elem = tensor.tensor_type.elem_type
+    if elem and value.type is None:
+        value.dtype = ir.DataType(elem)
+    if tensor.tensor_type.HasField("shape") and value.shape is None:
+        dims: list[int | str | None] = []
+        for dim in tensor.tensor_type.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(dim.dim_value)
+            else:
+                dims.append(dim.dim_param or None)
+        value.shape = ir.Shape(dims)
