@@ -140,8 +140,8 @@ def _output_names(names: list[str]) -> None:
 
 def _op_counts(counts: Mapping[str, int]) -> None:
     for op, count in counts.items():
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", op):
-            raise Invalid(f"{op!r} is not an ONNX op type", at=f".{op}")
+        if not re.fullmatch(r"([A-Za-z][\w.]*::)?[A-Za-z][A-Za-z0-9_]*", op):
+            raise Invalid(f"{op!r} is not an ONNX op type (or domain::op)", at=f".{op}")
         if count < 0:
             raise Invalid(f"must be >= 0, got {count}", at=f".{op}")
 
@@ -267,10 +267,11 @@ class QuantizedCheckSpec(Section):
 class CheckSpec(Section):
     """What the check stage verifies.
 
-    ``expect_ops`` maps a default-domain op type to the exact number of nodes of that type the
-    final model *executes*: nodes of the main graph, plus each function's nodes times the number
-    of times the function is called (nested calls multiply). ``{Attention: 4}`` on a 4-layer
-    model holds whether the layers share one function (per_type) or have one each.
+    ``expect_ops`` maps an op type (``domain::op`` outside the default domain, such as
+    ``com.microsoft::GroupQueryAttention``) to the exact number of nodes of that type the final
+    model *executes*: nodes of the main graph, plus each function's nodes times the number of
+    times the function is called (nested calls multiply). ``{Attention: 4}`` on a 4-layer model
+    holds whether the layers share one function (per_type) or have one each.
 
     Tolerances are read by ``check`` only (changing one reruns only ``check``); what runs
     (``function_scope``, ``expect_ops``) by ``evaluate`` too.

@@ -116,6 +116,28 @@ META_VERSION_PREFIX = "hyperexport.version."
 QUANTIZED_DOMAIN = "com.microsoft"
 QUANTIZED_OP_TYPES = ("MatMulNBits", "DynamicQuantizeMatMul")
 
+#: What each ``rewrite.fuse`` writes (``passes/fuse_ops.py``): op types as ``domain::op``
+#: (default-domain ops without a domain). ``show`` and the manifest count them per function.
+FUSED_OPS = {
+    "standard": ("Attention", "RMSNormalization", "RotaryEmbedding"),
+    "onnxruntime": (
+        "com.microsoft::GroupQueryAttention",
+        "com.microsoft::MultiHeadAttention",
+        "com.microsoft::RotaryEmbedding",
+        "com.microsoft::SkipSimplifiedLayerNormalization",
+        "com.microsoft::SkipLayerNormalization",
+        "com.microsoft::FastGelu",
+        "com.microsoft::Gelu",
+        "com.microsoft::QuickGelu",
+    ),
+}
+
+
+def op_id(domain: str, op_type: str) -> str:
+    """``domain::op``, or ``op`` for the default domain (as :data:`FUSED_OPS` names ops)."""
+    return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
+
+
 # -- opsets -------------------------------------------------------------------------------------
 MIN_OPSET = 7
 TORCHSCRIPT_MAX_OPSET = 20

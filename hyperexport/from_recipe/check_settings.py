@@ -36,7 +36,7 @@ def check_settings(
       raises the model to 24 whatever the export opset);
     * export path (metadata): ``dynamo``, or the other path when ``fallback`` is on and the
       manifest records that the export fell back;
-    * ``check.expect_ops``: executed counts of default-domain op types (``op_counts``).
+    * ``check.expect_ops``: executed counts of op types (``op_counts``).
     """
     c = recipe.check
     dynamo = recipe.dynamo

@@ -42,21 +42,6 @@ from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass, 
 
 log = logging.getLogger(__name__)
 
-#: Which fusion writes which op types (``domain::op``), for ``show``, the report and the tests.
-FUSED_OPS: dict[str, tuple[str, ...]] = {
-    "standard": ("Attention", "RMSNormalization", "RotaryEmbedding"),
-    "onnxruntime": (
-        "com.microsoft::GroupQueryAttention",
-        "com.microsoft::MultiHeadAttention",
-        "com.microsoft::RotaryEmbedding",
-        "com.microsoft::SkipSimplifiedLayerNormalization",
-        "com.microsoft::SkipLayerNormalization",
-        "com.microsoft::FastGelu",
-        "com.microsoft::Gelu",
-        "com.microsoft::QuickGelu",
-    ),
-}
-
 Step = Callable[[ir.Model], int]
 
 

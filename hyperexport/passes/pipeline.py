@@ -206,4 +206,4 @@ def compose_model(
     units = load_units(bundle_dir, bundle)
     model = units.pop("root")
     run_passes(model, PassInputs(options, bundle, record, units))
-    return model, build_manifest(model, bundle, record)
+    return model, build_manifest(model, bundle, record, options.rewrite.fuse)
