@@ -27,7 +27,6 @@ each body while the rules run (``fuse_values.annotated``); the model keeps the s
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -37,7 +36,7 @@ from onnxscript.rewriter import pattern
 from hyperexport.errors import RewriteError
 from hyperexport.options import Fusion
 from hyperexport.passes import fuse_attention, fuse_gelu, fuse_norms, fuse_rotary
-from hyperexport.passes.fuse_values import annotated, call_arguments, constant_array, dtype
+from hyperexport.passes.fuse_values import annotated, constant_array, dtype
 from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass, declare_opset24
 
 log = logging.getLogger(__name__)
@@ -50,18 +49,10 @@ def _rules(make: Callable[[], list[pattern.RewriteRule]]) -> Step:
 
     def apply(model: ir.Model) -> int:
         rule_set = pattern.RewriteRuleSet(make())
-        with contextlib.ExitStack() as stack:
-            _annotate_all(model, stack)
+        with annotated(model):
             return rule_set.apply_to_model(model)
 
     return apply
-
-
-def _annotate_all(model: ir.Model, stack: contextlib.ExitStack) -> None:
-    """Shapes on every function body for as long as ``stack`` is open."""
-    arguments = call_arguments(model)
-    for function in model.functions.values():
-        stack.enter_context(annotated(model, function, arguments.get(function.identifier())))
 
 
 def _declare_opset24(model: ir.Model) -> int:
@@ -76,8 +67,7 @@ def _normalize(model: ir.Model) -> int:
     """Put bodies in the form the rules are written for: no ``Identity`` or same-type ``Cast``
     (unless it gives an output), and the constant operand of ``Add``/``Mul`` second."""
     changes = 0
-    with contextlib.ExitStack() as stack:
-        _annotate_all(model, stack)
+    with annotated(model):
         owners: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
         for owner in owners:
             outputs = set(owner.outputs)
@@ -118,8 +108,7 @@ def _constant_first(node: ir.Node) -> bool:
 
 def _refuse_unfused_attention(model: ir.Model) -> int:
     """Every exported attention node must have become a kernel: name the first that did not."""
-    with contextlib.ExitStack() as stack:
-        _annotate_all(model, stack)
+    with annotated(model):
         for function in model.functions.values():
             for node in function:
                 if fuse_attention.is_attention(node):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -156,7 +156,7 @@ def rank(value: ir.Value | None) -> int | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Shapes in function bodies
+# Shapes of the main graph and of function bodies
 # --------------------------------------------------------------------------------------------
 def call_arguments(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Value | None]]:
     """For each called function, the arguments of its first call (main graph, then bodies)."""
@@ -169,44 +169,82 @@ def call_arguments(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Value
     return found
 
 
+def _for_inference(nodes: Iterable[onnx.NodeProto]) -> None:
+    """An exported attention node as ``Identity`` of its query: the same shape when values have
+    the head size of keys (every transformers model), so that what follows it is typed too."""
+    for node in nodes:
+        if node.domain == ATTENTION_DOMAIN:
+            del node.input[1:]
+            del node.attribute[:]
+            node.domain, node.op_type = "", "Identity"
+
+
+def _inference_functions(model: ir.Model) -> list[onnx.FunctionProto]:
+    protos = [ir.serde.serialize_function(f) for f in model.functions.values()]
+    for proto in protos:
+        _for_inference(proto.node)
+    return protos
+
+
+def _infer(
+    model: ir.Model,
+    graph: onnx.GraphProto,
+    opsets: Mapping[str, int],
+    functions: list[onnx.FunctionProto],
+    where: str,
+) -> dict[str, onnx.TypeProto]:
+    _for_inference(graph.node)
+    scratch = onnx.helper.make_model(
+        graph,
+        opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()],
+        ir_version=max(model.ir_version, 10),
+    )
+    scratch.functions.extend(functions)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(scratch, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        log.warning("fusion: no shape inference in %s (%s)", where, e)
+        return {}
+    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    return {info.name: info.type for info in infos if info.type.HasField("tensor_type")}
+
+
 def inferred_shapes(
-    model: ir.Model, function: ir.Function, arguments: list[ir.Value | None] | None = None
+    model: ir.Model,
+    function: ir.Function,
+    arguments: list[ir.Value | None] | None = None,
+    functions: list[onnx.FunctionProto] | None = None,
 ) -> dict[str, onnx.TypeProto]:
     """ONNX shape inference over one function body, its inputs typed as the function declares
     them or, where it does not, as ``arguments`` (a call's) are.
 
     The body is copied into a graph of a scratch model (the model's functions ride along, so
-    nested calls infer too); nothing of ``model`` changes. An exported attention node stands
-    there as ``Identity`` of its query (the same shape when values have the head size of keys,
-    as in every transformers model), so that what follows it is typed too. Values inference
-    cannot type are absent from the result.
+    nested calls infer too); nothing of ``model`` changes. Exported attention nodes stand there
+    as ``Identity`` of their query. Values inference cannot type are absent from the result.
     """
     proto = ir.serde.serialize_function(function)
     graph = onnx.GraphProto(name=f"{function.name}_body", node=proto.node)
-    for node in graph.node:
-        if node.domain == ATTENTION_DOMAIN:
-            del node.input[1:]
-            del node.attribute[:]
-            node.domain, node.op_type = "", "Identity"
     for i, value in enumerate(function.inputs):
         argument = arguments[i] if arguments is not None and i < len(arguments) else None
         typed = value if value.type is not None or argument is None else argument
         graph.input.append(_value_info(typed, value.name or ""))
-    for value in function.outputs:
-        graph.output.append(onnx.ValueInfoProto(name=value.name or ""))
+    graph.output.extend(onnx.ValueInfoProto(name=v.name or "") for v in function.outputs)
     graph.value_info.extend(proto.value_info)
-    opsets = [onnx.helper.make_opsetid(d, v) for d, v in function.opset_imports.items()]
-    scratch = onnx.helper.make_model(
-        graph, opset_imports=opsets, ir_version=max(model.ir_version, 10)
-    )
-    scratch.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
-    try:
-        inferred = onnx.shape_inference.infer_shapes(scratch, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
-        log.warning("fusion: no shape inference in %s (%s)", function.identifier(), e)
-        return {}
-    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-    return {info.name: info.type for info in infos if info.type.HasField("tensor_type")}
+    functions = _inference_functions(model) if functions is None else functions
+    return _infer(model, graph, function.opset_imports, functions, str(function.identifier()))
+
+
+def inferred_graph_shapes(
+    model: ir.Model, functions: list[onnx.FunctionProto] | None = None
+) -> dict[str, onnx.TypeProto]:
+    """ONNX shape inference over the main graph; its initializers enter as typed inputs (their
+    data stays where it is)."""
+    graph = onnx.GraphProto(name="main", node=[ir.serde.serialize_node(n) for n in model.graph])
+    values = [*model.graph.inputs, *model.graph.initializers.values()]
+    graph.input.extend(_value_info(v, v.name or "") for v in values)
+    graph.output.extend(onnx.ValueInfoProto(name=v.name or "") for v in model.graph.outputs)
+    functions = _inference_functions(model) if functions is None else functions
+    return _infer(model, graph, model.graph.opset_imports, functions, "the main graph")
 
 
 def _value_info(value: ir.Value, name: str) -> onnx.ValueInfoProto:
@@ -218,26 +256,33 @@ def _value_info(value: ir.Value, name: str) -> onnx.ValueInfoProto:
 
 
 @contextlib.contextmanager
-def annotated(
-    model: ir.Model, function: ir.Function, arguments: list[ir.Value | None] | None = None
-) -> Iterator[None]:
-    """Inferred types and shapes on the body's values (inputs included) that have none, while
-    inside; removed on exit."""
-    types = inferred_shapes(model, function, arguments)
-    added: list[ir.Value] = []
-    values = [*function.inputs, *(v for node in function for v in node.outputs)]
-    for value in values:
-        tensor = types.get(value.name or "")
-        if tensor is None or (value.shape is not None and value.type is not None):
-            continue
-        _apply(tensor, value)
-        added.append(value)
+def annotated(model: ir.Model) -> Iterator[None]:
+    """Inferred types and shapes on every value of the main graph and of every function body
+    (function inputs included) that lacks them, while inside; taken off again on exit."""
+    functions = _inference_functions(model)
+    arguments = call_arguments(model)
+    added: list[tuple[ir.Value, bool, bool]] = []
+    owners: list[tuple[ir.Graph | ir.Function, dict[str, onnx.TypeProto]]] = [
+        (model.graph, inferred_graph_shapes(model, functions))
+    ]
+    for function in model.functions.values():
+        types = inferred_shapes(model, function, arguments.get(function.identifier()), functions)
+        owners.append((function, types))
+    for owner, types in owners:
+        for value in [*owner.inputs, *(v for node in owner for v in node.outputs)]:
+            tensor = types.get(value.name or "")
+            if tensor is None or (value.shape is not None and value.type is not None):
+                continue
+            added.append((value, value.type is None, value.shape is None))
+            _apply(tensor, value)
     try:
         yield
     finally:
-        for value in added:
-            value.shape = None
-            value.type = None
+        for value, had_no_type, had_no_shape in added:
+            if had_no_shape:
+                value.shape = None
+            if had_no_type:
+                value.type = None
 
 
 def _apply(tensor: onnx.TypeProto, value: ir.Value) -> None:
