@@ -85,7 +85,7 @@ def attention_plan(node: ir.Node) -> AttentionPlan:
     assert q is not None and k is not None
     if 3 in (rank(q), rank(k)):
         raise AttentionRefusal("3-D inputs are not fused; 4-D inputs are")
-    q_heads, kv_heads = static_dim(q, 1), static_dim(k, 1)
+    q_heads, kv_heads = _heads(q), _heads(k)
     if q_heads is None or kv_heads is None:
         raise AttentionRefusal("the head counts are unknown (Q and K have no static dim 1)")
     mask = inputs[3] if len(inputs) == 4 else None
@@ -102,6 +102,42 @@ def attention_plan(node: ir.Node) -> AttentionPlan:
     if softcap:
         raise AttentionRefusal("softcap without causality: MultiHeadAttention has no softcap")
     return AttentionPlan("MultiHeadAttention", q_heads, kv_heads, scale, 0.0, lowest)
+
+
+def _heads(x: ir.Value) -> int | None:
+    """Dim 1 of ``x``, or, where ``x`` is ``(B, S, W)`` reshaped to ``(B, S, -1, D)`` and
+    transposed (transformers' ``view(..., -1, head_dim).transpose(1, 2)``, which shape inference
+    leaves unknown under dynamic axes), ``W // D``."""
+    heads = static_dim(x, 1)
+    if heads is not None:
+        return heads
+    transpose = x.producer()
+    if (
+        transpose is None
+        or transpose.op_type != "Transpose"
+        or transpose.domain not in ("", "ai.onnx")
+    ):
+        return None
+    perm = transpose.attributes.get("perm")
+    split = transpose.inputs[0]
+    reshape = split.producer() if split is not None else None
+    if perm is None or list(perm.as_ints()) != [0, 2, 1, 3] or reshape is None:
+        return None
+    if reshape.op_type != "Reshape" or split is None or split.shape is None or rank(split) != 4:
+        return None
+    joined = reshape.inputs[0]
+    width, head = static_dim(joined, -1), static_dim(split, 3)
+    if joined is None or joined.shape is None or rank(joined) != 3 or not width or not head:
+        return None
+    kept = list(joined.shape)[:2]
+    if kept != list(split.shape)[:2] or not all(_named(d) for d in kept) or width % head:
+        return None
+    return width // head
+
+
+def _named(dim: int | ir.SymbolicDim) -> bool:
+    """A dim known to be the same wherever it appears: an int or a named symbol."""
+    return isinstance(dim, int) or dim.value is not None
 
 
 def _head_dim(q: ir.Value) -> int:
