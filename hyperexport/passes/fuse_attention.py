@@ -33,6 +33,7 @@ from onnxscript.rewriter import pattern
 
 from hyperexport.contracts.names import ATTENTION_ATTRIBUTES, ATTENTION_DOMAIN
 from hyperexport.passes.fuse_values import rank, static_dim
+from hyperexport.passes.ort_kernels import gqa_takes_query_seqlens
 
 MS_DOMAIN = "com.microsoft"
 _ATTRIBUTES = frozenset(ATTENTION_ATTRIBUTES)
@@ -71,8 +72,9 @@ def is_attention(node: ir.Node) -> bool:
     return node.domain == ATTENTION_DOMAIN and node.op_type == "Attention"
 
 
-def attention_plan(node: ir.Node) -> AttentionPlan:
-    """The kernel for ``node``, or :class:`AttentionRefusal`."""
+def attention_plan(node: ir.Node, cached: bool = False) -> AttentionPlan:
+    """The kernel for ``node``, or :class:`AttentionRefusal`. ``cached``: its keys and values
+    are ``Concat(past, new)`` on the sequence axis, which GroupQueryAttention takes apart."""
     inputs = list(node.inputs)
     if len(inputs) not in (3, 4) or any(v is None for v in inputs[:3]):
         raise AttentionRefusal(f"expected inputs Q, K, V[, attn_mask], got {len(inputs)}")
@@ -92,7 +94,7 @@ def attention_plan(node: ir.Node) -> AttentionPlan:
     lowest = _mask_value(mask, q)
     softcap = node.attributes.get_float("softcap", 0.0)
     scale = node.attributes.get_float("scale", 0.0) or 1.0 / float(np.sqrt(_head_dim(q)))
-    if _causal(node, q, k):
+    if _causal(node, q, k, cached):
         return AttentionPlan("GroupQueryAttention", q_heads, kv_heads, scale, softcap, lowest)
     if q_heads != kv_heads:
         raise AttentionRefusal(
@@ -147,16 +149,21 @@ def _head_dim(q: ir.Value) -> int:
     return head
 
 
-def _causal(node: ir.Node, q: ir.Value, k: ir.Value) -> bool:
-    if node.attributes.get_int("causal_hint", 0):
+def _causal(node: ir.Node, q: ir.Value, k: ir.Value, cached: bool) -> bool:
+    """Whether GroupQueryAttention computes the node: a causal call whose keys are the
+    queries' own (equal lengths), or past and new keys with the hint (bottom-right causal)."""
+    hint = bool(node.attributes.get_int("causal_hint", 0))
+    if cached:
+        if not hint:
+            raise AttentionRefusal("keys from a cache without causal_hint (not a decoder's)")
         return True
-    if not node.attributes.get_int("is_causal", 0):
+    if not hint and not node.attributes.get_int("is_causal", 0):
         return False
     q_len, k_len = _length(q), _length(k)
     if q_len is None or q_len != k_len:
         raise AttentionRefusal(
-            "is_causal with query and key lengths not known equal: ONNX aligns the causal "
-            "mask upper-left, GroupQueryAttention bottom-right"
+            "a causal call whose query and key lengths are not known equal and whose keys are "
+            "not Concat(past, new): GroupQueryAttention would misplace its causal mask"
         )
     return True
 
@@ -204,41 +211,54 @@ class AttentionKernelRule(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, q, k, v, mask=None, **_):  # type: ignore[no-untyped-def]
         plan = self._plan
-        bias = None
-        if mask is not None:
-            bias = mask
-            if plan.lowest is not None:
-                zero = op.CastLike(op.Constant(value_float=0.0), q)
-                lowest = op.CastLike(op.Constant(value_float=plan.lowest), q)
-                bias = op.Where(mask, zero, lowest)
-        q3, k3, v3 = (_to_3d(op, x) for x in (q, k, v))
+        k3, v3 = _to_3d(op, k), _to_3d(op, v)
         if plan.kernel == "MultiHeadAttention":
+            q3, bias = _to_3d(op, q), _bias(op, plan, q, mask)
             inputs = [q3, k3, v3] if bias is None else [q3, k3, v3, None, None, bias]
             out3 = op.MultiHeadAttention(
                 *inputs, num_heads=plan.q_heads, scale=plan.scale, _domain=MS_DOMAIN
             )
             return _to_4d(op, out3, plan.q_heads)
         total = op.Gather(op.Shape(k), op.Constant(value_int=2))
-        seqlens = op.Expand(
-            op.Sub(op.Reshape(total, op.Constant(value_ints=[1])), op.Constant(value_ints=[1])),
-            op.Gather(op.Shape(q), op.Constant(value_ints=[0])),
-        )
-        attributes: dict[str, object] = {
-            "num_heads": plan.q_heads,
-            "kv_num_heads": plan.kv_heads,
-            "scale": plan.scale,
-        }
-        if plan.softcap:
-            attributes["softcap"] = plan.softcap
-        inputs = [
-            q3, k3, v3, None, None,
-            op.Cast(seqlens, to=int(ir.DataType.INT32)),
-            op.Cast(total, to=int(ir.DataType.INT32)),
-        ]  # fmt: skip
-        if bias is not None:  # after cos_cache, sin_cache, position_ids
-            inputs += [None, None, None, bias]
-        out3, _, _ = op.GroupQueryAttention(*inputs, **attributes, _domain=MS_DOMAIN, _outputs=3)
+        out3, _, _ = _group_query_attention(op, plan, q, k3, v3, None, None, total, mask)
         return _to_4d(op, out3, plan.q_heads)
+
+
+def _bias(op, plan: AttentionPlan, q, mask):  # type: ignore[no-untyped-def]
+    """The mask as ``attention_bias``: a boolean one as 0 / the lowest finite value."""
+    if mask is None or plan.lowest is None:
+        return mask
+    zero = op.CastLike(op.Constant(value_float=0.0), q)
+    lowest = op.CastLike(op.Constant(value_float=plan.lowest), q)
+    return op.Where(mask, zero, lowest)
+
+
+def _group_query_attention(op, plan, q, k3, v3, past_k, past_v, total, mask, rows=None):  # type: ignore[no-untyped-def]
+    """``(output, present_key, present_value)``: every batch entry ``total`` keys long
+    (``seqlens_k = total - 1``; padding is in the mask, added as ``attention_bias``); ``rows``:
+    ``query_seqlens``, the new tokens of each entry."""
+    seqlens = op.Expand(
+        op.Sub(op.Reshape(total, op.Constant(value_ints=[1])), op.Constant(value_ints=[1])),
+        op.Gather(op.Shape(q), op.Constant(value_ints=[0])),
+    )
+    inputs = [
+        _to_3d(op, q), k3, v3, past_k, past_v,
+        op.Cast(seqlens, to=int(ir.DataType.INT32)),
+        op.Cast(total, to=int(ir.DataType.INT32)),
+    ]  # fmt: skip
+    bias = _bias(op, plan, q, mask)
+    if bias is not None or rows is not None:  # after cos_cache, sin_cache, position_ids
+        inputs += [None, None, None, bias]
+    if rows is not None:  # after head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight
+        inputs += [None, None, None, None, None, rows]
+    attributes: dict[str, object] = {
+        "num_heads": plan.q_heads,
+        "kv_num_heads": plan.kv_heads,
+        "scale": plan.scale,
+    }
+    if plan.softcap:
+        attributes["softcap"] = plan.softcap
+    return op.GroupQueryAttention(*inputs, **attributes, _domain=MS_DOMAIN, _outputs=3)
 
 
 def _to_3d(op, x):  # type: ignore[no-untyped-def]
@@ -251,5 +271,64 @@ def _to_4d(op, x, heads: int):  # type: ignore[no-untyped-def]
     return op.Transpose(op.Reshape(x, op.Constant(value_ints=[0, 0, heads, -1])), perm=[0, 2, 1, 3])
 
 
+class CachedAttentionRule(pattern.RewriteRuleClassBase):
+    """Attention over ``Concat(past, new)`` keys and values (a decoder layer's step with its KV
+    cache, ``transformers/kv_layers.py``) -> GroupQueryAttention taking the past as
+    ``past_key``/``past_value``; its ``present_key``/``present_value`` (past and new, not
+    sharing a buffer: onnxruntime-genai's ``past_present_share_buffer: false``) replace the
+    concatenations wherever they were used (the step's present outputs)."""
+
+    def __init__(self, masked: bool) -> None:
+        super().__init__(f"CachedAttentionKernel{'Masked' if masked else ''}")
+        self._masked = masked
+
+    def pattern(self, op, q, past_k, new_k, past_v, new_v, mask):  # type: ignore[no-untyped-def]
+        k = op.Concat(past_k, new_k, _outputs=["k"])
+        v = op.Concat(past_v, new_v, _outputs=["v"])
+        inputs = [q, k, v, mask] if self._masked else [q, k, v]
+        out = op.Attention(*inputs, _domain=ATTENTION_DOMAIN, _outputs=["out"])
+        return out, k, v
+
+    def check(self, op, out, k, v, **_):  # type: ignore[no-untyped-def]
+        if not gqa_takes_query_seqlens():
+            reason = (
+                "keys from a cache: this ONNX Runtime's GroupQueryAttention takes no "
+                "query_seqlens, without which it runs several new tokens over a past for batch 1 only"
+            )
+            return pattern.MatchResult().fail(reason, out)
+        for value in (k, v):
+            axis = value.producer().attributes.get_int("axis", 0)
+            if axis not in (2, -2):
+                return pattern.MatchResult().fail(f"keys/values concatenated on axis {axis}", value)
+        try:
+            self._plan = attention_plan(out.producer(), cached=True)
+        except AttentionRefusal as e:
+            return pattern.MatchResult().fail(str(e), out)
+        return pattern.MatchResult()
+
+    def rewrite(self, op, q, past_k, new_k, past_v, new_v, mask=None, **_):  # type: ignore[no-untyped-def]
+        plan = self._plan
+        total = op.Add(
+            op.Gather(op.Shape(past_k), op.Constant(value_int=2)),
+            op.Gather(op.Shape(new_k), op.Constant(value_int=2)),
+        )
+        # Every row of the new tokens is valid (padding is in the mask).
+        rows = op.Cast(
+            op.Expand(
+                op.Gather(op.Shape(new_k), op.Constant(value_ints=[2])),
+                op.Gather(op.Shape(q), op.Constant(value_ints=[0])),
+            ),
+            to=int(ir.DataType.INT32),
+        )
+        out3, present_k, present_v = _group_query_attention(
+            op, plan, q, _to_3d(op, new_k), _to_3d(op, new_v), past_k, past_v, total, mask, rows
+        )
+        return _to_4d(op, out3, plan.q_heads), present_k, present_v
+
+
 def rules() -> list[pattern.RewriteRule]:
-    return [AttentionKernelRule.rule(masked) for masked in (True, False)]
+    """The cached form first: its attention node would match the plain rule too."""
+    return [
+        *(CachedAttentionRule.rule(masked) for masked in (True, False)),
+        *(AttentionKernelRule.rule(masked) for masked in (True, False)),
+    ]

@@ -346,7 +346,7 @@ def test_standard_promotes_attention_and_drops_the_hint() -> None:
     [
         (", causal_hint: int = 1", "", "4 query heads on 2 key heads without causality"),
         ("is_causal: int = 0,", "is_causal: int = 0, softcap: float = 5.0,", None),
-        ("float[2,4,6,8] q", "float[2,4,5,8] q", None),
+        ("float[2,4,6,8] q", "float[2,4,5,8] q", "a causal call whose query and key lengths"),
         ("bool[2,1,6,6] m", "float[2,6,6] m", "the mask has rank 3"),
     ],
 )
@@ -359,6 +359,42 @@ def test_attention_onnx_runtime_cannot_run_is_refused_with_the_reason(
         return
     with pytest.raises(RewriteError, match=f"function Attend has no ONNX Runtime kernel: {reason}"):
         FuseOpsPass("onnxruntime")(model)
+
+
+CACHED = """
+<ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>
+agraph (float[2,4,2,8] q, float[2,2,2,8] k, float[2,2,2,8] v, float[2,2,3,8] pk, float[2,2,3,8] pv, bool[2,1,2,5] m)
+    => (float[2,4,2,8] y, float[2,2,5,8] ok, float[2,2,5,8] ov) {
+    y, ok, ov = hyperexport.fn.Step (q, k, v, pk, pv, m)
+}
+<domain: "hyperexport.fn", opset_import: ["" : 18, "hyperexport.attention" : 1]>
+Step (q, k, v, pk, pv, m) => (out, kk, vv) {
+    kk = Concat <axis: int = -2> (pk, k)
+    vv = Concat <axis: int = 2> (pv, v)
+    out = hyperexport.attention.Attention <is_causal: int = 0, scale: float = 0.3, causal_hint: int = 1> (q, kk, vv, m)
+}
+"""
+
+
+def test_attention_over_a_kv_cache_takes_the_past_as_past_key_and_value() -> None:
+    i, j = np.arange(2)[:, None] + 3, np.arange(5)[None, :]  # queries at positions 3, 4
+    mask = np.broadcast_to(j <= i, (2, 1, 2, 5)).copy()
+    mask[1, ..., 0] = False  # the second row's first key is padding
+    feeds = {
+        "q": _rand(2, 4, 2, 8, seed=1), "k": _rand(2, 2, 2, 8, seed=2),
+        "v": _rand(2, 2, 2, 8, seed=3), "pk": _rand(2, 2, 3, 8, seed=4),
+        "pv": _rand(2, 2, 3, 8, seed=5), "m": mask,
+    }  # fmt: skip
+    model, (out, present_k, present_v) = _fuse(CACHED, "onnxruntime", feeds, unfused_runs=False)
+    [step] = model.functions.values()
+    assert _ops(step)["com.microsoft::GroupQueryAttention"] == 1 and "Concat" not in _ops(step)
+    k = np.concatenate([feeds["pk"], feeds["k"]], axis=2)
+    v = np.concatenate([feeds["pv"], feeds["v"]], axis=2)
+    np.testing.assert_array_equal(present_k, k)
+    np.testing.assert_array_equal(present_v, v)
+    tensors = [torch.from_numpy(x) for x in (feeds["q"], k, v, mask)]
+    expected = attention_reference(*tensors, scale=0.3).numpy()
+    np.testing.assert_allclose(out, expected, atol=1e-5)
 
 
 # -- GELU --------------------------------------------------------------------------------------
