@@ -106,20 +106,43 @@ def attention_plan(node: ir.Node, cached: bool = False) -> AttentionPlan:
     return AttentionPlan("MultiHeadAttention", q_heads, kv_heads, scale, 0.0, lowest)
 
 
-def _heads(x: ir.Value) -> int | None:
-    """Dim 1 of ``x``, or, where ``x`` is ``(B, S, W)`` reshaped to ``(B, S, -1, D)`` and
-    transposed (transformers' ``view(..., -1, head_dim).transpose(1, 2)``, which shape inference
-    leaves unknown under dynamic axes), ``W // D``."""
-    heads = static_dim(x, 1)
-    if heads is not None:
-        return heads
-    transpose = x.producer()
-    if (
-        transpose is None
-        or transpose.op_type != "Transpose"
-        or transpose.domain not in ("", "ai.onnx")
-    ):
+#: Ops whose output has dim 1 of their inputs, broadcast (elementwise) or passed through.
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Cast", "Identity", "Where"})
+_FIRST_INPUT = frozenset({"RotaryEmbedding", "Slice"})
+
+
+def _heads(x: ir.Value | None, depth: int = 0) -> int | None:
+    """Dim 1 (heads) of a 4-D ``(batch, heads, seq, dim)`` value: from its shape, or, where
+    shape inference left it unknown (dynamic axes meet transformers' ``view(..., -1, head_dim)``),
+    from the ops that made it: ``Transpose(Reshape((B, S, W), (B, S, -1, D)))`` has ``W // D``;
+    RoPE, slices and elementwise ops (broadcast: the largest) and a concatenation along the
+    sequence keep their inputs'."""
+    if x is None or depth > 12:
         return None
+    heads = static_dim(x, 1)
+    node = x.producer()
+    if heads is not None or node is None:
+        return heads
+    if node.op_type in _FIRST_INPUT:
+        return _heads(node.inputs[0], depth + 1)
+    if node.op_type == "Concat" and node.attributes.get_int("axis", 0) in (2, -2):
+        found = [_heads(v, depth + 1) for v in node.inputs]
+        return next((h for h in found if h is not None), None)
+    if node.op_type in _ELEMENTWISE and node.domain in ("", "ai.onnx"):
+        found = [
+            _heads(v, depth + 1) for v in node.inputs if v is not None and rank(v) in (4, None)
+        ]
+        known = [h for h in found if h is not None]
+        if known and (max(known) > 1 or len(known) == len(found)):
+            return max(known)  # broadcast: every other input has it or 1
+        return None
+    if node.op_type == "Transpose":
+        return _split_heads(node)
+    return None
+
+
+def _split_heads(transpose: ir.Node) -> int | None:
+    """``W // D`` of ``Transpose(Reshape((B, S, W), (B, S, -1, D)), perm=[0, 2, 1, 3])``."""
     perm = transpose.attributes.get("perm")
     split = transpose.inputs[0]
     reshape = split.producer() if split is not None else None

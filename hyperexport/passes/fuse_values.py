@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -36,8 +36,10 @@ _MAX_DEPTH = 8
 def constant_array(value: ir.Value | None, _depth: int = 0) -> np.ndarray | None:
     """The value of ``value`` if small constants compute it, else None.
 
-    Follows ``Constant``, initializers/constant-propagated values, and ``Identity``, ``Cast``,
-    ``Unsqueeze``, ``Squeeze``, ``Reshape`` and ``Concat`` of such values.
+    Follows ``Constant``, initializers/constant-propagated values, static dims read with
+    ``Shape`` (and ``Gather`` of them), and ``Identity``, ``Cast``, ``Unsqueeze``, ``Squeeze``,
+    ``Reshape``, ``Concat`` and integer ``Add``/``Sub``/``Mul``/``Div`` of such values (the
+    TorchScript path computes ``x.shape[-1] // 2`` so under dynamic axes).
     """
     if value is None or _depth > _MAX_DEPTH:
         return None
@@ -49,8 +51,57 @@ def constant_array(value: ir.Value | None, _depth: int = 0) -> np.ndarray | None
     node = value.producer()
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
+    if node.op_type == "Gather" and _is_shape(node.inputs[0]):
+        return _static_dims(node)
+    if node.op_type == "Shape":
+        return _static_shape(node)
     inputs = [constant_array(v, _depth + 1) if v is not None else None for v in node.inputs]
     return _evaluate(node, inputs)
+
+
+def _is_shape(value: ir.Value | None) -> bool:
+    node = value.producer() if value is not None else None
+    return node is not None and node.op_type == "Shape" and node.domain in ("", "ai.onnx")
+
+
+def _shape_dims(node: ir.Node) -> list[int | None] | None:
+    """The dims ``Shape`` gives (``start``/``end`` applied), ints where static."""
+    source = node.inputs[0]
+    if source is None or source.shape is None:
+        return None
+    dims = [d if isinstance(d, int) else None for d in source.shape]
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get("end")
+    return dims[start : end.as_int() if end is not None else None]
+
+
+def _static_shape(node: ir.Node) -> np.ndarray | None:
+    dims = _shape_dims(node)
+    if dims is None or None in dims:
+        return None
+    return np.asarray(dims, dtype=np.int64)
+
+
+def _static_dims(gather: ir.Node) -> np.ndarray | None:
+    """``Gather(Shape(x), i)`` where the dims picked are static."""
+    shape = gather.inputs[0].producer() if gather.inputs[0] is not None else None
+    indices = constant_array(gather.inputs[1]) if len(gather.inputs) > 1 else None
+    dims = _shape_dims(shape) if shape is not None else None
+    if dims is None or indices is None or gather.attributes.get_int("axis", 0) != 0:
+        return None
+    picked = [dims[int(i)] for i in np.atleast_1d(indices) if -len(dims) <= int(i) < len(dims)]
+    if len(picked) != indices.size or None in picked:
+        return None
+    return np.asarray(picked, dtype=np.int64).reshape(indices.shape)
+
+
+#: Integer arithmetic on dims (ONNX ``Div`` of integers truncates, as ``//`` on non-negatives).
+_ARITHMETIC: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": lambda a, b: np.trunc(a / b),
+}
 
 
 def _evaluate(node: ir.Node, inputs: list[np.ndarray | None]) -> np.ndarray | None:
@@ -80,6 +131,12 @@ def _evaluate(node: ir.Node, inputs: list[np.ndarray | None]) -> np.ndarray | No
         if 0 in shape:  # allowzero=0 copies the dim: not worth it for constants
             return None
         return data.reshape(shape)
+    if op in _ARITHMETIC and len(inputs) == 2 and inputs[1] is not None:
+        if not (
+            np.issubdtype(data.dtype, np.integer) and np.issubdtype(inputs[1].dtype, np.integer)
+        ):
+            return None
+        return np.asarray(_ARITHMETIC[op](data, inputs[1]), dtype=data.dtype)
     if op == "Concat" and all(i is not None for i in inputs):
         return np.concatenate(
             [np.atleast_1d(i) for i in inputs if i is not None],

@@ -145,26 +145,38 @@ def _restore(mapping: dict[str, Any], name: str, previous: Any) -> None:
 
 @contextmanager
 def model_attention_implementation(model: torch.nn.Module, implementation: str) -> Iterator[None]:
-    """Switch a transformers model's attention implementation; switch it back on exit."""
-    switchable: Any = model
-    config = getattr(model, "config", None)
-    original = getattr(config, "_attn_implementation", None)
-    if original is None or not hasattr(model, "set_attn_implementation"):
+    """Switch a transformers model's attention implementation; switch it back on exit.
+
+    ``model`` may also wrap one (the generation task's step module holds the ``*ForCausalLM``):
+    the outermost submodule that is a transformers model is switched.
+    """
+    switchable: Any = next((m for m in model.modules() if _settable(m)), None)
+    if switchable is None:
         raise HyperExportError(
             f"{type(model).__name__} is not a transformers model with a settable attention "
             "implementation"
         )
+    original = switchable.config._attn_implementation
     if original == implementation:
         yield
         return
     switchable.set_attn_implementation(implementation)
     log.debug(
-        "set %s attention implementation %r -> %r", type(model).__name__, original, implementation
+        "set %s attention implementation %r -> %r",
+        type(switchable).__name__,
+        original,
+        implementation,
     )
     try:
         yield
     finally:
         switchable.set_attn_implementation(original)
+
+
+def _settable(module: torch.nn.Module) -> bool:
+    config = getattr(module, "config", None)
+    has_implementation = getattr(config, "_attn_implementation", None) is not None
+    return has_implementation and hasattr(module, "set_attn_implementation")
 
 
 @contextmanager
