@@ -128,3 +128,55 @@ def test_bert_gets_gelu_skip_layer_normalization_and_multi_head_attention(
     )
     manifest, _ = _built(recipe, tmp_path)
     assert [f["fused_ops"] for f in manifest["functions"]] == [kernels, kernels]
+
+
+GENERATION_KERNELS = {
+    "standard": {"Attention": 1, "RMSNormalization": 2, "RotaryEmbedding": 2},
+    "onnxruntime": {
+        "com.microsoft::GroupQueryAttention": 1,
+        "com.microsoft::RotaryEmbedding": 2,
+        "com.microsoft::SkipSimplifiedLayerNormalization": 1,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("fusion", "dynamo"),
+    [
+        pytest.param(f, d, marks=[] if (f, d) == ("onnxruntime", False) else [pytest.mark.zoo])
+        for f in sorted(GENERATION_KERNELS)
+        for d in PATHS
+    ],
+)
+def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
+    fusion: str, dynamo: bool, tmp_path: Path
+) -> None:
+    """The decoder layer's step with its KV cache: GroupQueryAttention takes the past as
+    past_key/past_value and gives the presents (no shared buffer), so the step function keeps its
+    inputs and outputs; onnxruntime-genai decodes the published folder token for token as
+    transformers does (the evaluate and check stages), the left-padded batch included."""
+    recipe = _recipe(
+        [
+            "recipe=zoo_llama_generate",
+            f"dynamo={str(dynamo).lower()}",
+            "attention.implementation=hyperexport",
+            f"rewrite.fuse={fusion}",
+        ],
+        {},
+    )
+    outcome = build(recipe, tmp_path)
+    assert outcome.exit_code == 0, outcome.lines
+    generation = json.loads((outcome.out_dir / "generation_check.json").read_text())
+    assert generation["passed"] and generation["runtime"] == "onnxruntime-genai"
+    assert all(s["exported"] == s["reference"] for s in generation["sequences"])
+    manifest = json.loads((outcome.out_dir / "manifest.json").read_text())
+    [step] = manifest["functions"]
+    assert step["fused_ops"] == GENERATION_KERNELS[fusion]
+    model = onnx.load(str(outcome.model_path), load_external_data=False)
+    [function] = model.functions
+    assert list(function.input)[:6] == [
+        "hidden_states", "attention_mask", "cos", "sin", "past_key", "past_value"
+    ]  # fmt: skip
+    assert len(function.output) == 3
+    config = json.loads((outcome.out_dir / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is False
