@@ -113,12 +113,12 @@ class AttentionOptions:
     Attributes:
         implementation: Name registered in transformers' AttentionInterface, or None to leave the
             model's attention alone. Not one of transformers' built-ins (``eager``, ``sdpa``...).
-        promote_opset24: Retired: ``RewriteOptions(fuse="standard")`` makes ONNX ``Attention``
-            (and ONNX's other fused ops); True is refused with that pointer.
+
+    ``promote_opset24`` is gone: ``RewriteOptions(fuse="standard")`` makes ONNX ``Attention``
+    (and ONNX's other fused ops).
     """
 
     implementation: str | None = None
-    promote_opset24: bool = False
 
     def __post_init__(self) -> None:
         impl = self.implementation
@@ -128,12 +128,6 @@ class AttentionOptions:
             raise OptionsError(
                 "AttentionOptions.implementation",
                 f"{impl!r} is a transformers built-in; name hyperexport's entry otherwise",
-            )
-        if self.promote_opset24 is not False:
-            raise OptionsError(
-                "AttentionOptions.promote_opset24",
-                "is retired: use ExportOptions(rewrite=RewriteOptions(fuse='standard')), which "
-                "makes ONNX Attention and also RMSNormalization and RotaryEmbedding (opset 24)",
             )
 
 
