@@ -30,7 +30,6 @@ from hyperexport.passes.build_manifest import build_manifest
 from hyperexport.passes.compose_functions import ComposeFunctionsPass, function_names
 from hyperexport.passes.fold_leftovers import FoldLeftoversPass
 from hyperexport.passes.fuse_constants import FuseConstantsIntoFunctionsPass
-from hyperexport.passes.fuse_ops import FuseOpsPass
 from hyperexport.passes.optimize import OptimizeKeepFunctionsPass
 from hyperexport.passes.prune_function_io import PruneFunctionIOPass
 from hyperexport.passes.specialize_instances import SpecializePerInstancePass
@@ -88,6 +87,13 @@ def _specialize(inputs: PassInputs) -> SpecializePerInstancePass:
     )
 
 
+def _fuse(inputs: PassInputs) -> ir.passes.PassBase:
+    # Imported here: onnxscript's rewriter (tens of MB) loads only when a fusion runs.
+    from hyperexport.passes.fuse_ops import FuseOpsPass
+
+    return FuseOpsPass(inputs.options.rewrite.fuse)
+
+
 #: The pipeline, in order.
 PASSES: tuple[PassEntry, ...] = (
     PassEntry(
@@ -118,7 +124,7 @@ PASSES: tuple[PassEntry, ...] = (
     PassEntry(
         "fuse",
         lambda i: i.options.rewrite.fuse != "none",
-        lambda i: FuseOpsPass(i.options.rewrite.fuse),
+        _fuse,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),
