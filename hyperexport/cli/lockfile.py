@@ -142,7 +142,9 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
     packages: dict[str, Any] = {}
     python = ""
     for stage in PIPELINE:
-        params.update(key_params(recipe_slice(recipe.data, stage.reads), model.get("files", {})))
+        # Merged section by section: a later stage reading one field of a section (check reads
+        # rewrite.fuse) must not hide the fields an earlier one reads of it (rewrite reads all).
+        _merge(params, key_params(recipe_slice(recipe.data, stage.reads), model.get("files", {})))
         code[stage.name] = {
             "version": stage.version,
             "code": stage_code(type(stage).__module__, roots if stage.needs_model else (), sources),
@@ -234,3 +236,14 @@ def stale_entries(
             out.append((variant.name, reason))
     out += [(name, "no longer built") for name in sorted(set(entries) - names)]
     return out
+
+
+def _merge(into: dict[str, Any], more: Mapping[str, Any]) -> None:
+    """``more`` into ``into``, descending into mappings both hold."""
+    for key, value in more.items():
+        if isinstance(value, Mapping):
+            if not isinstance(into.get(key), dict):
+                into[key] = {}
+            _merge(into[key], value)
+        else:
+            into[key] = value

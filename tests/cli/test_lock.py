@@ -64,6 +64,10 @@ def test_a_stale_lock_names_the_variant_and_the_change(
     assert sorted(data["variants"]) == ["tiny_llama/default", "tiny_llama/opset=17"]
     assert text == lockfile.render_lock(lockfile.read_lock(tmp_path / "x.lock"))  # sorted, stable
     assert data["variants"]["tiny_llama/opset=17"]["fields"]["opset"] == 17
+    # Every field some stage reads, though a later stage reads only part of its section.
+    fields = data["variants"]["tiny_llama/default"]["fields"]
+    assert fields["rewrite"]["fold_leftovers"] is False and fields["rewrite"]["fuse"] == "none"
+    assert fields["attention"] == {"implementation": None}
     assert str(Path.home()) not in text and str(tmp_path) not in text  # nothing of the machine
     assert _status(tmp_path, capsys)[0] == 0
 
