@@ -4,14 +4,17 @@ The custom node (``transformers/attention_onnx.py``) takes 4-D ``(batch, heads, 
 queries, keys and values and an optional mask, and gives ``(batch, q_heads, seq, v_dim)``. It
 becomes:
 
-* ``GroupQueryAttention`` when the call is causal: ``is_causal=1`` with equal query and key
-  lengths (GroupQueryAttention aligns its causal mask bottom-right, ONNX's ``is_causal``
-  upper-left: the same when the lengths are), or ``causal_hint=1`` (the module is a decoder's
-  self-attention and its mask, if any, already hides later keys). Keys and values are the whole
-  sequence (no past input): ``total_sequence_length`` is the key length and every
-  ``seqlens_k`` entry is one less; the mask, if any, is added to the scores
-  (``attention_bias``: ``False`` -> the type's lowest finite value, so a row whose keys are all
-  masked stays finite), which together with the kernel's own causal mask is exactly the mask.
+* ``GroupQueryAttention`` when the call is causal: ``is_causal=1``, or ``causal_hint=1`` (the
+  module is a decoder's self-attention and its mask, if any, already hides later keys).
+  GroupQueryAttention aligns its causal mask bottom-right, ONNX's ``is_causal`` upper-left, so
+  either the query and key lengths are known equal (the keys are the whole sequence: every
+  ``seqlens_k`` entry is the key length less one), or the keys and values are
+  ``Concat(past, new)`` and the call has the hint (a generation step: the past goes to
+  ``past_key``/``past_value``, the kernel's presents replace the concatenations,
+  :class:`CachedAttentionRule`). The mask, if any, is added to the scores (``attention_bias``:
+  ``False`` -> the type's lowest finite value, so a row whose keys are all masked stays finite),
+  which together with the kernel's own causal mask is exactly the mask (padding, sliding
+  windows).
 * ``MultiHeadAttention`` when it is not causal and queries and keys have as many heads (an
   encoder's attention), its mask added the same way.
 
