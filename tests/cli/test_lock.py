@@ -89,6 +89,10 @@ def test_a_stale_lock_names_the_variant_and_the_change(
     assert data["variants"]["tiny_llama/opset=17"]["fields"]["opset"] == 17
     for path in (Path.home(), tmp_path):  # nothing of the machine: no value names a path there
         assert f'"{path}/' not in text and f'"{path}"' not in text
+    # Every field some stage reads, though a later stage reads only part of its section.
+    fields = data["variants"]["tiny_llama/default"]["fields"]
+    assert fields["rewrite"]["fold_leftovers"] is False and fields["rewrite"]["fuse"] == "none"
+    assert fields["attention"] == {"implementation": None}
     assert _status(tmp_path, capsys)[0] == 0
 
     (tmp_path / "lock.yaml").write_text(TWO_VARIANTS.replace("opset=17", "opset=16"))
