@@ -309,8 +309,8 @@ def _sources(tree: Path) -> dict[str, code_closure.ModuleSource]:
     return code_closure.read_package(tree)
 
 
-def test_promote_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
-    """Export reads attention.implementation only; promotion is the rewrite's and check's."""
+def test_fuse_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
+    """Export reads attention.implementation only; the fusion is the rewrite's and check's."""
     from hyperexport.config import compose_recipe
     from hyperexport.engine.keys import stage_key
     from hyperexport.engine.runner import BuildRequest, Runner
@@ -320,9 +320,8 @@ def test_promote_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
     runner = Runner(CacheStore(tmp_path / "cache"), package=KEYED_PACKAGE)
     keys: dict[bool, dict[str, str]] = {}
     for promote in (False, True):
-        recipe, _ = compose_recipe(
-            ["recipe=llama_attention", f"attention.promote_opset24={str(promote).lower()}"]
-        )
+        fuse = "standard" if promote else "none"
+        recipe, _ = compose_recipe(["recipe=llama_attention", f"rewrite.fuse={fuse}"])
         request = BuildRequest(
             name=recipe.name,
             config=recipe.data,
