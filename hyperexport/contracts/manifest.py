@@ -15,6 +15,7 @@ from hyperexport.contracts.names import FUNCTION_DOMAIN as FUNCTION_DOMAIN
 from hyperexport.contracts.names import META_EXPORT_PATH as META_EXPORT_PATH
 from hyperexport.contracts.names import META_FALLBACK as META_FALLBACK
 from hyperexport.contracts.names import META_FUNCTION_MODE as META_FUNCTION_MODE
+from hyperexport.contracts.names import NO_FUSION
 from hyperexport.contracts.names import PLACEHOLDER_DOMAIN as PLACEHOLDER_DOMAIN
 
 
@@ -104,7 +105,7 @@ class ExportManifest:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         # Without a fusion the JSON is what it was before the fields existed, byte for byte.
-        if self.fusion == "none":
+        if self.fusion == NO_FUSION:
             del data["fusion"]
         for entry in data["functions"]:
             if entry["fused_ops"]:

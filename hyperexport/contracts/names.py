@@ -94,6 +94,10 @@ SPEECH_RECOGNITION = "automatic-speech-recognition"
 #: Their graphs, in the order they run: the stages keep each graph's files in a folder of this
 #: name and publish ``<graph>_model.onnx``; the report reads ``<graph>_manifest``/``_capture``.
 SEQ2SEQ_GRAPHS = ("encoder", "decoder")
+#: ``rewrite.fuse`` (``RewriteOptions.fuse``) that fuses nothing, and the one that makes ONNX's own
+#: fused ops (opset 24); the value set is ``options.Fusion``.
+NO_FUSION = "none"
+STANDARD_FUSION = "standard"
 #: ``quantize.method`` that quantizes nothing (the default): the quantize stage writes nothing.
 NO_QUANTIZATION = "none"
 #: transformers' own attention implementations: hyperexport registers its entry under another

@@ -22,7 +22,7 @@ from onnx_ir.passes.common import (
 
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
 from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.names import UNITS_DIR
+from hyperexport.contracts.names import NO_FUSION, UNITS_DIR
 from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import RewriteError
 from hyperexport.options import PER_INSTANCE, ExportOptions
@@ -123,7 +123,7 @@ PASSES: tuple[PassEntry, ...] = (
     ),
     PassEntry(
         "fuse",
-        lambda i: i.options.rewrite.fuse != "none",
+        lambda i: i.options.rewrite.fuse != NO_FUSION,
         _fuse,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),

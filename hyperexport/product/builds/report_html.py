@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.atomic import atomic_write_text
-from hyperexport.contracts.names import AUTO_FILE, MANIFEST_JSON, MODEL_FILE
+from hyperexport.contracts.names import AUTO_FILE, MANIFEST_JSON, MODEL_FILE, NO_FUSION
 from hyperexport.product.builds.layout import BUILDS
 from hyperexport.product.builds.summary import render_tree
 
@@ -328,7 +328,7 @@ def _overview(report: Mapping[str, Any], manifest: Mapping[str, Any] | None, bui
         ("built", built or "-"),
         ("opset", f"{opset}"),
         ("export path", "-" if path is None else ("dynamo" if path else "torchscript")),
-        *([("fusion", fusion)] if fusion != "none" else []),
+        *([("fusion", fusion)] if fusion != NO_FUSION else []),
         ("functions", (manifest or {}).get("function_mode") or recipe.get("functions") or "-"),
         ("overrides", " ".join(overrides) if overrides else "none (the recipe as written)"),
         ("model size", _size(size) if size else "-"),

@@ -14,8 +14,10 @@ from typing import Any, Literal
 
 from hyperexport.contracts.names import (
     CHECKPOINT_SUFFIXES,
+    NO_FUSION,
     OPSET_RANGES,
     SAFETENSORS,
+    STANDARD_FUSION,
     TEXT_GENERATION,
 )
 from hyperexport.engine.machinery import machinery
@@ -273,14 +275,14 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
         for i, path in enumerate(r.hiera):
             _check_import(check, f"hiera[{i}]", path)
     fuse = r.rewrite.fuse
-    if fuse != "none" and r.attention.implementation is None:
+    if fuse != NO_FUSION and r.attention.implementation is None:
         log.warning(
             "%s: rewrite.fuse=%s leaves attention unfused: it fuses attention exported as one "
             "node per call (attention.implementation: hyperexport)",
             check.file,
             fuse,
         )
-    if fuse == "standard" and r.opset < PROMOTE_MIN_OPSET:
+    if fuse == STANDARD_FUSION and r.opset < PROMOTE_MIN_OPSET:
         check.fail(
             "opset",
             f"{r.opset} is too old for rewrite.fuse=standard: the export opset must be "

@@ -11,7 +11,7 @@ import dataclasses
 
 from hyperexport.check.quantized_judge import QuantizedThresholds
 from hyperexport.check.settings import CheckSettings, Tolerance
-from hyperexport.contracts.names import PROMOTED_OPSET
+from hyperexport.contracts.names import PROMOTED_OPSET, STANDARD_FUSION
 from hyperexport.product.config.fields import is_read
 from hyperexport.product.config.schema import RecipeConfig
 
@@ -45,7 +45,7 @@ def check_settings(
     settings = CheckSettings(
         function_scope=c.function_scope,
         expected_classes=tuple(hiera),
-        expected_opset=PROMOTED_OPSET if recipe.rewrite.fuse == "standard" else recipe.opset,
+        expected_opset=PROMOTED_OPSET if recipe.rewrite.fuse == STANDARD_FUSION else recipe.opset,
         expected_dynamo=dynamo,
         expected_ops=tuple(sorted(c.expect_ops.items())),
     )
