@@ -7,6 +7,8 @@ the build's no-op path never imports them.
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -76,10 +78,20 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hyperexport' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+def lazy_attributes(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module's ``__getattr__`` that imports ``table[name]`` (the module defining ``name``) on
+    first use of ``name``, and keeps the value in the module: the one lazy-import helper of the
+    package's ``__init__`` files (it lives here, so using it loads no other module)."""
+
+    def __getattr__(name: str) -> Any:
+        where = table.get(name)
+        if where is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where), name)
+        setattr(sys.modules[module], name, value)
+        return value
+
+    return __getattr__
+
+
+__getattr__ = lazy_attributes(__name__, _PUBLIC)

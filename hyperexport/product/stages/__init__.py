@@ -11,7 +11,9 @@ not load the others. ``PIPELINE`` and ``model_loader`` are resolved on first acc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hyperexport import lazy_attributes
 
 if TYPE_CHECKING:
     from hyperexport.product.from_recipe.model import model_loader
@@ -43,9 +45,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'hyperexport.product.stages' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
