@@ -17,17 +17,17 @@ __version__ = "0.1.0"
 #: package loads nothing else (the command line then loads everything through the keyed loader,
 #: ``engine/keyed_imports.py``, and a no-op build never loads torch or onnx).
 _PUBLIC = {
-    "CheckError": "hyperexport.errors",
-    "HieraError": "hyperexport.errors",
-    "HyperExportError": "hyperexport.errors",
-    "InputError": "hyperexport.errors",
-    "ModelForwardError": "hyperexport.errors",
-    "ModuleExportError": "hyperexport.errors",
-    "OpsetError": "hyperexport.errors",
-    "OptionsError": "hyperexport.errors",
-    "RecipeError": "hyperexport.errors",
-    "RewriteError": "hyperexport.errors",
-    "StageError": "hyperexport.errors",
+    "CheckError": "hyperexport.base.errors",
+    "HieraError": "hyperexport.base.errors",
+    "HyperExportError": "hyperexport.base.errors",
+    "InputError": "hyperexport.base.errors",
+    "ModelForwardError": "hyperexport.base.errors",
+    "ModuleExportError": "hyperexport.base.errors",
+    "OpsetError": "hyperexport.base.errors",
+    "OptionsError": "hyperexport.base.errors",
+    "RecipeError": "hyperexport.base.errors",
+    "RewriteError": "hyperexport.base.errors",
+    "StageError": "hyperexport.base.errors",
     "AttentionOptions": "hyperexport.options",
     "CustomOpSymbolic": "hyperexport.options",
     "ExportOptions": "hyperexport.options",
@@ -37,7 +37,7 @@ _PUBLIC = {
 
 if TYPE_CHECKING:
     from hyperexport.api import export_hyper_onnx
-    from hyperexport.errors import (
+    from hyperexport.base.errors import (
         CheckError,
         HieraError,
         HyperExportError,

@@ -14,7 +14,7 @@ Layout (documented in outputs/README.md):
   ``hyperexport.__main__``).
 
 Hydra composes without a strict schema so that this module, not Hydra, reports a bad recipe: one
-:class:`~hyperexport.errors.RecipeError` naming the recipe file and the field, with close matches
+:class:`~hyperexport.base.errors.RecipeError` naming the recipe file and the field, with close matches
 for typos. Validation never imports torch: importability of classes is checked statically.
 """
 
