@@ -216,6 +216,20 @@ def query_position_arguments(module: Any, length: int) -> dict[str, Any]:
     return found
 
 
+#: transformers model classes whose attention reaches ``AttentionInterface`` (so
+#: ``attention.implementation``) only from a release on: before it, their attention modules are
+#: chosen once when the model is built (4.x's ``BertSdpaSelfAttention``), and switching the
+#: implementation changes nothing (the capture warns).
+ATTENTION_INTERFACE_SINCE: dict[str, str] = {"BertModel": "5"}
+
+
+def attention_interface_reached(model_class: str) -> bool:
+    """Whether the installed transformers routes ``model_class``'s attention (a class name,
+    ``"BertModel"``) through ``AttentionInterface`` (:data:`ATTENTION_INTERFACE_SINCE`)."""
+    since = ATTENTION_INTERFACE_SINCE.get(model_class)
+    return since is None or _at_least("transformers", since)
+
+
 def masks_built_by_vmap(transformers: str | None = None) -> bool:
     """Whether transformers builds SDPA masks with its vmapped builder (4.x's
     ``sdpa_mask_recent_torch``; 5.x broadcasts index tensors instead).

@@ -26,7 +26,7 @@ from hyperexport.capture.container import Capture
 from hyperexport.capture.hiera_classes import resolve_hiera
 from hyperexport.capture.hooks import Recorder, hiera_hooks
 from hyperexport.capture.jit_trace import run_under_trace
-from hyperexport.capture.model_patches import export_context
+from hyperexport.capture.model_patches import attention_reached, export_context
 from hyperexport.capture.probe import PROBE, require_same_calls, resize_inputs
 from hyperexport.capture.root import RootHolder
 
@@ -92,7 +92,8 @@ def capture_model(
     names = {id(m): name for name, m in model.named_modules()}
     bound = signature.bind(fn, args, dict(kwargs or {}))
     run = _Run(model, fn, classes, dynamo, attention)
-    rec, inputs, outputs, instances = run.record(bound, Recorder(names))
+    with attention_reached(model, attention):
+        rec, inputs, outputs, instances = run.record(bound, Recorder(names))
     calls = tuple(c for c in rec.calls if c is not None)
     _require_every_class_ran(classes, calls, instances, strict_hiera)
     probe_inputs = probe_outputs = None

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
+
 
 def _from_transformers(model: torch.nn.Module) -> bool:
-    return any(type(m).__module__.startswith("transformers.") for m in (model, *model.children()))
+    return _transformers_name(model) is not None
+
+
+def _transformers_name(model: torch.nn.Module) -> str | None:
+    """The class name of ``model``, or of the first child (a wrapped root), from transformers."""
+    for module in (model, *model.children()):
+        if type(module).__module__.startswith("transformers."):
+            return type(module).__name__
+    return None
 
 
 @contextlib.contextmanager
@@ -42,3 +53,28 @@ def export_context(
 
             table = stack.enter_context(attention_export_context(attention, dynamo, model))
         yield table
+
+
+@contextlib.contextmanager
+def attention_reached(model: torch.nn.Module, attention: str | None) -> Iterator[None]:
+    """Around the model's forward: a WARNING when ``attention`` was asked for a transformers
+    model and not one call reached it (its attention modules do not go through transformers'
+    ``AttentionInterface`` in the installed release): the attention is then exported as plain
+    ops, which ``rewrite.fuse`` cannot make one kernel."""
+    if attention is None or not _from_transformers(model):
+        yield
+        return
+    from hyperexport.base.versions import transformers_version
+    from hyperexport.transformers.attention import attention_calls
+
+    before = attention_calls()
+    yield
+    if attention_calls() == before:
+        log.warning(
+            "attention.implementation=%s: no attention call of %s reached it (its attention "
+            "does not go through transformers' AttentionInterface in transformers %s); the "
+            "attention is exported as plain ops, and rewrite.fuse cannot make it one kernel",
+            attention,
+            _transformers_name(model),
+            transformers_version(),
+        )

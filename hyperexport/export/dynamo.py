@@ -437,10 +437,17 @@ def name_graph_values(
 
 def _free_name(graph: ir.Graph, name: str, owner: ir.Value) -> None:
     """Rename a value other than ``owner`` that already carries ``name`` (a torch-made name)."""
-    for node in graph:
-        for value in node.outputs:
-            if value.name == name and value is not owner:
-                value.name = f"{name}__{id(value):x}"
+    clashing = [v for node in graph for v in node.outputs if v.name == name and v is not owner]
+    if not clashing:
+        return
+    taken = {v.name for node in graph for v in node.outputs}
+    taken.update(v.name for v in (*graph.inputs, *graph.initializers.values()))
+    suffix = 0
+    for value in clashing:  # numbered in graph order: the same names in every process
+        while f"{name}__{suffix}" in taken:
+            suffix += 1
+        value.name = f"{name}__{suffix}"
+        taken.add(value.name)
 
 
 def _name_initializers(graph: ir.Graph, module: torch.nn.Module) -> None:

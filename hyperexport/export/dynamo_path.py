@@ -269,9 +269,25 @@ def split_units(
             unit_graph = ir.convenience.extract(graph, inputs, outputs)
         except ValueError as e:
             raise RuntimeError(f"unit {job.name} is not separable from the batch: {e}") from e
+        _order_initializers_as(unit_graph, graph)
         unit = _unit_model(model, unit_graph, job, tensors)
         result[job.name] = unit
     return result
+
+
+def _order_initializers_as(unit: ir.Graph, batch: ir.Graph) -> None:
+    """Put the unit's initializers in the batch graph's order.
+
+    ``extract`` collects them in a set of values, hashed by address: iterated as it comes, the
+    order (of the unit's initializers, their value_info and the weight file) changed from one
+    process to the next.
+    """
+    position = {name: index for index, name in enumerate(batch.initializers)}
+    values = sorted(unit.initializers.values(), key=lambda v: position[v.name or ""])
+    for value in values:
+        unit.initializers.pop(value.name or "")
+    for value in values:
+        unit.initializers.add(value)
 
 
 def _batch_tensors(batch: torch.nn.Module) -> dict[str, int]:

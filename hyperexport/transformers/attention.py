@@ -65,6 +65,8 @@ def hyperexport_attention_forward(
         raise HyperExportError("hyperexport attention does not support attention sinks (s_aux)")
     if dropout and module.training:
         raise HyperExportError("hyperexport attention does not implement dropout; use eval mode")
+    global _calls
+    _calls += 1
     declared = is_causal if is_causal is not None else getattr(module, "is_causal", None)
     causal = declared if declared is not None else True
     # As in transformers' sdpa path: the mask, when present, already encodes causality, and a
@@ -80,9 +82,31 @@ def hyperexport_attention_forward(
         softcap=kwargs.get("softcap"),
         # The module says it is causal (a decoder's self-attention): recorded for the fusion
         # into ONNX Runtime's always-causal GroupQueryAttention; unknown is not causal.
-        causal_hint=bool(declared) and not use_causal,
+        causal_hint=_declared_causal(module, is_causal) and not use_causal,
     )
     return output.transpose(1, 2).contiguous(), None
+
+
+def _declared_causal(module: torch.nn.Module, is_causal: bool | None) -> bool:
+    """Whether the module is a causal self-attention, whatever this call's ``is_causal`` says.
+
+    A call's ``is_causal`` may only say whether the mask is left to the kernel: GPT-2 in
+    transformers 4.x passes ``is_causal=False`` whenever a mask is given, while the module's
+    ``is_causal`` stays True (for its cross-attention too, which ``is_cross_attention`` tells).
+    """
+    if is_causal:
+        return True
+    if getattr(module, "is_cross_attention", False):
+        return False
+    return bool(getattr(module, "is_causal", False))
+
+
+_calls = 0
+
+
+def attention_calls() -> int:
+    """How many calls reached :func:`hyperexport_attention_forward` in this process so far."""
+    return _calls
 
 
 _lock = threading.Lock()

@@ -398,3 +398,30 @@ def test_library_functions_left_by_the_exporter_are_inlined_in_a_unit() -> None:
     x = np.arange(2, dtype=np.float32)
     [y] = run_ort(ir.serde.serialize_model(model), {"x": x})
     np.testing.assert_array_equal(y, 2 * x)
+
+
+def test_a_unit_keeps_the_batch_graphs_initializer_order() -> None:
+    """``ir.convenience.extract`` gathers initializers in a set hashed by address: without the
+    reordering, their order (and the weight file's) changed from one process to the next."""
+    names = [f"w{i}" for i in range(12)]
+    batch = ir.Graph([], [], nodes=[], name="batch")
+    for name in names:
+        value = ir.Value(name=name, const_value=ir.tensor([float(len(name))], name=name))
+        batch.initializers.add(value)
+    unit = ir.Graph([], [], nodes=[], name="unit")
+    for name in reversed(names[2:]):  # a subset, in another order
+        unit.initializers.add(ir.Value(name=name, const_value=ir.tensor([1.0], name=name)))
+    dynamo_path._order_initializers_as(unit, batch)
+    assert list(unit.initializers) == names[2:]
+
+
+def test_a_clashing_torch_name_is_renamed_the_same_way_in_every_process() -> None:
+    x = ir.Value(name="x")
+    first = ir.node("Neg", [x])
+    second = ir.node("Abs", [first.outputs[0]])
+    third = ir.node("Relu", [second.outputs[0]])
+    graph = ir.Graph([x], [third.outputs[0]], nodes=[first, second, third])
+    first.outputs[0].name = "out"
+    second.outputs[0].name = "out__0"  # a name the renaming must not take
+    dynamo._free_name(graph, "out", third.outputs[0])
+    assert first.outputs[0].name == "out__1"

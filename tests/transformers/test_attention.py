@@ -185,3 +185,45 @@ def test_tiny_llama_gqa_exports_one_promoted_attention_per_layer(
     ir.save(onnx_model, promoted)
     onnx.checker.check_model(str(promoted), full_check=True)
     assert diff(ort_run(promoted, {"x": ids.numpy()})[0], expected) <= 1e-4
+
+
+class _Module(torch.nn.Module):
+    def __init__(self, **attributes: bool) -> None:
+        super().__init__()
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "call_is_causal", "hinted"),
+    [
+        # transformers 4.x's GPT-2: is_causal=False whenever a mask is given; the module knows.
+        ({"is_causal": True, "is_cross_attention": False}, False, True),
+        # 4.x's GPT-2 cross-attention says is_causal=True too: is_cross_attention decides.
+        ({"is_causal": True, "is_cross_attention": True}, False, False),
+        ({"is_causal": False}, None, False),  # an encoder
+        ({}, None, False),  # unknown is not causal
+        ({}, True, False),  # the kernel gets is_causal itself: no hint needed
+    ],
+)
+def test_causal_hint_follows_the_module_not_the_masked_call(
+    attributes, call_is_causal, hinted, monkeypatch
+):
+    q, k, v = _qkv(4, 2, q_len=5, kv_len=5)
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    seen: dict[str, object] = {}
+
+    def recording_attention(*args, **kwargs):
+        seen.update(kwargs)
+        return attention(*args, **kwargs)
+
+    from hyperexport.transformers import attention as entry
+
+    monkeypatch.setattr(entry, "attention", recording_attention)
+    calls = entry.attention_calls()
+    entry.hyperexport_attention_forward(
+        _Module(**attributes), q, k, v, mask if call_is_causal is not True else None,
+        is_causal=call_is_causal,
+    )  # fmt: skip
+    assert seen["causal_hint"] is hinted
+    assert entry.attention_calls() == calls + 1
