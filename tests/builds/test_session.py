@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,20 @@ def test_variant_dir() -> None:
     assert variant_dir(["recipe=llama", "opset=17", "build.dry_run=true"]) == "opset=17"
     assert variant_dir(["opset=17", "dynamo=true"]) == "dynamo=true,opset=17"
     assert variant_dir(["+checkpoint=/a/b.pt"]) == "checkpoint=_a_b.pt"
+
+
+def test_variant_names_need_no_quoting_and_stay_unique() -> None:
+    """Issue 34: a quoted check.accept_vacuous override named its folder
+    ``check.accept_vacuous=["…#0_out.2"]``."""
+    quoted = ['check.accept_vacuous=["model.decoder.block.0.step#0/out.2"]']
+    name = variant_dir(quoted)
+    assert name.startswith("check.accept_vacuous=model.decoder.block.0.step_0_out.2~")
+    assert re.fullmatch(r"[A-Za-z0-9._=,+~-]+", name)
+    assert variant_dir(quoted) == name  # stable
+    assert variant_dir(['check.accept_vacuous=["model.decoder.block.0.step_0/out.2"]']) != name
+    assert variant_dir(["inputs.x.shape=[2,8]", "opset=17"]).startswith(
+        "inputs.x.shape=2,8,opset=17~"
+    )
 
 
 def test_outputs_and_report(tmp_path: Path) -> None:
