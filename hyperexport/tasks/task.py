@@ -141,10 +141,10 @@ class TaskJudge(Protocol):
         ...
 
     def judge(
-        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path
+        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path, min_distinct: int = ...
     ) -> tuple[list[str], Exception | None]:
-        """The decode judged against the reference; its report written (the task's
-        ``check_files``). Returns the lines of ``check.txt`` and the error to raise once the
+        """The decode judged against the reference (each sequence holding ``min_distinct``
+        distinct ids); its report written (the task's ``check_files``). Returns the lines of ``check.txt`` and the error to raise once the
         check's own report is written (None: passed)."""
         ...
 

@@ -67,6 +67,7 @@ def test_outputs_and_report(tmp_path: Path) -> None:
             "function_scope": "all",
             "per_output": {},
             "quantized": {"max_rel_error": 0.35, "min_cosine": 0.95, "min_top1": 0.75},
+            "generation": {"min_distinct": 3},
             "rtol": 0.001,
         },
         "opset": 18,
