@@ -33,7 +33,7 @@ def _module_name(root: Path, path: Path) -> str:
 
 
 def node_of(module: str) -> str | None:
-    """``hyperexport.cli.build`` -> ``hyperexport.cli``; ``hyperexport.library.check.judge`` ->
+    """``hyperexport.product.cli.build`` -> ``hyperexport.product.cli``; ``hyperexport.library.check.judge`` ->
     ``hyperexport.library.check``; None outside the package, the package's ``__init__`` is
     ``hyperexport``."""
     parts = module.split(".")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hyperexport.config import RECIPES_DIR, compose_recipe, validate_recipe
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
+from hyperexport.product.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.tasks.registry import task_named
 from tests.helpers.recipes import RECIPES, needs_later_transformers
 
@@ -44,9 +44,9 @@ def test_recipe_composes_and_validates(name: str) -> None:
 def test_recipe_instantiates(name: str) -> None:
     import torch
 
-    from hyperexport.from_recipe.model import load_model, resolve_classes
     from hyperexport.models.auto import resolve_auto
     from hyperexport.models.inputs import make_inputs
+    from hyperexport.product.from_recipe.model import load_model, resolve_classes
 
     if _refused_here(name):
         return

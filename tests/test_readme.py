@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hyperexport.config.validate import validate_recipe
+from hyperexport.product.config.validate import validate_recipe
 from tests.helpers.cli import REPO
 
 README = REPO / "README.md"

@@ -19,6 +19,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
+
 class RootHolder(torch.nn.Module):
     """Holds ``model`` as its only child and calls it with the model's own signature."""
 

@@ -56,6 +56,8 @@ from .workspace import Workspace
 log = logging.getLogger(__name__)
 
 _KEEP_FAILED_LIMIT = 1 << 20
+#: The status of a stage that raised (a :class:`StageResult`'s, and a recorded run's).
+FAILED = "failed"
 #: Runs of one build: the second after discarding a corrupt upstream entry met mid-build.
 _ATTEMPTS = 2
 
@@ -93,7 +95,7 @@ class StageResult:
             return f"{self.name}: hit"
         if self.status == "would_run":
             return f"{self.name}: would run ({self.reason})"
-        if self.status == "failed":
+        if self.status == FAILED:
             return f"{self.name}: failed in {self.seconds:.2f}s"
         return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s"
 
@@ -292,7 +294,7 @@ class Runner:
                 outcome.status, logging.INFO
             )
             log.log(level, "%s", outcome.line())
-            if outcome.status == "failed":
+            if outcome.status == FAILED:
                 break
         self.store.save_index()
         self.imports.save()
@@ -421,7 +423,7 @@ class Runner:
             stage.name,
             status,
             key,
-            detail if status == "failed" else reason,
+            detail if status == FAILED else reason,
             time.perf_counter() - start,
         )
 
@@ -663,7 +665,7 @@ def _reason(
     if stale:  # a module the stage loaded last time changed (discovered dependencies)
         return stale
     if previous is not None and previous.get("declared", previous.get("key")) == declared:
-        return "previous run failed" if previous.get("status") == "failed" else "not in cache"
+        return "previous run failed" if previous.get("status") == FAILED else "not in cache"
     prev_material = previous.get("material") if previous else None
     return explain(prev_material if isinstance(prev_material, Mapping) else None, material)
 

@@ -21,6 +21,8 @@ from onnxscript.rewriter import pattern
 from hyperexport.passes.fuse_values import scalar
 
 MS_DOMAIN = "com.microsoft"
+#: The values of ONNX Gelu's ``approximate`` attribute (ONNX's vocabulary).
+GELU_APPROXIMATIONS = ("none", "tanh")
 
 
 def _near(value: ir.Value | None, expected: float) -> bool:
@@ -106,7 +108,7 @@ class OnnxGeluRule(pattern.RewriteRuleClassBase):
 
     def check(self, op, y, **_):  # type: ignore[no-untyped-def]
         self._approximate = y.producer().attributes.get_string("approximate", "none")
-        if self._approximate not in ("none", "tanh"):
+        if self._approximate not in GELU_APPROXIMATIONS:
             return pattern.MatchResult().fail(f"approximate={self._approximate!r}", y)
         return pattern.MatchResult()
 

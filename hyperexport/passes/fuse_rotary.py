@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from onnxscript.rewriter import pattern
 
+from hyperexport.base.contracts.names import STANDARD_FUSION
 from hyperexport.passes.fuse_values import ints, rank, static_dim
 
 MS_DOMAIN = "com.microsoft"
@@ -67,7 +68,7 @@ class RotaryEmbeddingRule(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, cos, sin, **_):  # type: ignore[no-untyped-def]
         cos_half = _first_half(op, cos, self._half)
         sin_half = _first_half(op, sin, self._half)
-        if self._target == "standard":
+        if self._target == STANDARD_FUSION:
             return op.RotaryEmbedding(x, cos_half, sin_half, interleaved=0)
         shape = op.Shape(cos_half)
         rows = op.Mul(

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.contracts.capture_spec import CaptureSpec, InputEntry
-from hyperexport.contracts.names import CAPTURE_SPEC_JSON
-from hyperexport.errors import CorruptRecordError
+from hyperexport.base.contracts.capture_spec import CaptureSpec, InputEntry
+from hyperexport.base.contracts.names import CAPTURE_SPEC_JSON
+from hyperexport.base.errors import CorruptRecordError
 
 SPEC = CaptureSpec(
     hiera=("transformers.models.llama.modeling_llama.LlamaDecoderLayer",),
@@ -56,8 +56,8 @@ def test_a_corrupt_record_is_refused(text: str) -> None:
 
 def test_the_inputs_made_from_the_record_are_the_recipes() -> None:
     torch = pytest.importorskip("torch")
-    from hyperexport.from_recipe.capture_spec import example_inputs
     from hyperexport.models.inputs import make_inputs
+    from hyperexport.product.from_recipe.capture_spec import example_inputs
 
     made = example_inputs(CaptureSpec.loads(SPEC.dumps()))
     direct = make_inputs(

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from hyperexport.builds.fingerprint import KEYED_PACKAGE
-from hyperexport.builds.session import BuildOutcome, run_build
-from hyperexport.config import BuildSettings, Recipe, validate_recipe
 from hyperexport.engine import code_closure
 from hyperexport.engine.store import CacheStore
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.fingerprint import KEYED_PACKAGE
+from hyperexport.product.builds.session import BuildOutcome, run_build
+from hyperexport.product.config import BuildSettings, Recipe, validate_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 from tests.helpers.rebuilds import reran_from
 from tests.helpers.statuses import statuses
 
@@ -311,11 +311,11 @@ def _sources(tree: Path) -> dict[str, code_closure.ModuleSource]:
 
 def test_fuse_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
     """Export reads attention.implementation only; the fusion is the rewrite's and check's."""
-    from hyperexport.config import compose_recipe
     from hyperexport.engine.keys import stage_key
     from hyperexport.engine.runner import BuildRequest, Runner
     from hyperexport.engine.stage import config_slice
     from hyperexport.engine.store import CacheStore
+    from hyperexport.product.config import compose_recipe
 
     runner = Runner(CacheStore(tmp_path / "cache"), package=KEYED_PACKAGE)
     keys: dict[bool, dict[str, str]] = {}

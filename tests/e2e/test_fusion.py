@@ -13,10 +13,10 @@ from typing import Any
 import onnx
 import pytest
 
-from hyperexport.config import compose_recipe, validate_recipe
-from hyperexport.config.schema import Recipe
-from hyperexport.contracts.names import op_id
+from hyperexport.base.contracts.names import op_id
 from hyperexport.passes.ort_kernels import gqa_takes_query_seqlens
+from hyperexport.product.config import compose_recipe, validate_recipe
+from hyperexport.product.config.schema import Recipe
 from tests.helpers.builds import build
 
 PATHS = [False, True]

@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 import pytest
 
-from hyperexport.config import compose_recipe, validate_recipe
+from hyperexport.product.config import compose_recipe, validate_recipe
 from tests.helpers.builds import blocks_net_source, build, package_in
 from tests.helpers.rebuilds import reran_from
 from tests.helpers.statuses import statuses

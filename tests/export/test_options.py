@@ -19,8 +19,8 @@ from hyperexport import (
     RewriteOptions,
     export_hyper_onnx,
 )
-from hyperexport.config import schema
 from hyperexport.options import BUILTIN_ATTENTION, FUNCTION_MODES, ExportRequest
+from hyperexport.product.config import schema
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from hyperexport.contracts.names import FORWARD
+from hyperexport.base.contracts.names import FORWARD
 from hyperexport.tasks.models import model_part
 
 transformers = pytest.importorskip("transformers")

@@ -1,0 +1,183 @@
+"""hyperexport/base/versions.py is the one place that knows library versions.
+
+(a) No other module compares library versions (read from the sources with ``ast``): no
+    ``packaging.version`` / ``packaging.specifiers``, no library's ``__version__``, no version
+    read inside a comparison. Reading a version to report it is fine.
+(b) A known-broken combination is refused before export, in one line naming both versions.
+(c) The transformers hooks resolve on the installed release.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import hyperexport
+from hyperexport.base import versions
+from hyperexport.base.errors import VersionsError
+from hyperexport.export.registry import path_for
+from hyperexport.transformers.masks import never_gqa
+
+PACKAGE = Path(hyperexport.__file__).parent
+BRIDGE = PACKAGE / "base" / "versions.py"
+_VERSION_MODULES = ("packaging.version", "packaging.specifiers", "pkg_resources")
+_VERSION_READS = {"version", "distribution_version", "installed_version", "transformers_version"}
+
+
+def _called_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call):
+        func = node.func
+        return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return None
+
+
+def _reads_version(node: ast.AST) -> bool:
+    """Whether ``node`` is a library version: ``x.__version__`` (not hyperexport's own) or a
+    call to a version-reading function."""
+    if isinstance(node, ast.Attribute) and node.attr == "__version__":
+        return not (isinstance(node.value, ast.Name) and node.value.id == "hyperexport")
+    return _called_name(node) in _VERSION_READS
+
+
+def version_comparisons(source: str) -> Iterator[tuple[int, str]]:
+    """(line, what) for every version comparison in ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            if any(n.startswith(_VERSION_MODULES) for n in names):
+                yield node.lineno, f"imports {node.module}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(_VERSION_MODULES):
+                    yield node.lineno, f"imports {alias.name}"
+        elif (
+            isinstance(node, ast.Attribute) and node.attr == "__version__" and _reads_version(node)
+        ):
+            yield node.lineno, "reads a library's __version__"
+        elif isinstance(node, ast.Compare):
+            for part in (node.left, *node.comparators):
+                if any(_reads_version(n) for n in ast.walk(part)):
+                    yield node.lineno, "compares a version"
+                    break
+
+
+def test_no_module_but_versions_py_compares_library_versions() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {what}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != BRIDGE
+        for line, what in version_comparisons(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "version checks belong in hyperexport/base/versions.py:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nif torch.__version__ >= '2.11': pass",
+        "from packaging.version import Version",
+        "from importlib.metadata import version\nok = version('onnx') < '1.19'",
+    ],
+)
+def test_the_scan_finds_a_version_comparison(source: str) -> None:
+    assert list(version_comparisons(source))
+
+
+def test_the_scan_allows_reading_a_version_to_report_it() -> None:
+    assert not list(version_comparisons("from importlib.metadata import version\nv = version('x')"))
+
+
+def _installed(monkeypatch: pytest.MonkeyPatch, found: dict[str, str]) -> None:
+    monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
+
+
+def test_torch_2_11_with_an_old_onnxscript_is_refused_before_a_dynamo_export(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _installed(monkeypatch, {"torch": "2.13.0+cpu", "onnxscript": "0.5.7"})
+    with pytest.raises(VersionsError) as caught:
+        path_for(True)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "torch 2.13.0+cpu" in message and "onnxscript 0.5.7" in message
+    assert "onnxscript>=0.6.0" in message
+    assert path_for(False).dynamo is False  # the TorchScript path does not import onnxscript's APIs
+
+
+def test_torch_2_11_with_an_onnx_ir_without_schemas_is_refused_before_a_dynamo_export(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _installed(monkeypatch, {"torch": "2.11.0", "onnxscript": "0.6.2", "onnx-ir": "0.1.15"})
+    [problem] = versions.unsupported(True)
+    assert "torch 2.11.0" in problem and "onnx-ir 0.1.15" in problem
+    assert "onnx-ir>=0.1.16" in problem and "onnx_ir.schemas" in problem
+    assert versions.unsupported(False) == []
+
+
+def test_older_torch_or_newer_onnxscript_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    _installed(monkeypatch, {"torch": "2.9.1", "onnxscript": "0.5.7", "onnx-ir": "0.1.15"})
+    assert versions.unsupported(True) == []
+    _installed(monkeypatch, {"torch": "2.13.0", "onnxscript": "0.6.0", "onnx-ir": "0.1.16"})
+    assert versions.unsupported(True) == []
+
+
+def test_release_in() -> None:
+    assert versions.release_in("4.57.6", ">=4.54")
+    assert versions.release_in("2.13.0+cpu", ">=2.11")
+    assert not versions.release_in("4.40.0", ">=4.54")
+
+
+def test_installed_versions_are_the_recorded_libraries_in_order() -> None:
+    found = versions.installed_versions()
+    assert list(found) == [n for n in versions.RECORDED_DISTRIBUTIONS if n in found]
+    assert {"torch", "onnx", "hyperexport"} <= set(found)
+
+
+def test_transformers_hooks_resolve_on_the_installed_release() -> None:
+    pytest.importorskip("transformers")
+    from transformers import masking_utils
+    from transformers.integrations import sdpa_attention
+
+    flags = versions.masking_export_flags()
+    assert flags and all(callable(getattr(owner, name)) for owner, name in flags)
+    assert flags[0][0] is masking_utils
+    assert callable(sdpa_attention.use_gqa_in_sdpa)
+    assert never_gqa(None, None) is False
+    assert never_gqa(None, None, None) is False
+
+
+def test_a_transformers_class_of_a_later_release_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    router = "transformers.models.mixtral.modeling_mixtral.MixtralTopKRouter"
+    _installed(monkeypatch, {"transformers": "4.57.6"})
+    message = versions.missing_transformers_class(router)
+    assert message is not None and "\n" not in message
+    assert "transformers 4.57.6 has no MixtralTopKRouter" in message
+    assert "transformers>=5" in message
+    assert versions.missing_transformers_class("transformers.models.llama.X") is None
+    _installed(monkeypatch, {"transformers": "5.24.0"})
+    assert versions.missing_transformers_class(router) is None
+
+
+def test_the_later_classes_exist_where_the_installed_release_has_them() -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.mixtral import modeling_mixtral
+
+    for name in ("MixtralTopKRouter", "MixtralExperts"):
+        missing = versions.missing_transformers_class(f"{modeling_mixtral.__name__}.{name}")
+        assert (missing is None) == hasattr(modeling_mixtral, name)
+
+
+def test_the_zoo_release_predicates_name_the_release_of_each_change() -> None:
+    assert versions.masks_built_by_vmap("4.57.6") and not versions.masks_built_by_vmap("5.24.0")
+
+
+def test_the_zoo_release_predicates_match_the_installed_transformers() -> None:
+    pytest.importorskip("transformers")
+    from transformers import masking_utils
+
+    assert versions.masks_built_by_vmap() == hasattr(masking_utils, "sdpa_mask_recent_torch")
