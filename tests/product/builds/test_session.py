@@ -190,11 +190,13 @@ def test_a_sweep_job_explains_against_its_own_variant(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["copy", "reflink"])
-def test_a_variant_sharing_a_model_warns_when_it_holds_a_second_copy(
+def test_a_variant_sharing_a_model_says_once_at_info_that_it_holds_a_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
-    """A ``check.*`` variant publishes the same model as the default one: without reflinks
-    its folder holds a second copy, and the build says so at WARNING (a reflink shares it)."""
+    """A ``check.*`` variant publishes the same model as the default one, a real model file
+    byte for byte: without reflinks its folder holds a copy, which the build says in one INFO
+    line (no WARNING: it is expected); a reflink shares the bytes and says nothing."""
+    import logging
     import shutil
 
     from hyperexport.product.builds import publish
@@ -204,6 +206,7 @@ def test_a_variant_sharing_a_model_warns_when_it_holds_a_second_copy(
         return how
 
     monkeypatch.setattr(publish, "clone_or_copy", clone)
+    caplog.set_level(logging.INFO, logger=publish.__name__)
     settings = _settings(tmp_path)
     first = run_build(recipe(), settings, stages=pipeline(), load_model=lambda: "m")
     assert first.exit_code == 0
@@ -217,11 +220,17 @@ def test_a_variant_sharing_a_model_warns_when_it_holds_a_second_copy(
         variant=variant,
     )
     assert {s.name for s in again.result.stages if s.status == "ran"} == {"check"}
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    if how == "reflink":
-        assert warnings == []
-        return
-    (line,) = warnings  # the model only, not the manifest
-    assert line.startswith("model.onnx: a second copy") and "no reflinks" in line
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    shares = [r.getMessage() for r in caplog.records if "copied (no reflinks" in r.getMessage()]
     default = (tmp_path / "outputs" / "fake" / "default").resolve()
-    assert str(default / "model.onnx") in line
+    mine = tmp_path / "outputs" / "fake" / variant / "model.onnx"
+    assert mine.read_bytes() == (default / "model.onnx").read_bytes()
+    assert not mine.is_symlink() and mine.stat().st_nlink == 1  # a real file, never a link
+    if how == "reflink":
+        assert shares == []
+        return
+    (line,) = shares  # one line for the variant's model files
+    assert "model.onnx" in line and str(default) in line
+    assert [r.levelname for r in caplog.records if "copied (no reflinks" in r.getMessage()] == [
+        "INFO"
+    ]
