@@ -4,7 +4,7 @@
                                         # zoo on both paths, write bench/versions/cheap.json
     nox -s "leg(cheap)" -- --no-zoo     # the default tests only (what .ci/run does)
     nox -l                              # every leg
-    python bench/versions_table.py      # then rewrite the README's "Tested versions" table
+    python bench/versions_table.py      # then rewrite the "Tested versions" table (docs/versions.md)
 
 Why nox: sessions are plain Python (the legs below are one dict, parametrized into sessions),
 it reuses each leg's virtualenv between runs (``-R``), installs with the ordinary pip, so the
@@ -60,7 +60,7 @@ LEGS: dict[str, dict[str, str]] = {
     "torch-2.15.0": {"torch": "2.15.0"},
     **{f"{name}-floor": {name: FLOORS[name]} for name in FLOORS if name != "torch"},
     # transformers 4.57 (the last 4.x; Optimum's exporter still needs < 4.58), the floor, with
-    # onnxscript and onnx at their floors (README "Tested versions").
+    # onnxscript and onnx at their floors (docs/versions.md).
     "cheap": {
         "transformers": FLOORS["transformers"],
         "onnxscript": FLOORS["onnxscript"],

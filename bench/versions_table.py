@@ -1,11 +1,11 @@
-"""The README's "Tested versions" table, generated from the matrix's result files.
+"""The "Tested versions" table (docs/versions.md), generated from the matrix's result files.
 
     nox -s "leg(torch-2.9.1)"           # run one leg (noxfile.py): writes bench/versions/<leg>.json
-    python bench/versions_table.py      # rewrite the README table from bench/versions/*.json
+    python bench/versions_table.py      # rewrite the table of docs/versions.md from bench/versions/*.json
 
 Each row is one leg that was really run: the versions it installed, what its default tests and
 its zoo run (``-m zoo``, both export paths) gave, and their wall time. A leg without a result
-file is not in the table. ``tests/base/test_versions_table.py`` fails when the README's table differs
+file is not in the table. ``tests/base/test_versions_table.py`` fails when the table in the docs differs
 from what this script renders from the committed results.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+TABLE_DOC = REPO / "docs" / "versions.md"
 RESULTS = REPO / "bench" / "versions"
 START, END = "<!-- versions-table:start -->", "<!-- versions-table:end -->"
 COLUMNS = ("torch", "transformers", "onnxscript", "onnx", "onnx-ir", "onnxruntime", "numpy")
@@ -68,21 +68,21 @@ def render_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def readme_table(text: str) -> str:
-    """What the README holds between the markers."""
+def doc_table(text: str) -> str:
+    """What the doc holds between the markers."""
     return text.split(START, 1)[1].split(END, 1)[0].strip()
 
 
-def write_readme(table: str) -> None:
-    """Replace the README's table (atomically)."""
-    text = README.read_text()
+def write_doc(table: str) -> None:
+    """Replace the table in the docs (atomically)."""
+    text = TABLE_DOC.read_text()
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    part = README.with_suffix(".md.part")
+    part = TABLE_DOC.with_suffix(".md.part")
     part.write_text(f"{head}{START}\n{table}\n{END}{tail}")
-    os.replace(part, README)
+    os.replace(part, TABLE_DOC)
 
 
 if __name__ == "__main__":
-    write_readme(render_table(load_results()))
-    print(f"wrote the table of {README.relative_to(REPO)}")
+    write_doc(render_table(load_results()))
+    print(f"wrote the table of {TABLE_DOC.relative_to(REPO)}")

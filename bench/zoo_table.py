@@ -1,8 +1,8 @@
-"""The README's zoo table: every recipes/zoo_*.yaml on both export paths.
+"""The zoo table (docs/building.md): every recipes/zoo_*.yaml on both export paths.
 
     python bench/zoo_table.py --measure     # build and time every zoo recipe (about 10 min),
-                                            # write bench/zoo_table.json, then the README table
-    python bench/zoo_table.py               # rewrite the README table from the committed JSON
+                                            # write bench/zoo_table.json, then the docs' table
+    python bench/zoo_table.py               # rewrite the table of docs/building.md from the committed JSON
 
 Per recipe and path, in one process: a build through the stage runner on a fresh cache (its
 check gives the ORT max diff against torch, its report the functions and what ``hiera: auto``
@@ -13,7 +13,7 @@ export of each kind. A pair listed in ``hyperexport.zoo.EXPECTED_FAILURES`` (the
 transformers' expected failures, whose release the JSON records) is recorded with its reason
 instead.
 
-``tests/zoo/test_zoo_table.py`` fails when the README's table differs from what this script
+``tests/zoo/test_zoo_table.py`` fails when the table in the docs differs from what this script
 renders from the recipes and the committed JSON (a recipe added, removed or changed without a
 new measurement).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+TABLE_DOC = REPO / "docs" / "building.md"
 RESULTS = REPO / "bench" / "zoo_table.json"
 START, END = "<!-- zoo-table:start -->", "<!-- zoo-table:end -->"
 PATHS = (("torchscript", False), ("dynamo", True))
@@ -225,7 +225,7 @@ def _cell(result: Mapping[str, Any] | None, kind: str) -> str:
 
 
 def render_table(names: list[str], results: Mapping[str, Any]) -> str:
-    """The markdown table (between the README's markers) for ``names`` and ``results``."""
+    """The markdown table (between the doc's markers) for ``names`` and ``results``."""
     lines = [
         "| recipe | architecture | paths | hiera: auto | functions | ORT max diff "
         "(TorchScript / dynamo) | export CPU time vs plain (TorchScript / dynamo) |",
@@ -254,18 +254,18 @@ def render_table(names: list[str], results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def readme_table(text: str) -> str:
-    """The table currently between the README's markers."""
+def doc_table(text: str) -> str:
+    """The table currently between the doc's markers."""
     start, end = text.index(START) + len(START), text.index(END)
     return text[start:end].strip("\n")
 
 
-def write_readme(table: str) -> None:
-    text = README.read_text(encoding="utf-8")
+def write_doc(table: str) -> None:
+    text = TABLE_DOC.read_text(encoding="utf-8")
     start, end = text.index(START) + len(START), text.index(END)
     from hyperexport.base.atomic import atomic_write_text
 
-    atomic_write_text(README, f"{text[:start]}\n{table}\n{text[end:]}")
+    atomic_write_text(TABLE_DOC, f"{text[:start]}\n{table}\n{text[end:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         from hyperexport.base.atomic import atomic_write_text
 
         atomic_write_text(RESULTS, json.dumps(results, indent=1, sort_keys=True) + "\n")
-    write_readme(render_table(names, results["recipes"]))
-    print(f"README zoo table: {len(names)} recipes")
+    write_doc(render_table(names, results["recipes"]))
+    print(f"docs/building.md zoo table: {len(names)} recipes")
     failed = [
         f"{name} {label}"
         for name, entry in results["recipes"].items()

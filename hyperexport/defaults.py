@@ -48,3 +48,5 @@ DEFAULT_FUNCTION_SCOPE = FUNCTION_SCOPES[0]
 DEFAULT_MIN_COSINE = 0.95
 DEFAULT_MAX_REL_ERROR = 0.35
 DEFAULT_MIN_TOP1 = 0.75
+#: Fewest distinct token ids each reference decode must hold (``check.generation.min_distinct``).
+DEFAULT_MIN_DISTINCT = 3

@@ -57,6 +57,27 @@ def relayed(cause: BaseException, with_type: bool = True) -> str:
     return f"{type(cause).__name__}: {text}" if with_type else text
 
 
+def override(key: str, value: object) -> str:
+    """A command-line override that pastes as it is, into a shell and through Hydra's parser:
+    single-quoted for the shell; a list's strings double-quoted for Hydra, so that ``#``, ``/``,
+    ``*`` and ``=`` in them stay text (``'check.accept_vacuous=["a.step#0/out.2"]'``)."""
+
+    def hydra(item: object) -> str:
+        if isinstance(item, str):
+            return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(item, bool):
+            return str(item).lower()
+        return str(item)
+
+    if isinstance(value, (list, tuple)):
+        text = f"{key}=[{','.join(hydra(v) for v in value)}]"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = f"{key}={value}"
+    else:
+        text = f"{key}={hydra(value)}"
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
 def did_you_mean(word: str, options: Sequence[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest of ``options``, or ``""`` when none is close."""
     matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
@@ -135,6 +156,21 @@ class RecipeError(HyperExportError):
         self.field = field
         self.reason = reason
         super().__init__(f"recipe {recipe}: field {field!r}: {reason}")
+
+
+class RecipeErrors(RecipeError):
+    """Several fields of one recipe are invalid: one line each, reported together (so a
+    recipe is fixed in one try, not one per field). ``field`` and ``reason`` are the first's."""
+
+    def __init__(self, errors: list[RecipeError]) -> None:
+        if not errors:
+            raise ValueError("RecipeErrors needs at least one RecipeError")
+        self.errors = tuple(errors)
+        first = errors[0]
+        super().__init__(first.recipe, first.field, first.reason)
+        if len(errors) > 1:
+            fields = "\n".join(f"  field {e.field!r}: {e.reason}" for e in errors)
+            self.args = (f"recipe {first.recipe}: {len(errors)} fields refused:\n{fields}",)
 
 
 class StageError(HyperExportError):

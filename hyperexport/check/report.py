@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from hyperexport.base.errors import CheckError
+from hyperexport.base.errors import CheckError, override
 from hyperexport.check.settings import CheckSettings
 
 
@@ -86,7 +86,8 @@ class TensorResult:
         if self.vacuous is not None and not self.accepted:
             return (
                 f"{label}: FAIL: the torch reference {self.vacuous}, so comparing with it proves "
-                "nothing; list the output in check.accept_vacuous to accept it"
+                "nothing; to accept it, list it in check.accept_vacuous: "
+                f"{override('check.accept_vacuous', [self.name])}"
             )
         note = "" if self.vacuous is None else f" [vacuous reference accepted: {self.vacuous}]"
         return (
@@ -308,9 +309,10 @@ class CheckReport:
         vacuous = [o for f in self.functions if not f.diverges for o in f.outputs if not o.ok]
         if vacuous:
             problems.append(
-                f"{len(vacuous)} function output(s) whose torch reference proves nothing "
-                "(list them in check.accept_vacuous): "
+                f"{len(vacuous)} function output(s) whose torch reference proves nothing: "
                 + ", ".join(f"{o.key} ({o.vacuous})" for o in vacuous)
+                + "; to accept them, list them in check.accept_vacuous (beside any the recipe "
+                + f"lists): {override('check.accept_vacuous', [o.key for o in vacuous])}"
             )
         return f"check of {self.model_path} failed: " + "; ".join(problems)
 

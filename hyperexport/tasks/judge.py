@@ -5,8 +5,10 @@ A decode passes when (one comparison, :func:`compare`, for every task):
 
 * the exported model's token ids equal transformers' for every prompt (and, for
   ``task: text-generation``, the padded batch);
-* the tokens vary: each sequence has at least :data:`MIN_DISTINCT` distinct ids (a random-weight
-  model that repeats one token proves little);
+* the tokens vary: each sequence has at least ``min_distinct`` distinct ids (the recipe's
+  ``check.generation.min_distinct``, :data:`MIN_DISTINCT` by default): a model that repeats one
+  token proves little, since an export that fixes one token (a wrong mask, a frozen position)
+  repeats too;
 * the decision is robust: at every step, the reference's gap between its two best logits exceeds
   the largest logit difference measured between the export and transformers over the decode;
 * for the encoder-decoders, the reference has at least :data:`MIN_STEPS` steps (an early
@@ -33,7 +35,8 @@ from hyperexport.base.contracts.names import (
     TEXT2TEXT_GENERATION,
     TEXT_GENERATION,
 )
-from hyperexport.base.errors import CheckError
+from hyperexport.base.errors import CheckError, override
+from hyperexport.defaults import DEFAULT_MIN_DISTINCT
 from hyperexport.tasks.arrays import read_npz
 from hyperexport.tasks.registry import (
     GENAI_CONFIG,
@@ -50,8 +53,12 @@ from hyperexport.tasks.registry import (
 )
 from hyperexport.tasks.task import TaskJudge, Vouched
 
-#: Fewest distinct generated ids a sequence must have for the comparison to count.
-MIN_DISTINCT = 3
+#: Fewest distinct generated ids a sequence must have for the comparison to count, unless the
+#: recipe's ``check.generation.min_distinct`` says otherwise.
+MIN_DISTINCT = DEFAULT_MIN_DISTINCT
+#: The recipe field that sets it: named in the refusal, so that the line says how to accept it.
+MIN_DISTINCT_FIELD = "check.generation.min_distinct"
+
 #: Fewest decode steps an encoder-decoder's reference must have for the comparison to count.
 MIN_STEPS = 8
 
@@ -89,8 +96,10 @@ def compare(
     exported: Sequence[int],
     ref_logits: np.ndarray,
     got_logits: np.ndarray,
+    min_distinct: int = MIN_DISTINCT,
 ) -> SequenceResult:
-    """Compare one sequence: ``*_logits`` are ``(steps, vocab)`` at the generated position."""
+    """Compare one sequence: ``*_logits`` are ``(steps, vocab)`` at the generated position;
+    the reference must hold ``min_distinct`` distinct ids."""
     reference, exported = list(reference), list(exported)
     first = next(
         (i for i, (a, b) in enumerate(zip(reference, exported)) if a != b),
@@ -113,10 +122,12 @@ def compare(
             f"tokens diverge at step {first}: transformers {reference[first : first + 1]}, "
             f"export {exported[first : first + 1]}"
         )
-    if result.distinct < MIN_DISTINCT:
+    if result.distinct < min_distinct:
         result.problems.append(
-            f"the reference repeats itself ({result.distinct} distinct ids < {MIN_DISTINCT}): "
-            "choose other prompts or seeds"
+            f"the reference repeats itself ({result.distinct} distinct ids < {min_distinct}), "
+            "which random weights often do: choose other prompts, or accept it with "
+            f"{override(MIN_DISTINCT_FIELD, result.distinct)} (the tokens are still compared "
+            "one by one)"
         )
     worst = max(diffs, default=0.0)
     if steps and result.min_top2_gap <= worst:
@@ -157,7 +168,7 @@ def _decodes(
 
 
 def judge_generation(
-    trace_dir: Path, evaluate_dir: Path, out_dir: Path
+    trace_dir: Path, evaluate_dir: Path, out_dir: Path, min_distinct: int = MIN_DISTINCT
 ) -> tuple[list[SequenceResult], GenerationCheckError | None]:
     """Judge ``task: text-generation``'s decode and write ``generation_check.json``.
 
@@ -177,6 +188,7 @@ def judge_generation(
             exported["single"][i],
             ref_arrays[f"single.{i}"],
             got_arrays[f"single.{i}"],
+            min_distinct,
         )
         for i, want in enumerate(reference["single"])
     ]
@@ -188,6 +200,7 @@ def judge_generation(
                 exported["batch"][row],
                 ref_arrays["batch"][:, row],
                 got_arrays["batch"][:, row],
+                min_distinct,
             )
         )
     runtimes = {"runtime": exported["runtime"], "batch_runtime": exported["batch_runtime"]}
@@ -196,7 +209,7 @@ def judge_generation(
 
 
 def judge_seq2seq(
-    trace_dir: Path, evaluate_dir: Path, out_dir: Path
+    trace_dir: Path, evaluate_dir: Path, out_dir: Path, min_distinct: int = MIN_DISTINCT
 ) -> tuple[list[SequenceResult], GenerationCheckError | None]:
     """Judge an encoder-decoder's decode and write ``seq2seq_check.json``.
 
@@ -217,6 +230,7 @@ def judge_seq2seq(
             exported["tokens"][i],
             ref_arrays[f"logits.{i}"],
             got_arrays[f"logits.{i}"],
+            min_distinct,
         )
         if len(want) < MIN_STEPS:
             result.problems.append(
@@ -266,9 +280,9 @@ class TextGenerationJudge:
         )
 
     def judge(
-        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path
+        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path, min_distinct: int = MIN_DISTINCT
     ) -> tuple[list[str], Exception | None]:
-        results, error = judge_generation(trace_dir, evaluate_dir, out_dir)
+        results, error = judge_generation(trace_dir, evaluate_dir, out_dir, min_distinct)
         return summary_lines(results), error
 
 
@@ -280,9 +294,9 @@ class EncoderDecoderJudge:
         return Vouched(report={}, lines=(), problems=())
 
     def judge(
-        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path
+        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path, min_distinct: int = MIN_DISTINCT
     ) -> tuple[list[str], Exception | None]:
-        results, error = judge_seq2seq(trace_dir, evaluate_dir, out_dir)
+        results, error = judge_seq2seq(trace_dir, evaluate_dir, out_dir, min_distinct)
         what = "decode steps through the graphs identical to transformers"
         return summary_lines(results, "seq2seq", what), error
 

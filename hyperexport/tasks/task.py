@@ -20,12 +20,15 @@ judge reruns the check, never the trace):
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from hyperexport.base.contracts.names import MANIFEST_JSON, MODEL_FILE
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -141,16 +144,23 @@ class TaskJudge(Protocol):
         ...
 
     def judge(
-        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path
+        self, trace_dir: Path, evaluate_dir: Path, out_dir: Path, min_distinct: int = ...
     ) -> tuple[list[str], Exception | None]:
-        """The decode judged against the reference; its report written (the task's
-        ``check_files``). Returns the lines of ``check.txt`` and the error to raise once the
+        """The decode judged against the reference (each sequence holding ``min_distinct``
+        distinct ids); its report written (the task's ``check_files``). Returns the lines of ``check.txt`` and the error to raise once the
         check's own report is written (None: passed)."""
         ...
 
 
 class ForwardModel:
-    """``task: forward``: the model as loaded, the recipe slice as it is, nothing recorded."""
+    """``task: forward``: the model as loaded, the recipe slice as it is, nothing recorded.
+
+    An encoder-decoder (a transformers config with ``is_encoder_decoder``) runs its forward
+    without a cache (``use_cache=False``, restored afterwards): its decoder would otherwise build
+    an ``EncoderDecoderCache``, which no ONNX graph can output, and the trace failed on every
+    T5, BART or Whisper. The forward's outputs are the same without it; a model to decode with
+    is what ``task: text2text-generation`` (or ``auto``) exports, as the INFO line says.
+    """
 
     def record(
         self, model: Any, params: Mapping[str, Any], recipe_file: str, out_dir: Path
@@ -161,4 +171,31 @@ class ForwardModel:
     def scope(
         self, model: Any, params: Mapping[str, Any], recipe_file: str, graph: str
     ) -> Iterator[Scoped]:
-        yield model, params
+        if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+            yield model, params
+            return
+        # Each stack has its own copy of the config (T5's decoder reads its own use_cache).
+        configs = {id(c): c for c in _configs(model) if getattr(c, "use_cache", False)}
+        if configs:
+            log.info(
+                "task: forward of encoder-decoder %s: its forward exported without a cache "
+                "(use_cache=False); to decode with it, set task: text2text-generation "
+                "(speech: automatic-speech-recognition) or task: auto",
+                type(model).__name__,
+            )
+        for config in configs.values():
+            config.use_cache = False
+        try:
+            yield model, params
+        finally:
+            for config in configs.values():
+                config.use_cache = True
+
+
+def _configs(model: Any) -> Iterator[Any]:
+    """The transformers configs of ``model`` and its submodules."""
+    modules = model.modules() if hasattr(model, "modules") else [model]
+    for module in modules:
+        config = getattr(module, "config", None)
+        if config is not None:
+            yield config

@@ -1,4 +1,4 @@
-"""The README's "Tested versions" table is what bench/versions_table.py renders from the matrix's
+"""The "Tested versions" table (docs/versions.md) is what bench/versions_table.py renders from the matrix's
 committed results (bench/versions/*.json): a leg run again without regenerating it fails here."""
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ def _script() -> ModuleType:
     return module
 
 
-def test_the_readme_table_is_up_to_date() -> None:
+def test_the_docs_table_is_up_to_date() -> None:
     table = _script()
     results = table.load_results()
     assert results, "no result file under bench/versions/"
-    current = table.readme_table(table.README.read_text())
+    current = table.doc_table(table.TABLE_DOC.read_text())
     assert current == table.render_table(results), "run: python bench/versions_table.py"
 
 

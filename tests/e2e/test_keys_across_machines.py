@@ -63,7 +63,7 @@ def test_one_remote_serves_a_machine_with_its_own_virtualenv(tmp_path: Path) -> 
     """Build on machine A with a full virtualenv of the pinned stack, uploading to a shared
     remote; machine B, with its own full virtualenv and checkout at other paths, pulls: every
     stage hits, and what it publishes is byte for byte A's. Two installs of the stack (a few
-    minutes each), hence slow; README "CI" documents it."""
+    minutes each), hence slow; README "CI" and docs/cache.md document it."""
     remote = tmp_path / "remote"
     remote.mkdir()
     sources = [m.write_distribution(tmp_path / "src", name) for name in sorted(m.DISTRIBUTIONS)]

@@ -14,7 +14,8 @@ import pytest
 
 from hyperexport.product.builds import report_html
 from hyperexport.product.builds.session import BuildOutcome, run_build
-from hyperexport.product.config import BuildSettings, validate_recipe
+from hyperexport.product.builds.summary import size_text
+from hyperexport.product.config import BuildSettings, compose_recipe, validate_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -41,6 +42,24 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> BuildOutcome:
     }
     recipe = validate_recipe(data, str(root / "html.yaml"))
     settings = BuildSettings(str(root / "cache"), root / "out", False, ())
+    outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    assert outcome.exit_code == 0, outcome.result.error
+    return outcome
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory: pytest.TempPathFactory) -> BuildOutcome:
+    """A 2-layer Qwen3 for generation, quantized to int4: a quantized check, a decode check."""
+    root = tmp_path_factory.mktemp("html_quantized")
+    recipe, settings = compose_recipe(
+        [
+            "recipe=zoo_qwen3_generate",
+            "quantize.method=int4_block",
+            "generation.max_new_tokens=6",
+            f"build.cache_dir={root / 'cache'}",
+            f"build.outputs_dir={root / 'out'}",
+        ]
+    )
     outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
     assert outcome.exit_code == 0, outcome.result.error
     return outcome
@@ -91,6 +110,107 @@ def test_the_screenshot_is_not_blank(build: BuildOutcome, tmp_path: Path) -> Non
     assert len(set(pixels)) > 20  # anti-aliased text and coloured status words
 
 
+@needs_chromium
+def test_the_screenshot_shows_the_quantized_and_generation_sections(
+    quantized: BuildOutcome, tmp_path: Path
+) -> None:
+    """The browser renders each new section with content (tables with rows), and a screenshot
+    of each shows it: inked, with its green verdict."""
+    url = (quantized.out_dir / report_html.REPORT_HTML).as_uri()
+    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", url).stdout
+    for section in ("quantized-check", "generation-check"):
+        body = dom[dom.index(f'<section id="{section}">') :]
+        body = body[: body.index("</section>")]
+        assert body.count("<tr>") > 2 and '<span class="ok">ok</span>' in body
+    assert 'id="models-table"' in dom and "model.quantized.onnx" in dom
+    assert "MatMulNBits" in dom[dom.index('<h2 id="ops">') :]
+    # Each section alone (a copy of the page with the rest hidden): a screenshot shows it.
+    page = (quantized.out_dir / report_html.REPORT_HTML).read_text()
+    shots = []
+    for section in ("quantized-check", "generation-check"):
+        alone = tmp_path / f"{section}.html"
+        hide = f"<style>body > :not(#{section}) {{ display: none !important; }}</style>"
+        alone.write_text(page.replace("</head>", hide + "</head>", 1))
+        shot = tmp_path / f"{section}.png"
+        _chromium("--window-size=1200,900", f"--screenshot={shot}", alone.as_uri())
+        width, height, pixels = _decode_png(shot.read_bytes())
+        assert (width, height) == (1200, 900)
+        inked = sum(1 for p in pixels if p[:3] != (255, 255, 255))
+        assert inked > 0.01 * len(pixels), section  # headings, tables and numbers
+        assert any(p[:3] == (0x17, 0x6F, 0x2C) for p in pixels), section  # a green "ok"
+        shots.append(pixels)
+    assert shots[0] != shots[1]
+
+
+def test_the_page_lists_both_models_and_the_quantized_ones_size(quantized: BuildOutcome) -> None:
+    assert quantized.report is not None
+    page = (quantized.out_dir / report_html.REPORT_HTML).read_text()
+    files = quantized.report["files"]
+    float_size = sum(i["size"] for n, i in files.items() if n.startswith("model.onnx"))
+    q_size = sum(i["size"] for n, i in files.items() if n.startswith("model.quantized.onnx"))
+    assert 0 < q_size < float_size
+    overview = page[page.index('<table id="overview">') : page.index('<h2 id="models">')]
+    assert f"{size_text(q_size)} (quantized int4_block, model.quantized.onnx)" in overview
+    models = page[page.index('<table id="models-table">') :]
+    models = models[: models.index("</table>")]
+    assert size_text(float_size) in models and size_text(q_size) in models
+    assert "generation_check.json" in page and "tokens identical" in page
+    quantized_ops = quantized.report["ops"]["quantized"]
+    assert quantized_ops and all(ops.get("MatMulNBits") for ops in quantized_ops.values())
+
+
+def test_the_summary_names_both_published_models(quantized: BuildOutcome) -> None:
+    lines = (quantized.out_dir / "summary.txt").read_text().splitlines()
+    out = quantized.out_dir
+    assert lines[-1] == (
+        f"model: {out / 'model.onnx'} (float), "
+        f"{out / 'model.quantized.onnx'} (quantized int4_block)"
+    )
+    assert any(line.startswith("  model.quantized.onnx (quantized int4_block): ") for line in lines)
+    assert any("quantized check passed" in line for line in lines)
+    assert any(line.strip().startswith("generation prompt 0:") for line in lines)
+
+
+def test_the_quantized_decode_and_the_fused_ops_are_shown_when_present() -> None:
+    """``check.json``'s ``quantized.decode`` (written by checks that decode the quantized
+    model) and ``ops.fused`` (rewrite.fuse) get their own tables; absent, nothing is shown."""
+    decode = {
+        "passed": False,
+        "gate": True,
+        "thresholds": {"min_token_agreement": 0.9, "min_decode_cosine": 0.99},
+        "runtime": "onnxruntime-genai",
+        "token_agreement": 0.8125,
+        "min_cosine": 0.9731,
+        "sequences": [
+            {
+                "name": "prompt 0",
+                "steps": 16,
+                "agreeing_steps": 13,
+                "token_agreement": 0.8125,
+                "min_cosine": 0.9731,
+            },
+        ],
+    }
+    report: dict[str, Any] = {
+        "recipe": {"name": "q", "file": "q.yaml"},
+        "status": "ok",
+        "stages": [],
+        "functions": [],
+        "check": {"ok": True, "quantized": {"passed": False, "comparison": {}, "decode": decode}},
+        "ops": {"fused": {"f::Layer": {"com.microsoft::GroupQueryAttention": 1}}},
+        "artifacts": {},
+    }
+    page = report_html.render_report_html(report)
+    part = page[page.index('<div id="quantized-decode">') :]
+    assert "0.8125" in part and "0.9731" in part and "<td>prompt 0</td>" in part
+    assert "min_decode_cosine 0.99" in part and '<span class="bad">FAILED</span>' in part
+    ops = page[page.index('<h2 id="ops">') :]
+    assert "com.microsoft::GroupQueryAttention" in ops and "<td>fused</td>" in ops
+    del report["check"]["quantized"]["decode"], report["ops"]
+    page = report_html.render_report_html(report)
+    assert "quantized-decode" not in page and 'id="ops"' not in page
+
+
 def test_without_graphviz_the_hierarchy_is_text(
     build: BuildOutcome, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -98,7 +218,10 @@ def test_without_graphviz_the_hierarchy_is_text(
     monkeypatch.setattr(report_html.shutil, "which", lambda name: None)
     assert report_html.hierarchy_svg(build.report) is None
     page = report_html.render_report_html(build.report, picture=None)
-    assert '<pre id="hierarchy-text">' in page and "Graphviz is not installed" in page
+    assert '<p id="hierarchy-text">' in page and "Graphviz is not installed" in page
+    # the function tree is printed once: its text copy (for readers without scripts) only
+    first = report_html.render_tree(build.report["functions"])[0].strip()
+    assert page.count(report_html._e(first)) == 1
 
 
 @needs_graphviz
@@ -240,7 +363,7 @@ def test_the_page_says_what_was_built_and_with_what(build: BuildOutcome) -> None
         for name, info in build.report["files"].items()
         if name.startswith("model.onnx")
     )
-    assert size > 0 and report_html._size(size) in overview
+    assert size > 0 and size_text(size) in overview
     io = build.report["io"]
     import onnx
 

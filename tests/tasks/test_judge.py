@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hyperexport.tasks.judge import MIN_DISTINCT, compare
+from hyperexport.tasks.judge import MIN_DISTINCT, MIN_DISTINCT_FIELD, compare
 
 
 def _logits(tokens: list[int], gap: float, vocab: int = 16) -> np.ndarray:
@@ -44,6 +44,22 @@ def test_a_repeated_token_proves_nothing() -> None:
     result = compare("p", tokens, tokens, _logits(tokens, 2.0), _logits(tokens, 2.0))
     assert result.distinct < MIN_DISTINCT
     assert any("repeats" in p for p in result.problems)
+
+
+def test_the_repeat_refusal_names_the_setting_that_accepts_it_quoted() -> None:
+    """Issue 34: a random-weight decode of one id was refused with no way out but new seeds."""
+    tokens = [5] * 6
+    (problem,) = compare("p", tokens, tokens, _logits(tokens, 2.0), _logits(tokens, 2.0)).problems
+    assert f"'{MIN_DISTINCT_FIELD}=1'" in problem
+
+
+def test_min_distinct_accepts_a_repeating_decode_but_still_compares_its_tokens() -> None:
+    tokens = [5] * 6
+    logits = _logits(tokens, 2.0)
+    assert compare("p", tokens, tokens, logits, logits, min_distinct=1).problems == []
+    other = [5, 5, 6, 5, 5, 5]
+    diverged = compare("p", tokens, other, logits, _logits(other, 2.0), min_distinct=1)
+    assert diverged.first_divergence == 2 and diverged.problems
 
 
 def test_a_top2_gap_below_the_measured_error_fails() -> None:

@@ -1,4 +1,4 @@
-"""The README's zoo table is what bench/zoo_table.py renders from the recipes and the last
+"""The zoo table (docs/building.md) is what bench/zoo_table.py renders from the recipes and the last
 measurement (bench/zoo_table.json): adding, removing or changing a zoo recipe without measuring
 again fails here."""
 
@@ -43,11 +43,11 @@ def test_every_zoo_recipe_was_measured_on_both_paths() -> None:
                 assert result["max_abs"] <= 1e-4, (name, label)
 
 
-def test_the_readme_table_is_up_to_date() -> None:
+def test_the_docs_table_is_up_to_date() -> None:
     if REFUSED:  # the table composes every zoo recipe; tests/test_configs.py checks the refusal
         pytest.skip(next(iter(REFUSED.values())) or "")
     table = _script()
     results = json.loads(table.RESULTS.read_text())["recipes"]
     rendered = table.render_table(table.zoo_recipes(), results)
-    current = table.readme_table(table.README.read_text())
+    current = table.doc_table(table.TABLE_DOC.read_text())
     assert current == rendered, "run: python bench/zoo_table.py --measure"

@@ -226,8 +226,8 @@ def _publish_new(
                 directory.mkdir()
                 previous = _current_directory(link)
                 others = _other_publications(builds, directory, previous)
-                for f in files:
-                    _write_file(store, f, directory / f.rel, local, others)
+                copied = [f for f in files if _write_file(store, f, directory / f.rel, local)]
+                _note_shared_copies(store, copied, others)
                 write_report_files(directory, report, summary)
                 previous = _current_directory(link)
                 _swap_link(link, directory)
@@ -248,58 +248,62 @@ def _other_publications(builds: Path, directory: Path, previous: Path | None) ->
     return sorted(d for d in builds.iterdir() if d.is_dir() and d != directory and d != previous)
 
 
-def _write_file(
-    store: CacheStore,
-    f: _File,
-    target: Path,
-    local: Workspace | None,
-    others: Sequence[Path] = (),
-) -> None:
+def _write_file(store: CacheStore, f: _File, target: Path, local: Workspace | None) -> bool:
     """Write one published file: a cached blob's bytes, or a failed stage's text.
 
     A blob's bytes are the build's own verified copy when it holds one (moved here), else a
-    clone of the blob (reflink, else a copy), verified by digest. A copy of a file that another
-    publication of the recipe already holds (a variant that differs only in ``check.*``) is a
-    WARNING: the bytes are then on disk twice (see ``outputs/README.md``, "Variants that share
-    a model").
+    clone of the blob (reflink, else a copy), verified by digest. Returns whether the bytes
+    were copied from the cache (neither moved nor reflinked): they then take space again.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     if f.blob is None:
         atomic_write_bytes(target, (f.text or "").encode("utf-8"))
-        return
+        return False
     if local is not None and local.hand_over(f.digest, target):
         store.index.remember(target, f.digest)
-        return
+        return False
     blob = store.blob_path(f.digest)
     how = clone_or_copy(blob, target)
     os.chmod(target, 0o644)
-    if how == "copy" and f.rel.startswith((MODEL_FILE, QUANTIZED_MODEL_FILE)):
-        _warn_if_duplicate(store, f, others)
     if sha256_file(target) != f.digest:
         log.warning("cached blob of %s does not match its digest; removing it", f.rel)
         if not store.read_only:
             blob.unlink(missing_ok=True)
         raise CorruptBlobError(f"cached blob of {f.rel} is corrupt")
     store.index.remember(target, f.digest)
+    return how == "copy"
 
 
-def _warn_if_duplicate(store: CacheStore, f: _File, others: Sequence[Path]) -> None:
-    """WARNING when a publication in ``others`` holds the same model file as ``f`` (by digest)."""
+def _note_shared_copies(store: CacheStore, copied: Sequence[_File], others: Sequence[Path]) -> None:
+    """One INFO line when model files just copied are also held by another publication.
+
+    A variant that differs from another only in ``check.*`` publishes the same model file, byte
+    for byte: a real model, which every tool opens as it opens the other. Without reflinks its
+    bytes are on disk once more; onnx refuses hard- or symbolically-linked external data, so a
+    copy is the only way to keep ``<variant>/model.onnx`` a model (``outputs/README.md``,
+    "Variants that share a model"). That is expected, not a fault: said once per publication.
+    """
+    models = [f for f in copied if f.rel.startswith((MODEL_FILE, QUANTIZED_MODEL_FILE))]
     for other in others:
-        path = other / f.rel
-        try:
-            same = path.stat().st_size == f.size and store.index.digest(path) == f.digest
-        except OSError:
-            continue
-        if same:
-            log.warning(
-                "%s: a second copy (%.1f MB) of %s: this filesystem has no reflinks (and onnx "
-                "refuses hard- or symbolically-linked external data)",
-                f.rel,
-                f.size / 1e6,
-                path,
+        shared = [f for f in models if _holds(store, other, f)]
+        if shared:
+            log.info(
+                "the model files of this variant (%s, %.1f MB) are those of %s, copied "
+                "(no reflinks here)",
+                ", ".join(f.rel for f in shared),
+                sum(f.size for f in shared) / 1e6,
+                other,
             )
             return
+
+
+def _holds(store: CacheStore, directory: Path, f: _File) -> bool:
+    """Whether ``directory`` holds ``f`` (same size, same digest via the index's fast path)."""
+    path = directory / f.rel
+    try:
+        return path.stat().st_size == f.size and store.index.digest(path) == f.digest
+    except OSError:
+        return False
 
 
 def check_same_source(recipe_dir: Path, recipe_file: str) -> None:

@@ -24,6 +24,9 @@ from hyperexport.product.builds.summary import function_tree
 #: Artifact name prefixes of a build with several graphs (``encoder_manifest``, ...).
 GRAPH_PREFIXES = tuple(f"{graph}_" for graph in SEQ2SEQ_GRAPHS)
 
+#: Artifact names of the tasks' decode judgements, in ``report.json`` under ``decode``.
+DECODE_CHECKS = ("generation_check", "seq2seq_check")
+
 REPORT = "report.json"
 SUMMARY = "summary.txt"
 REPORT_FORMAT = 2
@@ -94,6 +97,7 @@ def build_report(
     # One graph (``manifest``/``capture``), or several (``<graph>_manifest``/``<graph>_capture``,
     # the encoder-decoder tasks): functions and inputs/outputs of each, names prefixed.
     manifests, functions, io = [], [], None
+    fused: dict[str, dict[str, int]] = {}
     for prefix in ("", *GRAPH_PREFIXES):
         manifest_text = artifact_text(store, request.stages, result, f"{prefix}manifest")
         capture_text = artifact_text(store, request.stages, result, f"{prefix}capture")
@@ -103,6 +107,10 @@ def build_report(
         graph = prefix.removesuffix("_")
         if manifest_text:
             manifests.append(json.loads(manifest_text))
+            for f in manifests[-1].get("functions", []):
+                if f.get("fused_ops"):
+                    name = f"{f['domain']}::{f['name']}"
+                    fused[f"{graph}/{name}" if graph else name] = dict(f["fused_ops"])
             tree = function_tree(manifests[-1], capture)
             functions += [{**f, "graph": graph} if graph else f for f in tree]
         if capture is not None:
@@ -115,6 +123,13 @@ def build_report(
             io = graph_io if io is None else {k: io[k] + graph_io[k] for k in io}
     manifest = manifests[0] if manifests else None
     error = StageError.of(result.error) if result.error else None
+    check = json.loads(check_text) if check_text else None
+    quantized = (check or {}).get("quantized") or {}
+    decodes = {
+        name: json.loads(text)
+        for name in DECODE_CHECKS
+        if (text := artifact_text(store, request.stages, result, name))
+    }
     return {
         "format": REPORT_FORMAT,
         "recipe": {
@@ -132,7 +147,14 @@ def build_report(
         "stages": [s.to_json() for s in result.stages],
         "artifacts": artifacts,
         "files": {k: dict(v) for k, v in sorted(files.items())},
-        "check": json.loads(check_text) if check_text else None,
+        "check": check,
+        # The task's judgement of its decode (generation_check.json, seq2seq_check.json), by name.
+        "decode": decodes or None,
+        # Op counts per function: the fused kernels (rewrite.fuse) and the quantized ops.
+        "ops": {
+            "fused": fused,
+            "quantized": dict((quantized.get("comparison") or {}).get("ops") or {}),
+        },
         "functions": functions,
         # The path that produced the model and, if the recipe's fallback was used, why.
         "export_path": {

@@ -1,30 +1,47 @@
 """``report.html`` beside ``report.json``: one self-contained page a person can open after a build.
 
-It shows what was built and with what (date, opset, export path, overrides, model size,
-library versions), the model's inputs and outputs with shapes and dtypes, the function tree (built in the browser from the report's data, with a text copy for
-readers without scripts), what ``hiera: auto`` / ``inputs: auto`` chose and why, stage timings
-and the reason each stage ran, the check per output and per function, and a picture of the
-hierarchy: Graphviz SVG where ``dot`` is installed, else the same tree as text. Everything is
-escaped; nothing is fetched from the network.
+It shows what was built and with what (date, opset, export path, overrides, the published
+model's size: the quantized one's when one was published; library versions), every published
+model file with its size, the model's inputs and outputs with shapes and dtypes, the function
+tree (built in the browser from the report's data, with a text copy for readers without
+scripts), what ``hiera: auto`` / ``inputs: auto`` chose and why, stage timings and the reason
+each stage ran, the check per output and per function, the quantized check and the decode check
+(``report_checks_html.py``), the fused and quantized op counts, and a picture of the hierarchy:
+Graphviz SVG where ``dot`` is installed (without it, the function tree is the hierarchy and is
+shown once). Everything is escaped; nothing is fetched from the network.
 """
 
 from __future__ import annotations
 
 import hashlib
-import html
 import json
 import logging
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hyperexport.base.atomic import atomic_write_text
 from hyperexport.base.contracts.names import AUTO_FILE, MANIFEST_JSON, MODEL_FILE, NO_FUSION
+from hyperexport.product.builds.html_parts import escape as _e
+from hyperexport.product.builds.html_parts import num_cell as _num
+from hyperexport.product.builds.html_parts import status as _status
+from hyperexport.product.builds.html_parts import table as _table
 from hyperexport.product.builds.layout import BUILDS
-from hyperexport.product.builds.summary import render_tree
+from hyperexport.product.builds.report_checks_html import (
+    decode_section,
+    models_section,
+    ops_section,
+    quantized_section,
+)
+from hyperexport.product.builds.summary import (
+    model_label,
+    published_models,
+    render_tree,
+    size_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -241,23 +258,6 @@ def hierarchy_svg(report: Mapping[str, Any]) -> str | None:
     return svg[start:] if start >= 0 else None
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _status(ok: Any) -> str:
-    return '<span class="ok">ok</span>' if ok else '<span class="bad">FAILED</span>'
-
-
-def _num(value: Any) -> str:
-    return f'<td class="num">{value:.3g}</td>' if isinstance(value, (int, float)) else "<td>-</td>"
-
-
-def _table(head: Sequence[str], rows: Sequence[str]) -> str:
-    header = "".join(f"<th>{_e(h)}</th>" for h in head)
-    return f"<table><tr>{header}</tr>{''.join(rows)}</table>" if rows else "<p>none</p>"
-
-
 def _stages(report: Mapping[str, Any]) -> str:
     rows = [
         f"<tr><td>{_e(s['name'])}</td><td>{_e(s['status'])}</td>"
@@ -299,22 +299,16 @@ def _check(report: Mapping[str, Any]) -> str:
     )
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
 def _overview(report: Mapping[str, Any], manifest: Mapping[str, Any] | None, built: str) -> str:
     """What was built and with what: date, opset, path, overrides, size, versions."""
     recipe = (report.get("recipe") or {}).get("config") or {}
-    files = report.get("files") or {}
-    size = sum(
-        int(info.get("size") or 0)
-        for name, info in files.items()
-        if name.startswith(MODEL_FILE) and isinstance(info, Mapping)
+    models = {m["artifact"]: m for m in published_models(report)}
+    # the model a user deploys: the quantized one when the build published one
+    shown = models.get("quantized_model") or models.get("model")
+    size = (
+        f"{size_text(shown['size'])} ({model_label(shown['artifact'], report)}, {shown['file']})"
+        if shown
+        else "-"
     )
     opset = (manifest or {}).get("opset", recipe.get("opset"))
     fusion = (manifest or {}).get("fusion") or "none"
@@ -331,7 +325,7 @@ def _overview(report: Mapping[str, Any], manifest: Mapping[str, Any] | None, bui
         *([("fusion", fusion)] if fusion != NO_FUSION else []),
         ("functions", (manifest or {}).get("function_mode") or recipe.get("functions") or "-"),
         ("overrides", " ".join(overrides) if overrides else "none (the recipe as written)"),
-        ("model size", _size(size) if size else "-"),
+        ("model size", size),
         ("python", env.get("python") or "-"),
         ("versions", versions or "-"),
     ]
@@ -393,14 +387,17 @@ def render_report_html(
     functions = list(report.get("functions") or [])
     tree_text = "\n".join(render_tree(functions)) or "(no functions)"
     data = json.dumps({"functions": functions}, sort_keys=True).replace("</", "<\\/")
-    model = (report.get("artifacts") or {}).get("model")
+    model = ", ".join(
+        f"{m['path']} ({model_label(m['artifact'], report)})" for m in published_models(report)
+    )
     error = report.get("error")
     drawing = (
         f'<div class="picture" id="hierarchy-svg" data-dot="{_e(picture_key)}">{picture}'
         + _PICTURE_END
         if picture
-        else f'<pre id="hierarchy-text">{_e(tree_text)}</pre>'
-        "<p>(Graphviz is not installed: the hierarchy as text.)</p>"
+        # the function tree above is the hierarchy: shown once, not printed again here
+        else '<p id="hierarchy-text">Graphviz is not installed: the hierarchy is the function '
+        "tree above.</p>"
     )
     parts = [
         "<!DOCTYPE html>",
@@ -411,6 +408,7 @@ def render_report_html(
         f"<p>recipe file: {_e(recipe.get('file'))}<br>model: {_e(model or '-')}</p>",
         f'<p class="bad">error: {_e(error)}</p>' if error else "",
         _overview(report, manifest, built),
+        models_section(report),
         _io(report),
         "<h2>function tree (class → function &times; calls)</h2>",
         '<div id="function-tree" data-rendered="0">'
@@ -422,6 +420,9 @@ def render_report_html(
         _stages(report),
         "<h2>check</h2>",
         _check(report),
+        quantized_section(report.get("check")),
+        decode_section(report),
+        ops_section(report),
         f'<script type="application/json" id="hx-data">{data}</script>',
         f"<script>{_SCRIPT}</script>",
         "</body></html>",

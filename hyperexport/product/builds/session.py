@@ -44,6 +44,9 @@ _PATH_EXCLUDED = re.compile(r"^(build\.|hydra[./]|recipe$|recipe_file$)")
 # id and ".failed" added (publish.py), a folder name stays well under the 255-byte limit.
 MAX_VARIANT_BYTES = 160
 _DIGEST_CHARS = 16
+# A name made safe (characters replaced) ends with this many hex digits of the overrides' sha256,
+# so two override sets that read alike never share a folder.
+_SAFE_DIGEST_CHARS = 8
 
 
 @dataclass(frozen=True)
@@ -73,20 +76,38 @@ def variant_dir(overrides: Sequence[str]) -> str:
 
     Overrides of build settings, Hydra settings and the recipe choice are left out; the rest are
     sorted so that the order on the command line does not matter. Separators and whitespace
-    become ``_``, so the name is one path component; a name over :data:`MAX_VARIANT_BYTES` is
-    cut and ends with ``~`` and a digest of the full name (the report keeps every override).
+    become ``_``, so the name is one path component; a name with other characters a shell or
+    Hydra would need quoted (quotes, brackets, ``#``, ``*``) is made safe by :func:`_safe_name`
+    and ends with ``~`` and 8 hex digits of the overrides' sha256 (two override sets that read
+    alike never share a folder); a name over :data:`MAX_VARIANT_BYTES` is cut and ends with
+    ``~`` and a digest of the full name (the report keeps every override).
     """
     kept = []
     for item in overrides:
         key = item.lstrip("+~").split("=", 1)[0]
         if not _PATH_EXCLUDED.match(key):
-            kept.append(re.sub(r"[/\\\s\x00]+", "_", item.lstrip("+~")))
-    name = ",".join(sorted(kept)) or DEFAULT_VARIANT
+            kept.append(item.lstrip("+~"))
+    full = ",".join(sorted(kept))
+    name = re.sub(r"[/\\\s\x00]+", "_", full) or DEFAULT_VARIANT
+    if not re.fullmatch(_SAFE, name):  # quotes, brackets, '#': made safe, and kept unique
+        name = f"{_safe_name(full)}~{sha256_text(full)[:_SAFE_DIGEST_CHARS]}"
     raw = name.encode("utf-8")
     if len(raw) <= MAX_VARIANT_BYTES:
         return name
     head = raw[: MAX_VARIANT_BYTES - _DIGEST_CHARS - 1].decode("utf-8", errors="ignore")
-    return f"{head}~{sha256_text(name)[:_DIGEST_CHARS]}"
+    return f"{head}~{sha256_text(full)[:_DIGEST_CHARS]}"
+
+
+#: What a variant folder name may hold as it is: no quoting needed in a shell, a URL or Hydra.
+_SAFE = r"[A-Za-z0-9._=,+-]+"
+
+
+def _safe_name(overrides: str) -> str:
+    """``overrides`` as a file name that needs no quoting in a shell, a URL or Hydra: quotes and
+    brackets dropped, any other character outside letters, digits and ``._=,+-`` a ``_``
+    (``check.accept_vacuous=["a.step#0/out.2"]`` -> ``check.accept_vacuous=a.step_0_out.2``)."""
+    unquoted = re.sub(r"[\"'\[\](){}]", "", overrides)
+    return re.sub(r"[^A-Za-z0-9._=,+-]+", "_", unquoted).strip("_")
 
 
 def model_fingerprint(recipe: Recipe, index: FileDigestIndex) -> dict[str, Any]:

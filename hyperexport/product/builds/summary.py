@@ -1,4 +1,5 @@
-"""The human summary of a build: stages, the model path, the function tree and the check verdict."""
+"""The human summary of a build: stages, the function tree, the check verdict, the published
+models with their sizes and fused ops, and the models' paths."""
 
 from __future__ import annotations
 
@@ -75,8 +76,68 @@ def render_tree(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def published_models(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every published model file (float, quantized, each graph of a task with several), with
+    its size including its external data, from ``report.json``'s ``artifacts`` and ``files``.
+
+    Returns:
+        ``{"artifact", "path", "file", "size"}`` per model, in the report's artifact order
+        (``model`` first); ``file`` is the path inside the publication.
+    """
+    artifacts = report.get("artifacts") or {}
+    files = report.get("files") or {}
+    models = []
+    for name, path in artifacts.items():
+        if name != "model" and not name.endswith("_model"):
+            continue
+        rel = next((f for f in files if str(path).endswith("/" + f) or path == f), None)
+        if rel is None:
+            continue
+        size = sum(
+            int(info.get("size") or 0)
+            for f, info in files.items()
+            if (f == rel or f.startswith(rel + ".")) and isinstance(info, Mapping)
+        )
+        models.append({"artifact": name, "path": str(path), "file": rel, "size": size})
+    models.sort(key=lambda m: (m["artifact"] != "model", m["artifact"]))
+    return models
+
+
+def model_label(artifact: str, report: Mapping[str, Any]) -> str:
+    """``float``, ``quantized <method>``, or the graph (``encoder``) of a published model."""
+    if artifact == "model":
+        return "float"
+    if artifact == "quantized_model":
+        method = ((report.get("recipe") or {}).get("config") or {}).get("quantize", {})
+        method = method.get("method") if isinstance(method, Mapping) else None
+        return f"quantized {method}" if method else "quantized"
+    return artifact.removesuffix("_model")
+
+
+def size_text(n: float) -> str:
+    """``512 B``, ``1.5 KB``, ``3.2 MB`` (binary units)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def op_count_lines(counts: Mapping[str, Mapping[str, int]], what: str) -> list[str]:
+    """``<what> ops in <function>: Op x3, ...`` per function of ``{function: {op: nodes}}``."""
+    return [
+        f"{what} ops in {function}: " + ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
+        for function, ops in sorted(counts.items())
+        if ops
+    ]
+
+
 def render_summary(report: Mapping[str, Any], check_lines: Sequence[str] = ()) -> list[str]:
-    """The summary printed at the end of a build and saved as ``summary.txt``."""
+    """The summary printed at the end of a build and saved as ``summary.txt``.
+
+    Its last line names the published models: ``model: <path>`` for one, else each path with
+    what it is (``model: <float> (float), <quantized> (quantized int4_block)``).
+    """
     recipe = report.get("recipe", {})
     lines = [f"recipe: {recipe.get('name')} ({recipe.get('file')})", "stages:"]
     for s in report.get("stages", []):
@@ -89,12 +150,25 @@ def render_summary(report: Mapping[str, Any], check_lines: Sequence[str] = ()) -
     if functions:
         lines.append("functions (class → function x calls):")
         lines += render_tree(functions)
+    fused = op_count_lines((report.get("ops") or {}).get("fused") or {}, "fused")
+    if fused:
+        lines.append("ops:")
+        lines += [f"  {line}" for line in fused]
     if check_lines:
         lines.append("check:")
         lines += [f"  {line}" for line in check_lines]
     if report.get("error"):
         lines.append(f"error: {report['error']}")
-    model = report.get("artifacts", {}).get("model")
-    if model:
-        lines.append(f"model: {model}")
+    models = published_models(report)
+    if models:
+        lines.append("published models:")
+        lines += [
+            f"  {m['file']} ({model_label(m['artifact'], report)}): {size_text(m['size'])}"
+            for m in models
+        ]
+    if len(models) == 1 and models[0]["artifact"] == "model":
+        lines.append(f"model: {models[0]['path']}")
+    elif models:
+        named = ", ".join(f"{m['path']} ({model_label(m['artifact'], report)})" for m in models)
+        lines.append(f"model: {named}")
     return lines

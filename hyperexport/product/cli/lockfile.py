@@ -185,7 +185,7 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
 
 def _without_env_values(model: Mapping[str, Any]) -> dict[str, Any]:
     """The model fingerprint with the environment variables it declares named, not hashed: a
-    value is the CI machine's, and a digest of it is never written down (README, "Trust")."""
+    value is the CI machine's, and a digest of it is never written down (docs/cache.md, "Environment values")."""
     out = {k: v for k, v in model.items() if k != "env"}
     if "env" in model:
         out["env"] = sorted(model["env"])

@@ -34,6 +34,7 @@ from hyperexport.defaults import (
     DEFAULT_FUNCTION_SCOPE,
     DEFAULT_MAX_REL_ERROR,
     DEFAULT_MIN_COSINE,
+    DEFAULT_MIN_DISTINCT,
     DEFAULT_MIN_TOP1,
     DEFAULT_OPSET,
     DEFAULT_RTOL,
@@ -306,6 +307,21 @@ class QuantizedCheckSpec(Section):
 
 
 @dataclass(frozen=True, eq=False, repr=False)
+class GenerationCheckSpec(Section):
+    """``check.generation.*``: how much the reference decode of a decoding task
+    (``text-generation``, ``text2text-generation``, ``automatic-speech-recognition``) must show
+    for the comparison to count. Read by ``check`` only.
+
+    ``min_distinct``: fewest distinct token ids each reference sequence must hold. A decode that
+    repeats one id proves little: an export that fixes the token (a wrong mask, a frozen position)
+    repeats too, and agrees. Random weights often repeat; lowering it (``1``) accepts such a
+    decode, at that risk: the tokens and every step's logits are still compared.
+    """
+
+    min_distinct: int = option(DEFAULT_MIN_DISTINCT, readers=_CHECK, check=_at_least_one)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class CheckSpec(Section):
     """What the check stage verifies.
 
@@ -333,6 +349,7 @@ class CheckSpec(Section):
     expect_ops: dict[str, int] = option(factory=dict, readers=CHECK_STAGES, check=_op_counts)
     accept_vacuous: list[str] = option(factory=list, readers=_CHECK, check=_output_names)
     quantized: QuantizedCheckSpec = section(QuantizedCheckSpec)
+    generation: GenerationCheckSpec = section(GenerationCheckSpec)
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -20,7 +20,7 @@ from hyperexport.base.contracts.names import (
     STANDARD_FUSION,
     TEXT_GENERATION,
 )
-from hyperexport.base.errors import RecipeError, did_you_mean
+from hyperexport.base.errors import RecipeError, RecipeErrors, did_you_mean
 from hyperexport.base.versions import missing_transformers_class
 from hyperexport.engine.machinery import machinery
 from hyperexport.product.config.fields import (
@@ -89,6 +89,27 @@ class _Checker:
     def fail(self, where: str, reason: str) -> typing.NoReturn:
         raise RecipeError(self.file, where, reason)
 
+    def each_field(self, schema: type, data: Any) -> None:
+        """``data`` against ``schema`` as :meth:`dataclass_` checks it, but every unknown key
+        and every missing or invalid field reported together (``RecipeErrors``): a recipe is
+        fixed in one try."""
+        if not isinstance(data, Mapping):
+            self.fail("<recipe>", f"must be a mapping, got {type(data).__name__}")
+        names = [f.name for f in fields(schema)]
+        found: list[RecipeError] = []
+        for key in data:
+            if key not in names:
+                found.append(
+                    RecipeError(self.file, str(key), f"unknown key{did_you_mean(str(key), names)}")
+                )
+        for f in fields(schema):
+            try:
+                self.field_(f, hints(schema)[f.name], data, f.name)
+            except RecipeError as e:
+                found.append(e)
+        if found:
+            raise RecipeErrors(found)
+
     def dataclass_(self, schema: type, data: Any, where: str) -> None:
         if not isinstance(data, Mapping):
             self.fail(where or "<recipe>", f"must be a mapping, got {type(data).__name__}")
@@ -101,14 +122,17 @@ class _Checker:
                     self.fail(path, f"retired: replaced by {RETIRED_FIELDS[path]}")
                 self.fail(path, f"unknown key{did_you_mean(str(key), names)}")
         for f in fields(schema):
-            path = f"{where}.{f.name}" if where else f.name
-            if f.name not in data or data[f.name] == REQUIRED:
-                if is_required(f):
-                    hint = f" ({_describe(types_[f.name])})" if types_[f.name] is bool else ""
-                    self.fail(path, f"missing required field{hint}")
-                continue
-            self.value(types_[f.name], data[f.name], path)
-            self.declared(f, types_[f.name], data[f.name], path)
+            self.field_(f, types_[f.name], data, f"{where}.{f.name}" if where else f.name)
+
+    def field_(self, f: Any, tp: Any, data: Mapping[str, Any], path: str) -> None:
+        """Field ``f`` (of type ``tp``) of ``data``: present when required, then well-typed."""
+        if f.name not in data or data[f.name] == REQUIRED:
+            if is_required(f):
+                hint = f" ({_describe(tp)})" if tp is bool else ""
+                self.fail(path, f"missing required field{hint}")
+            return
+        self.value(tp, data[f.name], path)
+        self.declared(f, tp, data[f.name], path)
 
     def declared(self, f: Any, tp: Any, value: Any, where: str) -> None:
         """The field's declared ``choices`` and ``check`` on a well-typed ``value``."""
@@ -196,7 +220,7 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
         RecipeError: On the first problem found, naming ``recipe_file`` and the field.
     """
     check = _Checker(recipe_file)
-    check.dataclass_(RecipeConfig, data, "")
+    check.each_field(RecipeConfig, data)
     config = from_json(RecipeConfig, data)
     if config.task == AUTO:  # resolved here, from the checkpoint's config.json (data only)
         try:

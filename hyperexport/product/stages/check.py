@@ -116,7 +116,10 @@ class CheckStage(RecipeStage):
         decode_error = None
         if judge is not None:  # the decode, token for token, and its logits
             decoded, decode_error = judge.judge(
-                inputs.dir("trace"), inputs.dir("evaluate"), out_dir
+                inputs.dir("trace"),
+                inputs.dir("evaluate"),
+                out_dir,
+                recipe.check.generation.min_distinct,
             )
             lines = [*lines, *decoded]
         atomic_write_bytes(out_dir / CHECK_SUMMARY, ("\n".join(lines) + "\n").encode("utf-8"))

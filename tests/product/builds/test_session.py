@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,20 @@ def test_variant_dir() -> None:
     assert variant_dir(["recipe=llama", "opset=17", "build.dry_run=true"]) == "opset=17"
     assert variant_dir(["opset=17", "dynamo=true"]) == "dynamo=true,opset=17"
     assert variant_dir(["+checkpoint=/a/b.pt"]) == "checkpoint=_a_b.pt"
+
+
+def test_variant_names_need_no_quoting_and_stay_unique() -> None:
+    """Issue 34: a quoted check.accept_vacuous override named its folder
+    ``check.accept_vacuous=["…#0_out.2"]``."""
+    quoted = ['check.accept_vacuous=["model.decoder.block.0.step#0/out.2"]']
+    name = variant_dir(quoted)
+    assert name.startswith("check.accept_vacuous=model.decoder.block.0.step_0_out.2~")
+    assert re.fullmatch(r"[A-Za-z0-9._=,+~-]+", name)
+    assert variant_dir(quoted) == name  # stable
+    assert variant_dir(['check.accept_vacuous=["model.decoder.block.0.step_0/out.2"]']) != name
+    assert variant_dir(["inputs.x.shape=[2,8]", "opset=17"]).startswith(
+        "inputs.x.shape=2,8,opset=17~"
+    )
 
 
 def test_outputs_and_report(tmp_path: Path) -> None:
@@ -52,6 +67,7 @@ def test_outputs_and_report(tmp_path: Path) -> None:
             "function_scope": "all",
             "per_output": {},
             "quantized": {"max_rel_error": 0.35, "min_cosine": 0.95, "min_top1": 0.75},
+            "generation": {"min_distinct": 3},
             "rtol": 0.001,
         },
         "opset": 18,
@@ -174,11 +190,13 @@ def test_a_sweep_job_explains_against_its_own_variant(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["copy", "reflink"])
-def test_a_variant_sharing_a_model_warns_when_it_holds_a_second_copy(
+def test_a_variant_sharing_a_model_says_once_at_info_that_it_holds_a_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
-    """A ``check.*`` variant publishes the same model as the default one: without reflinks
-    its folder holds a second copy, and the build says so at WARNING (a reflink shares it)."""
+    """A ``check.*`` variant publishes the same model as the default one, a real model file
+    byte for byte: without reflinks its folder holds a copy, which the build says in one INFO
+    line (no WARNING: it is expected); a reflink shares the bytes and says nothing."""
+    import logging
     import shutil
 
     from hyperexport.product.builds import publish
@@ -188,6 +206,7 @@ def test_a_variant_sharing_a_model_warns_when_it_holds_a_second_copy(
         return how
 
     monkeypatch.setattr(publish, "clone_or_copy", clone)
+    caplog.set_level(logging.INFO, logger=publish.__name__)
     settings = _settings(tmp_path)
     first = run_build(recipe(), settings, stages=pipeline(), load_model=lambda: "m")
     assert first.exit_code == 0
@@ -201,11 +220,17 @@ def test_a_variant_sharing_a_model_warns_when_it_holds_a_second_copy(
         variant=variant,
     )
     assert {s.name for s in again.result.stages if s.status == "ran"} == {"check"}
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    if how == "reflink":
-        assert warnings == []
-        return
-    (line,) = warnings  # the model only, not the manifest
-    assert line.startswith("model.onnx: a second copy") and "no reflinks" in line
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    shares = [r.getMessage() for r in caplog.records if "copied (no reflinks" in r.getMessage()]
     default = (tmp_path / "outputs" / "fake" / "default").resolve()
-    assert str(default / "model.onnx") in line
+    mine = tmp_path / "outputs" / "fake" / variant / "model.onnx"
+    assert mine.read_bytes() == (default / "model.onnx").read_bytes()
+    assert not mine.is_symlink() and mine.stat().st_nlink == 1  # a real file, never a link
+    if how == "reflink":
+        assert shares == []
+        return
+    (line,) = shares  # one line for the variant's model files
+    assert "model.onnx" in line and str(default) in line
+    assert [r.levelname for r in caplog.records if "copied (no reflinks" in r.getMessage()] == [
+        "INFO"
+    ]
