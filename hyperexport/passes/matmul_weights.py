@@ -259,8 +259,8 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
             made = []
             for name, array in zip(names, arrays, strict=True):
                 tensor = ir.Tensor(array, name=name)
-                node = ir.node(
-                    "Constant", [], attributes={"value": tensor}, name=f"{name}/Constant"
+                node = ir.Node(
+                    "", "Constant", [], [ir.AttrTensor("value", tensor)], name=f"{name}/Constant"
                 )
                 node.outputs[0].name = self._fresh(name, graph)
                 node.outputs[0].type = ir.TensorType(tensor.dtype)

@@ -90,16 +90,18 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
         node = candidate.node
         shape = candidate.leaves[0].tensor.shape.numpy()
         n, k = shape if candidate.transposed else shape[::-1]
-        attributes: dict[str, int] = {}
+        attributes: list[ir.Attr] = []
         if self.method == INT4_BLOCK:
-            attributes = {"K": int(k), "N": int(n), "bits": 4, "block_size": self.block_size}
+            ints = {"K": int(k), "N": int(n), "bits": 4, "block_size": self.block_size}
             if self.accuracy_level:  # 0: ONNX Runtime's default, the attribute left out
-                attributes["accuracy_level"] = self.accuracy_level
-        new = ir.node(
+                ints["accuracy_level"] = self.accuracy_level
+            attributes = [ir.AttrInt64(name, value) for name, value in ints.items()]
+        # ir.Node, not ir.node: no attribute type inference (a tenth of the pass's time).
+        new = ir.Node(
+            MS_DOMAIN,
             QUANTIZED_OPS[self.method],
             [node.inputs[0], *operands],
-            attributes=attributes,
-            domain=MS_DOMAIN,
+            attributes,
             name=f"{node.name}/{QUANTIZED_OPS[self.method]}" if node.name else None,
         )
         old = node.outputs[0]
