@@ -110,7 +110,7 @@ class QuantizeStage(RecipeStage):
                 f"{q.method}: the model has no MatMul with a constant weight to quantize "
                 "(outside quantize.exclude)",
             )
-        _refuse_unsupported(model, q.method, recipe)
+        _refuse_unsupported(model, q.method, q.accuracy_level, recipe)
         quantized = quantized_manifest(manifest, before, model)
         _save(
             model,
@@ -126,7 +126,7 @@ class QuantizeStage(RecipeStage):
             write_quantized_genai_config(inputs.dir("trace"), out_dir)
 
 
-def _refuse_unsupported(model: Any, method: str, recipe: str) -> None:
+def _refuse_unsupported(model: Any, method: str, accuracy_level: int, recipe: str) -> None:
     """RecipeError naming ``quantize.method`` when ORT's CPU provider cannot run its op here."""
     from hyperexport.check.quantized_support import unsupported_reason
     from hyperexport.passes.quantize_matmul import MS_DOMAIN, QUANTIZED_OPS
@@ -139,7 +139,7 @@ def _refuse_unsupported(model: Any, method: str, recipe: str) -> None:
                 if scales is not None and scales.dtype is not None:
                     dtypes.add(scales.dtype.numpy().name)
     for dtype in sorted(dtypes):
-        reason = unsupported_reason(method, dtype)
+        reason = unsupported_reason(method, dtype, accuracy_level)
         if reason is not None:
             raise RecipeError(
                 recipe,
