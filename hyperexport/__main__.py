@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 
 from hyperexport import exit_codes
-from hyperexport.engine.cache_dir import default_cache_dir
+from hyperexport.cache_dir import default_cache_dir
 from hyperexport.engine.keyed_imports import default_bytecode_dir, keyed_imports
 
 log = logging.getLogger("hyperexport")

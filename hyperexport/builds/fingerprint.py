@@ -30,13 +30,18 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import hyperexport
 from hyperexport.contracts.names import CHECKPOINT_CONFIG, TOKENIZER_FILES
-from hyperexport.engine.code_closure import PACKAGE
+from hyperexport.engine.code_closure import CodePackage
 from hyperexport.engine.environment import SITE_DIRS
 from hyperexport.engine.hashing import FileDigestIndex, canonical_json, sha256_text
 from hyperexport.versions import RECORDED_DISTRIBUTIONS
 
 log = logging.getLogger(__name__)
+
+#: The package whose code the stages' keys cover: hyperexport itself.
+KEYED_PACKAGE = CodePackage.of(hyperexport)
+PACKAGE = KEYED_PACKAGE.name
 
 #: The distributions a build report lists (a stage's key holds only its own ``libraries``):
 #: those a model records, and onnx-ir.

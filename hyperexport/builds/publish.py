@@ -10,7 +10,7 @@ Layout under ``<outputs>/<recipe>/`` (documented in outputs/README.md)::
     .builds/<variant>.<id>.lock held (filelock) while that publication is being written
 
 A publication is written in full under ``.builds/`` (files cloned from the cache with
-:func:`~hyperexport.files.clone_or_copy` and verified by digest, or, for a large file the
+:func:`~hyperexport.engine.files.clone_or_copy` and verified by digest, or, for a large file the
 build already copied out and verified, that copy moved in: ``workspace.py``), then the link is
 swapped with one ``os.replace``: a reader that resolves the link sees the previous build or the
 new one, never a mix, also when the build is killed at any point. The previous directory is
@@ -61,13 +61,13 @@ from hyperexport.builds.report import (
 from hyperexport.builds.summary import render_summary
 from hyperexport.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
 from hyperexport.engine.entries import OutputFile
+from hyperexport.engine.files import clone_or_copy
 from hyperexport.engine.hashing import sha256_file, sha256_text
 from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
 from hyperexport.engine.workspace import Workspace
 from hyperexport.errors import ForeignPathError
-from hyperexport.files import clone_or_copy
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def publish_build(
         ForeignRecipeError: ``recipe_dir`` holds publications of another recipe source.
     """
     link = recipe_dir / (variant if result.ok else variant + FAILED_SUFFIX)
-    check_same_source(recipe_dir, request.recipe_file)  # again: one may have appeared meanwhile
+    check_same_source(recipe_dir, request.source)  # again: one may have appeared meanwhile
     files = _files_to_publish(store, request.stages, result, link)
     index = {f.rel: f.record() for f in files}
     report = fix_paths(

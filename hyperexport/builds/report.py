@@ -19,6 +19,7 @@ from hyperexport.engine.hashing import atomic_write_json
 from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
+from hyperexport.errors import StageError
 
 #: Artifact name prefixes of a build with several graphs (``encoder_manifest``, ...).
 GRAPH_PREFIXES = tuple(f"{graph}_" for graph in SEQ2SEQ_GRAPHS)
@@ -113,20 +114,21 @@ def build_report(
                 }
             io = graph_io if io is None else {k: io[k] + graph_io[k] for k in io}
     manifest = manifests[0] if manifests else None
+    error = StageError.of(result.error) if result.error else None
     return {
         "format": REPORT_FORMAT,
         "recipe": {
-            "name": request.recipe_name,
-            "file": request.recipe_file,
+            "name": request.name,
+            "file": request.source,
             # which recipe made it: a build of another source is refused (recipe_source.py)
-            "source": recipe_source(request.recipe_file),
-            "config": dict(request.recipe),
+            "source": recipe_source(request.source),
+            "config": dict(request.config),
         },
         "overrides": list(overrides),
         "status": "ok" if result.ok else "failed",
-        "error": str(result.error) if result.error else None,
-        "failed_stage": result.error.stage if result.error else None,
-        "module_path": result.error.module_path if result.error else None,
+        "error": str(error) if error else None,
+        "failed_stage": error.stage if error else None,
+        "module_path": error.module_path if error else None,
         "stages": [s.to_json() for s in result.stages],
         "artifacts": artifacts,
         "files": {k: dict(v) for k, v in sorted(files.items())},

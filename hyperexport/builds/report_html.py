@@ -317,7 +317,7 @@ def _overview(report: Mapping[str, Any], manifest: Mapping[str, Any] | None, bui
         if name.startswith(MODEL_FILE) and isinstance(info, Mapping)
     )
     opset = (manifest or {}).get("opset", recipe.get("opset"))
-    promoted = (recipe.get("attention") or {}).get("promote_opset24")
+    fusion = (manifest or {}).get("fusion") or "none"
     path = (report.get("export_path") or {}).get("dynamo")
     overrides = report.get("overrides") or []
     env = report.get("environment") or {}
@@ -326,8 +326,9 @@ def _overview(report: Mapping[str, Any], manifest: Mapping[str, Any] | None, bui
     )
     rows = [
         ("built", built or "-"),
-        ("opset", f"{opset}" + (" (export; the final model is opset 24)" if promoted else "")),
+        ("opset", f"{opset}"),
         ("export path", "-" if path is None else ("dynamo" if path else "torchscript")),
+        *([("fusion", fusion)] if fusion != "none" else []),
         ("functions", (manifest or {}).get("function_mode") or recipe.get("functions") or "-"),
         ("overrides", " ".join(overrides) if overrides else "none (the recipe as written)"),
         ("model size", _size(size) if size else "-"),

@@ -24,13 +24,14 @@ from hyperexport.builds.publish import (
     publish_build,
 )
 from hyperexport.builds.recipe_source import ForeignRecipeError
+from hyperexport.cache_dir import ENV_CACHE_DIR, default_cache_dir
 from hyperexport.config import BuildSettings, Recipe
-from hyperexport.engine.cache_dir import default_cache_dir
 from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import FileDigestIndex, sha256_text
 from hyperexport.engine.machinery import machinery
 from hyperexport.engine.remote import remote_from_settings
 from hyperexport.engine.runner import DEFAULT_VARIANT, REFUSED, BuildRequest, BuildResult, Runner
+from hyperexport.engine.settings import READ_ONLY
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import open_store
 from hyperexport.errors import CacheUnavailableError, ForeignPathError
@@ -121,19 +122,21 @@ def run_build(
         with machinery():  # what the remote tier imports is not the model's
             store = open_store(
                 default_cache_dir(settings.cache_dir),
+                configured_by=f"build.cache_dir / ${ENV_CACHE_DIR}",
+                writable_hint="make it writable, or set build.cache_dir to a writable directory",
                 dry_run=settings.dry_run,
                 remote=remote_from_settings(
                     settings.remote,
-                    "read_only" if settings.dry_run else settings.remote_mode,
+                    READ_ONLY if settings.dry_run else settings.remote_mode,
                     settings.storage_options,
                 ),
             )
     except CacheUnavailableError as e:
         return _unavailable(e, recipe_dir / variant)
     request = BuildRequest(
-        recipe_name=recipe.name,
-        recipe=recipe.data,
-        recipe_file=recipe.file,
+        name=recipe.name,
+        config=recipe.data,
+        source=recipe.file,
         stages=stages,
         env=environment_fingerprint(ENV_DISTRIBUTIONS),
         model=model_fingerprint(recipe, store.index),
@@ -147,7 +150,7 @@ def run_build(
         variant=variant,
     )
     # Inside the block the last build's checkouts stay, for publishing to take (workspace.py).
-    with Runner(store, load_model) as runner:
+    with Runner(store, load_model, package=fingerprint.KEYED_PACKAGE) as runner:
         try:
             result = runner.run(request)
         except CacheUnavailableError as e:  # a stage must run and the cache cannot be written

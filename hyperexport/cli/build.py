@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hyperexport import exit_codes
 from hyperexport.builds import sweep
 from hyperexport.builds.session import BuildOutcome, run_build, variant_dir
+from hyperexport.cache_dir import default_cache_dir
 from hyperexport.cli.sweep_check import MULTIRUN_FLAGS, refused_jobs, sweep_jobs
 from hyperexport.cli.threads import parallel_jobs, share_cores, with_default_n_jobs
 from hyperexport.cli.usage import UnusableDirectory, check_dir
@@ -44,8 +45,7 @@ from hyperexport.config import (
 from hyperexport.config.hydra import recipes_named, register_resolvers
 from hyperexport.config.paths import DEFAULT_RECIPE
 from hyperexport.config.schema import _outputs_root
-from hyperexport.engine.cache_dir import default_cache_dir
-from hyperexport.errors import RecipeError
+from hyperexport.errors import RecipeError, StageError
 from hyperexport.stages import PIPELINE, model_loader
 
 log = logging.getLogger("hyperexport")
@@ -152,8 +152,8 @@ def _validate_and_build(
         print(line)
     sys.stdout.flush()
     error = outcome.result.error
-    if error is not None and isinstance(error.__cause__, RecipeError):
-        return exit_codes.INVALID, outcome, str(error)
+    if error is not None and isinstance(error.cause, RecipeError):
+        return exit_codes.INVALID, outcome, str(StageError.of(error))
     return outcome.exit_code, outcome, None
 
 

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from hyperexport import exit_codes
+from hyperexport.cache_dir import default_cache_dir
 from hyperexport.cli.quantities import human_age, human_size, parse_age, parse_size
 from hyperexport.cli.table import render_table
 from hyperexport.cli.usage import UnusableDirectory, UsageError, check_dir
-from hyperexport.engine.cache_dir import default_cache_dir
 from hyperexport.engine.store import CacheStore
 from hyperexport.errors import CacheUnavailableError
 
@@ -195,7 +195,7 @@ def cmd_status(args: argparse.Namespace, root: Path) -> int:
 
 
 def cmd_ls(args: argparse.Namespace, root: Path) -> int:
-    from hyperexport.cli.cache_inventory import disk_usage, scan
+    from hyperexport.engine.inventory import disk_usage, scan
 
     inventory = scan(CacheStore(root, read_only=True))
     now = time.time()
@@ -203,13 +203,13 @@ def cmd_ls(args: argparse.Namespace, root: Path) -> int:
         e
         for e in inventory.entries
         if (args.stage is None or e.stage == args.stage)
-        and (args.recipe is None or args.recipe in e.recipes)
+        and (args.recipe is None or args.recipe in e.builds)
     ]
     rows = [
         [
             e.key[:12],
             e.stage,
-            ",".join(e.recipes) or "-",
+            ",".join(e.builds) or "-",
             human_size(e.size),
             _when(e.last_used, now),
         ]
@@ -228,7 +228,7 @@ def cmd_ls(args: argparse.Namespace, root: Path) -> int:
 
 
 def cmd_show(args: argparse.Namespace, root: Path) -> int:
-    from hyperexport.cli.cache_inventory import AmbiguousKey, find, scan
+    from hyperexport.engine.inventory import AmbiguousKey, find, scan
 
     store = CacheStore(root, read_only=True)
     try:
@@ -243,7 +243,7 @@ def cmd_show(args: argparse.Namespace, root: Path) -> int:
         [
             ["key", info.key],
             ["stage", info.stage],
-            ["recipe", ", ".join(info.recipes) or "-"],
+            ["recipe", ", ".join(info.builds) or "-"],
             ["size", f"{human_size(info.size)} in {len(info.entry.outputs)} files"],
             ["last use", _when(info.last_used, now)],
             ["entry", str(info.path)],
@@ -263,7 +263,7 @@ def cmd_show(args: argparse.Namespace, root: Path) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, root: Path) -> int:
-    from hyperexport.cli.cache_verify import verify
+    from hyperexport.engine.verify import verify
     from hyperexport.stages.pipeline import PIPELINE
 
     result = verify(CacheStore(root), PIPELINE)
@@ -278,7 +278,7 @@ def cmd_verify(args: argparse.Namespace, root: Path) -> int:
 
 
 def cmd_gc(args: argparse.Namespace, root: Path) -> int:
-    from hyperexport.cli.cache_gc import DEFAULT_GRACE, GcOptions, collect
+    from hyperexport.engine.collector import DEFAULT_GRACE, GcOptions, collect
 
     options = GcOptions(
         max_size=args.max_size,
@@ -294,7 +294,7 @@ def cmd_gc(args: argparse.Namespace, root: Path) -> int:
             verb,
             e.key[:12],
             e.stage,
-            ",".join(e.recipes) or "-",
+            ",".join(e.builds) or "-",
             human_size(e.size),
             _when(e.last_used, now),
         ]

@@ -1,14 +1,9 @@
-"""``cache push`` and ``cache pull``: seed a remote tier from a local cache, or fill a local
-cache from a remote, with the remote tier's own transfer functions (``engine/remote.py``).
+"""``cache push`` and ``cache pull``: the arguments, and a line per entry; the transfers are the
+engine's (``engine/sync.py``).
 
-* ``push`` uploads every local entry the remote lacks (blobs first, the entry last), then the
-  discovered-dependency records; an entry already on the remote with all its blobs is skipped.
-  Each uploaded entry is read back and its blobs' sizes checked.
-* ``pull`` downloads every remote entry the local cache lacks; each blob is checked against its
-  digest before it is moved in (a mismatch is a WARNING and the entry is skipped).
+* ``push`` uploads every local entry the remote lacks, then the discovered-dependency records.
+* ``pull`` downloads every remote entry the local cache lacks, then the records.
 * ``--recipe NAME`` limits both to the entries that recipe computed or used.
-
-Both are idempotent (a second run transfers nothing) and report progress per entry.
 """
 
 from __future__ import annotations
@@ -20,9 +15,10 @@ from pathlib import Path
 
 from hyperexport import exit_codes
 from hyperexport.cli.usage import UsageError
-from hyperexport.engine.entries import ActionEntry
+from hyperexport.engine import sync
 from hyperexport.engine.remote import Remote
-from hyperexport.engine.store import HIT, CacheStore
+from hyperexport.engine.settings import READ_ONLY, READ_WRITE
+from hyperexport.engine.store import CacheStore
 from hyperexport.progress import track
 
 log = logging.getLogger(__name__)
@@ -64,86 +60,43 @@ def _remote(args: argparse.Namespace, mode: str) -> Remote:
     return Remote(args.remote, mode=mode, storage_options=_options(args.storage_option))
 
 
-def _local_keys(store: CacheStore, recipes: list[str]) -> list[str]:
-    from hyperexport.cli.cache_inventory import scan
-
-    inventory = scan(store)
-    return sorted(e.key for e in inventory.entries if not recipes or set(recipes) & set(e.recipes))
-
-
-def _remote_keys(remote: Remote) -> list[str]:
-    try:
-        paths = remote.fs.find(f"{remote.root}/actions")
-    except FileNotFoundError:
-        return []
-    return sorted(Path(p).name[: -len(".json")] for p in paths if p.endswith(".json"))
-
-
-def _on_remote(remote: Remote, entry: ActionEntry) -> bool:
-    """Whether ``entry`` and every blob it names (by size) are on the remote."""
-    found = remote.read_entry(entry.key)
-    return found is not None and all(
-        remote._has(remote.blob_path(f.digest), f.size) for f in entry.outputs
-    )
-
-
 def cmd_push(args: argparse.Namespace, root: Path) -> int:
     """Upload the local entries (and dependency records) the remote lacks."""
     store = CacheStore(root, read_only=True)
-    remote = _remote(args, "read_write")
-    keys = _local_keys(store, args.recipe)
-    sent = skipped = failed = 0
-    for key in track(keys, f"pushing to {args.remote}", unit="entries"):
-        entry = store.read_entry(key)
-        if _on_remote(remote, entry):
-            skipped += 1
-            continue
-        remote.upload(entry, store)
-        if _on_remote(remote, entry):
-            sent += 1
-            print(f"pushed {entry.stage} {key[:12]} ({len(entry.outputs)} files)", flush=True)
-        else:
-            failed += 1
-            print(f"FAILED {entry.stage} {key[:12]} (see the WARNING above)", flush=True)
-    deps = sorted((root / "deps").glob("*/*.json"))
-    for path in deps:
-        remote.upload_deps(path.stem, path)
+    remote = _remote(args, READ_WRITE)
+    keys = track(sync.local_keys(store, args.recipe), f"pushing to {args.remote}", unit="entries")
+    counts = {sync.MOVED: 0, sync.PRESENT: 0, sync.FAILED: 0}
+    for moved in sync.push(store, remote, keys):
+        counts[moved.outcome] += 1
+        assert moved.entry is not None
+        what = f"{moved.entry.stage} {moved.key[:12]}"
+        if moved.outcome == sync.MOVED:
+            print(f"pushed {what} ({len(moved.entry.outputs)} files)", flush=True)
+        elif moved.outcome == sync.FAILED:
+            print(f"FAILED {what} (see the WARNING above)", flush=True)
+    records = sync.push_dependencies(store, remote)
     print(
-        f"{sent} pushed, {skipped} already there, {failed} failed; "
-        f"{len(deps)} dependency records merged; {args.remote}"
+        f"{counts[sync.MOVED]} pushed, {counts[sync.PRESENT]} already there, "
+        f"{counts[sync.FAILED]} failed; {records} dependency records merged; {args.remote}"
     )
-    return exit_codes.FAILED if failed else exit_codes.OK
+    return exit_codes.FAILED if counts[sync.FAILED] else exit_codes.OK
 
 
 def cmd_pull(args: argparse.Namespace, root: Path) -> int:
     """Download the remote entries (and dependency records) the local cache lacks."""
     store = CacheStore(root)
-    remote = _remote(args, "read_only")
-    fetched = present = failed = 0
-    for key in track(_remote_keys(remote), f"pulling from {args.remote}", unit="entries"):
-        if store.lookup(key).status == HIT:  # this store has no remote: local only
-            present += 1
-            continue
-        if args.recipe:
-            entry = remote.read_entry(key)
-            if entry is None or entry.recipe not in args.recipe:
-                continue
-        if remote.fetch(key, store):
-            fetched += 1
-            print(f"pulled {key[:12]}", flush=True)
-        else:
-            failed += 1
-            print(f"FAILED {key[:12]} (see the WARNING above)", flush=True)
-    try:
-        deps = [p for p in remote.fs.find(f"{remote.root}/deps") if p.endswith(".json")]
-    except FileNotFoundError:
-        deps = []
-    for path in deps:
-        declared = Path(path).name[: -len(".json")]
-        remote.fetch_deps(declared, root / "deps" / declared[:2] / f"{declared}.json")
-    store.save_index()
+    remote = _remote(args, READ_ONLY)
+    keys = track(sync.remote_keys(remote), f"pulling from {args.remote}", unit="entries")
+    counts = {sync.MOVED: 0, sync.PRESENT: 0, sync.FAILED: 0}
+    for moved in sync.pull(store, remote, keys, args.recipe):
+        counts[moved.outcome] += 1
+        if moved.outcome == sync.MOVED:
+            print(f"pulled {moved.key[:12]}", flush=True)
+        elif moved.outcome == sync.FAILED:
+            print(f"FAILED {moved.key[:12]} (see the WARNING above)", flush=True)
+    records = sync.pull_dependencies(store, remote)
     print(
-        f"{fetched} pulled, {present} already here, {failed} failed; "
-        f"{len(deps)} dependency records merged; cache {root}"
+        f"{counts[sync.MOVED]} pulled, {counts[sync.PRESENT]} already here, "
+        f"{counts[sync.FAILED]} failed; {records} dependency records merged; cache {root}"
     )
-    return exit_codes.FAILED if failed else exit_codes.OK
+    return exit_codes.FAILED if counts[sync.FAILED] else exit_codes.OK

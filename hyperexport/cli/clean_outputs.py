@@ -21,11 +21,11 @@ from pathlib import Path
 from hyperexport import exit_codes
 from hyperexport.builds.cleanup import is_publication_link, remove_publication
 from hyperexport.builds.report import REPORT
-from hyperexport.cli.cache_inventory import disk_usage
 from hyperexport.cli.quantities import human_size
 from hyperexport.cli.table import render_table
 from hyperexport.cli.usage import UsageError, check_dir
 from hyperexport.config import DEFAULT_OUTPUTS_DIR, RECIPES_DIR
+from hyperexport.engine.inventory import disk_usage
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,7 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
     from hyperexport.engine.code_closure import package_sources
     from hyperexport.engine.hashing import FileDigestIndex
     from hyperexport.engine.keys import declared_material
-    from hyperexport.engine.stage import recipe_slice
+    from hyperexport.engine.stage import config_slice
     from hyperexport.stages import PIPELINE
 
     recipe, _ = compose_recipe(
@@ -150,7 +150,7 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
         recipe.data, recipe.file, recipe.checkpoint, FileDigestIndex(None)
     )
     roots = fingerprint.package_modules(fingerprint.model_imports(recipe.data))
-    package = package_sources()
+    package = package_sources(fingerprint.KEYED_PACKAGE)
     fields: dict[str, Any] = {}
     stages: dict[str, Any] = {}
     versions: dict[str, Any] = {}
@@ -158,7 +158,7 @@ def variant_inputs(variant: Variant) -> dict[str, Any]:
     for stage in PIPELINE:
         material = declared_material(
             stage,
-            recipe_slice(recipe.data, stage.reads),
+            config_slice(recipe.data, stage.reads),
             {},
             model=model,
             code_roots=roots,

@@ -26,9 +26,11 @@ from typing import Any
 
 from hyperexport import exit_codes
 from hyperexport.contracts.names import (
+    FUSED_OPS,
     META_VERSION_PREFIX,
     QUANTIZED_DOMAIN,
     QUANTIZED_OP_TYPES,
+    op_id,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class FunctionInfo:
         opsets: ``{domain: version}`` it imports.
         inputs: Its inputs. Outputs: its outputs.
         quantized: Quantized op type (``com.microsoft``) -> nodes of that type in its body.
+        fused: Fused kernel (``rewrite.fuse``, ``domain::op``) -> nodes of that type in its body.
     """
 
     id: str
@@ -75,6 +78,7 @@ class FunctionInfo:
     inputs: tuple[ValueInfo, ...]
     outputs: tuple[ValueInfo, ...]
     quantized: dict[str, int] = field(default_factory=dict)
+    fused: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,19 @@ def _type_text(value: Any) -> str:
 
 def _values(values: Sequence[Any]) -> tuple[ValueInfo, ...]:
     return tuple(ValueInfo(v.name or "", _type_text(v)) for v in values)
+
+
+#: Every op a fusion writes (``contracts.names.FUSED_OPS``), as ``domain::op``.
+_FUSED = frozenset(op for ops in FUSED_OPS.values() for op in ops)
+
+
+def _fused(nodes: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in nodes:
+        op = op_id(node.domain, node.op_type)
+        if op in _FUSED:
+            counts[op] = counts.get(op, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _quantized(nodes: Any) -> dict[str, int]:
@@ -174,6 +191,7 @@ def describe_model(path: Path) -> ModelInfo:
                 inputs=_values(f.inputs),
                 outputs=_values(f.outputs),
                 quantized=_quantized(f),
+                fused=_fused(f),
             )
         )
     return ModelInfo(
@@ -240,6 +258,9 @@ def render(info: ModelInfo, *, io: bool = True) -> list[str]:
             f"{pad}{_short_class(f)} -> {f.id}{where}: x{f.runs} ({f.call_sites} call sites), "
             f"{f.nodes} nodes{quantized}, {fops}{again}"
         )
+        if f.fused and not again:
+            fused = ", ".join(f"{op} x{n}" for op, n in f.fused.items())
+            lines.append(f"{pad}    fused: {fused}")
         if again:
             return
         shown.add(fid)

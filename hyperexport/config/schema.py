@@ -58,6 +58,7 @@ from hyperexport.defaults import (
 from hyperexport.engine.settings import REMOTE_MODES as REMOTE_MODES
 from hyperexport.options import (
     FUNCTION_MODES,
+    FUSIONS,
     AttentionOptions,
     ExportOptions,
     RewriteOptions,
@@ -155,8 +156,8 @@ def _output_names(names: list[str]) -> None:
 
 def _op_counts(counts: Mapping[str, int]) -> None:
     for op, count in counts.items():
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", op):
-            raise Invalid(f"{op!r} is not an ONNX op type", at=f".{op}")
+        if not re.fullmatch(r"([A-Za-z][\w.]*::)?[A-Za-z][A-Za-z0-9_]*", op):
+            raise Invalid(f"{op!r} is not an ONNX op type (or domain::op)", at=f".{op}")
         if count < 0:
             raise Invalid(f"must be >= 0, got {count}", at=f".{op}")
 
@@ -326,10 +327,11 @@ class QuantizedCheckSpec(Section):
 class CheckSpec(Section):
     """What the check stage verifies.
 
-    ``expect_ops`` maps a default-domain op type to the exact number of nodes of that type the
-    final model *executes*: nodes of the main graph, plus each function's nodes times the number
-    of times the function is called (nested calls multiply). ``{Attention: 4}`` on a 4-layer
-    model holds whether the layers share one function (per_type) or have one each.
+    ``expect_ops`` maps an op type (``domain::op`` outside the default domain, such as
+    ``com.microsoft::GroupQueryAttention``) to the exact number of nodes of that type the final
+    model *executes*: nodes of the main graph, plus each function's nodes times the number of
+    times the function is called (nested calls multiply). ``{Attention: 4}`` on a 4-layer model
+    holds whether the layers share one function (per_type) or have one each.
 
     Tolerances are read by ``check`` only (changing one reruns only ``check``); what runs
     (``function_scope``, ``expect_ops``) by ``evaluate`` too.
@@ -354,19 +356,24 @@ class CheckSpec(Section):
 @dataclass(frozen=True, eq=False, repr=False)
 class AttentionSpec(Section):
     """``implementation``: the transformers attention entry to export with (``hyperexport``
-    exports each attention call as one node). ``promote_opset24`` rewrites those nodes to
-    default-domain ``Attention`` and makes the final model opset 24 whatever ``opset`` says:
-    ``opset`` is then only the export opset."""
+    exports each attention call as one node, which ``rewrite.fuse`` turns into ONNX
+    ``Attention`` or ONNX Runtime's attention kernels)."""
 
     implementation: str | None = option(
         _library(AttentionOptions, "implementation"),
         readers=(*MODEL_STAGES, "rewrite"),
         check=_not_builtin,
     )
-    # Promotion is the rewrite's (and what the checks expect), not the export's.
-    promote_opset24: bool = option(
-        _library(AttentionOptions, "promote_opset24"), readers=("rewrite", *CHECK_STAGES)
-    )
+
+
+#: Recipe fields that no longer exist, and what replaces each: validation refuses them with
+#: this pointer (exit 2) rather than as an unknown key.
+RETIRED_FIELDS = {
+    "attention.promote_opset24": (
+        "rewrite.fuse: standard, which makes ONNX Attention and also fuses RMSNormalization "
+        "and RotaryEmbedding (the model stays opset 24); set that instead"
+    ),
+}
 
 
 _REWRITE = ("rewrite",)
@@ -385,6 +392,12 @@ class RewriteSpec(Section):
     #: that ONNX Runtime's quantizers find them after inlining.
     weights_as_initializers: bool = option(
         _library(RewriteOptions, "weights_as_initializers"), readers=_REWRITE
+    )
+    #: Fused kernels inside the functions: ``none``, ``standard`` (ONNX's own fused ops; the
+    #: final model is opset 24 whatever ``opset`` says, which is then the export opset) or
+    #: ``onnxruntime`` (ONNX Runtime's contrib kernels). The checks read it for the opset.
+    fuse: str = option(
+        _library(RewriteOptions, "fuse"), readers=(*_REWRITE, *CHECK_STAGES), choices=FUSIONS
     )
 
 

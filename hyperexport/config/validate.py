@@ -35,6 +35,7 @@ from hyperexport.config.schema import (
     NO_QUANTIZATION,
     PROMOTE_MIN_OPSET,
     REMOTE_MODES,
+    RETIRED_FIELDS,
     BuildConfig,
     BuildSettings,
     InputSpec,
@@ -94,6 +95,8 @@ class _Checker:
         for key in data:
             if key not in names:
                 path = f"{where}.{key}" if where else str(key)
+                if path in RETIRED_FIELDS:
+                    self.fail(path, f"retired: replaced by {RETIRED_FIELDS[path]}")
                 self.fail(path, f"unknown key{did_you_mean(str(key), names)}")
         for f in fields(schema):
             path = f"{where}.{f.name}" if where else f.name
@@ -269,17 +272,19 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
             check.fail("hiera", "at least one class is required")
         for i, path in enumerate(r.hiera):
             _check_import(check, f"hiera[{i}]", path)
-    if r.attention.promote_opset24 and r.attention.implementation is None:
-        check.fail(
-            "attention.implementation",
-            "missing: attention.promote_opset24 needs an implementation to promote "
-            "(e.g. 'hyperexport')",
+    fuse = r.rewrite.fuse
+    if fuse != "none" and r.attention.implementation is None:
+        log.warning(
+            "%s: rewrite.fuse=%s leaves attention unfused: it fuses attention exported as one "
+            "node per call (attention.implementation: hyperexport)",
+            check.file,
+            fuse,
         )
-    if r.attention.promote_opset24 and r.opset < PROMOTE_MIN_OPSET:
+    if fuse == "standard" and r.opset < PROMOTE_MIN_OPSET:
         check.fail(
             "opset",
-            f"{r.opset} is too old for attention.promote_opset24: the export opset must be "
-            f">= {PROMOTE_MIN_OPSET} (promotion re-declares the model at 24 without converting "
+            f"{r.opset} is too old for rewrite.fuse=standard: the export opset must be "
+            f">= {PROMOTE_MIN_OPSET} (the fusion re-declares the model at 24 without converting "
             "ops such as ReduceMean, whose signature changed at 18)",
         )
     for i, op in enumerate(r.custom_ops):

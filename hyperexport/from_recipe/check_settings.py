@@ -25,7 +25,7 @@ def check_settings(
 
     Args:
         recipe: Holds ``check.function_scope``, ``check.expect_ops``, ``opset``, ``dynamo``,
-            ``fallback`` and ``attention.promote_opset24``; and, for the ``check`` stage,
+            ``fallback`` and ``rewrite.fuse``; and, for the ``check`` stage,
             ``check.atol``, ``check.rtol``, ``check.per_output`` and ``check.accept_vacuous``.
         hiera: Qualified hiera class names (each must become a function).
         fallback_from: The manifest's record of a fallback, if the export fell back. Only a
@@ -34,11 +34,11 @@ def check_settings(
 
     The expectations follow from the recipe:
 
-    * default-domain opset: ``opset``, or ``PROMOTED_OPSET`` (24) with
-      ``attention.promote_opset24`` (promotion raises the model to it whatever the export opset);
+    * default-domain opset: ``opset``, or 24 with ``rewrite.fuse=standard`` (the fusion
+      raises the model to 24 whatever the export opset);
     * export path (metadata): ``dynamo``, or the other path when ``fallback`` is on and the
       manifest records that the export fell back;
-    * ``check.expect_ops``: executed counts of default-domain op types (``op_counts``).
+    * ``check.expect_ops``: executed counts of op types (``op_counts``).
     """
     c = recipe.check
     dynamo = recipe.dynamo
@@ -47,7 +47,7 @@ def check_settings(
     settings = CheckSettings(
         function_scope=c.function_scope,
         expected_classes=tuple(hiera),
-        expected_opset=PROMOTED_OPSET if recipe.attention.promote_opset24 else recipe.opset,
+        expected_opset=PROMOTED_OPSET if recipe.rewrite.fuse == "standard" else recipe.opset,
         expected_dynamo=dynamo,
         expected_ops=tuple(sorted(c.expect_ops.items())),
     )

@@ -91,7 +91,7 @@ class CheckStage(RecipeStage):
             ]
         else:
             data, lines = reports[0].to_json(), reports[0].summary_lines()
-        _refuse_unknown_outputs(inputs.recipe_file, recipe.check.accept_vacuous, *known)
+        _refuse_unknown_outputs(inputs.source, recipe.check.accept_vacuous, *known)
         # quantize (issue 26): the quantized model against the float one, when there is one.
         quantized = _quantized_verdict(inputs.dir("evaluate"), recipe)
         if quantized is not None:

@@ -68,7 +68,7 @@ class ExportStage(RecipeStage):
         # registers the output types the capture trees name.
         part, params = model_part(recipe.task), to_json(recipe)
         for graph in task_named(recipe.task).folders():
-            with part.scope(inputs.model(), params, inputs.recipe_file, graph) as scoped:
+            with part.scope(inputs.model(), params, inputs.source, graph) as scoped:
                 (out_dir / graph).mkdir(exist_ok=True)
                 typed = from_json(RecipeConfig, scoped[1], partial=True)
                 self._run(scoped[0], typed, inputs, out_dir / graph, graph)
@@ -84,10 +84,10 @@ class ExportStage(RecipeStage):
         from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
         from hyperexport.contracts.capture_spec import CaptureSpec
+        from hyperexport.engine.files import clone_or_copy
         from hyperexport.export.fallback import CaptureCall, export_with_fallback
         from hyperexport.export.path import ExportPath
         from hyperexport.export.registry import path_for
-        from hyperexport.files import clone_or_copy
         from hyperexport.from_recipe.capture_spec import example_inputs
         from hyperexport.from_recipe.export_options import export_options
         from hyperexport.from_recipe.model import resolve_classes
@@ -101,7 +101,7 @@ class ExportStage(RecipeStage):
 
         def recapture(path: ExportPath) -> Capture:
             # The other path's capture semantics (see export_with_fallback), from the same spec.
-            hiera = tuple(resolve_classes(list(spec.hiera), inputs.recipe_file))
+            hiera = tuple(resolve_classes(list(spec.hiera), inputs.source))
             return CaptureCall(model, (), example_inputs(spec), spec, hiera)(path)
 
         _, used = export_with_fallback(

@@ -91,7 +91,7 @@ class QuantizeStage(RecipeStage):
         from hyperexport.passes.quantize_manifest import function_inputs, quantized_manifest
         from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
 
-        recipe = inputs.recipe_file
+        recipe = inputs.source
         rewrite_dir = inputs.dir("rewrite")
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
         model = ir.load(rewrite_dir / MODEL_FILE)

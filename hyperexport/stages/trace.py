@@ -56,9 +56,9 @@ class TraceStage(RecipeStage):
         # model as loaded; then each graph runs as the task scopes it (forward: the model and
         # the slice as they are), into its own folder when there are several.
         part, params = model_part(recipe.task), to_json(recipe)
-        part.record(inputs.model(), params, inputs.recipe_file, out_dir)
+        part.record(inputs.model(), params, inputs.source, out_dir)
         for graph in task_named(recipe.task).folders():
-            with part.scope(inputs.model(), params, inputs.recipe_file, graph) as scoped:
+            with part.scope(inputs.model(), params, inputs.source, graph) as scoped:
                 folder = out_dir / graph
                 folder.mkdir(exist_ok=True)
                 typed = from_json(RecipeConfig, scoped[1], partial=True)
@@ -70,15 +70,15 @@ class TraceStage(RecipeStage):
         from hyperexport.from_recipe.model import resolve_classes
 
         # auto resolved once, here; the export stage captures again from this record only.
-        spec = capture_spec(recipe, model, inputs.recipe_file, out_dir)
+        spec = capture_spec(recipe, model, inputs.source, out_dir)
         spec.save(out_dir)
         capture = capture_model(
             model,
             (),
             example_inputs(spec),
-            hiera=resolve_classes(list(spec.hiera), inputs.recipe_file),
+            hiera=resolve_classes(list(spec.hiera), inputs.source),
             dynamo=spec.dynamo,
-            strict_hiera=str(inputs.recipe_file),  # a build: a hiera class never run is exit 2
+            strict_hiera=str(inputs.source),  # a build: a hiera class never run is exit 2
             **spec.capture_settings(),
         )
         capture.save(out_dir)

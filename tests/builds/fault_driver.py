@@ -17,55 +17,21 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings
-from hyperexport.engine.stage import StageInputs
+from tests.engine.fakes import SlowStage, slow_pipeline
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import FakeStage, pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class SlowStage(FakeStage):
-    """A fake stage that sleeps ``delay`` seconds first and may write a ``big`` file."""
-
-    delay: float = 0.0
-    big: int = 0
-
-    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
-        print(f"running {self.name}", flush=True)
-        time.sleep(self.delay)
-        super().run(params, inputs, out_dir)
-        if self.big:
-            # Deterministic, incompressible-looking content of the asked size.
-            block = bytes(range(256)) * 4096
-            with open(out_dir / "big.bin", "wb") as fh:
-                for i in range(0, self.big, len(block)):
-                    fh.write(block[: min(len(block), self.big - i)])
-
-
 def stages(delay: float = 0.0, big: int = 0, slow: str | None = None) -> tuple[SlowStage, ...]:
     """The fake pipeline with ``delay`` on every stage (or only on stage ``slow``) and ``big``
-    bytes in export's outputs."""
-    return tuple(
-        SlowStage(
-            s.name,
-            reads=s.reads,
-            upstream=s.upstream,
-            needs_model=s.needs_model,
-            publish=s.publish,
-            declares=dict(s.declares),
-            delay=delay if slow in (None, s.name) else 0.0,
-            big=big if s.name == "export" else 0,
-        )
-        for s in pipeline()
-    )
+    bytes in export's outputs (:func:`tests.engine.fakes.slow_pipeline`)."""
+    return slow_pipeline(delay, big, slow)
 
 
 def settings(cache: Path, outputs: Path, **remote: Any) -> BuildSettings:

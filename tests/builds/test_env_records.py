@@ -11,8 +11,8 @@ import pytest
 from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings
 from hyperexport.engine.hashing import canonical_json, sha256_text
+from tests.engine.fakes import pipeline
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import pipeline
 
 VALUE = "pin-4821"  # short: a plain digest of it is found by trying guesses
 

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.builds.session import BuildOutcome, run_build
-from hyperexport.cli.cache_verify import verify
 from hyperexport.config import BuildSettings
 from hyperexport.engine.store import CacheStore
+from hyperexport.engine.verify import verify
+from tests.engine.fakes import FakeStage, pipeline
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import FakeStage, pipeline
 
 
 def _settings(tmp_path: Path) -> BuildSettings:

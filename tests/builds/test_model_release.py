@@ -8,8 +8,8 @@ from typing import Any
 
 from hyperexport.builds.session import run_build
 from hyperexport.config import BuildSettings
+from tests.engine.fakes import pipeline
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import pipeline
 
 
 class _Model(dict[str, str]):

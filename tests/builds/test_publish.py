@@ -24,8 +24,8 @@ from hyperexport.builds.layout import BUILDS, FAILED_SUFFIX
 from hyperexport.builds.session import MAX_VARIANT_BYTES, run_build, variant_dir
 from hyperexport.config import BuildSettings
 from hyperexport.engine.hashing import sha256_file
+from tests.engine.fakes import FakeStage, StageBoom, pipeline
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import FakeStage, StageBoom, pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from hyperexport.config import BuildSettings
 from hyperexport.builds import publish
 from hyperexport.builds.session import run_build
-from tests.helpers.fake_stages import pipeline
+from tests.engine.fakes import pipeline
 from tests.helpers.fake_recipe import recipe
 
 cache, outputs, optimize = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "true"

@@ -18,8 +18,8 @@ from hyperexport.builds.recipe_source import ForeignRecipeError, recipe_source
 from hyperexport.builds.report import REPORT
 from hyperexport.builds.session import run_build
 from hyperexport.config import RECIPES_DIR, BuildSettings, Recipe
+from tests.engine.fakes import StageBoom, pipeline
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import StageBoom, pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 

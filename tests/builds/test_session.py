@@ -7,8 +7,8 @@ import pytest
 
 from hyperexport.builds.session import run_build, variant_dir
 from hyperexport.config import BuildSettings
+from tests.engine.fakes import FakeStage, StageBoom, pipeline
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import FakeStage, StageBoom, pipeline
 
 
 def _settings(tmp_path: Path, cache: str = "cache", **kw: object) -> BuildSettings:

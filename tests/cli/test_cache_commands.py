@@ -21,15 +21,15 @@ import pytest
 
 from hyperexport.builds.session import BuildOutcome, run_build
 from hyperexport.cli import cache as cache_cli
-from hyperexport.cli.cache_inventory import disk_usage
 from hyperexport.cli.quantities import human_size
 from hyperexport.config import BuildSettings, Recipe
+from hyperexport.engine.inventory import disk_usage
 from hyperexport.engine.store import CacheStore
+from tests.engine.fakes import pipeline
 from tests.helpers.builds import build as real_build
 from tests.helpers.builds import toy_package_in, toy_package_recipe
 from tests.helpers.cli import HEAVY, TOY_RECIPE
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import pipeline
 from tests.helpers.statuses import statuses as real_statuses
 
 HOUR = 3600.0
@@ -98,10 +98,10 @@ def test_hit_records_last_use_and_a_dry_run_does_not(tmp_path: Path, store: Cach
     assert store.action_path(trace).stat().st_mtime > time.time() - 60
 
 
-def test_entry_records_its_recipe(tmp_path: Path, store: CacheStore) -> None:
+def test_entry_records_the_recipe_that_built_it(tmp_path: Path, store: CacheStore) -> None:
     outcome = build(tmp_path, name="alpha")
     entry = json.loads(store.action_path(keys(outcome)["export"]).read_text())
-    assert entry["recipe"] == "alpha"
+    assert entry["build"] == "alpha"
 
 
 # -- ls / show ---------------------------------------------------------------------------
@@ -364,7 +364,7 @@ def test_gc_collects_dependency_records_no_entry_uses(
 
 
 def test_retire_puts_back_a_file_used_meanwhile(tmp_path: Path) -> None:
-    from hyperexport.cli.cache_gc import retire
+    from hyperexport.engine.collector import retire
 
     path = tmp_path / "entry.json"
     path.write_text("x")

@@ -12,8 +12,8 @@ import pytest
 from hyperexport.builds.session import run_build
 from hyperexport.cli import cache as cache_cli
 from hyperexport.config import BuildSettings
+from tests.engine.fakes import pipeline
 from tests.helpers.fake_recipe import recipe
-from tests.helpers.fake_stages import pipeline
 
 
 def build(tmp_path: Path, name: str, recipe_file: Path, variant: str = "default") -> Path:

@@ -89,6 +89,10 @@ def test_a_stale_lock_names_the_variant_and_the_change(
     assert data["variants"]["tiny_llama/opset=17"]["fields"]["opset"] == 17
     for path in (Path.home(), tmp_path):  # nothing of the machine: no value names a path there
         assert f'"{path}/' not in text and f'"{path}"' not in text
+    # Every field some stage reads, though a later stage reads only part of its section.
+    fields = data["variants"]["tiny_llama/default"]["fields"]
+    assert fields["rewrite"]["fold_leftovers"] is False and fields["rewrite"]["fuse"] == "none"
+    assert fields["attention"] == {"implementation": None}
     assert _status(tmp_path, capsys)[0] == 0
 
     (tmp_path / "lock.yaml").write_text(TWO_VARIANTS.replace("opset=17", "opset=16"))
@@ -121,13 +125,13 @@ def test_a_stale_lock_names_the_variant_and_the_change(
 
 
 def test_the_fields_are_every_field_any_stage_reads() -> None:
-    """Stages read parts of one group: quantize all of ``quantize``, evaluate its method; trace
-    ``attention.implementation``, evaluate ``attention.promote_opset24``. The lock held the
-    last stage's part only, so a change of ``quantize.exclude`` or of the attention
-    implementation left it fresh."""
+    """Stages read parts of one group: quantize all of ``quantize``, evaluate its method;
+    rewrite all of ``rewrite``, check ``rewrite.fuse``. The lock held the last stage's part
+    only, so a change of ``quantize.exclude`` or of a rewrite option left it fresh."""
     fields = lockfile.variant_inputs(lockfile.Variant("tiny_llama"))["fields"]
     assert {"method", "block_size", "exclude"} <= set(fields["quantize"])
-    assert {"implementation", "promote_opset24"} <= set(fields["attention"])
+    assert {"fuse", "fold_leftovers", "optimize"} <= set(fields["rewrite"])
+    assert set(fields["attention"]) == {"implementation"}
 
 
 def test_a_bad_variant_list_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

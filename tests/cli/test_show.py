@@ -182,6 +182,28 @@ def test_show_counts_quantized_ops_per_function(tmp_path: Path) -> None:
     assert "Layer: x1 (1 call sites), 1 nodes, MatMulNBits x1" in "\n".join(show.render(info))
 
 
+def test_show_lists_fused_kernels_per_function(tmp_path: Path) -> None:
+    import onnx_ir as ir
+
+    text = """
+    <ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>
+    main (float[2,8,16] x) => (float[2,8,16] y) {
+      y = hyperexport.fn.Mlp (x)
+    }
+    <domain: "hyperexport.fn", opset_import: ["" : 18, "com.microsoft" : 1]>
+    Mlp (h) => (out) {
+      g = com.microsoft.FastGelu (h)
+      out = com.microsoft.QuickGelu <alpha: float = 1.702> (g)
+    }
+    """
+    path = tmp_path / "f.onnx"
+    ir.save(ir.from_proto(onnx.parser.parse_model(text)), path)
+    info = show.describe_model(path)
+    assert info.functions[0].fused == {"com.microsoft::FastGelu": 1, "com.microsoft::QuickGelu": 1}
+    lines = [line.strip() for line in show.render(info)]
+    assert "fused: com.microsoft::FastGelu x1, com.microsoft::QuickGelu x1" in lines
+
+
 def test_a_build_folder_shows_each_of_its_graphs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -21,7 +21,7 @@ from hyperexport.config.fields import (
 )
 from hyperexport.config.schema import RecipeConfig, stage_reads
 from hyperexport.contracts.names import STAGE_NAMES
-from hyperexport.engine.stage import recipe_slice
+from hyperexport.engine.stage import config_slice
 from hyperexport.stages import PIPELINE
 from hyperexport.stages.recipe_stage import RecipeStage
 from tests.helpers.recipes import USABLE
@@ -74,14 +74,14 @@ def test_typed_recipe_serialises_to_the_same_data(composed: dict[str, Any]) -> N
     for name, recipe in composed.items():
         assert to_json(recipe.config) == dict(recipe.data), name
         for stage in PIPELINE:
-            params = recipe_slice(recipe.data, stage.reads)
+            params = config_slice(recipe.data, stage.reads)
             assert to_json(from_json(RecipeConfig, params, partial=True)) == params, stage.name
 
 
 def test_a_stage_cannot_read_a_field_it_does_not_declare(composed: dict[str, Any]) -> None:
     recipe = composed["tiny_llama"]
     evaluate = from_json(
-        RecipeConfig, recipe_slice(recipe.data, stage_reads("evaluate")), partial=True
+        RecipeConfig, config_slice(recipe.data, stage_reads("evaluate")), partial=True
     )
     assert evaluate.check.function_scope == recipe.data["check"]["function_scope"]
     with pytest.raises(UnreadFieldError, match=r"CheckSpec\.atol is not in this stage's reads"):

@@ -100,7 +100,7 @@ def test_attention_promotion_makes_opset24_with_one_attention_per_layer(tmp_path
     assert checks["op_counts"] == {
         "name": "op_counts",
         "ok": True,
-        "detail": "executed default-domain nodes as expected: Attention=4",
+        "detail": "executed nodes as expected: Attention=4",
     }
     # Sweeping the export opset under promotion: the final model is opset 24 all the same, and
     # the trace is reused.

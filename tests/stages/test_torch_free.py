@@ -125,14 +125,28 @@ def test_check_only_change_runs_without_torch_or_onnx(cached: Path) -> None:
     # ml_dtypes only for bfloat16 models; this one is float32
     assert _probe(proc) == {"code": 0, "torch": False, "onnx": [], "ml_dtypes": False}, proc.stderr
     ran = _statuses(cached, "check.atol=1e-3")
-    assert ran == {"trace": "hit", "export": "hit", "rewrite": "hit", "quantize": "hit", "evaluate": "hit", "check": "ran"}
+    assert ran == {
+        "trace": "hit",
+        "export": "hit",
+        "rewrite": "hit",
+        "quantize": "hit",
+        "evaluate": "hit",
+        "check": "ran",
+    }
 
 
 def test_rewrite_evaluate_and_check_run_without_torch(cached: Path) -> None:
     proc = _run(cached, BUILD, "build.force=[rewrite,evaluate,check]")
     probe = {k: v for k, v in _probe(proc).items() if k != "ml_dtypes"}  # onnx may import it
     assert probe == {"code": 0, "torch": False, "onnx": ["onnx", "onnx_ir", "onnxruntime"]}
-    assert _statuses(cached) == {"trace": "hit", "export": "hit", "rewrite": "ran", "quantize": "hit", "evaluate": "ran", "check": "ran"}
+    assert _statuses(cached) == {
+        "trace": "hit",
+        "export": "hit",
+        "rewrite": "ran",
+        "quantize": "hit",
+        "evaluate": "ran",
+        "check": "ran",
+    }
 
 
 def test_passes_check_and_contracts_import_no_torch(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ and each stage's key covering only its own part."""
 
 from __future__ import annotations
 
+from hyperexport.builds.fingerprint import KEYED_PACKAGE
 from hyperexport.config.schema import IMPLEMENTED_TASKS
 from hyperexport.engine.code_closure import package_sources, stage_code
 from hyperexport.tasks.decode import DECODES
@@ -35,7 +36,7 @@ def test_the_folders_and_files_of_one_graph_and_of_two() -> None:
 
 
 def _code(stage_module: str) -> set[str]:
-    return set(stage_code(stage_module, (), package_sources()))
+    return set(stage_code(stage_module, (), package_sources(KEYED_PACKAGE)))
 
 
 def test_each_stage_s_key_covers_its_own_part_of_the_tasks_only() -> None:

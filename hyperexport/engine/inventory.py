@@ -1,8 +1,8 @@
-"""What a cache holds: its entries with stage, recipes, size and last use, read as plain data.
+"""What a cache holds: its entries with stage, builds, size and last use, read as plain data.
 
-An entry's recipes are the recipe recorded in the entry when it was computed plus every recipe
-whose latest build (``runs/<recipe>/<stage>.json``) used it; its last use is its file's mtime,
-refreshed on every hit (:meth:`~hyperexport.engine.store.CacheStore.mark_used`).
+An entry's builds are the build recorded in the entry when it was computed plus every build
+whose latest run (``runs/<build>/<stage>.json``) used it; its last use is its file's mtime,
+refreshed on every hit (:meth:`~.store.CacheStore.mark_used`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperexport.engine.entries import ActionEntry
-from hyperexport.engine.store import CacheStore
+from .entries import ActionEntry
+from .store import CacheStore
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +25,12 @@ TEMP_SUFFIX = ".tmp"
 
 @dataclass(frozen=True)
 class EntryInfo:
-    """One action entry as the cache commands show it.
+    """One action entry as an inventory lists it.
 
     Attributes:
         key: The stage key (full sha256).
         stage: The stage that produced it.
-        recipes: Recipes known to have used it (sorted; empty if unknown).
+        builds: The builds known to have used it (sorted; empty if unknown).
         size: Bytes of its output files (blobs may be shared with other entries).
         last_used: When it was written or last hit (seconds since the epoch).
         entry: The parsed entry.
@@ -39,7 +39,7 @@ class EntryInfo:
 
     key: str
     stage: str
-    recipes: tuple[str, ...]
+    builds: tuple[str, ...]
     size: int
     last_used: float
     entry: ActionEntry
@@ -63,8 +63,8 @@ class AmbiguousKey(LookupError):
     """A key prefix matches several entries."""
 
 
-def recipes_by_key(store: CacheStore) -> dict[str, set[str]]:
-    """``{key: {recipe, ...}}`` from the run records (each recipe's latest key per stage)."""
+def builds_by_key(store: CacheStore) -> dict[str, set[str]]:
+    """``{key: {build, ...}}`` from the run records (each build's latest key per stage)."""
     found: dict[str, set[str]] = defaultdict(set)
     for path in sorted((store.root / "runs").glob("*/*.json")):
         try:
@@ -74,14 +74,14 @@ def recipes_by_key(store: CacheStore) -> dict[str, set[str]]:
             continue
         key = data.get("key") if isinstance(data, Mapping) else None
         if isinstance(key, str):
-            recipe = data.get("recipe")  # a sweep variant's folder is <recipe>_<variant>
-            found[key].add(recipe if isinstance(recipe, str) else path.parent.name)
+            build = data.get("build")  # a variant's folder is <build>_<variant>
+            found[key].add(build if isinstance(build, str) else path.parent.name)
     return found
 
 
 def scan(store: CacheStore) -> Inventory:
     """Read every entry of ``store`` (entries deleted meanwhile are skipped)."""
-    runs = recipes_by_key(store)
+    runs = builds_by_key(store)
     entries: list[EntryInfo] = []
     unreadable: list[tuple[str, str, Path]] = []
     for key, path in store.entry_paths():
@@ -93,14 +93,14 @@ def scan(store: CacheStore) -> Inventory:
         except (OSError, ValueError) as e:
             unreadable.append((key, f"{type(e).__name__}: {e}", path))
             continue
-        recipes = set(runs.get(key, ()))
-        if entry.recipe:
-            recipes.add(entry.recipe)
+        builds = set(runs.get(key, ()))
+        if entry.build:
+            builds.add(entry.build)
         entries.append(
             EntryInfo(
                 key=key,
                 stage=entry.stage,
-                recipes=tuple(sorted(recipes)),
+                builds=tuple(sorted(builds)),
                 size=sum(f.size for f in entry.outputs),
                 last_used=last_used,
                 entry=entry,

@@ -1,4 +1,4 @@
-"""Where the cache lives when no build setting says: standard library only, so that the command
+"""Where hyperexport's cache lives when no build setting says: standard library only, so that the command
 line can name the keyed loader's bytecode folder before it imports anything else
 (``engine/keyed_imports.py``)."""
 

@@ -1,13 +1,13 @@
-"""``cache verify``: re-hash every blob; drop corrupt blobs and every entry that names a missing or
+"""Verify a cache: re-hash every blob; drop corrupt blobs and every entry that names a missing or
 corrupt blob (dangling), lacks an output its stage declares (incomplete), or cannot be read, so
 that no later lookup trusts them.
 
 What a stage declares is computed from the stage's code (``Stage.outputs``) for the params the
 entry recorded when it was committed, never read from a list the entry holds: editing an
-entry's files cannot make it look complete. An entry of a stage the pipeline does not have, or
-whose params the stage cannot read, is dropped: no build of this hyperexport would use it.
+entry's files cannot make it look complete. An entry of a stage the caller's pipeline does not
+have, or whose params the stage cannot read, is dropped: no build of that pipeline would use it.
 
-Everything else is left alone: a blob no entry names is not corrupt (``cache gc`` removes it),
+Everything else is left alone: a blob no entry names is not corrupt (the collector removes it),
 and a build running meanwhile only adds complete blobs (written under a temporary name, then
 renamed) and entries whose blobs already exist.
 """
@@ -18,17 +18,17 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hyperexport.cli.cache_inventory import EntryInfo, scan
-from hyperexport.engine.hashing import sha256_file
-from hyperexport.engine.stage import Stage
-from hyperexport.engine.store import CacheStore
+from .hashing import sha256_file
+from .inventory import EntryInfo, scan
+from .stage import Stage
+from .store import CacheStore
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class VerifyResult:
-    """What ``cache verify`` found.
+    """What :func:`verify` found.
 
     Attributes:
         blobs: Number of blobs re-hashed.
@@ -60,7 +60,7 @@ def verify(store: CacheStore, stages: Sequence[Stage]) -> VerifyResult:
         try:
             actual = sha256_file(path)
             size = path.stat().st_size
-        except FileNotFoundError:  # removed by a concurrent gc
+        except FileNotFoundError:  # removed by a concurrent collection
             continue
         result.blobs += 1
         result.blob_bytes += size
@@ -79,7 +79,7 @@ def verify(store: CacheStore, stages: Sequence[Stage]) -> VerifyResult:
         problem = _incomplete(info, by_name) or _dangling(info, store)
         if problem:
             result.dropped_entries += 1
-            what = f"{info.stage}, {', '.join(info.recipes) or 'recipe unknown'}"
+            what = f"{info.stage}, {', '.join(info.builds) or 'build unknown'}"
             result.problems.append(f"entry {info.key[:12]} ({what}): dropped, {problem}")
             info.path.unlink(missing_ok=True)
     return result
@@ -92,7 +92,7 @@ def _incomplete(info: EntryInfo, stages: Mapping[str, Stage]) -> str:
         return f"stage {info.stage!r} is not one of this pipeline's ({', '.join(stages)})"
     try:
         declared = stage.outputs(info.entry.params)
-    except (ValueError, TypeError, AttributeError, KeyError) as e:  # data, not a recipe
+    except (ValueError, TypeError, AttributeError, KeyError) as e:  # data, not a valid slice
         return f"its params do not declare outputs ({type(e).__name__}: {e})"
     lacking = info.entry.missing(declared)
     return f"incomplete (lacks {', '.join(lacking)})" if lacking else ""

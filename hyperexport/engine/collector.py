@@ -1,4 +1,4 @@
-"""``cache gc``: least-recently-used eviction that never leaves an entry without its blobs.
+"""The collector: least-recently-used eviction that never leaves an entry without its blobs.
 
 Order of removal, safe while builds run on the same cache:
 
@@ -10,18 +10,18 @@ Order of removal, safe while builds run on the same cache:
    are listed again after step 1, so entries committed meanwhile count) and that were not
    written or reused within the grace period: a running build writes its blobs before its
    entry, and refreshes the time of a blob it reuses
-   (:meth:`~hyperexport.engine.store.CacheStore.commit`).
-3. Dependency records (``<cache>/deps/``, :mod:`~hyperexport.engine.discovered`) go once no
+   (:meth:`~.store.CacheStore.commit`).
+3. Dependency records (``<cache>/deps/``, :mod:`.discovered`) go once no
    entry left on disk is stored under a key they resolve to, unless written within the grace
    period (a build writes its record just before its entry): without the entry, a record only
    makes a build look at sets that hit nothing. A record of a newer format stays.
 4. Temporary files of killed writes older than the grace period go too, and so do the scratch
    folders of dead builds, by the build's own rule
-   (:func:`~hyperexport.engine.locks.remove_dead_scratch`: a folder whose lock is free).
+   (:func:`~.locks.remove_dead_scratch`: a folder whose lock is free).
 
 No lock is needed for this: every file is *retired* by renaming it out of place first, then its
 time is read again; if a build used it meanwhile, it is put back. A build's hit
-(:meth:`~hyperexport.engine.store.CacheStore.mark_used`) or reuse of a blob either happens
+(:meth:`~.store.CacheStore.mark_used`) or reuse of a blob either happens
 before the rename (the new time is seen, the file stays) or fails to find the file (the hit
 becomes a miss; the blob is written again), so no entry is ever left naming a missing blob.
 """
@@ -36,16 +36,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hyperexport.cli.cache_inventory import (
+from . import locks
+from .discovered import recorded_keys
+from .inventory import (
     TEMP_SUFFIX,
     EntryInfo,
     disk_usage,
     scan,
     stale_temp_files,
 )
-from hyperexport.engine import locks
-from hyperexport.engine.discovered import recorded_keys
-from hyperexport.engine.store import CacheStore
+from .store import CacheStore
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ DEFAULT_GRACE = 3600.0
 
 @dataclass(frozen=True)
 class GcOptions:
-    """What ``cache gc`` may remove.
+    """What the collector may remove.
 
     Attributes:
         max_size: Evict until the whole cache directory is at most this many bytes.
@@ -71,7 +71,7 @@ class GcOptions:
 
 @dataclass
 class GcResult:
-    """What ``cache gc`` removed (or, in a dry run, would remove).
+    """What the collector removed (or, in a dry run, would remove).
 
     Attributes:
         size_before: Bytes in the cache directory before.
