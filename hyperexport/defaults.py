@@ -27,6 +27,12 @@ QUANTIZE_METHODS = (NO_QUANTIZATION, INT8_DYNAMIC, INT4_BLOCK)
 MIN_BLOCK_SIZE = 16
 #: K elements per int4 block when the recipe says nothing (ONNX Runtime's quantizer's default).
 DEFAULT_BLOCK_SIZE = 32
+#: ``MatMulNBits``' ``accuracy_level`` values: 0 (unset: ONNX Runtime's default), then the
+#: least precision of the activations: 1 float32, 2 float16, 3 bfloat16, 4 int8.
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+#: What onnxruntime-genai's model builder sets for int4 on CPU: int8 activations, whose int8
+#: block kernels make int4 faster than float.
+DEFAULT_ACCURACY_LEVEL = 4
 
 
 def block_size_problem(block_size: int) -> str | None:
@@ -50,3 +56,11 @@ DEFAULT_MAX_REL_ERROR = 0.35
 DEFAULT_MIN_TOP1 = 0.75
 #: Fewest distinct token ids each reference decode must hold (``check.generation.min_distinct``).
 DEFAULT_MIN_DISTINCT = 3
+#: How close a quantized text-generation model's decode must stay to the float model's, fed the
+#: float decode's tokens (``check.quantized.*``): share of steps with the same next token, and
+#: the least cosine of a step's logits.
+DEFAULT_MIN_TOKEN_AGREEMENT = 0.85
+DEFAULT_MIN_DECODE_COSINE = 0.98
+#: ``check.quantized.decode`` values: the two figures gate the check, or are only reported
+#: (random weights, where the float model's top-2 logits are close and agreement means little).
+DECODE_GATES = ("gate", "report")

@@ -288,6 +288,10 @@ def test_unknown_force_stage() -> None:
         ("quantize.exclude", [""], "quantize.exclude[0]"),
         ("check.quantized.min_cosine", 1.5, "check.quantized.min_cosine"),
         ("check.quantized.max_rel_error", 0.0, "check.quantized.max_rel_error"),
+        ("quantize.accuracy_level", 5, "quantize.accuracy_level"),
+        ("check.quantized.min_token_agreement", 1.2, "check.quantized.min_token_agreement"),
+        ("check.quantized.min_decode_cosine", -0.1, "check.quantized.min_decode_cosine"),
+        ("check.quantized.decode", "warn", "check.quantized.decode"),
     ],
 )
 def test_bad_quantize_fields_name_the_field(path: str, value: Any, field: str) -> None:
@@ -298,9 +302,17 @@ def test_bad_quantize_fields_name_the_field(path: str, value: Any, field: str) -
 
 def test_quantize_defaults_do_nothing() -> None:
     recipe = validate_recipe(_base(), "/somewhere/ok.yaml")
-    assert recipe.data["quantize"] == {"method": "none", "block_size": 32, "exclude": []}
+    assert recipe.data["quantize"] == {
+        "method": "none",
+        "block_size": 32,
+        "exclude": [],
+        "accuracy_level": 4,
+    }
     assert recipe.data["check"]["quantized"] == {
         "min_cosine": 0.95,
         "max_rel_error": 0.35,
         "min_top1": 0.75,
+        "min_token_agreement": 0.85,
+        "min_decode_cosine": 0.98,
+        "decode": "gate",
     }

@@ -23,13 +23,15 @@ from hyperexport.passes.quantize_weights import (
 _K = _N = 16
 
 
-def _probe_model(method: str, dtype: np.dtype) -> ir.Model:
+def _probe_model(method: str, dtype: np.dtype, accuracy_level: int = 0) -> ir.Model:
     weight = np.linspace(-1, 1, _K * _N, dtype=np.float32).reshape(_N, _K).astype(dtype)
     attributes: dict[str, int] = {}
     if method == INT4_BLOCK:
         q = quantize_int4_blocks(weight, 16)
         arrays = [q.packed, q.scales, q.zero_points]
         attributes = {"K": _K, "N": _N, "bits": 4, "block_size": 16}
+        if accuracy_level:
+            attributes["accuracy_level"] = accuracy_level
     else:
         c = quantize_int8_columns(weight.T.copy())
         arrays = [c.weight, c.scales, c.zero_points]
@@ -54,10 +56,11 @@ def _probe_model(method: str, dtype: np.dtype) -> ir.Model:
 
 
 @functools.cache
-def unsupported_reason(method: str, dtype_name: str) -> str | None:
-    """Why ONNX Runtime's CPU provider cannot run ``method``'s op on ``dtype_name``, or None."""
+def unsupported_reason(method: str, dtype_name: str, accuracy_level: int = 0) -> str | None:
+    """Why ONNX Runtime's CPU provider cannot run ``method``'s op on ``dtype_name`` (int4 at
+    ``accuracy_level``), or None."""
     dtype = np.dtype(dtype_name)
-    proto = ir.to_proto(_probe_model(method, dtype)).SerializeToString()
+    proto = ir.to_proto(_probe_model(method, dtype, accuracy_level)).SerializeToString()
     try:
         runner = OrtRunner(proto)
         runner.run({"x": np.ones((1, _K), dtype=dtype)}, [(1, _N)])

@@ -14,8 +14,10 @@ decides where the derived tensors go:
   shape is the weight rewritten, so a function shared by 16 layers stays one function with 16
   calls.
 
-The old weights that no longer have a reader go with their function inputs
-(``PruneFunctionIOPass``) and unused nodes and initializers (onnx_ir's cleanup).
+The old weights that no longer have a reader go, walking back from each rewritten MatMul's old
+weight: the ``Transpose`` and ``Constant`` nodes that fed only it, initializers, and function
+inputs with the call sites' arguments (recursively, through nested calls). Only what the pass
+made dead is visited, not the whole model (the quantize stage's time, issue 35).
 
 ``exclude`` keeps MatMuls as they are by module path (``lm_head``, ``layers.0.mlp``: a weight
 whose dotted name is the path or lies under it, at any call site) or by function name (every
@@ -26,16 +28,14 @@ name).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from hyperexport.base.contracts.names import META_MODULE_CLASS, META_MODULE_PATH
-from hyperexport.passes.call_sites import call_sites
-from hyperexport.passes.prune_function_io import PruneFunctionIOPass
+from hyperexport.passes.call_sites import call_sites, drop_inputs
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +131,12 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
             leaves.extend(found)
         return leaves
 
-    def _candidates(self, model: ir.Model) -> Iterator[Candidate]:
-        sites = call_sites(model)
-        functions = function_of(model)
+    def _candidates(
+        self,
+        model: ir.Model,
+        sites: dict[ir.OperatorIdentifier, list[ir.Node]],
+        functions: dict[int, ir.Function],
+    ) -> Iterator[Candidate]:
         graphs: list[tuple[ir.Graph, ir.Function | None]] = [(model.graph, None)]
         graphs += [(f.graph, f) for f in model.functions.values()]
         for graph, function in graphs:
@@ -180,13 +183,18 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
 
     # -- rewriting ------------------------------------------------------------------------------
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        candidates = list(self._candidates(model))
+        sites = call_sites(model)
+        functions = function_of(model)
+        candidates = list(self._candidates(model, sites, functions))
         if not candidates:
             return ir.passes.PassResult(model, modified=False)
         threaded: dict[tuple[int, int, bool], list[ir.Value]] = {}
-        sites = call_sites(model)
-        functions = function_of(model)
+        self._taken: dict[int, set[str]] = {}
+        old_weights: list[tuple[ir.Graph, ir.Value]] = []
         for candidate in candidates:
+            weight = candidate.node.inputs[1]
+            assert weight is not None  # a candidate's MatMul has its two inputs
+            old_weights.append((candidate.graph, weight))
             operands = self._thread(
                 model,
                 candidate.graph,
@@ -197,9 +205,17 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
                 functions,
             )
             self._replace(model, candidate, operands)
-        PruneFunctionIOPass()(model)  # the old weights' inputs, then dead nodes and initializers
-        RemoveUnusedNodesPass()(model)
+        _remove_dead(old_weights, sites, functions)
         return ir.passes.PassResult(model, modified=True)
+
+    def _fresh(self, name: str, graph: ir.Graph) -> str:
+        """:func:`_fresh`, with the graph's names gathered once per call of the pass."""
+        taken = self._taken.get(id(graph))
+        if taken is None:
+            taken = self._taken[id(graph)] = _names_in(graph)
+        fresh = _unique(name, taken)
+        taken.add(fresh)
+        return fresh
 
     def _wanted(self, candidate: Candidate) -> bool:
         """Whether to rewrite ``candidate`` (a subclass leaves ones already in its form)."""
@@ -234,7 +250,7 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
         names = self._names(value.name or "weight")
         if value.is_initializer() and value.const_value is not None:
             arrays = self._tensors(value.const_value, transposed)
-            made = _initializers(graph, names, arrays)
+            made = _initializers(graph, names, arrays, self._fresh)
         elif (producer := value.producer()) is not None and self.lift_constants:
             weight = producer.attributes["value"].as_tensor()
             made = self._provide(graph, self._tensors(weight, transposed), names, sites, functions)
@@ -243,10 +259,10 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
             made = []
             for name, array in zip(names, arrays, strict=True):
                 tensor = ir.Tensor(array, name=name)
-                node = ir.node(
-                    "Constant", [], attributes={"value": tensor}, name=f"{name}/Constant"
+                node = ir.Node(
+                    "", "Constant", [], [ir.AttrTensor("value", tensor)], name=f"{name}/Constant"
                 )
-                node.outputs[0].name = _fresh(name, graph)
+                node.outputs[0].name = self._fresh(name, graph)
                 node.outputs[0].type = ir.TensorType(tensor.dtype)
                 node.outputs[0].shape = ir.Shape(array.shape)
                 graph.insert_after(producer, node)
@@ -254,7 +270,7 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
         else:  # a function input: new inputs, fed at every call site
             function = functions[id(graph)]
             index = function.inputs.index(value)
-            made = [ir.Value(name=_fresh(name, graph)) for name in names]
+            made = [ir.Value(name=self._fresh(name, graph)) for name in names]
             graph.inputs.extend(made)
             for call in sites[function.identifier()]:
                 assert call.graph is not None
@@ -286,10 +302,10 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
         weight's module path (``names`` are local to ``graph`` until ``absolute``)."""
         function = functions.get(id(graph))
         if function is None:  # the main graph
-            return _initializers(graph, names, arrays)
+            return _initializers(graph, names, arrays, self._fresh)
         path = "" if absolute else function.metadata_props.get(META_MODULE_PATH, "")
         outer = [f"{path}.{name}" for name in names] if path else names
-        made = [ir.Value(name=_fresh(name, graph)) for name in names]
+        made = [ir.Value(name=self._fresh(name, graph)) for name in names]
         graph.inputs.extend(made)
         for call in sites[function.identifier()]:
             assert call.graph is not None
@@ -310,22 +326,73 @@ def under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + ".")
 
 
-def _fresh(name: str, graph: ir.Graph) -> str:
-    """``name``, or ``name`` with a suffix when the graph already has a value of that name."""
-    taken = {v.name for v in graph.inputs} | set(graph.initializers)
-    taken |= {o.name for node in graph for o in node.outputs}
+def _names_in(graph: ir.Graph) -> set[str]:
+    """Every value name of ``graph``: inputs, initializers, node outputs."""
+    taken = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
+    taken |= {o.name for node in graph for o in node.outputs if o.name}
+    return taken
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name`` with a suffix when ``taken`` holds it."""
     candidate, i = name, 1
     while candidate in taken:
         candidate, i = f"{name}.{i}", i + 1
     return candidate
 
 
-def _initializers(graph: ir.Graph, names: list[str], arrays: list[np.ndarray]) -> list[ir.Value]:
-    """``arrays`` as new initializers of the main graph ``graph``, named after ``names``."""
+def _fresh(name: str, graph: ir.Graph) -> str:
+    """``name``, or ``name`` with a suffix when the graph already has a value of that name."""
+    return _unique(name, _names_in(graph))
+
+
+def _remove_dead(
+    values: list[tuple[ir.Graph, ir.Value]],
+    sites: dict[ir.OperatorIdentifier, list[ir.Node]],
+    functions: dict[int, ir.Function],
+) -> None:
+    """Remove what computed ``values`` when nothing reads them any more, walking back: the
+    nodes whose outputs all went unread, unread initializers, and unread function inputs with
+    the argument at every call site (whose own source is then visited in the caller)."""
+    stack = list(values)
+    while stack:
+        graph, value = stack.pop()
+        if value.uses() or value.is_graph_output():
+            continue
+        producer = value.producer()
+        if producer is not None:
+            if producer.graph is graph and not any(
+                o.uses() or o.is_graph_output() for o in producer.outputs
+            ):
+                feeding = [v for v in producer.inputs if v is not None]
+                graph.remove(producer, safe=True)
+                stack.extend((graph, v) for v in feeding)
+        elif value.is_initializer():
+            name = value.name
+            if name is not None and graph.initializers.get(name) is value:
+                del graph.initializers[name]
+        elif value.is_graph_input() and (function := functions.get(id(graph))) is not None:
+            index = graph.inputs.index(value)
+            for call in sites[function.identifier()]:
+                argument = call.inputs[index] if index < len(call.inputs) else None
+                drop_inputs(call, (index,))
+                if argument is not None and call.graph is not None:
+                    stack.append((call.graph, argument))
+            graph.inputs.pop(index)
+
+
+def _initializers(
+    graph: ir.Graph,
+    names: list[str],
+    arrays: list[np.ndarray],
+    fresh: Callable[[str, ir.Graph], str] = _fresh,
+) -> list[ir.Value]:
+    """``arrays`` as new initializers of the main graph ``graph``, named after ``names``
+    (made unique by ``fresh``)."""
     made = []
     for name, array in zip(names, arrays, strict=True):
         tensor = ir.Tensor(array, name=name)
-        new = ir.Value(name=_fresh(name, graph), const_value=tensor)
+        new = ir.Value(name=fresh(name, graph), const_value=tensor)
         new.type, new.shape = ir.TensorType(tensor.dtype), ir.Shape(array.shape)
         graph.register_initializer(new)
         made.append(new)

@@ -34,6 +34,7 @@ import numpy as np
 from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.names import (
     MODEL_FILE,
+    QUANTIZED_MODEL_FILE,
     SEQ2SEQ_GRAPHS,
     SPEECH_RECOGNITION,
     TEXT2TEXT_GENERATION,
@@ -46,6 +47,8 @@ from hyperexport.tasks.registry import (
     GENAI_CONFIG,
     GENERATED_JSON,
     GENERATED_NPZ,
+    GENERATED_QUANTIZED_JSON,
+    GENERATED_QUANTIZED_NPZ,
     GENERATION_REFERENCE_JSON,
     SEQ2SEQ_DECODED_JSON,
     SEQ2SEQ_DECODED_NPZ,
@@ -97,6 +100,7 @@ def greedy(
     eos: Sequence[int],
     pad: int,
     advance: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    forced: np.ndarray | None = None,
 ) -> tuple[list[list[int]], np.ndarray]:
     """Greedy decode of ``steps`` tokens with ``decoder``: ``(tokens per row, logits)``, the
     logits ``(steps, batch, vocab)`` in float32 at each step's last position.
@@ -110,6 +114,8 @@ def greedy(
             decode stops when every row has.
         pad: What a finished row gets.
         advance: The inputs of the next step from this step's (a mask grown by one).
+        forced: ``(batch, steps)`` tokens fed instead of the ones chosen (another decode's, to
+            compare this model's logits with its own along the same sequence).
     """
     outputs = [o.name for o in decoder.get_outputs()]
     batch = ids.shape[0]
@@ -117,11 +123,12 @@ def greedy(
     done = np.zeros(batch, dtype=bool)
     tokens: list[list[int]] = [[] for _ in range(batch)]
     logits: list[np.ndarray] = []
-    for _ in range(steps):
+    for step in range(steps if forced is None else forced.shape[1]):
         result = dict(zip(outputs, decoder.run(None, {**feeds, "input_ids": ids})))
         last = result["logits"][:, -1, :].astype(np.float32)
         logits.append(last)
-        chosen = np.where(done, pad, last.argmax(axis=-1)).astype(np.int64)
+        best = last.argmax(axis=-1) if forced is None else forced[:, step]
+        chosen = np.where(done, pad, best).astype(np.int64)
         for row, token in enumerate(chosen):
             tokens[row].append(int(token))
         done |= np.isin(chosen, list(eos))
@@ -141,8 +148,10 @@ def ort_padded_decode(
     steps: int,
     eos: Sequence[int],
     pad: int,
+    forced: np.ndarray | None = None,
 ) -> tuple[list[list[int]], np.ndarray]:
-    """Greedy decode of a left-padded batch in ONNX Runtime: ``(tokens per row, logits)``.
+    """Greedy decode of a left-padded batch in ONNX Runtime: ``(tokens per row, logits)``
+    (``forced``: the tokens fed, :func:`greedy`).
 
     Positions and mask follow transformers: ``position_ids = cumsum(mask) - 1`` (1 at pads), the
     mask grows by one 1 per step, and a row that produced an end-of-sequence id gets ``pad``.
@@ -158,7 +167,7 @@ def ort_padded_decode(
         return feeds
 
     feeds = {"attention_mask": mask, "position_ids": positions, **empty_past(decoder, batch)}
-    return greedy(decoder, feeds, ids, steps, eos, pad, advance)
+    return greedy(decoder, feeds, ids, steps, eos, pad, advance, forced)
 
 
 def encoder_decoder_decode(
@@ -189,13 +198,15 @@ def encoder_decoder_decode(
     return tokens[0], logits[:, 0]
 
 
-def decode_text_generation(trace_dir: Path, rewrite_dir: Path, out_dir: Path) -> None:
+def decode_text_generation(
+    trace_dir: Path, rewrite_dir: Path, out_dir: Path, quantize_dir: Path | None = None
+) -> None:
     """Decode the reference's prompts with the exported model, in onnxruntime-genai one by one
-    and in ONNX Runtime as a padded batch; write what came out."""
+    and in ONNX Runtime as a padded batch; write what came out. With ``quantize_dir``, the
+    quantized model's decode too (:func:`decode_quantized_generation`)."""
     from hyperexport.tasks.genai_runtime import genai_decode, genai_folder
 
     reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
-    genai = json.loads((trace_dir / GENAI_CONFIG).read_text(encoding="utf-8"))
     steps = int(reference["max_new_tokens"])
     arrays: dict[str, np.ndarray] = {}
     single: list[list[int]] = []
@@ -206,11 +217,14 @@ def decode_text_generation(trace_dir: Path, rewrite_dir: Path, out_dir: Path) ->
             arrays[f"single.{i}"] = logits
     batch: list[list[int]] = []
     if reference["batch"]:
-        eos = genai["model"].get("eos_token_id")
-        eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         ids, mask = left_padded(reference["prompts"], int(reference["pad_token_id"]))
         batch, logits = ort_padded_decode(
-            rewrite_dir / MODEL_FILE, ids, mask, steps, eos_ids, int(reference["pad_token_id"])
+            rewrite_dir / MODEL_FILE,
+            ids,
+            mask,
+            steps,
+            _eos_ids(trace_dir),
+            int(reference["pad_token_id"]),
         )
         arrays["batch"] = logits
     log.info("decode in onnxruntime-genai (greedy): %s", single)
@@ -223,9 +237,60 @@ def decode_text_generation(trace_dir: Path, rewrite_dir: Path, out_dir: Path) ->
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"
     atomic_write_bytes(out_dir / GENERATED_JSON, text.encode("utf-8"))
     write_npz(out_dir / GENERATED_NPZ, arrays)
+    if quantize_dir is not None:
+        decode_quantized_generation(trace_dir, quantize_dir, out_dir, record)
 
 
-def decode_encoder_decoder(trace_dir: Path, rewrite_dir: Path, out_dir: Path) -> None:
+def _eos_ids(trace_dir: Path) -> list[int]:
+    """The end-of-sequence ids of the trace's ``genai_config.json``."""
+    genai = json.loads((trace_dir / GENAI_CONFIG).read_text(encoding="utf-8"))
+    eos = genai["model"].get("eos_token_id")
+    return eos if isinstance(eos, list) else ([] if eos is None else [eos])
+
+
+def decode_quantized_generation(
+    trace_dir: Path, quantize_dir: Path, out_dir: Path, floats: Mapping[str, Any]
+) -> None:
+    """The quantized model's decode, on the folder as published (``model.quantized.onnx`` and
+    the quantize stage's ``genai_config.json`` naming it): each prompt in onnxruntime-genai fed
+    the float decode's tokens (``floats``: :func:`decode_text_generation`'s record), so that
+    every step's logits compare with the float model's at the same sequence, and decoded freely
+    (the tokens a user of the folder gets); the padded batch in ONNX Runtime, fed the same way.
+    Writes ``generation_quantized.json`` and ``.npz`` (``single.<i>``, ``batch``: the logits
+    along the float decode)."""
+    from hyperexport.tasks.genai_runtime import genai_decode, genai_folder, genai_forced
+
+    reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
+    steps = int(reference["max_new_tokens"])
+    arrays: dict[str, np.ndarray] = {}
+    free: list[list[int]] = []
+    genai_config = quantize_dir / GENAI_CONFIG
+    with genai_folder(quantize_dir, genai_config, out_dir, QUANTIZED_MODEL_FILE) as folder:
+        for i, prompt in enumerate(reference["prompts"]):
+            arrays[f"single.{i}"] = genai_forced(folder, prompt, floats["single"][i])
+            free.append(genai_decode(folder, prompt, steps)[0])
+    if floats["batch"]:
+        pad = int(reference["pad_token_id"])
+        ids, mask = left_padded(reference["prompts"], pad)
+        forced = np.asarray(floats["batch"], dtype=np.int64)
+        _, arrays["batch"] = ort_padded_decode(
+            quantize_dir / QUANTIZED_MODEL_FILE, ids, mask, steps, _eos_ids(trace_dir), pad, forced
+        )
+    log.info("quantized model's free decode in onnxruntime-genai (greedy): %s", free)
+    record = {
+        "runtime": "onnxruntime-genai",
+        "batch_runtime": "onnxruntime",
+        "model": QUANTIZED_MODEL_FILE,
+        "free_running": free,
+    }
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    atomic_write_bytes(out_dir / GENERATED_QUANTIZED_JSON, text.encode("utf-8"))
+    write_npz(out_dir / GENERATED_QUANTIZED_NPZ, arrays)
+
+
+def decode_encoder_decoder(
+    trace_dir: Path, rewrite_dir: Path, out_dir: Path, quantize_dir: Path | None = None
+) -> None:
     """Decode the reference's prompts through the exported graphs; write what came out."""
     reference = json.loads((trace_dir / SEQ2SEQ_REFERENCE_JSON).read_text(encoding="utf-8"))
     ref_arrays = read_npz(trace_dir / SEQ2SEQ_REFERENCE_NPZ)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.base.atomic import atomic_write_bytes
-from hyperexport.base.contracts.names import MODEL_FILE, TOKENIZER_FILES
+from hyperexport.base.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE, TOKENIZER_FILES
 from hyperexport.base.errors import RecipeError
 from hyperexport.tasks.registry import GENAI_CONFIG, GENERATION_REFERENCE_JSON
 
@@ -207,13 +207,34 @@ def write_genai_files(
     return written
 
 
+def _recorded_source(trace_dir: Path) -> dict[str, Any] | None:
+    """The model config keys the trace recorded beside the reference decode (None: none)."""
+    reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
+    source = reference.get("config")
+    return source if isinstance(source, dict) else None
+
+
+def write_quantized_genai_config(trace_dir: Path, out_dir: Path) -> None:
+    """The quantize stage's ``genai_config.json``: the trace's, built from the same recorded
+    model config, naming ``model.quantized.onnx``. Published in place of the trace's, so that
+    onnxruntime-genai runs the quantized model of the folder (the float ``model.onnx`` stays
+    beside it: ``og.Config.overlay`` of ``decoder.filename`` runs it)."""
+    source = _recorded_source(trace_dir)
+    if source is None:
+        raise ValueError(f"{GENERATION_REFERENCE_JSON} records no model config")
+    genai = build_genai_config(source, model_file=QUANTIZED_MODEL_FILE)
+    text = json.dumps(genai, indent=1, sort_keys=True) + "\n"
+    atomic_write_bytes(out_dir / GENAI_CONFIG, text.encode("utf-8"))
+
+
 #: Differences named before the rest are counted.
 _MAX_NAMED = 3
 
 
-def genai_config_problems(trace_dir: Path) -> list[str]:
-    """What differs between the trace's ``genai_config.json`` and the one its reference's model
-    config gives (empty: they are equal), one line per field.
+def genai_config_problems(trace_dir: Path, quantize_dir: Path | None = None) -> list[str]:
+    """What differs between the published ``genai_config.json`` and the one its reference's
+    model config gives (empty: they are equal), one line per field. Published is the quantize
+    stage's (naming ``model.quantized.onnx``) when ``quantize_dir`` holds one, else the trace's.
 
     The published file is what onnxruntime-genai reads beside the model: the decode in the
     evaluate stage ran with it, but a field the decode does not reach (``context_length``
@@ -222,14 +243,16 @@ def genai_config_problems(trace_dir: Path) -> list[str]:
     (``generation_reference.json``'s ``config``, the keys :func:`build_genai_config` reads) and
     must equal it.
     """
-    reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
-    source = reference.get("config")
-    if not isinstance(source, dict):
+    source = _recorded_source(trace_dir)
+    if source is None:
         return [
             f"{GENERATION_REFERENCE_JSON} records no model config to judge {GENAI_CONFIG} against"
         ]
-    expected = build_genai_config(source, model_file=MODEL_FILE)
-    published = json.loads((trace_dir / GENAI_CONFIG).read_text(encoding="utf-8"))
+    folder, model_file = trace_dir, MODEL_FILE
+    if quantize_dir is not None and (quantize_dir / GENAI_CONFIG).is_file():
+        folder, model_file = quantize_dir, QUANTIZED_MODEL_FILE
+    expected = build_genai_config(source, model_file=model_file)
+    published = json.loads((folder / GENAI_CONFIG).read_text(encoding="utf-8"))
     found = [
         f"{GENAI_CONFIG}: {path} is {_show(have)}, the model's config gives {_show(want)}"
         for path, have, want in _differences(published, expected)

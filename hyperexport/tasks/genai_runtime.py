@@ -19,8 +19,11 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def genai_folder(model_dir: Path, genai_config: Path, scratch: Path) -> Iterator[Path]:
-    """A folder holding the model, its data file and ``genai_config.json``, as published.
+def genai_folder(
+    model_dir: Path, genai_config: Path, scratch: Path, model_file: str = MODEL_FILE
+) -> Iterator[Path]:
+    """A folder holding the model ``model_file``, its data file and ``genai_config.json``, as
+    published.
 
     onnxruntime-genai takes a folder and refuses a model path outside it, so the files are
     copied into a folder under ``scratch``, removed on exit (a copy of the weights: for a large
@@ -30,8 +33,8 @@ def genai_folder(model_dir: Path, genai_config: Path, scratch: Path) -> Iterator
     """
     folder = Path(tempfile.mkdtemp(prefix="genai-", dir=scratch))
     try:
-        data = sorted(p.name for p in model_dir.iterdir() if p.name.startswith(MODEL_FILE + "."))
-        names = [MODEL_FILE, *data]
+        data = sorted(p.name for p in model_dir.iterdir() if p.name.startswith(model_file + "."))
+        names = [model_file, *data]
         for name in names:
             shutil.copyfile((model_dir / name).resolve(), folder / name)
         shutil.copyfile(genai_config, folder / GENAI_CONFIG)
@@ -59,3 +62,21 @@ def genai_decode(folder: Path, prompt: Sequence[int], steps: int) -> tuple[list[
         # of the sequence (transformers keeps it): greedy chose it from the last logits.
         tokens.append(int(np.argmax(logits[-1])))
     return tokens, np.stack(logits)
+
+
+def genai_forced(folder: Path, prompt: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+    """onnxruntime-genai's logits at each step of ``prompt`` followed by ``tokens`` (fed, not
+    chosen): ``(len(tokens), vocab)``, the logits from which step ``i`` chose ``tokens[i]``."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + len(tokens), do_sample=False, batch_size=1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray([prompt], dtype=np.int64))
+    logits: list[np.ndarray] = []
+    for i, token in enumerate(tokens):
+        logits.append(np.array(generator.get_logits(), dtype=np.float32).reshape(-1))
+        if i + 1 < len(tokens):
+            generator.append_tokens(np.asarray([[token]], dtype=np.int64))
+    return np.stack(logits) if logits else np.zeros((0, 0), dtype=np.float32)

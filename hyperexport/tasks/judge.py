@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import QUANTIZED_MODEL_FILE as QUANTIZED_MODEL_NAME
 from hyperexport.base.contracts.names import (
     SPEECH_RECOGNITION,
     TEXT2TEXT_GENERATION,
@@ -42,6 +43,8 @@ from hyperexport.tasks.registry import (
     GENAI_CONFIG,
     GENERATED_JSON,
     GENERATED_NPZ,
+    GENERATED_QUANTIZED_JSON,
+    GENERATED_QUANTIZED_NPZ,
     GENERATION_CHECK,
     GENERATION_REFERENCE_JSON,
     GENERATION_REFERENCE_NPZ,
@@ -51,7 +54,12 @@ from hyperexport.tasks.registry import (
     SEQ2SEQ_REFERENCE_JSON,
     SEQ2SEQ_REFERENCE_NPZ,
 )
-from hyperexport.tasks.task import TaskJudge, Vouched
+from hyperexport.tasks.task import (
+    QuantizedDecodeGates,
+    QuantizedDecodeVerdict,
+    TaskJudge,
+    Vouched,
+)
 
 #: Fewest distinct generated ids a sequence must have for the comparison to count, unless the
 #: recipe's ``check.generation.min_distinct`` says otherwise.
@@ -264,15 +272,123 @@ def summary_lines(
     ]
 
 
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of each row of ``a`` with the same row of ``b`` (``(steps, vocab)``)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    norms = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
+    dots = np.einsum("sv,sv->s", a64, b64)
+    return np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), 1.0)
+
+
+def _quantized_sequence(
+    name: str, quantized: np.ndarray, floats: np.ndarray, float_tokens: Sequence[int] | None
+) -> dict[str, Any]:
+    """One sequence of the quantized decode (logits fed the float decode's tokens) against the
+    float decode's logits ``(steps, vocab)``; ``float_tokens`` (free-running compared) or None."""
+    steps = min(len(quantized), len(floats))
+    same = quantized[:steps].argmax(-1) == floats[:steps].argmax(-1)
+    cosines = _cosines(quantized[:steps], floats[:steps])
+    return {
+        "name": name,
+        "steps": steps,
+        "agreeing_steps": int(same.sum()),
+        "token_agreement": float(same.mean()) if steps else 1.0,
+        "cosine_per_step": [round(float(c), 6) for c in cosines],
+        "min_cosine": float(cosines.min()) if steps else 1.0,
+    }
+
+
+def judge_quantized_generation(
+    evaluate_dir: Path, gates: QuantizedDecodeGates
+) -> QuantizedDecodeVerdict | None:
+    """The quantized model's decode (``generation_quantized.*``: its logits along the float
+    decode's tokens, and its free-running tokens) against the float model's decode
+    (``generation.*``): the share of steps where both pick the same next token, and each step's
+    logits cosine, over the prompts and the padded batch's rows. None: no quantized decode."""
+    if not (evaluate_dir / GENERATED_QUANTIZED_JSON).is_file():
+        return None
+    floats = json.loads((evaluate_dir / GENERATED_JSON).read_text(encoding="utf-8"))
+    quantized = json.loads((evaluate_dir / GENERATED_QUANTIZED_JSON).read_text(encoding="utf-8"))
+    f_arrays = read_npz(evaluate_dir / GENERATED_NPZ)
+    q_arrays = read_npz(evaluate_dir / GENERATED_QUANTIZED_NPZ)
+    sequences = []
+    for i, tokens in enumerate(floats["single"]):
+        seq = _quantized_sequence(
+            f"prompt {i}", q_arrays[f"single.{i}"], f_arrays[f"single.{i}"], tokens
+        )
+        free = quantized["free_running"][i]
+        seq["free_running"] = free
+        seq["free_running_same"] = next(
+            (k for k, (a, b) in enumerate(zip(free, tokens)) if a != b), min(len(free), len(tokens))
+        )
+        sequences.append(seq)
+    for row in range(len(floats["batch"])):
+        sequences.append(
+            _quantized_sequence(
+                f"padded batch row {row}",
+                q_arrays["batch"][:, row],
+                f_arrays["batch"][:, row],
+                None,
+            )
+        )
+    steps = sum(s["steps"] for s in sequences)
+    agreement = sum(s["agreeing_steps"] for s in sequences) / steps if steps else 1.0
+    min_cosine = min((s["min_cosine"] for s in sequences), default=1.0)
+    failed = []
+    if agreement < gates.min_token_agreement:
+        failed.append(f"token agreement {agreement:.3f} < {gates.min_token_agreement}")
+    if min_cosine < gates.min_decode_cosine:
+        failed.append(f"logits cosine {min_cosine:.4f} < {gates.min_decode_cosine}")
+    passed = not failed or not gates.gate
+    if not gates.gate:
+        under = f"; under the gates: {'; '.join(failed)}" if failed else ""
+        state = f"reported, not gated (check.quantized.decode: report{under})"
+    else:
+        state = "FAILED: " + "; ".join(failed) if failed else "passed"
+    lines = [
+        f"quantized decode {state}: {QUANTIZED_MODEL_NAME} fed the float decode's tokens, "
+        f"token agreement {agreement:.3f} over {steps} steps, least logits cosine "
+        f"{min_cosine:.4f}",
+    ]
+    for s in sequences:
+        free = ""
+        if "free_running" in s:
+            free = (
+                f"; free-running, the first {s['free_running_same']} tokens as the float decode's"
+            )
+        lines.append(
+            f"  quantized decode {s['name']}: {s['agreeing_steps']}/{s['steps']} steps agree, "
+            f"least cosine {s['min_cosine']:.4f}{free}"
+        )
+    report = {
+        "passed": passed,
+        "gate": gates.gate,
+        "thresholds": {
+            "min_token_agreement": gates.min_token_agreement,
+            "min_decode_cosine": gates.min_decode_cosine,
+        },
+        "runtime": quantized["runtime"],
+        "batch_runtime": quantized["batch_runtime"],
+        "token_agreement": agreement,
+        "min_cosine": min_cosine,
+        "failed": failed,
+        "sequences": sequences,
+    }
+    error = None
+    if failed and gates.gate:
+        error = CheckError(f"quantized decode check failed: {'; '.join(failed)}")
+    return QuantizedDecodeVerdict(report, tuple(lines), error)
+
+
 class TextGenerationJudge:
     """``task: text-generation``'s :class:`~hyperexport.tasks.task.TaskJudge`: the decode in
     onnxruntime-genai against transformers', and ``genai_config.json`` against the model's
     config."""
 
-    def vouch(self, trace_dir: Path) -> Vouched:
+    def vouch(self, trace_dir: Path, quantize_dir: Path) -> Vouched:
         from hyperexport.tasks.genai_config import genai_config_problems
 
-        problems = genai_config_problems(trace_dir)
+        problems = genai_config_problems(trace_dir, quantize_dir)
         return Vouched(
             report={"genai_config": {"passed": not problems, "problems": problems}},
             lines=tuple(problems or [f"{GENAI_CONFIG}: ok, as the model's config gives"]),
@@ -285,13 +401,23 @@ class TextGenerationJudge:
         results, error = judge_generation(trace_dir, evaluate_dir, out_dir, min_distinct)
         return summary_lines(results), error
 
+    def judge_quantized(
+        self, evaluate_dir: Path, gates: QuantizedDecodeGates
+    ) -> QuantizedDecodeVerdict | None:
+        return judge_quantized_generation(evaluate_dir, gates)
+
 
 class EncoderDecoderJudge:
     """The encoder-decoders' :class:`~hyperexport.tasks.task.TaskJudge`: the decode through
     both graphs against transformers', token for token."""
 
-    def vouch(self, trace_dir: Path) -> Vouched:
+    def vouch(self, trace_dir: Path, quantize_dir: Path) -> Vouched:
         return Vouched(report={}, lines=(), problems=())
+
+    def judge_quantized(
+        self, evaluate_dir: Path, gates: QuantizedDecodeGates
+    ) -> QuantizedDecodeVerdict | None:
+        return None  # validation refuses quantize.method for the encoder-decoders
 
     def judge(
         self, trace_dir: Path, evaluate_dir: Path, out_dir: Path, min_distinct: int = MIN_DISTINCT

@@ -29,6 +29,10 @@ GENERATED_JSON = "generation.json"
 GENERATED_NPZ = "generation.npz"
 #: The judgement of the decode, check stage output (published).
 GENERATION_CHECK = "generation_check.json"
+#: With ``quantize.method``: the quantized model's decode in onnxruntime-genai (and the padded
+#: batch in ONNX Runtime), fed the float decode's tokens, evaluate stage output.
+GENERATED_QUANTIZED_JSON = "generation_quantized.json"
+GENERATED_QUANTIZED_NPZ = "generation_quantized.npz"
 
 # -- the encoder-decoders: two graphs ----------------------------------------------------------
 #: The reference decode (transformers' greedy ``generate``), trace stage output.
@@ -56,6 +60,12 @@ TEXT_GENERATION_TASK = Task(
     check_files={"generation_check": GENERATION_CHECK},
     vouched=(GENAI_CONFIG,),
     published=(GENAI_CONFIG, *TOKENIZER_FILES),
+    # Quantized, the published genai_config.json names model.quantized.onnx.
+    quantized_files={"genai_config": GENAI_CONFIG},
+    quantized_evaluate_files={
+        "generation_quantized": GENERATED_QUANTIZED_JSON,
+        "generation_quantized_arrays": GENERATED_QUANTIZED_NPZ,
+    },
 )
 
 
@@ -100,6 +110,11 @@ def task_named(name: str) -> Task:
 def trace_published() -> tuple[str, ...]:
     """Every file of the trace a task publishes (the trace stage's ``publish``)."""
     return tuple(dict.fromkeys(f for t in TASKS.values() for f in t.published))
+
+
+def quantize_published() -> tuple[str, ...]:
+    """Every file besides the model a task has the quantize stage publish (its ``publish``)."""
+    return tuple(dict.fromkeys(f for t in TASKS.values() for f in t.quantized_files.values()))
 
 
 def check_published() -> tuple[str, ...]:

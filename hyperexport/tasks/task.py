@@ -49,6 +49,11 @@ class Task:
             config): the check names them by digest, as it names the models.
         published: Files of the trace published beside the model (those the trace writes only
             when the checkpoint has them are not declared in ``trace_files``).
+        quantized_files: ``{artifact: file}`` the quantize stage writes besides the quantized
+            model when ``quantize.method`` is set: published in place of the trace's file of
+            the same name (``genai_config.json`` naming the quantized model).
+        quantized_evaluate_files: ``{artifact: file}`` the evaluate stage writes besides
+            ``evaluate_files`` when ``quantize.method`` is set (the quantized model's decode).
     """
 
     name: str
@@ -58,6 +63,8 @@ class Task:
     check_files: Mapping[str, str] = field(default_factory=dict)
     vouched: tuple[str, ...] = ()
     published: tuple[str, ...] = ()
+    quantized_files: Mapping[str, str] = field(default_factory=dict)
+    quantized_evaluate_files: Mapping[str, str] = field(default_factory=dict)
 
     def folders(self) -> tuple[str, ...]:
         """Each graph's folder, relative to a stage's outputs (``""``: the root)."""
@@ -115,9 +122,12 @@ class TaskModel(Protocol):
 class TaskDecode(Protocol):
     """The evaluate stage's part of a task (ONNX Runtime, no torch, no tolerance)."""
 
-    def __call__(self, trace_dir: Path, rewrite_dir: Path, out_dir: Path) -> None:
+    def __call__(
+        self, trace_dir: Path, rewrite_dir: Path, out_dir: Path, quantize_dir: Path | None
+    ) -> None:
         """Decode the trace's reference inputs with the rewrite's graphs; write what came out
-        (the task's ``evaluate_files``)."""
+        (the task's ``evaluate_files``); with ``quantize_dir`` (``quantize.method`` set), the
+        quantized model's decode too (``quantized_evaluate_files``)."""
         ...
 
 
@@ -136,11 +146,45 @@ class Vouched:
     problems: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class QuantizedDecodeGates:
+    """``check.quantized``'s decode gates (meaning: ``config/schema.py`` ``QuantizedCheckSpec``).
+
+    Attributes:
+        min_token_agreement: Least share of steps where the quantized model, fed the float
+            decode's tokens, picks the float decode's next token.
+        min_decode_cosine: Least cosine of a step's logits with the float model's.
+        gate: False: the figures are reported and never fail the check.
+    """
+
+    min_token_agreement: float
+    min_decode_cosine: float
+    gate: bool = True
+
+
+@dataclass(frozen=True)
+class QuantizedDecodeVerdict:
+    """The quantized model's decode judged: ``check.json`` entries, ``check.txt`` lines, and
+    the error to raise after the reports are written (None: passed, or report-only)."""
+
+    report: Mapping[str, Any]
+    lines: tuple[str, ...]
+    error: Exception | None
+
+
 class TaskJudge(Protocol):
     """The check stage's part of a task (numpy, no ONNX library)."""
 
-    def vouch(self, trace_dir: Path) -> Vouched:
-        """The files of ``Task.vouched`` judged on their own (before ``check.json`` is written)."""
+    def vouch(self, trace_dir: Path, quantize_dir: Path) -> Vouched:
+        """The files of ``Task.vouched`` judged on their own (before ``check.json`` is written);
+        where the quantize stage wrote one in their place (``Task.quantized_files``), that one."""
+        ...
+
+    def judge_quantized(
+        self, evaluate_dir: Path, gates: QuantizedDecodeGates
+    ) -> QuantizedDecodeVerdict | None:
+        """The quantized model's decode against the float model's, under ``gates`` (None: the
+        evaluation made no quantized decode)."""
         ...
 
     def judge(

@@ -71,6 +71,8 @@ def test_record_round_trips(tmp_path: Path) -> None:
 
 def test_ort_support_is_asked_not_assumed() -> None:
     assert unsupported_reason("int4_block", "float32") is None
+    assert unsupported_reason("int4_block", "float32", 4) is None  # int8 activations
+    assert unsupported_reason("int4_block", "float16", 4) is None
     assert unsupported_reason("int8_dynamic", "float32") is None
     reason = unsupported_reason("int8_dynamic", "float16")  # DynamicQuantizeMatMul: float only
     assert reason is not None and "DynamicQuantizeMatMul" in reason

@@ -51,7 +51,8 @@ def test_per_type_quantizes_inside_the_shared_body(method: str) -> None:
     before = run_checked(model, x_feed())[0]
     idents = set(model.functions)
 
-    assert QuantizeMatMulsPass(method, block_size=32)(model).modified
+    # accuracy_level 0: float activations, so the result is the dequantized weights' product.
+    assert QuantizeMatMulsPass(method, block_size=32, accuracy_level=0)(model).modified
 
     ops = op_counts(model)
     op = QUANTIZED_OPS[method]
@@ -78,7 +79,7 @@ def test_per_instance_quantizes_baked_weights_and_main_graph(method: str) -> Non
     baked = bake(model)
     before = run_checked(model, x_feed())[0]
 
-    assert QuantizeMatMulsPass(method, block_size=32)(model).modified
+    assert QuantizeMatMulsPass(method, block_size=32, accuracy_level=0)(model).modified
 
     ops = op_counts(model)
     op = QUANTIZED_OPS[method]
@@ -92,6 +93,24 @@ def test_per_instance_quantizes_baked_weights_and_main_graph(method: str) -> Non
     assert _rel(after, expected) < (1e-5 if method == INT4_BLOCK else 0.02)
     assert _rel(after, before) < 2 * FLOAT_BOUND[method]
     assert not QuantizeMatMulsPass(method, block_size=32)(model).modified
+
+
+@pytest.mark.parametrize("level", [4, 0])
+def test_accuracy_level_is_set_on_matmul_nbits(level: int) -> None:
+    """The builder's CPU level by default (int8 activations: a little more error than float
+    activations, which level 0, ONNX Runtime's default, keeps by leaving the attribute out)."""
+    model = parse(PER_TYPE)
+    weights = add_weights(model, ["w0", "w1", "w2"])
+    assert QuantizeMatMulsPass(INT4_BLOCK, 32, accuracy_level=level)(model).modified
+    nbits = [n for n in model.functions[(FN, "Inner", "")].graph if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 1
+    attribute = nbits[0].attributes.get("accuracy_level")
+    assert (attribute.as_int() if attribute is not None else 0) == level
+    assert (attribute is None) == (level == 0)
+    after = run_checked(model, x_feed())[0]
+    x = np.maximum(x_feed()["x"], 0)
+    expected = sum(x @ _dequantized(INT4_BLOCK, w).T for w in weights.values())
+    assert _rel(after, expected) < (0.02 if level else 1e-5)
 
 
 def test_int8_codes_never_saturate_the_int16_pair_sums_of_x86_without_vnni() -> None:

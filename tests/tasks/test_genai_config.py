@@ -93,3 +93,24 @@ def test_the_published_genai_config_is_judged_against_the_models_config(tmp_path
     assert genai_config_problems(_trace_dir(tmp_path, genai, None)) == [
         "generation_reference.json records no model config to judge genai_config.json against"
     ]
+
+
+def test_the_quantize_stages_config_is_judged_in_place_of_the_traces(tmp_path: Path) -> None:
+    """Quantized, the published genai_config.json is the quantize stage's: it must name
+    model.quantized.onnx, and is what the check judges (the trace's float one is not published)."""
+    from hyperexport.tasks.genai_config import write_quantized_genai_config
+
+    trace = _trace_dir(tmp_path, build_genai_config(LLAMA, model_file="model.onnx"), LLAMA)
+    quantize = tmp_path / "quantize"
+    quantize.mkdir()
+    assert genai_config_problems(trace, quantize) == []  # nothing written: the trace's is judged
+    write_quantized_genai_config(trace, quantize)
+    written = json.loads((quantize / GENAI_CONFIG).read_text())
+    assert written["model"]["decoder"]["filename"] == "model.quantized.onnx"
+    assert genai_config_problems(trace, quantize) == []
+    written["model"]["decoder"]["filename"] = "model.onnx"  # would run the float model
+    (quantize / GENAI_CONFIG).write_text(json.dumps(written))
+    assert genai_config_problems(trace, quantize) == [
+        'genai_config.json: model.decoder.filename is "model.onnx", the model\'s config gives '
+        '"model.quantized.onnx"'
+    ]

@@ -160,23 +160,25 @@ def publish_build(
 def _files_to_publish(
     store: CacheStore, stages: Sequence[Stage], result: BuildResult, link: Path
 ) -> list[_File]:
-    """The published files of every successful stage, plus those the failed stage wrote."""
-    files: list[_File] = []
+    """The published files of every successful stage, plus those the failed stage wrote.
+
+    A later stage's file replaces an earlier one's of the same name: the quantize stage's
+    ``genai_config.json`` (naming the quantized model) replaces the trace's.
+    """
+    files: dict[str, _File] = {}
     for stage in stages:
         entry = result.entries.get(stage.name)
         if entry is not None:
-            files += [
-                _File(f.path, f.digest, f.size, stage.name, blob=f)
-                for f in entry.outputs
-                if _published(stage, f.path)
-            ]
+            for f in entry.outputs:
+                if _published(stage, f.path):
+                    files[f.path] = _File(f.path, f.digest, f.size, stage.name, blob=f)
         elif result.error is not None and result.error.stage == stage.name:
             for rel, text in sorted(result.failed_files.items()):
                 if _published(stage, rel):
                     fixed = replace_scratch_paths(text, store, link)
                     size = len(fixed.encode("utf-8"))
-                    files.append(_File(rel, sha256_text(fixed), size, stage.name, text=fixed))
-    return files
+                    files[rel] = _File(rel, sha256_text(fixed), size, stage.name, text=fixed)
+    return list(files.values())
 
 
 def _published(stage: Stage, rel: str) -> bool:

@@ -29,12 +29,17 @@ from hyperexport.base.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.base.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.base.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
 from hyperexport.defaults import (
+    ACCURACY_LEVELS,
+    DECODE_GATES,
+    DEFAULT_ACCURACY_LEVEL,
     DEFAULT_ATOL,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_FUNCTION_SCOPE,
     DEFAULT_MAX_REL_ERROR,
     DEFAULT_MIN_COSINE,
+    DEFAULT_MIN_DECODE_COSINE,
     DEFAULT_MIN_DISTINCT,
+    DEFAULT_MIN_TOKEN_AGREEMENT,
     DEFAULT_MIN_TOP1,
     DEFAULT_OPSET,
     DEFAULT_RTOL,
@@ -299,11 +304,24 @@ class QuantizedCheckSpec(Section):
     int4 blocks of 32 on the zoo's random-weight models (whose layers have no outliers; real
     checkpoints usually do better on cosine, worse on single outlier layers, which the report
     names).
+
+    ``task: text-generation`` also decodes the quantized model (onnxruntime-genai, and the padded
+    batch in ONNX Runtime), fed the float decode's tokens: at ``min_token_agreement`` of the
+    steps it must pick the float decode's next token, and every step's logits must reach
+    ``min_decode_cosine`` with the float model's. ``decode: report`` reports both and gates on
+    neither: on random weights the float model's two best logits are often within int4's error
+    (onnxruntime-genai's builder's int4 agreed on 1 of 64 free-running tokens), so agreement
+    there says little; a recipe on random weights says so with ``report``.
     """
 
     min_cosine: float = option(DEFAULT_MIN_COSINE, readers=_CHECK, check=_fraction)
     max_rel_error: float = option(DEFAULT_MAX_REL_ERROR, readers=_CHECK, check=_positive)
     min_top1: float = option(DEFAULT_MIN_TOP1, readers=_CHECK, check=_fraction)
+    min_token_agreement: float = option(
+        DEFAULT_MIN_TOKEN_AGREEMENT, readers=_CHECK, check=_fraction
+    )
+    min_decode_cosine: float = option(DEFAULT_MIN_DECODE_COSINE, readers=_CHECK, check=_fraction)
+    decode: str = option(DECODE_GATES[0], readers=_CHECK, choices=DECODE_GATES)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -412,6 +430,12 @@ class QuantizeSpec(Section):
     (a power of two >= 16); ``exclude``: module paths (``lm_head``, ``layers.0.mlp``) or function
     names (``LlamaMLP``) whose MatMuls stay in float. What needs the model (an ``exclude`` naming
     no module, a method ONNX Runtime cannot run on the model's dtype) the stage refuses.
+    ``accuracy_level``: ``MatMulNBits``' least activation precision (0 unset, 1 float32,
+    2 float16, 3 bfloat16, 4 int8; ``int4_block`` only); 4, the default, is what
+    onnxruntime-genai's builder sets on CPU (int8 kernels: int4 then runs faster than float).
+
+    With ``task: text-generation`` the published ``genai_config.json`` names the quantized model
+    (``model.quantized.onnx``); the float ``model.onnx`` stays beside it.
     """
 
     # evaluate runs the quantized model (whole and every call site) against the float one.
@@ -422,6 +446,7 @@ class QuantizeSpec(Section):
         DEFAULT_BLOCK_SIZE, readers=(*_QUANTIZE, "evaluate"), check=_block_size
     )
     exclude: list[str] = option(factory=list, readers=_QUANTIZE, check=_module_names)
+    accuracy_level: int = option(DEFAULT_ACCURACY_LEVEL, readers=_QUANTIZE, choices=ACCURACY_LEVELS)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -494,10 +519,11 @@ class RecipeConfig(Section):
     # of the stages that run it (builds/fingerprint.py, model fingerprint), as digests.
     env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
     # What of the model is exported; the generation task also decodes in evaluate and check.
-    # rewrite: which model files it writes (one, or one per graph) follows from it.
+    # rewrite: which model files it writes (one, or one per graph) follows from it; quantize:
+    # whether it writes a genai_config.json.
     task: str = option(
         FORWARD,
-        readers=(*MODEL_STAGES, "rewrite", *CHECK_STAGES),
+        readers=(*MODEL_STAGES, "rewrite", *_QUANTIZE, *CHECK_STAGES),
         choices=TASKS,
         check=_implemented_task,
     )

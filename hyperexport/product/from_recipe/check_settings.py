@@ -12,8 +12,10 @@ import dataclasses
 from hyperexport.base.contracts.names import PROMOTED_OPSET, STANDARD_FUSION
 from hyperexport.check.quantized_judge import QuantizedThresholds
 from hyperexport.check.settings import CheckSettings, Tolerance
+from hyperexport.defaults import DECODE_GATES
 from hyperexport.product.config.fields import is_read
 from hyperexport.product.config.schema import RecipeConfig
+from hyperexport.tasks.task import QuantizedDecodeGates
 
 
 def check_settings(
@@ -68,3 +70,11 @@ def quantized_thresholds(recipe: RecipeConfig) -> QuantizedThresholds:
     """``check.quantized.*`` as the judge of the quantized model takes them."""
     t = recipe.check.quantized
     return QuantizedThresholds(t.min_cosine, t.max_rel_error, t.min_top1)
+
+
+def quantized_decode_gates(recipe: RecipeConfig) -> QuantizedDecodeGates:
+    """``check.quantized``'s gates of a quantized model's decode (``task: text-generation``)."""
+    t = recipe.check.quantized
+    return QuantizedDecodeGates(
+        t.min_token_agreement, t.min_decode_cosine, gate=t.decode == DECODE_GATES[0]
+    )

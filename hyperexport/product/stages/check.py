@@ -44,7 +44,7 @@ class CheckStage(RecipeStage):
     """
 
     name: str = "check"
-    version: int = 6  # 6: judges evaluate's quantized comparison; names the files it vouches for
+    version: int = 7  # 7: judges the quantized text-generation model's decode
     #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``;
     #: ``rewrite``, ``quantize``: the published models, which it names by these digests.
     upstream: tuple[str, ...] = ("trace", "export", "rewrite", "quantize", "evaluate")
@@ -102,14 +102,25 @@ class CheckStage(RecipeStage):
         errors = [check_evaluated(inputs.dir("evaluate"), judged)]
         data["judged"] = judged
         judge = None
+        quantized_decode_error: Exception | None = None
         if task.check_files:  # the task judges its decode (and vouches for what it read)
             from hyperexport.tasks.judge import JUDGES
 
             judge = JUDGES[task.name]
-            vouched = judge.vouch(inputs.dir("trace"))
+            vouched = judge.vouch(inputs.dir("trace"), inputs.dir("quantize"))
             data.update(vouched.report)
             lines = [*lines, *vouched.lines]
             errors.append(CheckError("; ".join(vouched.problems)) if vouched.problems else None)
+            if quantized is not None:  # the quantized model's decode against the float one
+                from hyperexport.product.from_recipe.check_settings import quantized_decode_gates
+
+                decoded_q = judge.judge_quantized(
+                    inputs.dir("evaluate"), quantized_decode_gates(recipe)
+                )
+                if decoded_q is not None:
+                    data["quantized"]["decode"] = decoded_q.report
+                    lines = [*lines, *decoded_q.lines]
+                    quantized_decode_error = decoded_q.error
         lines = [*lines, *(f"judged {name}: sha256 {digest}" for name, digest in judged.items())]
         text = json.dumps(data, sort_keys=True, indent=1) + "\n"
         atomic_write_bytes(out_dir / CHECK_JSON, text.encode("utf-8"))
@@ -132,6 +143,8 @@ class CheckStage(RecipeStage):
             raise decode_error
         if quantized is not None:
             quantized.raise_for_failure()
+        if quantized_decode_error is not None:
+            raise quantized_decode_error
 
     def _judge(
         self,

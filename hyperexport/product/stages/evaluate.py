@@ -4,7 +4,7 @@ Torch-free: it reads the export's reference capture with numpy, loads the models
 runs ONNX Runtime. It reads no tolerance, so changing one reruns only ``check``. What it runs
 are the files the build publishes, as the cache holds them: the rewrite's model (and each graph
 of the encoder-decoder tasks), the quantize stage's model against it, and the decode with the
-trace's ``genai_config.json``; it names them by digest (``evaluated.json``,
+trace's ``genai_config.json`` (quantized: the quantize stage's model and config too); it names them by digest (``evaluated.json``,
 ``stages/judged_files.py``), and the check holds that against what the build publishes.
 """
 
@@ -47,7 +47,7 @@ class EvaluateStage(RecipeStage):
     """
 
     name: str = "evaluate"
-    version: int = 3  # 3: runs the quantized model; names the files it ran (evaluated.json)
+    version: int = 4  # 4: decodes the quantized text-generation model
     #: The reference capture comes from the export (``reference/``): the capture its bundle was
     #: exported from, which after a fallback is not the trace's.
     #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``;
@@ -75,7 +75,7 @@ class EvaluateStage(RecipeStage):
         files = {"evaluated": EVALUATED_JSON, **task.per_graph(evaluation)}
         files.update(task.evaluate_files)
         if recipe.quantize.method != NO_QUANTIZATION:
-            files.update(quantized_comparison=QUANTIZED_JSON)
+            files.update(quantized_comparison=QUANTIZED_JSON, **task.quantized_evaluate_files)
         return files
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
@@ -94,10 +94,12 @@ class EvaluateStage(RecipeStage):
         # Validation refuses quantize.method for the tasks with several graphs.
         if recipe.quantize.method != NO_QUANTIZATION:
             self._compare_quantized(recipe, inputs, out_dir, evaluated)
-        if task.evaluate_files:  # the task's decode of the exported graphs
+        if task.evaluate_files:  # the task's decode of the exported graphs (and quantized)
             from hyperexport.tasks.decode import DECODES
 
-            DECODES[task.name](inputs.dir("trace"), rewrite_dir, out_dir)
+            quantized = recipe.quantize.method != NO_QUANTIZATION
+            quantize_dir = inputs.dir("quantize") if quantized else None
+            DECODES[task.name](inputs.dir("trace"), rewrite_dir, out_dir, quantize_dir)
         write_evaluated(out_dir, judged_files(inputs.digests, task))
 
     def _evaluate(

@@ -2,7 +2,8 @@
 
 The rewrite's and the quantize stage's outputs (each of them is published: the models, their
 data files and manifests) and the trace files a task's decode reads (``Task.vouched``: the
-``genai_config.json`` of ``task: text-generation``). The evaluate stage records them (``evaluated.json``) and the check holds that
+``genai_config.json`` of ``task: text-generation``, the quantize stage's in its place when it
+wrote one: the one published). The evaluate stage records them (``evaluated.json``) and the check holds that
 record against its own view, both computed here from the upstream digests the runner hands a
 stage (:attr:`~hyperexport.engine.stage.StageInputs.digests`): so every file the check names
 is one its key covers, by the digest it covers.
@@ -29,8 +30,8 @@ def judged_files(digests: Mapping[str, Mapping[str, str]], task: Task) -> dict[s
     files: dict[str, str] = {}
     for stage in MODEL_STAGES:
         files.update(digests.get(stage, {}))
-    for name in task.vouched:
-        files[name] = digests[TRACE][name]
+    for name in task.vouched:  # unless the quantize stage wrote the one published
+        files.setdefault(name, digests[TRACE][name])
     return dict(sorted(files.items()))
 
 

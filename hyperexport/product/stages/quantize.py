@@ -2,10 +2,12 @@
 
 With ``quantize.method: none`` (the default) it does nothing and writes nothing: the build's
 model is the rewrite's, byte for byte. Otherwise it writes the quantized model beside the float
-one (``model.quantized.onnx``, its manifest), and nothing else: the evaluate stage runs the
-file this stage wrote, the one the build publishes, against the float model in ONNX Runtime,
-and the check judges that. A comparison written here would be a record of a model, and a cache
-entry can pair a record with another model.
+one (``model.quantized.onnx``, its manifest), and for ``task: text-generation`` the
+``genai_config.json`` naming it (published in place of the trace's: onnxruntime-genai runs the
+quantized model of the folder), and nothing else: the evaluate stage runs the file this stage
+wrote, the one the build publishes, against the float model in ONNX Runtime, and the check
+judges that. A comparison written here would be a record of a model, and a cache entry can pair
+a record with another model.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from hyperexport.base.errors import RecipeError
 from hyperexport.engine.stage import StageInputs
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
+from hyperexport.tasks.registry import quantize_published, task_named
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +56,9 @@ class QuantizeStage(RecipeStage):
     """``QuantizeMatMulsPass`` on the rewrite's model (compared with it by ``evaluate``)."""
 
     name: str = "quantize"
-    version: int = 2  # 2: no comparison here (evaluate runs the quantized model)
-    upstream: tuple[str, ...] = ("rewrite",)
+    version: int = 3  # 3: accuracy_level; genai_config.json of text-generation
+    #: ``trace``: the model config the quantized ``genai_config.json`` is built from.
+    upstream: tuple[str, ...] = ("rewrite", "trace")
     #: Derived from the schema: the recipe fields that declare "quantize" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
@@ -63,16 +67,18 @@ class QuantizeStage(RecipeStage):
         QUANTIZED_MODEL_FILE,
         f"{QUANTIZED_MODEL_FILE}.data",
         QUANTIZED_MANIFEST_JSON,
+        *quantize_published(),
     )
 
     def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
         """Nothing with ``quantize.method: none``; else the quantized model and its manifest
-        (its data file depends on the weights' sizes: not declared)."""
+        (its data file depends on the weights' sizes: not declared), and the task's files."""
         if recipe.quantize.method == NO_QUANTIZATION:
             return {}
         return {
             "quantized_model": QUANTIZED_MODEL_FILE,
             "quantized_manifest": QUANTIZED_MANIFEST_JSON,
+            **task_named(recipe.task).quantized_files,
         }
 
     def run_recipe(self, recipe_config: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
@@ -96,14 +102,15 @@ class QuantizeStage(RecipeStage):
                 )
         before = function_inputs(model)
         exclude = tuple(q.exclude)
-        if not QuantizeMatMulsPass(q.method, q.block_size, exclude)(model).modified:
+        quantize = QuantizeMatMulsPass(q.method, q.block_size, exclude, q.accuracy_level)
+        if not quantize(model).modified:
             raise RecipeError(
                 recipe,
                 "quantize.method",
                 f"{q.method}: the model has no MatMul with a constant weight to quantize "
                 "(outside quantize.exclude)",
             )
-        _refuse_unsupported(model, q.method, recipe)
+        _refuse_unsupported(model, q.method, q.accuracy_level, recipe)
         quantized = quantized_manifest(manifest, before, model)
         _save(
             model,
@@ -113,9 +120,13 @@ class QuantizeStage(RecipeStage):
         )
         text = quantized.dumps() + "\n"
         atomic_write_bytes(out_dir / QUANTIZED_MANIFEST_JSON, text.encode("utf-8"))
+        if task_named(recipe_config.task).quantized_files:  # text-generation
+            from hyperexport.tasks.genai_config import write_quantized_genai_config
+
+            write_quantized_genai_config(inputs.dir("trace"), out_dir)
 
 
-def _refuse_unsupported(model: Any, method: str, recipe: str) -> None:
+def _refuse_unsupported(model: Any, method: str, accuracy_level: int, recipe: str) -> None:
     """RecipeError naming ``quantize.method`` when ORT's CPU provider cannot run its op here."""
     from hyperexport.check.quantized_support import unsupported_reason
     from hyperexport.passes.quantize_matmul import MS_DOMAIN, QUANTIZED_OPS
@@ -128,7 +139,7 @@ def _refuse_unsupported(model: Any, method: str, recipe: str) -> None:
                 if scales is not None and scales.dtype is not None:
                     dtypes.add(scales.dtype.numpy().name)
     for dtype in sorted(dtypes):
-        reason = unsupported_reason(method, dtype)
+        reason = unsupported_reason(method, dtype, accuracy_level)
         if reason is not None:
             raise RecipeError(
                 recipe,

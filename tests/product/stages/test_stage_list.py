@@ -33,8 +33,10 @@ def test_quantize_follows_rewrite_and_evaluate_runs_what_it_wrote() -> None:
         "quantize",
         "external_data",
         "external_data_threshold",
+        "task",  # text-generation: genai_config.json naming the quantized model
     }
-    assert by_name["quantize"].upstream == ("rewrite",)  # it compares nothing: no reference
+    # It compares nothing (no reference); the trace: the model config of genai_config.json.
+    assert by_name["quantize"].upstream == ("rewrite", "trace")
     # Issue 32: evaluate runs the quantized model file (the published one) against the float
     # one; the check judges that, and names the file by the digest its key covers.
     assert "quantize" in by_name["evaluate"].upstream

@@ -1,0 +1,179 @@
+"""int4 and int8 generation (issue 35): a text-generation recipe with ``quantize.method`` publishes
+a folder that onnxruntime-genai runs quantized (``genai_config.json`` names
+``model.quantized.onnx``), the float model beside it; evaluate decodes the quantized folder and
+the check reports its agreement with the float decode, gated or report-only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from hyperexport.base.errors import RecipeError
+from hyperexport.product.builds.session import BuildOutcome, run_build
+from hyperexport.product.config import compose_recipe, validate_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.statuses import statuses
+
+RECIPE = "zoo_llama_generate"
+#: recipes/base/generate.yaml's prompts.
+PROMPTS = [[17, 93, 41, 8, 120, 66, 5], [71, 30, 99, 12]]
+
+
+def _build(tmp_path: Path, *overrides: str) -> BuildOutcome:
+    recipe, settings = compose_recipe(
+        [
+            f"recipe={RECIPE}",
+            *overrides,
+            f"build.cache_dir={tmp_path / 'cache'}",
+            f"build.outputs_dir={tmp_path / 'out'}",
+        ]
+    )
+    return run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+
+
+@pytest.fixture(scope="module")
+def int4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutcome]:
+    tmp_path = tmp_path_factory.mktemp("int4gen")
+    return tmp_path, _build(tmp_path, "quantize.method=int4_block")
+
+
+def _og_decode(config: Any, prompt: list[int], steps: int) -> list[int]:
+    """onnxruntime-genai's greedy decode of ``prompt`` (the README's lines)."""
+    import onnxruntime_genai as og
+
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + steps, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray([prompt], dtype=np.int64))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(t) for t in generator.get_sequence(0)][len(prompt) :]
+
+
+def test_onnxruntime_genai_runs_the_quantized_model_of_the_published_folder(
+    int4: tuple[Path, BuildOutcome],
+) -> None:
+    import onnxruntime_genai as og
+
+    _, outcome = int4
+    assert outcome.exit_code == 0, outcome.result.error
+    folder = outcome.out_dir
+    genai = json.loads((folder / "genai_config.json").read_text())
+    assert genai["model"]["decoder"]["filename"] == "model.quantized.onnx"
+    report = json.loads((folder / "report.json").read_text())
+    assert report["files"]["genai_config.json"]["stage"] == "quantize"  # not the trace's
+
+    # The quantized model: MatMulNBits in the layers' one function, the builder's CPU level.
+    model = onnx.load(folder / "model.quantized.onnx", load_external_data=False)
+    assert [f.name for f in model.functions] == ["KVStep"]
+    nbits = [n for n in model.functions[0].node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 7  # q, k, v, o, gate, up, down
+    assert all({a.name: a.i for a in n.attribute}["accuracy_level"] == 4 for n in nbits)
+
+    check = json.loads((folder / "check.json").read_text())
+    decode = check["quantized"]["decode"]
+    generation = json.loads((folder / "generation_check.json").read_text())
+    prompts = [s["reference"] for s in generation["sequences"]]  # float tokens (= torch's)
+    recipe_prompts = PROMPTS
+    steps = len(prompts[0])
+    for i, prompt in enumerate(recipe_prompts):
+        # What a user of the folder gets: the quantized model's tokens, as evaluate decoded them.
+        quantized = _og_decode(str(folder), prompt, steps)
+        assert quantized == decode["sequences"][i]["free_running"]
+        # The float model stays beside it: the same folder with decoder.filename overlaid.
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"model": {"decoder": {"filename": "model.onnx"}}}))
+        assert _og_decode(config, prompt, steps) == prompts[i]
+    # int4 on random weights changes some tokens (the top-2 gaps are ~1e-3): the folder runs
+    # the quantized model, not the float one.
+    assert any(s["free_running"] != prompts[i] for i, s in enumerate(decode["sequences"][:2]))
+
+
+def test_the_check_reports_token_agreement_and_logits_cosine(
+    int4: tuple[Path, BuildOutcome],
+) -> None:
+    _, outcome = int4
+    check = json.loads((outcome.out_dir / "check.json").read_text())
+    decode = check["quantized"]["decode"]
+    # The generate recipes (random weights) report and do not gate: recipes/base/generate.yaml.
+    assert decode["gate"] is False and decode["passed"] is True
+    assert decode["runtime"] == "onnxruntime-genai" and decode["batch_runtime"] == "onnxruntime"
+    names = [s["name"] for s in decode["sequences"]]
+    assert names == ["prompt 0", "prompt 1", "padded batch row 0", "padded batch row 1"]
+    for s in decode["sequences"]:
+        assert s["steps"] == 16 and len(s["cosine_per_step"]) == 16
+        assert 0.9 < s["min_cosine"] < 1.0  # int4 moved the logits, a little
+        assert s["agreeing_steps"] == round(s["token_agreement"] * 16)
+    # The padded batch in ONNX Runtime was fed the same tokens: the same agreement per prompt.
+    assert [s["agreeing_steps"] for s in decode["sequences"][2:]] == [
+        s["agreeing_steps"] for s in decode["sequences"][:2]
+    ]
+    steps = sum(s["steps"] for s in decode["sequences"])
+    agreed = sum(s["agreeing_steps"] for s in decode["sequences"])
+    assert decode["token_agreement"] == pytest.approx(agreed / steps)
+    assert 0.5 < decode["token_agreement"] < 1.0
+    summary = (outcome.out_dir / "check.txt").read_text()
+    assert "quantized decode reported, not gated" in summary
+
+
+def test_gated_decode_fails_the_check_alone_and_names_the_gate(
+    int4: tuple[Path, BuildOutcome],
+) -> None:
+    tmp_path, first = int4
+    agreement = json.loads((first.out_dir / "check.json").read_text())["quantized"]["decode"][
+        "token_agreement"
+    ]
+    outcome = _build(
+        tmp_path,
+        "quantize.method=int4_block",
+        "check.quantized.decode=gate",
+        f"check.quantized.min_token_agreement={min(agreement + 0.05, 1.0)}",
+    )
+    assert list(statuses(outcome).values()) == ["hit"] * 5 + ["failed"]  # the check's alone
+    assert outcome.exit_code == 1 and outcome.result.error is not None
+    assert outcome.result.error.stage == "check"
+    assert f"quantized decode check failed: token agreement {agreement:.3f} <" in str(
+        outcome.result.error
+    )
+    passing = _build(
+        tmp_path,
+        "quantize.method=int4_block",
+        "check.quantized.decode=gate",
+        f"check.quantized.min_token_agreement={agreement}",
+        "check.quantized.min_decode_cosine=0.9",
+    )
+    assert passing.exit_code == 0, passing.result.error
+
+
+def test_int8_generation_runs_quantized_in_onnxruntime_genai(tmp_path: Path) -> None:
+    outcome = _build(tmp_path, "quantize.method=int8_dynamic")
+    assert outcome.exit_code == 0, outcome.result.error
+    genai = json.loads((outcome.out_dir / "genai_config.json").read_text())
+    assert genai["model"]["decoder"]["filename"] == "model.quantized.onnx"
+    model = onnx.load(outcome.out_dir / "model.quantized.onnx", load_external_data=False)
+    assert any(n.op_type == "DynamicQuantizeMatMul" for n in model.functions[0].node)
+    decode = json.loads((outcome.out_dir / "check.json").read_text())["quantized"]["decode"]
+    assert decode["min_cosine"] > 0.9 and len(decode["sequences"]) == 4
+
+
+def test_accuracy_level_is_validated_where_the_schema_defines_it() -> None:
+    recipe = {
+        "name": "t",
+        "model": {"_target_": "hyperexport.zoo.tiny_llama"},
+        "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
+        "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
+        "dynamo": False,
+        "quantize": {"method": "int4_block", "accuracy_level": 5},
+    }
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(recipe, "/r/t.yaml")
+    assert info.value.field == "quantize.accuracy_level"
+    assert "\n" not in str(info.value)
+    default = validate_recipe({**recipe, "quantize": {"method": "int4_block"}}, "/r/t.yaml")
+    assert default.data["quantize"]["accuracy_level"] == 4
