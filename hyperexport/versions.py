@@ -127,6 +127,29 @@ def unsupported(dynamo: bool) -> list[str]:
     return problems
 
 
+# -- torch's TorchScript exporter ----------------------------------------------------------------
+
+
+#: The torch releases whose ``torch.onnx.export`` takes a ``dynamo`` keyword (it arrived in 2.5).
+#: Earlier releases export with TorchScript only and refuse the keyword (``TypeError: export()
+#: got an unexpected keyword argument 'dynamo'``, seen on 2.2.2).
+EXPORT_TAKES_DYNAMO_KEYWORD = ">=2.5"
+
+
+def torchscript_export_keywords(torch: str | None = None) -> dict[str, Any]:
+    """The keywords that select the TorchScript exporter in ``torch.onnx.export``:
+    ``{"dynamo": False}`` where the keyword exists (:data:`EXPORT_TAKES_DYNAMO_KEYWORD`), else
+    none (that release's only exporter is TorchScript).
+
+    Args:
+        torch: A torch release (``"2.2.2"``); the installed one when None.
+    """
+    found = torch if torch is not None else torch_version()
+    if found is not None and not release_in(found, EXPORT_TAKES_DYNAMO_KEYWORD):
+        return {}
+    return {"dynamo": False}
+
+
 # -- transformers ---------------------------------------------------------------------------------
 
 

@@ -181,3 +181,13 @@ def test_the_zoo_release_predicates_match_the_installed_transformers() -> None:
     from transformers import masking_utils
 
     assert versions.masks_built_by_vmap() == hasattr(masking_utils, "sdpa_mask_recent_torch")
+
+
+# -- torch's TorchScript exporter and the dynamo path's floor --------------------------------------
+
+
+def test_the_dynamo_keyword_is_passed_only_where_torch_onnx_export_takes_it() -> None:
+    assert versions.torchscript_export_keywords("2.2.2") == {}
+    assert versions.torchscript_export_keywords("2.4.1") == {}
+    assert versions.torchscript_export_keywords("2.5.1") == {"dynamo": False}
+    assert versions.torchscript_export_keywords("2.13.0+cpu") == {"dynamo": False}

@@ -32,6 +32,7 @@ from hyperexport.export.torch_exporter import (
 )
 from hyperexport.export.weights import attach_torch_weights
 from hyperexport.options import CustomOpSymbolic, ExportOptions
+from hyperexport.versions import torchscript_export_keywords
 
 
 class TorchScriptPath(ExportPath):
@@ -182,12 +183,16 @@ def export_torchscript(
     the unit export writes once to its external data file (``weights.py``).
     """
     buffer = io.BytesIO()
-    with quiet_torchscript_exporter(), weights_out_of_shape_inference(), torch.no_grad():
+    with (
+        quiet_torchscript_exporter(),
+        weights_out_of_shape_inference(),
+        torch.no_grad(),
+    ):
         torch.onnx.export(
             module,
             inputs,
             buffer,  # type: ignore[arg-type]
-            dynamo=False,
+            **torchscript_export_keywords(),
             opset_version=opset,
             input_names=input_names,
             output_names=output_names,
