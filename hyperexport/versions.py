@@ -150,6 +150,20 @@ def torchscript_export_keywords(torch: str | None = None) -> dict[str, Any]:
     return {"dynamo": False}
 
 
+#: The torch releases with the unsigned dtypes ``torch.uint16``, ``uint32`` and ``uint64`` (2.3).
+#: onnx_ir's ``TorchTensor`` names them when it first converts a dtype, so on torch 2.2 every
+#: ``TorchTensor`` fails (``AttributeError: module 'torch' has no attribute 'uint16'``, onnx-ir
+#: 0.1.16 on torch 2.2.2); ``export/weights.py`` wraps torch tensors itself there.
+TORCH_HAS_WIDE_UNSIGNED_DTYPES = ">=2.3"
+
+
+def torch_lacks_wide_unsigned_dtypes(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) predates
+    :data:`TORCH_HAS_WIDE_UNSIGNED_DTYPES`, so that onnx_ir's ``TorchTensor`` cannot be used."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and not release_in(found, TORCH_HAS_WIDE_UNSIGNED_DTYPES)
+
+
 # -- transformers ---------------------------------------------------------------------------------
 
 

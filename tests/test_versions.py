@@ -191,3 +191,14 @@ def test_the_dynamo_keyword_is_passed_only_where_torch_onnx_export_takes_it() ->
     assert versions.torchscript_export_keywords("2.4.1") == {}
     assert versions.torchscript_export_keywords("2.5.1") == {"dynamo": False}
     assert versions.torchscript_export_keywords("2.13.0+cpu") == {"dynamo": False}
+
+
+def test_torch_before_2_3_lacks_the_wide_unsigned_dtypes() -> None:
+    assert versions.torch_lacks_wide_unsigned_dtypes("2.2.2")
+    assert not versions.torch_lacks_wide_unsigned_dtypes("2.3.0")
+
+
+def test_the_wide_unsigned_fact_matches_the_installed_torch() -> None:
+    import torch
+
+    assert versions.torch_lacks_wide_unsigned_dtypes() == (not hasattr(torch, "uint16"))
