@@ -164,6 +164,20 @@ def torch_lacks_wide_unsigned_dtypes(torch: str | None = None) -> bool:
     return found is not None and not release_in(found, TORCH_HAS_WIDE_UNSIGNED_DTYPES)
 
 
+#: The torch releases whose TorchScript symbolic of ``scaled_dot_product_attention`` reads a given
+#: ``scale`` as a Python float and then passes it to ``g.op`` as an input, which fails
+#: (``TypeError: z_(): incompatible function arguments``, torch 2.2.2; pytorch/pytorch#125158,
+#: fixed in 2.5 by pytorch/pytorch#135594). transformers' attention modules always give the scale.
+SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT = "<2.5"
+
+
+def sdpa_symbolic_reads_scale_as_float(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) is one of
+    :data:`SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT`."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and release_in(found, SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT)
+
+
 # -- transformers ---------------------------------------------------------------------------------
 
 

@@ -193,6 +193,12 @@ def test_the_dynamo_keyword_is_passed_only_where_torch_onnx_export_takes_it() ->
     assert versions.torchscript_export_keywords("2.13.0+cpu") == {"dynamo": False}
 
 
+def test_torch_before_2_5_reads_a_given_sdpa_scale_as_a_float() -> None:
+    assert versions.sdpa_symbolic_reads_scale_as_float("2.2.2")
+    assert versions.sdpa_symbolic_reads_scale_as_float("2.4.1")
+    assert not versions.sdpa_symbolic_reads_scale_as_float("2.5.1")
+
+
 def test_torch_before_2_3_lacks_the_wide_unsigned_dtypes() -> None:
     assert versions.torch_lacks_wide_unsigned_dtypes("2.2.2")
     assert not versions.torch_lacks_wide_unsigned_dtypes("2.3.0")

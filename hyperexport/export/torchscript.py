@@ -27,6 +27,7 @@ from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
 from hyperexport.export.placeholders import Dim, ShapeFunction, replace_children
 from hyperexport.export.torch_exporter import (
+    sdpa_scale_as_value,
     set_symbolic_output_type,
     weights_out_of_shape_inference,
 )
@@ -186,6 +187,7 @@ def export_torchscript(
     with (
         quiet_torchscript_exporter(),
         weights_out_of_shape_inference(),
+        sdpa_scale_as_value(),
         torch.no_grad(),
     ):
         torch.onnx.export(
