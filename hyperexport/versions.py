@@ -150,6 +150,25 @@ def torchscript_export_keywords(torch: str | None = None) -> dict[str, Any]:
     return {"dynamo": False}
 
 
+#: The torch releases whose TorchScript exporter stops below hyperexport's highest TorchScript
+#: opset (``contracts/names.TORCHSCRIPT_MAX_OPSET``), with the highest opset it gets right. torch
+#: 2.2's says 17 (``torch.onnx._constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET``), and at 18 it
+#: writes ReduceMean's ``axes`` as an attribute (onnx's checker: ``Unrecognized attribute: axes
+#: for operator ReduceMean``, torch 2.2.2); 2.3 raised its constant to 20
+#: (``tests/test_versions.py`` compares this table with the installed torch's constant).
+TORCHSCRIPT_OPSET_CAPS: tuple[tuple[str, int], ...] = (("<2.3", 17),)
+
+
+def torchscript_opset_cap(torch: str | None = None) -> int | None:
+    """The highest opset torch's TorchScript exporter gets right on torch (``torch``, else the
+    installed one) where it is below hyperexport's own highest (:data:`TORCHSCRIPT_OPSET_CAPS`);
+    None where it is not (or torch is not installed)."""
+    found = torch if torch is not None else torch_version()
+    if found is None:
+        return None
+    return next((cap for spec, cap in TORCHSCRIPT_OPSET_CAPS if release_in(found, spec)), None)
+
+
 #: The torch releases with the unsigned dtypes ``torch.uint16``, ``uint32`` and ``uint64`` (2.3).
 #: onnx_ir's ``TorchTensor`` names them when it first converts a dtype, so on torch 2.2 every
 #: ``TorchTensor`` fails (``AttributeError: module 'torch' has no attribute 'uint16'``, onnx-ir

@@ -304,3 +304,18 @@ def test_quantize_defaults_do_nothing() -> None:
         "max_rel_error": 0.35,
         "min_top1": 0.75,
     }
+
+
+def test_torch_2_2_refuses_a_torchscript_opset_above_17_naming_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyperexport import versions
+
+    found = {"torch": "2.2.2", "transformers": "4.57.6"}
+    monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
+    validate_recipe(_with("opset", 17), "/somewhere/ok.yaml")
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(_with("opset", 18), "/somewhere/bad.yaml")
+    assert info.value.field == "opset"
+    assert "torch 2.2.2" in str(info.value) and "opset=17" in str(info.value)
+    assert "\n" not in str(info.value)

@@ -193,6 +193,23 @@ def test_the_dynamo_keyword_is_passed_only_where_torch_onnx_export_takes_it() ->
     assert versions.torchscript_export_keywords("2.13.0+cpu") == {"dynamo": False}
 
 
+def test_torch_2_2_caps_the_torchscript_opset_at_17() -> None:
+    assert versions.torchscript_opset_cap("2.2.2") == 17
+    assert versions.torchscript_opset_cap("2.3.0") is None
+    assert versions.torchscript_opset_cap("2.13.0+cpu") is None
+
+
+def test_the_opset_caps_agree_with_the_installed_torchs_own_constant() -> None:
+    from torch.onnx import _constants
+
+    from hyperexport.contracts.names import TORCHSCRIPT_MAX_OPSET
+
+    own = _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
+    assert (versions.torchscript_opset_cap() or TORCHSCRIPT_MAX_OPSET) == min(
+        own, TORCHSCRIPT_MAX_OPSET
+    )
+
+
 def test_torch_before_2_5_reads_a_given_sdpa_scale_as_a_float() -> None:
     assert versions.sdpa_symbolic_reads_scale_as_float("2.2.2")
     assert versions.sdpa_symbolic_reads_scale_as_float("2.4.1")

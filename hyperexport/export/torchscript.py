@@ -33,7 +33,7 @@ from hyperexport.export.torch_exporter import (
 )
 from hyperexport.export.weights import attach_torch_weights
 from hyperexport.options import CustomOpSymbolic, ExportOptions
-from hyperexport.versions import torchscript_export_keywords
+from hyperexport.versions import torchscript_export_keywords, torchscript_opset_cap
 
 
 class TorchScriptPath(ExportPath):
@@ -45,7 +45,10 @@ class TorchScriptPath(ExportPath):
 
     name = "torchscript"
     dynamo = False
-    opsets = range(OPSET_RANGES[False][0], OPSET_RANGES[False][1] + 1)
+    #: Up to the installed torch's cap (:func:`~hyperexport.versions.torchscript_opset_cap`).
+    opsets = range(
+        OPSET_RANGES[False][0], min(OPSET_RANGES[False][1], torchscript_opset_cap() or 1 << 30) + 1
+    )
 
     def apply_placeholder(
         self,

@@ -55,7 +55,11 @@ from hyperexport.product.config.schema import (
 )
 from hyperexport.product.config.task_inference import TaskNotInferable, infer_task
 from hyperexport.tasks.registry import TASKS
-from hyperexport.versions import missing_transformers_class
+from hyperexport.versions import (
+    missing_transformers_class,
+    torch_version,
+    torchscript_opset_cap,
+)
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +240,12 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
     if not low <= r.opset <= high:
         path = "dynamo=True" if r.dynamo else "dynamo=False (TorchScript)"
         check.fail("opset", f"{r.opset} is out of range for {path}: supported {low}..{high}")
+    elif not r.dynamo and (cap := torchscript_opset_cap()) is not None and r.opset > cap:
+        check.fail(
+            "opset",
+            f"{r.opset} is above what torch {torch_version()}'s TorchScript exporter supports "
+            f"(dynamo=False: {low}..{cap}); use opset={cap} or a newer torch",
+        )
     target = r.model.get("_target_")
     if not isinstance(target, str) or not target:
         check.fail("model._target_", "missing required field (import path of the model factory)")
