@@ -110,10 +110,29 @@ REQUIREMENTS: tuple[Requirement, ...] = (
 )
 
 
+#: The lowest torch release whose ``torch.export`` plus ``torch.onnx.export(dynamo=True)`` can
+#: serve hyperexport's dynamo path, and why no earlier one can: ``torch.onnx.export`` takes
+#: ``dynamo`` from 2.5 (:data:`EXPORT_TAKES_DYNAMO_KEYWORD`) and ``custom_translation_table``
+#: (hyperexport's placeholder and attention translations) from 2.6. Below it a dynamo build is
+#: refused before anything runs; the TorchScript path stays open. Seen refused on 2.2.2; 2.6.0
+#: is the ``torch-2.6.0`` leg's to prove (2.5.1's leg shows the refusal).
+DYNAMO_PATH_FROM_TORCH = "2.6"
+_DYNAMO_PATH_NEEDS = (
+    "torch.onnx.export's custom_translation_table, which hyperexport's dynamo path uses"
+)
+
+
 def unsupported(dynamo: bool) -> list[str]:
     """One line per known-broken combination of the installed libraries on this export path."""
     path = "dynamo" if dynamo else "torchscript"
     problems = []
+    torch = installed_version("torch")
+    if dynamo and torch is not None and not _at_least("torch", DYNAMO_PATH_FROM_TORCH):
+        problems.append(
+            f"torch {torch} cannot take the dynamo path (dynamo=True): it needs "
+            f"torch>={DYNAMO_PATH_FROM_TORCH} ({_DYNAMO_PATH_NEEDS}); dynamo=false (TorchScript) "
+            "works on this torch"
+        )
     for req in REQUIREMENTS:
         if path not in req.paths or not _at_least(req.when, req.from_release):
             continue

@@ -319,3 +319,16 @@ def test_torch_2_2_refuses_a_torchscript_opset_above_17_naming_torch(
     assert info.value.field == "opset"
     assert "torch 2.2.2" in str(info.value) and "opset=17" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_dynamo_recipe_below_the_lowest_working_torch_is_refused_at_validation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyperexport import versions
+
+    found = {"torch": "2.4.1", "transformers": "4.57.6", "onnxscript": "0.6.2"}
+    monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
+    with pytest.raises(RecipeError) as info:
+        validate_recipe({**_with("opset", 18), "dynamo": True}, "/somewhere/bad.yaml")
+    assert info.value.field == "dynamo"
+    assert "torch 2.4.1" in str(info.value) and "torch>=2.6" in str(info.value)

@@ -225,3 +225,18 @@ def test_the_wide_unsigned_fact_matches_the_installed_torch() -> None:
     import torch
 
     assert versions.torch_lacks_wide_unsigned_dtypes() == (not hasattr(torch, "uint16"))
+
+
+def test_a_dynamo_build_below_the_lowest_working_torch_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _installed(monkeypatch, {"torch": "2.2.2", "onnxscript": "0.6.2", "onnx-ir": "0.1.16"})
+    [problem] = versions.unsupported(True)
+    assert "\n" not in problem
+    assert "torch 2.2.2" in problem and f"torch>={versions.DYNAMO_PATH_FROM_TORCH}" in problem
+    assert versions.unsupported(False) == []
+    with pytest.raises(VersionsError, match=r"torch 2\.2\.2"):
+        path_for(True)
+    assert path_for(False).dynamo is False
+    _installed(monkeypatch, {"torch": "2.6.0", "onnxscript": "0.6.2", "onnx-ir": "0.1.16"})
+    assert versions.unsupported(True) == []

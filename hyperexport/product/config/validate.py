@@ -59,6 +59,7 @@ from hyperexport.versions import (
     missing_transformers_class,
     torch_version,
     torchscript_opset_cap,
+    unsupported,
 )
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,8 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
             check.fail("hiera", "at least one class is required")
         for i, path in enumerate(r.hiera):
             _check_import(check, f"hiera[{i}]", path)
+    if r.dynamo and (problems := unsupported(True)):
+        check.fail("dynamo", problems[0])
     fuse = r.rewrite.fuse
     if fuse != NO_FUSION and r.attention.implementation is None:
         log.warning(
