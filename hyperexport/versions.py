@@ -249,6 +249,26 @@ def missing_transformers_class(path: str) -> str | None:
     return f"transformers {found} has no {name}: it needs transformers>={since[0]} ({since[1]})"
 
 
+#: The transformers releases where hyperexport's own attention can be registered: it goes into
+#: ``AttentionInterface`` (4.51) with transformers' SDPA mask in ``AttentionMaskInterface``
+#: (``masking_utils``, 4.53). On 4.48.3: ``ImportError: cannot import name 'AttentionInterface'``.
+HYPEREXPORT_ATTENTION_TRANSFORMERS = ">=4.53"
+
+
+def attention_registration_missing(transformers: str | None = None) -> str | None:
+    """One line naming the transformers release (``transformers``, else the installed one) when
+    it cannot register hyperexport's attention (:data:`HYPEREXPORT_ATTENTION_TRANSFORMERS`);
+    None when it can or transformers is not installed."""
+    found = transformers if transformers is not None else transformers_version()
+    if found is None or release_in(found, HYPEREXPORT_ATTENTION_TRANSFORMERS):
+        return None
+    return (
+        f"transformers {found} cannot register hyperexport's attention: it needs "
+        f"transformers{HYPEREXPORT_ATTENTION_TRANSFORMERS} (AttentionInterface and "
+        "AttentionMaskInterface); set attention.implementation: null"
+    )
+
+
 def transformers_version() -> str | None:
     """The installed transformers version, or None when transformers is not installed."""
     return installed_version("transformers")

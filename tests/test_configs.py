@@ -332,3 +332,17 @@ def test_a_dynamo_recipe_below_the_lowest_working_torch_is_refused_at_validation
         validate_recipe({**_with("opset", 18), "dynamo": True}, "/somewhere/bad.yaml")
     assert info.value.field == "dynamo"
     assert "torch 2.4.1" in str(info.value) and "torch>=2.6" in str(info.value)
+
+
+def test_hyperexport_attention_on_transformers_4_48_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyperexport import versions
+
+    found = {"torch": "2.13.0", "transformers": "4.48.3"}
+    monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
+    data = {**_with("attention", {"implementation": "hyperexport"}), "opset": 18}
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(data, "/somewhere/bad.yaml")
+    assert info.value.field == "attention.implementation"
+    assert "transformers 4.48.3" in str(info.value)

@@ -240,3 +240,11 @@ def test_a_dynamo_build_below_the_lowest_working_torch_is_refused_in_one_line(
     assert path_for(False).dynamo is False
     _installed(monkeypatch, {"torch": "2.6.0", "onnxscript": "0.6.2", "onnx-ir": "0.1.16"})
     assert versions.unsupported(True) == []
+
+
+def test_hyperexport_attention_needs_transformers_4_53() -> None:
+    problem = versions.attention_registration_missing("4.48.3")
+    assert problem is not None and "\n" not in problem
+    assert "transformers 4.48.3" in problem and ">=4.53" in problem
+    assert versions.attention_registration_missing("4.57.6") is None
+    assert versions.attention_registration_missing("5.0.0") is None

@@ -56,6 +56,7 @@ from hyperexport.product.config.schema import (
 from hyperexport.product.config.task_inference import TaskNotInferable, infer_task
 from hyperexport.tasks.registry import TASKS
 from hyperexport.versions import (
+    attention_registration_missing,
     missing_transformers_class,
     torch_version,
     torchscript_opset_cap,
@@ -285,6 +286,8 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
             check.fail("hiera", "at least one class is required")
         for i, path in enumerate(r.hiera):
             _check_import(check, f"hiera[{i}]", path)
+    if r.attention.implementation is not None and (missing := attention_registration_missing()):
+        check.fail("attention.implementation", missing)
     if r.dynamo and (problems := unsupported(True)):
         check.fail("dynamo", problems[0])
     fuse = r.rewrite.fuse
