@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.tasks.registry import task_named
 from tests.helpers.recipes import RECIPES, needs_later_transformers
@@ -309,7 +309,7 @@ def test_quantize_defaults_do_nothing() -> None:
 def test_torch_2_2_refuses_a_torchscript_opset_above_17_naming_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hyperexport import versions
+    from hyperexport.base import versions
 
     found = {"torch": "2.2.2", "transformers": "4.57.6"}
     monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
@@ -324,7 +324,7 @@ def test_torch_2_2_refuses_a_torchscript_opset_above_17_naming_torch(
 def test_a_dynamo_recipe_below_the_lowest_working_torch_is_refused_at_validation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hyperexport import versions
+    from hyperexport.base import versions
 
     found = {"torch": "2.4.1", "transformers": "4.57.6", "onnxscript": "0.6.2"}
     monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
@@ -337,7 +337,7 @@ def test_a_dynamo_recipe_below_the_lowest_working_torch_is_refused_at_validation
 def test_hyperexport_attention_on_transformers_4_48_is_refused_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hyperexport import versions
+    from hyperexport.base import versions
 
     found = {"torch": "2.13.0", "transformers": "4.48.3"}
     monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))

@@ -1,7 +1,7 @@
 """Patches of torch's ONNX exporters, used while hyperexport exports its units: the dynamo
 exporter's per-call caches and its decomposition guards, the TorchScript exporter's symbolic
 output types and shape inference (private APIs, restored on exit; whether a release needs a
-patch is a version fact, :mod:`hyperexport.versions`)."""
+patch is a version fact, :mod:`hyperexport.base.versions`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from hyperexport.versions import (
+from hyperexport.base.versions import (
     export_guards_name_dynamo_sources,
     sdpa_symbolic_reads_scale_as_float,
 )
@@ -91,7 +91,7 @@ def decomposition_without_input_guards() -> Iterator[None]:
     dynamo's ``L[...]`` sources, and ``torch.onnx.export(dynamo=True)`` calls it while it
     decomposes: ``NameError: name 'L' is not defined`` (pytorch/pytorch#172903); later releases
     rewrite those names to the signature's
-    (:func:`~hyperexport.versions.export_guards_name_dynamo_sources`). The guards only check a
+    (:func:`~hyperexport.base.versions.export_guards_name_dynamo_sources`). The guards only check a
     call's inputs and never reach the ONNX graph, so while open, and only where that rewrite is
     missing, ``module()`` is built without them.
     """
@@ -155,7 +155,7 @@ _SDPA_OPSET = 14
 def sdpa_scale_as_value() -> Iterator[None]:
     """Let torch's TorchScript SDPA symbolic take a given ``scale`` where it reads it as a float.
 
-    On :func:`~hyperexport.versions.sdpa_symbolic_reads_scale_as_float` releases, torch's symbolic
+    On :func:`~hyperexport.base.versions.sdpa_symbolic_reads_scale_as_float` releases, torch's symbolic
     turns a constant ``scale`` into a Python float and then uses it as a node input, which fails.
     While open, and only there, SDPA is exported by torch's own symbolic with the scale given as
     a ``Cast`` of the constant to the query's dtype (a value the symbolic keeps as it is): the

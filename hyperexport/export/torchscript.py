@@ -17,12 +17,13 @@ import onnx_ir as ir
 import torch
 
 from hyperexport import progress
+from hyperexport.base.contracts.manifest import PLACEHOLDER_DOMAIN
+from hyperexport.base.contracts.names import OPSET_RANGES
+from hyperexport.base.errors import HyperExportError, ModuleExportError
+from hyperexport.base.versions import torchscript_export_keywords, torchscript_opset_cap
 from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.torch_hooks import quiet_torchscript_exporter
-from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
-from hyperexport.contracts.names import OPSET_RANGES
-from hyperexport.errors import HyperExportError, ModuleExportError
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
 from hyperexport.export.placeholders import Dim, ShapeFunction, replace_children
@@ -33,7 +34,6 @@ from hyperexport.export.torch_exporter import (
 )
 from hyperexport.export.weights import attach_torch_weights
 from hyperexport.options import CustomOpSymbolic, ExportOptions
-from hyperexport.versions import torchscript_export_keywords, torchscript_opset_cap
 
 
 class TorchScriptPath(ExportPath):
@@ -45,7 +45,7 @@ class TorchScriptPath(ExportPath):
 
     name = "torchscript"
     dynamo = False
-    #: Up to the installed torch's cap (:func:`~hyperexport.versions.torchscript_opset_cap`).
+    #: Up to the installed torch's cap (:func:`~hyperexport.base.versions.torchscript_opset_cap`).
     opsets = range(
         OPSET_RANGES[False][0], min(OPSET_RANGES[False][1], torchscript_opset_cap() or 1 << 30) + 1
     )

@@ -24,9 +24,9 @@ import onnx_ir as ir
 import torch
 from onnx_ir.tensor_adapters import TorchTensor
 
+from hyperexport.base.contracts.names import WEIGHTS_FILE as WEIGHTS_FILE
+from hyperexport.base.versions import torch_lacks_wide_unsigned_dtypes
 from hyperexport.capture.torch_hooks import torch_dtype_name
-from hyperexport.contracts.names import WEIGHTS_FILE as WEIGHTS_FILE
-from hyperexport.versions import torch_lacks_wide_unsigned_dtypes
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ _ONNX_DATA_TYPES = {
 
 class _TorchTensorBeforeWideUnsigned(TorchTensor):
     """onnx_ir's ``TorchTensor`` for torch releases without ``torch.uint16``
-    (:func:`~hyperexport.versions.torch_lacks_wide_unsigned_dtypes`): the dtype is converted
+    (:func:`~hyperexport.base.versions.torch_lacks_wide_unsigned_dtypes`): the dtype is converted
     here, and bfloat16 is read as int16 bits, where onnx_ir names ``torch.uint16``."""
 
     def __init__(self, tensor: torch.Tensor, name: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The TorchScript path's bridges to older torch releases (facts: hyperexport/versions.py):
+"""The TorchScript path's bridges to older torch releases (facts: hyperexport/base/versions.py):
 each runs on every stack, exercising the bridge where the installed torch needs it."""
 
 from __future__ import annotations

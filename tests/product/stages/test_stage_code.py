@@ -20,9 +20,9 @@ def test_check_runs_check_and_contracts_only() -> None:
     files = _files("check")
     # The judge, and the evaluator it loads (inside a function) to localise a failure.
     assert {"check/report.py", "check/judge.py", "check/model_evaluator.py"} <= files
-    assert "contracts/capture_files.py" in files
+    assert "base/contracts/capture_files.py" in files
     assert not _under(files, "capture/", "export/", "passes/", "transformers/", "api.py")
-    assert "stages/trace.py" not in files  # stages/__init__ loads no sibling stage
+    assert "product/stages/trace.py" not in files  # stages/__init__ loads no sibling stage
 
 
 def test_evaluate_runs_the_evaluator_not_the_judge() -> None:

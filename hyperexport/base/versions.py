@@ -1,5 +1,5 @@
 """The version facts: what each release of torch, transformers, onnx and onnxscript has, and
-the one module that compares their versions (``tests/test_versions.py``).
+the one module that compares their versions (``tests/base/test_versions.py``).
 
 Everything else in hyperexport asks this module
 
@@ -174,7 +174,7 @@ def torchscript_export_keywords(torch: str | None = None) -> dict[str, Any]:
 #: 2.2's says 17 (``torch.onnx._constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET``), and at 18 it
 #: writes ReduceMean's ``axes`` as an attribute (onnx's checker: ``Unrecognized attribute: axes
 #: for operator ReduceMean``, torch 2.2.2); 2.3 raised its constant to 20
-#: (``tests/test_versions.py`` compares this table with the installed torch's constant).
+#: (``tests/base/test_versions.py`` compares this table with the installed torch's constant).
 TORCHSCRIPT_OPSET_CAPS: tuple[tuple[str, int], ...] = (("<2.3", 17),)
 
 
