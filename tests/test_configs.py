@@ -316,3 +316,45 @@ def test_quantize_defaults_do_nothing() -> None:
         "min_decode_cosine": 0.98,
         "decode": "gate",
     }
+
+
+def test_torch_2_2_refuses_a_torchscript_opset_above_17_naming_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyperexport.base import versions
+
+    found = {"torch": "2.2.2", "transformers": "4.57.6"}
+    monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
+    validate_recipe(_with("opset", 17), "/somewhere/ok.yaml")
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(_with("opset", 18), "/somewhere/bad.yaml")
+    assert info.value.field == "opset"
+    assert "torch 2.2.2" in str(info.value) and "opset=17" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_dynamo_recipe_below_the_lowest_working_torch_is_refused_at_validation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyperexport.base import versions
+
+    found = {"torch": "2.4.1", "transformers": "4.57.6", "onnxscript": "0.6.2"}
+    monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
+    with pytest.raises(RecipeError) as info:
+        validate_recipe({**_with("opset", 18), "dynamo": True}, "/somewhere/bad.yaml")
+    assert info.value.field == "dynamo"
+    assert "torch 2.4.1" in str(info.value) and "torch>=2.6" in str(info.value)
+
+
+def test_hyperexport_attention_on_transformers_4_48_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyperexport.base import versions
+
+    found = {"torch": "2.13.0", "transformers": "4.48.3"}
+    monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
+    data = {**_with("attention", {"implementation": "hyperexport"}), "opset": 18}
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(data, "/somewhere/bad.yaml")
+    assert info.value.field == "attention.implementation"
+    assert "transformers 4.48.3" in str(info.value)

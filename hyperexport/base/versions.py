@@ -110,10 +110,29 @@ REQUIREMENTS: tuple[Requirement, ...] = (
 )
 
 
+#: The lowest torch release whose ``torch.export`` plus ``torch.onnx.export(dynamo=True)`` can
+#: serve hyperexport's dynamo path, and why no earlier one can: ``torch.onnx.export`` takes
+#: ``dynamo`` from 2.5 (:data:`EXPORT_TAKES_DYNAMO_KEYWORD`) and ``custom_translation_table``
+#: (hyperexport's placeholder and attention translations) from 2.6. Below it a dynamo build is
+#: refused before anything runs; the TorchScript path stays open. Seen refused on 2.2.2; 2.6.0
+#: is the ``torch-2.6.0`` leg's to prove (2.5.1's leg shows the refusal).
+DYNAMO_PATH_FROM_TORCH = "2.6"
+_DYNAMO_PATH_NEEDS = (
+    "torch.onnx.export's custom_translation_table, which hyperexport's dynamo path uses"
+)
+
+
 def unsupported(dynamo: bool) -> list[str]:
     """One line per known-broken combination of the installed libraries on this export path."""
     path = "dynamo" if dynamo else "torchscript"
     problems = []
+    torch = installed_version("torch")
+    if dynamo and torch is not None and not _at_least("torch", DYNAMO_PATH_FROM_TORCH):
+        problems.append(
+            f"torch {torch} cannot take the dynamo path (dynamo=True): it needs "
+            f"torch>={DYNAMO_PATH_FROM_TORCH} ({_DYNAMO_PATH_NEEDS}); dynamo=false (TorchScript) "
+            "works on this torch"
+        )
     for req in REQUIREMENTS:
         if path not in req.paths or not _at_least(req.when, req.from_release):
             continue
@@ -125,6 +144,76 @@ def unsupported(dynamo: bool) -> list[str]:
             f" ({req.reason})"
         )
     return problems
+
+
+# -- torch's TorchScript exporter ----------------------------------------------------------------
+
+
+#: The torch releases whose ``torch.onnx.export`` takes a ``dynamo`` keyword (it arrived in 2.5).
+#: Earlier releases export with TorchScript only and refuse the keyword (``TypeError: export()
+#: got an unexpected keyword argument 'dynamo'``, seen on 2.2.2).
+EXPORT_TAKES_DYNAMO_KEYWORD = ">=2.5"
+
+
+def torchscript_export_keywords(torch: str | None = None) -> dict[str, Any]:
+    """The keywords that select the TorchScript exporter in ``torch.onnx.export``:
+    ``{"dynamo": False}`` where the keyword exists (:data:`EXPORT_TAKES_DYNAMO_KEYWORD`), else
+    none (that release's only exporter is TorchScript).
+
+    Args:
+        torch: A torch release (``"2.2.2"``); the installed one when None.
+    """
+    found = torch if torch is not None else torch_version()
+    if found is not None and not release_in(found, EXPORT_TAKES_DYNAMO_KEYWORD):
+        return {}
+    return {"dynamo": False}
+
+
+#: The torch releases whose TorchScript exporter stops below hyperexport's highest TorchScript
+#: opset (``contracts/names.TORCHSCRIPT_MAX_OPSET``), with the highest opset it gets right. torch
+#: 2.2's says 17 (``torch.onnx._constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET``), and at 18 it
+#: writes ReduceMean's ``axes`` as an attribute (onnx's checker: ``Unrecognized attribute: axes
+#: for operator ReduceMean``, torch 2.2.2); 2.3 raised its constant to 20
+#: (``tests/base/test_versions.py`` compares this table with the installed torch's constant).
+TORCHSCRIPT_OPSET_CAPS: tuple[tuple[str, int], ...] = (("<2.3", 17),)
+
+
+def torchscript_opset_cap(torch: str | None = None) -> int | None:
+    """The highest opset torch's TorchScript exporter gets right on torch (``torch``, else the
+    installed one) where it is below hyperexport's own highest (:data:`TORCHSCRIPT_OPSET_CAPS`);
+    None where it is not (or torch is not installed)."""
+    found = torch if torch is not None else torch_version()
+    if found is None:
+        return None
+    return next((cap for spec, cap in TORCHSCRIPT_OPSET_CAPS if release_in(found, spec)), None)
+
+
+#: The torch releases with the unsigned dtypes ``torch.uint16``, ``uint32`` and ``uint64`` (2.3).
+#: onnx_ir's ``TorchTensor`` names them when it first converts a dtype, so on torch 2.2 every
+#: ``TorchTensor`` fails (``AttributeError: module 'torch' has no attribute 'uint16'``, onnx-ir
+#: 0.1.16 on torch 2.2.2); ``export/weights.py`` wraps torch tensors itself there.
+TORCH_HAS_WIDE_UNSIGNED_DTYPES = ">=2.3"
+
+
+def torch_lacks_wide_unsigned_dtypes(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) predates
+    :data:`TORCH_HAS_WIDE_UNSIGNED_DTYPES`, so that onnx_ir's ``TorchTensor`` cannot be used."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and not release_in(found, TORCH_HAS_WIDE_UNSIGNED_DTYPES)
+
+
+#: The torch releases whose TorchScript symbolic of ``scaled_dot_product_attention`` reads a given
+#: ``scale`` as a Python float and then passes it to ``g.op`` as an input, which fails
+#: (``TypeError: z_(): incompatible function arguments``, torch 2.2.2; pytorch/pytorch#125158,
+#: fixed in 2.5 by pytorch/pytorch#135594). transformers' attention modules always give the scale.
+SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT = "<2.5"
+
+
+def sdpa_symbolic_reads_scale_as_float(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) is one of
+    :data:`SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT`."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and release_in(found, SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT)
 
 
 # -- transformers ---------------------------------------------------------------------------------
@@ -158,6 +247,26 @@ def missing_transformers_class(path: str) -> str | None:
         return None
     found = installed_version("transformers") or "(not installed)"
     return f"transformers {found} has no {name}: it needs transformers>={since[0]} ({since[1]})"
+
+
+#: The transformers releases where hyperexport's own attention can be registered: it goes into
+#: ``AttentionInterface`` (4.51) with transformers' SDPA mask in ``AttentionMaskInterface``
+#: (``masking_utils``, 4.53). On 4.48.3: ``ImportError: cannot import name 'AttentionInterface'``.
+HYPEREXPORT_ATTENTION_TRANSFORMERS = ">=4.53"
+
+
+def attention_registration_missing(transformers: str | None = None) -> str | None:
+    """One line naming the transformers release (``transformers``, else the installed one) when
+    it cannot register hyperexport's attention (:data:`HYPEREXPORT_ATTENTION_TRANSFORMERS`);
+    None when it can or transformers is not installed."""
+    found = transformers if transformers is not None else transformers_version()
+    if found is None or release_in(found, HYPEREXPORT_ATTENTION_TRANSFORMERS):
+        return None
+    return (
+        f"transformers {found} cannot register hyperexport's attention: it needs "
+        f"transformers{HYPEREXPORT_ATTENTION_TRANSFORMERS} (AttentionInterface and "
+        "AttentionMaskInterface); set attention.implementation: null"
+    )
 
 
 def transformers_version() -> str | None:

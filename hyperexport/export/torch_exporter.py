@@ -9,7 +9,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from hyperexport.base.versions import export_guards_name_dynamo_sources
+from hyperexport.base.versions import (
+    export_guards_name_dynamo_sources,
+    sdpa_symbolic_reads_scale_as_float,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -141,3 +144,45 @@ def weights_out_of_shape_inference() -> Iterator[None]:
         yield
     finally:
         torch._C._jit_pass_onnx_graph_shape_type_inference = original
+
+
+_SDPA = "aten::scaled_dot_product_attention"
+#: The opset of torch's own TorchScript symbolic of SDPA (it serves every later opset too).
+_SDPA_OPSET = 14
+
+
+@contextlib.contextmanager
+def sdpa_scale_as_value() -> Iterator[None]:
+    """Let torch's TorchScript SDPA symbolic take a given ``scale`` where it reads it as a float.
+
+    On :func:`~hyperexport.base.versions.sdpa_symbolic_reads_scale_as_float` releases, torch's symbolic
+    turns a constant ``scale`` into a Python float and then uses it as a node input, which fails.
+    While open, and only there, SDPA is exported by torch's own symbolic with the scale given as
+    a ``Cast`` of the constant to the query's dtype (a value the symbolic keeps as it is): the
+    same nodes as later releases, plus that ``Cast``. The override is removed on exit.
+    """
+    if not sdpa_symbolic_reads_scale_as_float():
+        yield
+        return
+    import torch
+    from torch.onnx import symbolic_helper, symbolic_opset14  # type: ignore[attr-defined]
+    from torch.onnx._type_utils import JitScalarType  # type: ignore[import-not-found]
+
+    original = symbolic_opset14.scaled_dot_product_attention
+
+    def symbolic(g: Any, query: Any, key: Any, value: Any, *rest: Any) -> Any:
+        rest_list = list(rest)
+        scale = rest_list[3] if len(rest_list) > 3 else None
+        if scale is not None and not symbolic_helper._is_none(scale):
+            given = symbolic_helper._maybe_get_const(scale, "f")
+            if isinstance(given, float):
+                constant = g.op("Constant", value_t=torch.tensor(given, dtype=torch.float64))
+                to = JitScalarType.from_value(query).onnx_type()
+                rest_list[3] = g.op("Cast", constant, to_i=to)
+        return original(g, query, key, value, *rest_list)
+
+    torch.onnx.register_custom_op_symbolic(_SDPA, symbolic, _SDPA_OPSET)
+    try:
+        yield
+    finally:
+        torch.onnx.unregister_custom_op_symbolic(_SDPA, _SDPA_OPSET)

@@ -20,6 +20,7 @@ from hyperexport import progress
 from hyperexport.base.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.base.contracts.names import OPSET_RANGES
 from hyperexport.base.errors import HyperExportError, ModuleExportError
+from hyperexport.base.versions import torchscript_export_keywords, torchscript_opset_cap
 from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.torch_hooks import quiet_torchscript_exporter
@@ -27,6 +28,7 @@ from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
 from hyperexport.export.placeholders import Dim, ShapeFunction, replace_children
 from hyperexport.export.torch_exporter import (
+    sdpa_scale_as_value,
     set_symbolic_output_type,
     weights_out_of_shape_inference,
 )
@@ -43,7 +45,10 @@ class TorchScriptPath(ExportPath):
 
     name = "torchscript"
     dynamo = False
-    opsets = range(OPSET_RANGES[False][0], OPSET_RANGES[False][1] + 1)
+    #: Up to the installed torch's cap (:func:`~hyperexport.base.versions.torchscript_opset_cap`).
+    opsets = range(
+        OPSET_RANGES[False][0], min(OPSET_RANGES[False][1], torchscript_opset_cap() or 1 << 30) + 1
+    )
 
     def apply_placeholder(
         self,
@@ -182,12 +187,17 @@ def export_torchscript(
     the unit export writes once to its external data file (``weights.py``).
     """
     buffer = io.BytesIO()
-    with quiet_torchscript_exporter(), weights_out_of_shape_inference(), torch.no_grad():
+    with (
+        quiet_torchscript_exporter(),
+        weights_out_of_shape_inference(),
+        sdpa_scale_as_value(),
+        torch.no_grad(),
+    ):
         torch.onnx.export(
             module,
             inputs,
             buffer,  # type: ignore[arg-type]
-            dynamo=False,
+            **torchscript_export_keywords(),
             opset_version=opset,
             input_names=input_names,
             output_names=output_names,

@@ -25,6 +25,8 @@ import torch
 from onnx_ir.tensor_adapters import TorchTensor
 
 from hyperexport.base.contracts.names import WEIGHTS_FILE as WEIGHTS_FILE
+from hyperexport.base.versions import torch_lacks_wide_unsigned_dtypes
+from hyperexport.capture.torch_hooks import torch_dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +165,52 @@ def attach_torch_weights(graph: ir.Graph, tensors: dict[str, torch.Tensor]) -> i
         tensor = tensors.get(name)
         if tensor is None or name in graph.initializers:
             continue
-        value.const_value = TorchTensor(tensor.detach(), name=name)
+        value.const_value = torch_tensor(tensor.detach(), name)
         graph.register_initializer(value)
         attached += 1
     return attached
+
+
+#: ONNX's data type of each torch dtype a weight may have, by :func:`torch_dtype_name`.
+_ONNX_DATA_TYPES = {
+    "bool": ir.DataType.BOOL,
+    "uint8": ir.DataType.UINT8,
+    "int8": ir.DataType.INT8,
+    "int16": ir.DataType.INT16,
+    "int32": ir.DataType.INT32,
+    "int64": ir.DataType.INT64,
+    "float16": ir.DataType.FLOAT16,
+    "bfloat16": ir.DataType.BFLOAT16,
+    "float32": ir.DataType.FLOAT,
+    "float64": ir.DataType.DOUBLE,
+    "complex64": ir.DataType.COMPLEX64,
+    "complex128": ir.DataType.COMPLEX128,
+    "float8_e4m3fn": ir.DataType.FLOAT8E4M3FN,
+    "float8_e4m3fnuz": ir.DataType.FLOAT8E4M3FNUZ,
+    "float8_e5m2": ir.DataType.FLOAT8E5M2,
+    "float8_e5m2fnuz": ir.DataType.FLOAT8E5M2FNUZ,
+}
+
+
+class _TorchTensorBeforeWideUnsigned(TorchTensor):
+    """onnx_ir's ``TorchTensor`` for torch releases without ``torch.uint16``
+    (:func:`~hyperexport.base.versions.torch_lacks_wide_unsigned_dtypes`): the dtype is converted
+    here, and bfloat16 is read as int16 bits, where onnx_ir names ``torch.uint16``."""
+
+    def __init__(self, tensor: torch.Tensor, name: str | None = None) -> None:
+        dtype = _ONNX_DATA_TYPES.get(torch_dtype_name(tensor.dtype))
+        if dtype is None:
+            raise TypeError(f"weight {name!r}: torch dtype {tensor.dtype} has no ONNX data type")
+        ir.Tensor.__init__(self, tensor, dtype=dtype, name=name)
+
+    def numpy(self) -> np.ndarray:
+        if self.dtype == ir.DataType.BFLOAT16:
+            return self.raw.view(torch.int16).numpy(force=True).view(self.dtype.numpy())
+        return super().numpy()
+
+
+def torch_tensor(tensor: torch.Tensor, name: str) -> TorchTensor:
+    """An ``ir.Tensor`` over ``tensor``'s storage (no copy), named ``name``."""
+    if torch_lacks_wide_unsigned_dtypes():
+        return _TorchTensorBeforeWideUnsigned(tensor, name=name)
+    return TorchTensor(tensor, name=name)

@@ -181,3 +181,70 @@ def test_the_zoo_release_predicates_match_the_installed_transformers() -> None:
     from transformers import masking_utils
 
     assert versions.masks_built_by_vmap() == hasattr(masking_utils, "sdpa_mask_recent_torch")
+
+
+# -- torch's TorchScript exporter and the dynamo path's floor --------------------------------------
+
+
+def test_the_dynamo_keyword_is_passed_only_where_torch_onnx_export_takes_it() -> None:
+    assert versions.torchscript_export_keywords("2.2.2") == {}
+    assert versions.torchscript_export_keywords("2.4.1") == {}
+    assert versions.torchscript_export_keywords("2.5.1") == {"dynamo": False}
+    assert versions.torchscript_export_keywords("2.13.0+cpu") == {"dynamo": False}
+
+
+def test_torch_2_2_caps_the_torchscript_opset_at_17() -> None:
+    assert versions.torchscript_opset_cap("2.2.2") == 17
+    assert versions.torchscript_opset_cap("2.3.0") is None
+    assert versions.torchscript_opset_cap("2.13.0+cpu") is None
+
+
+def test_the_opset_caps_agree_with_the_installed_torchs_own_constant() -> None:
+    from torch.onnx import _constants
+
+    from hyperexport.base.contracts.names import TORCHSCRIPT_MAX_OPSET
+
+    own = _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
+    assert (versions.torchscript_opset_cap() or TORCHSCRIPT_MAX_OPSET) == min(
+        own, TORCHSCRIPT_MAX_OPSET
+    )
+
+
+def test_torch_before_2_5_reads_a_given_sdpa_scale_as_a_float() -> None:
+    assert versions.sdpa_symbolic_reads_scale_as_float("2.2.2")
+    assert versions.sdpa_symbolic_reads_scale_as_float("2.4.1")
+    assert not versions.sdpa_symbolic_reads_scale_as_float("2.5.1")
+
+
+def test_torch_before_2_3_lacks_the_wide_unsigned_dtypes() -> None:
+    assert versions.torch_lacks_wide_unsigned_dtypes("2.2.2")
+    assert not versions.torch_lacks_wide_unsigned_dtypes("2.3.0")
+
+
+def test_the_wide_unsigned_fact_matches_the_installed_torch() -> None:
+    import torch
+
+    assert versions.torch_lacks_wide_unsigned_dtypes() == (not hasattr(torch, "uint16"))
+
+
+def test_a_dynamo_build_below_the_lowest_working_torch_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _installed(monkeypatch, {"torch": "2.2.2", "onnxscript": "0.6.2", "onnx-ir": "0.1.16"})
+    [problem] = versions.unsupported(True)
+    assert "\n" not in problem
+    assert "torch 2.2.2" in problem and f"torch>={versions.DYNAMO_PATH_FROM_TORCH}" in problem
+    assert versions.unsupported(False) == []
+    with pytest.raises(VersionsError, match=r"torch 2\.2\.2"):
+        path_for(True)
+    assert path_for(False).dynamo is False
+    _installed(monkeypatch, {"torch": "2.6.0", "onnxscript": "0.6.2", "onnx-ir": "0.1.16"})
+    assert versions.unsupported(True) == []
+
+
+def test_hyperexport_attention_needs_transformers_4_53() -> None:
+    problem = versions.attention_registration_missing("4.48.3")
+    assert problem is not None and "\n" not in problem
+    assert "transformers 4.48.3" in problem and ">=4.53" in problem
+    assert versions.attention_registration_missing("4.57.6") is None
+    assert versions.attention_registration_missing("5.0.0") is None

@@ -21,7 +21,13 @@ from hyperexport.base.contracts.names import (
     TEXT_GENERATION,
 )
 from hyperexport.base.errors import RecipeError, RecipeErrors, did_you_mean
-from hyperexport.base.versions import missing_transformers_class
+from hyperexport.base.versions import (
+    attention_registration_missing,
+    missing_transformers_class,
+    torch_version,
+    torchscript_opset_cap,
+    unsupported,
+)
 from hyperexport.engine.machinery import machinery
 from hyperexport.product.config.fields import (
     REQUIRED,
@@ -260,6 +266,12 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
     if not low <= r.opset <= high:
         path = "dynamo=True" if r.dynamo else "dynamo=False (TorchScript)"
         check.fail("opset", f"{r.opset} is out of range for {path}: supported {low}..{high}")
+    elif not r.dynamo and (cap := torchscript_opset_cap()) is not None and r.opset > cap:
+        check.fail(
+            "opset",
+            f"{r.opset} is above what torch {torch_version()}'s TorchScript exporter supports "
+            f"(dynamo=False: {low}..{cap}); use opset={cap} or a newer torch",
+        )
     target = r.model.get("_target_")
     if not isinstance(target, str) or not target:
         check.fail("model._target_", "missing required field (import path of the model factory)")
@@ -298,6 +310,10 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
             check.fail("hiera", "at least one class is required")
         for i, path in enumerate(r.hiera):
             _check_import(check, f"hiera[{i}]", path)
+    if r.attention.implementation is not None and (missing := attention_registration_missing()):
+        check.fail("attention.implementation", missing)
+    if r.dynamo and (problems := unsupported(True)):
+        check.fail("dynamo", problems[0])
     fuse = r.rewrite.fuse
     if fuse != NO_FUSION and r.attention.implementation is None:
         log.warning(
