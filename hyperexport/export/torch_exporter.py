@@ -141,3 +141,41 @@ def weights_out_of_shape_inference() -> Iterator[None]:
         yield
     finally:
         torch._C._jit_pass_onnx_graph_shape_type_inference = original
+
+
+#: The aten op whose TorchScript symbolic :func:`sdpa_in_query_dtype` wraps.
+SDPA_OP = "aten::scaled_dot_product_attention"
+#: The opset torch registers that symbolic at (it serves every export opset from there on).
+_SDPA_SYMBOLIC_OPSET = 14
+
+
+@contextlib.contextmanager
+def sdpa_in_query_dtype() -> Iterator[None]:
+    """Give the TorchScript SDPA symbolic's output the query's dtype (bfloat16, float16).
+
+    torch's symbolic turns a boolean mask into an additive one with float32 constants; the
+    exporter's type promotion then casts the scores, the values and the result to float32, so a
+    bfloat16 attention returns float32 where torch returns bfloat16. Everything after it (the
+    output projection, the residual ``Add``) follows in float32 and the unit's graph ends in a
+    float32 value declared bfloat16: ``onnx.checker`` refuses the model ("Inferred elem type
+    differs"). While open, the symbolic is torch's own followed by one ``Cast`` to the query's
+    dtype when that dtype is a 16-bit float; float32 graphs are exported unchanged. Restored on
+    exit.
+    """
+    import onnx
+    import torch
+    from torch.onnx import symbolic_opset14
+
+    # TorchScript's scalar type names of the 16-bit floats, and their ONNX numbers.
+    low_precision = {"BFloat16": onnx.TensorProto.BFLOAT16, "Half": onnx.TensorProto.FLOAT16}
+
+    def symbolic(g: Any, query: Any, *args: Any) -> Any:
+        output = symbolic_opset14.scaled_dot_product_attention(g, query, *args)
+        to = low_precision.get(query.type().scalarType())
+        return output if to is None else g.op("Cast", output, to_i=to)
+
+    torch.onnx.register_custom_op_symbolic(SDPA_OP, symbolic, _SDPA_SYMBOLIC_OPSET)
+    try:
+        yield
+    finally:
+        torch.onnx.unregister_custom_op_symbolic(SDPA_OP, _SDPA_SYMBOLIC_OPSET)

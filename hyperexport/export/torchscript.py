@@ -27,6 +27,8 @@ from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
 from hyperexport.export.placeholders import Dim, ShapeFunction, replace_children
 from hyperexport.export.torch_exporter import (
+    SDPA_OP,
+    sdpa_in_query_dtype,
     set_symbolic_output_type,
     weights_out_of_shape_inference,
 )
@@ -83,6 +85,7 @@ class TorchScriptPath(ExportPath):
             with (
                 export_context(model, False, options.attention.implementation),
                 replace_children(modules, job.specs, capture, self.apply_placeholder),
+                _sdpa_symbolic(options.custom_ops),
                 custom_op_symbolics(options.custom_ops),
             ):
                 return export_torchscript(
@@ -162,6 +165,15 @@ def custom_op_symbolics(custom_ops: Sequence[CustomOpSymbolic]) -> Iterator[None
     finally:
         for op in registered:
             torch.onnx.unregister_custom_op_symbolic(op.name, op.opset)
+
+
+def _sdpa_symbolic(
+    custom_ops: Sequence[CustomOpSymbolic],
+) -> contextlib.AbstractContextManager[None]:
+    """:func:`sdpa_in_query_dtype`, unless the user registers their own SDPA symbolic."""
+    if any(op.name == SDPA_OP for op in custom_ops):
+        return contextlib.nullcontext()
+    return sdpa_in_query_dtype()
 
 
 def export_torchscript(
