@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import mmap
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,23 @@ class MappedCheckpoint:
         for mapped in self._maps.values():
             mapped.close()
         self._maps.clear()
+
+
+#: The checkpoint each streamed model's weights come from (set by the model's loader).
+_CHECKPOINTS: weakref.WeakKeyDictionary[torch.nn.Module, MappedCheckpoint] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def attach_checkpoint(model: torch.nn.Module, checkpoint: MappedCheckpoint) -> None:
+    """Record that ``model``'s parameters are on the meta device and stream from
+    ``checkpoint`` (the loader of a streamed model calls this)."""
+    _CHECKPOINTS[model] = checkpoint
+
+
+def streamed_checkpoint(model: torch.nn.Module) -> MappedCheckpoint | None:
+    """The checkpoint ``model`` streams from, or None for a loaded model."""
+    return _CHECKPOINTS.get(model)
 
 
 def stand_in(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:

@@ -43,6 +43,7 @@ from hyperexport.config.schema import (
     _outputs_root,
 )
 from hyperexport.config.task_inference import TaskNotInferable, infer_task
+from hyperexport.config.weights_source import refusal, weights_source
 from hyperexport.contracts.names import (
     CHECKPOINT_SUFFIXES,
     OPSET_RANGES,
@@ -209,6 +210,11 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
         if not checkpoint.exists():
             check.fail("checkpoint", f"{checkpoint} does not exist")
         _check_checkpoint(check, checkpoint)
+    refused = refusal(
+        config.weights, weights_source(config.model, checkpoint, recipe_file, config.task)
+    )
+    if refused is not None:
+        check.fail("weights", refused)
     return Recipe(name=config.name, file=recipe_file, data=to_json(config), checkpoint=checkpoint)
 
 

@@ -249,11 +249,16 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_weight_index(folder: Path, digest: Callable[[Path], str] | None = None) -> WeightIndex:
+def read_weight_index(
+    folder: Path,
+    digest: Callable[[Path], str] | None = None,
+    files: Iterable[str] | None = None,
+) -> WeightIndex:
     """The weight index of a checkpoint folder's safetensors files, from their headers.
 
     Args:
         folder: The checkpoint folder.
+        files: The files to read, relative to ``folder``; None: :func:`checkpoint_files`.
         digest: Computes a file's sha256 (e.g. :func:`sha256_file`, or the build's stat-keyed
             fast path); None records ``""`` (no digest).
 
@@ -261,15 +266,15 @@ def read_weight_index(folder: Path, digest: Callable[[Path], str] | None = None)
         CorruptRecordError: A header is malformed, a tensor is in two files, or the folder has
             no safetensors file.
     """
-    files = checkpoint_files(folder)
-    if not files:
+    names = sorted(files) if files is not None else checkpoint_files(folder)
+    if not names:
         raise CorruptRecordError(str(folder), f"no {SAFETENSORS_SUFFIX} file")
     tensors: dict[str, StoredTensor] = {}
-    for relative in files:
+    for relative in names:
         for name, stored in read_header(folder / relative, relative).items():
             if name in tensors:
                 raise CorruptRecordError(
                     str(folder), f"tensor {name!r} is in {tensors[name].file} and {relative}"
                 )
             tensors[name] = stored
-    return WeightIndex(tensors, {f: digest(folder / f) if digest else "" for f in files})
+    return WeightIndex(tensors, {f: digest(folder / f) if digest else "" for f in names})
