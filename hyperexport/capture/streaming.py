@@ -271,9 +271,14 @@ class StreamedWeights:
         return self.checkpoint.index.tensors[self._stored[key]].nbytes
 
     def bind_outside(self) -> int:
-        """Bind every parameter outside the hiera instances (for the object's life); their
-        stored bytes."""
+        """Bind every parameter outside the hiera instances (until :meth:`release_outside`);
+        their stored bytes."""
         return sum(self._bind(key) for key in self._outside)
+
+    def release_outside(self) -> None:
+        """Put the meta parameters back outside the hiera instances and drop their pages."""
+        for key in self._outside:
+            self._unbind(key)
 
     def enter(self, path: str) -> None:
         """Bind ``path``'s own parameters (not a nested instance's); re-entrant."""
@@ -335,3 +340,32 @@ class StreamedWeights:
     def stored_name(self, parameter: str) -> str:
         """The checkpoint's name of a model parameter (a tied one may be stored under another)."""
         return self._stored[self._key[parameter]]
+
+
+@contextlib.contextmanager
+def streamed_run(model: torch.nn.Module, hiera: Sequence[type]) -> Iterator[StreamedWeights | None]:
+    """Run ``model`` with its weights streamed, if it streams: outside the hiera instances
+    bound for the duration, each instance bound around its calls (enter this before the
+    capture's hooks are registered). Yields None, and does nothing, for a loaded model.
+    """
+    checkpoint = streamed_checkpoint(model)
+    if checkpoint is None:
+        yield None
+        return
+    weights = StreamedWeights(model, checkpoint, tuple(hiera))
+    outside = weights.bind_outside()
+    log.info(
+        "streaming %d hiera instances; %.2f GiB outside them bound (mapped)",
+        len(weights.instances),
+        outside / 2**30,
+    )
+    try:
+        with weights.hooks():
+            yield weights
+    finally:
+        weights.release_outside()
+    log.info(
+        "streamed %d hiera calls, at most %.2f GiB of their weights bound at once",
+        weights.calls,
+        weights.bound_peak / 2**30,
+    )
