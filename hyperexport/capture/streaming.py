@@ -341,6 +341,30 @@ class StreamedWeights:
         """The checkpoint's name of a model parameter (a tied one may be stored under another)."""
         return self._stored[self._key[parameter]]
 
+    def is_parameter(self, name: str) -> bool:
+        """Whether ``name`` is one of the model's parameters (under any of its names)."""
+        return name in self._key
+
+    def tensor(self, parameter: str) -> torch.Tensor:
+        """``parameter``'s value as it is bound: a view of the mapped bytes, or a converted copy
+        where the model's dtype is not the stored one."""
+        meta = self._meta[self._key[parameter]]
+        tensor = self.checkpoint.view(self.stored_name(parameter))
+        return tensor if tensor.dtype == meta.dtype else tensor.to(meta.dtype)
+
+    def parameter_dtype(self, parameter: str) -> torch.dtype:
+        """The model's dtype of ``parameter`` (its meta form's)."""
+        return self._meta[self._key[parameter]].dtype
+
+    @contextlib.contextmanager
+    def bound_unit(self, path: str) -> Iterator[None]:
+        """:meth:`bound` for a hiera instance's path; nothing for the root (``""``)."""
+        if not path:
+            yield
+            return
+        with self.bound(path):
+            yield
+
 
 @contextlib.contextmanager
 def streamed_run(model: torch.nn.Module, hiera: Sequence[type]) -> Iterator[StreamedWeights | None]:

@@ -211,7 +211,10 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
             check.fail("checkpoint", f"{checkpoint} does not exist")
         _check_checkpoint(check, checkpoint)
     refused = refusal(
-        config.weights, weights_source(config.model, checkpoint, recipe_file, config.task)
+        config.weights,
+        weights_source(
+            config.model, checkpoint, recipe_file, config.task, config.dynamo, config.fallback
+        ),
     )
     if refused is not None:
         check.fail("weights", refused)

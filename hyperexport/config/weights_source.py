@@ -45,9 +45,22 @@ class WeightsSource:
 
 
 def weights_source(
-    model: Mapping[str, Any], checkpoint: Path | None, recipe_file: str, task: str
+    model: Mapping[str, Any],
+    checkpoint: Path | None,
+    recipe_file: str,
+    task: str,
+    dynamo: bool = False,
+    fallback: bool = False,
 ) -> WeightsSource | str:
     """The recipe's streaming source, or one line saying why its weights cannot stream."""
+    if dynamo or fallback:
+        # The dynamo path exports every unit in one program, with every instance's parameters
+        # at once (stand-ins for the unbound ones: not implemented yet); a fallback would
+        # retry on it.
+        return (
+            "the streamed export runs on the TorchScript path only in this version "
+            "(set dynamo: false and fallback: false)"
+        )
     if task != FORWARD:
         return (
             f"task {task} swaps the model's layers for its step wrappers while it traces; "

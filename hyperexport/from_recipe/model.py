@@ -26,7 +26,13 @@ def model_loader(recipe: Recipe) -> Callable[[], Any]:
 
         config = recipe.config
         streamed = streaming_source(
-            config.weights, config.model, recipe.checkpoint, recipe.file, config.task
+            config.weights,
+            config.model,
+            recipe.checkpoint,
+            recipe.file,
+            config.task,
+            dynamo=config.dynamo,
+            fallback=config.fallback,
         )
         if streamed is not None:
             return load_streamed(*streamed, recipe.data["model"], recipe.file)

@@ -34,6 +34,9 @@ def streaming_source(
     recipe_file: str,
     task: str,
     available: int | None = None,
+    *,
+    dynamo: bool = False,
+    fallback: bool = False,
 ) -> tuple[WeightsSource, WeightIndex] | None:
     """The source to stream from, or None to load the model whole.
 
@@ -46,7 +49,7 @@ def streaming_source(
     """
     if weights == WEIGHTS_LOAD:
         return None
-    source = weights_source(model, checkpoint, recipe_file, task)
+    source = weights_source(model, checkpoint, recipe_file, task, dynamo, fallback)
     refused = refusal(weights, source)
     if refused is not None:
         raise RecipeError(recipe_file, "weights", refused)

@@ -61,6 +61,8 @@ def test_a_local_safetensors_checkpoint_streams(tmp_path: Path) -> None:
         ("quantized", r"quantized checkpoint \(gptq\)"),
         ("generation", r"only task forward streams"),
         ("pickle_checkpoint", r"torch pickle"),
+        ("dynamo", r"TorchScript path only"),
+        ("fallback", r"TorchScript path only"),
     ],
 )
 def test_what_cannot_stream_is_refused_naming_weights(
@@ -79,6 +81,8 @@ def test_what_cannot_stream_is_refused_naming_weights(
         model = _pretrained(_folder(sub, quantization_config={"quant_method": "gptq"}))
     elif case == "generation":
         fields.update(task="text-generation", generation={"prompts": [[1, 2]]})
+    elif case in ("dynamo", "fallback"):
+        fields[case] = True
     elif case == "pickle_checkpoint":
         model = {"_target_": "hyperexport.zoo.tiny_llama"}
         (tmp_path / "sd.pt").write_bytes(b"pickle")

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from hyperexport import zoo
@@ -34,8 +33,11 @@ def _recipe(folder: Path, weights: str, dynamo: bool) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-def test_streamed_trace_writes_the_loaded_traces_bytes(tmp_path: Path, dynamo: bool) -> None:
+# The dynamo path captures streamed too (tests/capture/test_streaming.py), but its export does
+# not stream yet, so validation refuses weights: stream with dynamo: true.
+def test_streamed_trace_writes_the_loaded_traces_bytes(
+    tmp_path: Path, dynamo: bool = False
+) -> None:
     checkpoint = tmp_path / "ckpt"
     zoo.tiny_llama(num_layers=2, causal_lm=True).to(torch.bfloat16).save_pretrained(checkpoint)
     written: dict[str, dict[str, bytes]] = {}
