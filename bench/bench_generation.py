@@ -6,6 +6,10 @@ past/present KV, dynamic batch/sequence/past) exported on the TorchScript path:
 * **hierarchical**: ``export_hyper_onnx`` with ``hiera=[KVStep]`` (each decoder layer one
   function, per_type), as ``task: text-generation`` builds it;
 * **flat**: a plain ``torch.onnx.export(dynamo=False)`` of the same step model (no functions);
+* **fused** (with ``--fuse``): the hierarchical model with ``attention.implementation:
+  hyperexport`` and ``rewrite.fuse: onnxruntime`` (GroupQueryAttention over the past,
+  RotaryEmbedding, SkipSimplifiedLayerNormalization inside the layer function; no shared KV
+  buffer yet);
 * **builder fp32 / int4** (with ``--builder fp32 int4``, a reference figure): onnxruntime-genai's
   own model builder (``python -m onnxruntime_genai.models.builder -e cpu``) run on the same
   checkpoint, saved with ``save_pretrained`` and a word-level ``tokenizer.json`` over the
@@ -75,9 +79,10 @@ def _inputs(config: dict[str, Any], dtype: str) -> tuple[dict[str, Any], dict[st
     return make_inputs(specs), specs
 
 
-def export_both(model: Any, folder: Path) -> tuple[Path, Path]:
-    """Export the hierarchical and the flat step model into ``folder/hier`` and ``folder/flat``."""
-    from hyperexport import ExportOptions, export_hyper_onnx
+def export_both(model: Any, folder: Path, fuse: bool = False) -> dict[str, Path]:
+    """Export the hierarchical and the flat step model into ``folder/hier`` and ``folder/flat``
+    (and, with ``fuse``, the fused hierarchical one into ``folder/fused``)."""
+    from hyperexport import AttentionOptions, ExportOptions, RewriteOptions, export_hyper_onnx
     from hyperexport.tasks.genai_config import build_genai_config
     from hyperexport.tasks.steps import CausalLMStep
     from hyperexport.transformers.kv_layers import KVStep, explicit_kv_layers
@@ -91,20 +96,29 @@ def export_both(model: Any, folder: Path) -> tuple[Path, Path]:
     genai["model"]["decoder"]["session_options"].update(
         {"intra_op_num_threads": 1, "inter_op_num_threads": 1}
     )
-    hier, flat = folder / "hier", folder / "flat"
-    for target in (hier, flat):
+    hier, flat, fused = folder / "hier", folder / "flat", folder / "fused"
+    variants = {hier: ExportOptions(functions="per_type", probe_shapes=probe)}
+    if fuse:
+        variants[fused] = ExportOptions(
+            functions="per_type",
+            probe_shapes=probe,
+            attention=AttentionOptions("hyperexport"),
+            rewrite=RewriteOptions(fuse="onnxruntime"),
+        )
+    for target in (*variants, flat):
         target.mkdir(parents=True)
         (target / "genai_config.json").write_text(json.dumps(genai))
     with explicit_kv_layers(model):
-        export_hyper_onnx(
-            step,
-            (kwargs,),
-            str(hier / "model.onnx"),
-            hiera=[KVStep],
-            dynamo=False,
-            dynamic_axes=axes,
-            options=ExportOptions(functions="per_type", probe_shapes=probe),
-        )
+        for target, options in variants.items():
+            export_hyper_onnx(
+                step,
+                (kwargs,),
+                str(target / "model.onnx"),
+                hiera=[KVStep],
+                dynamo=False,
+                dynamic_axes=axes,
+                options=options,
+            )
     names = list(specs)
     outputs = ["logits"] + [
         f"present.{i}.{k}" for i in range(model.config.num_hidden_layers) for k in ("key", "value")
@@ -123,7 +137,7 @@ def export_both(model: Any, folder: Path) -> tuple[Path, Path]:
         opset_version=18,
         dynamo=False,
     )
-    return hier, flat
+    return {"hierarchical": hier, "flat": flat, **({"fused": fused} if fuse else {})}
 
 
 def write_tokenizer(folder: Path, vocab: int) -> None:
@@ -247,6 +261,11 @@ def main() -> None:
         "TorchScript export needs ~4x the weights in memory)",
     )
     parser.add_argument("--checkpoint", type=Path, help="with --ours: its checkpoint folder")
+    parser.add_argument(
+        "--fuse",
+        action="store_true",
+        help="also the hierarchical model with rewrite.fuse=onnxruntime",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     load = [" ".join(f"{x:.2f}" for x in os.getloadavg())]
@@ -257,8 +276,7 @@ def main() -> None:
             vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
         else:
             model = _model(args.layers, args.hidden, args.vocab)
-            hier, flat = export_both(model, Path(tmp))
-            folders = {"hierarchical": hier, "flat": flat}
+            folders = export_both(model, Path(tmp), fuse=args.fuse)
             checkpoint = Path(tmp) / "ckpt"
             vocab = args.vocab
             if args.builder:

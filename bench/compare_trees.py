@@ -17,8 +17,19 @@ failure publishes its failing model and report there), by path relative to that 
 ``compare`` reports, per recipe and path, the files whose digests differ. ``report.json``,
 ``report.html`` and ``summary.txt`` hold what a build cannot repeat (stage keys and timings,
 absolute paths, the overrides): they are compared by a digest of ``report.json`` with those
-fields removed (``normalized``), and otherwise listed as expected to differ. Exit 0 when every
-other file, every normalized report and every exit code is the same.
+fields removed (``normalized``), and otherwise listed as expected to differ.
+
+The dynamo path's models are not reproducible byte for byte across code changes: they hold
+torch's stack trace of every node (``pkg.torch.onnx.stack_trace`` metadata: absolute source
+paths and line numbers of hyperexport's and the libraries' code), and torch's exporter orders
+a unit's initializers by where its tensors sit in memory (the same code in the same process
+gives the same order; code that allocates differently before the export, another). So a dynamo
+build differs in its ``.onnx`` files and in the files that name them by digest (``check.json``'s
+``judged``, ``check.txt``'s ``judged`` lines) from the same model built by other code. Each such
+file also gets a normalized digest: of the model without the traces, its initializers (their
+bytes read in) and value infos in name order; of the check without the digests of the files it
+judged. A file whose raw digest differs but whose normalized digest matches is counted apart.
+Exit 0 when every other file, every normalized digest and every exit code is the same.
 """
 
 from __future__ import annotations
@@ -35,6 +46,10 @@ from pathlib import Path
 from typing import Any
 
 PATHS = (("torchscript", "false"), ("dynamo", "true"))
+#: The node metadata torch's dynamo exporter writes with source paths and line numbers.
+STACK_TRACE = "pkg.torch.onnx.stack_trace"
+#: The suffix of a file's normalized digest in the results.
+NORMALIZED = " (normalized)"
 #: Published files that hold run-specific data (keys, seconds, paths): compared normalized.
 VOLATILE = frozenset({"report.json", "report.html", "summary.txt"})
 
@@ -52,6 +67,10 @@ def _normalized_report(path: Path) -> str:
     data = json.loads(path.read_text(encoding="utf-8"))
     for field in ("artifacts", "cache_dir", "overrides", "environment"):
         data.pop(field, None)
+    # The files' names stay; their digests and sizes are the files' own comparisons.
+    data["files"] = sorted(data.get("files") or {})
+    if isinstance(data.get("check"), dict) and isinstance(data["check"].get("judged"), dict):
+        data["check"]["judged"] = sorted(data["check"]["judged"])
     data.get("recipe", {}).pop("file", None)
     model = data.get("recipe", {}).get("config", {}).get("model", {})
     # A recipe may name a moved module by its new path; the factory's last name stays.
@@ -62,6 +81,45 @@ def _normalized_report(path: Path) -> str:
         for s in data.get("stages", [])
     ]
     text = json.dumps(data, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _normalized_model(path: Path) -> str:
+    """The digest of an ONNX model as a set of facts: without torch's per-node stack traces,
+    with its initializers (external data read in) and value infos in name order."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=True)
+    for graph in (model.graph, *model.functions):
+        for node in graph.node:
+            kept = [p for p in node.metadata_props if p.key != STACK_TRACE]
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
+    for field in ("initializer", "value_info", "sparse_initializer"):
+        items = sorted(getattr(model.graph, field), key=lambda x: x.name)
+        for item in items:
+            if field == "initializer":
+                del item.external_data[:]
+                item.ClearField("data_location")
+        del getattr(model.graph, field)[:]
+        getattr(model.graph, field).extend(items)
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+def _normalized_check(path: Path) -> str:
+    """The digest of ``check.json`` without the digests of the files it judged (their names
+    stay), or of ``check.txt`` without its ``judged`` lines' digests."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+        if isinstance(data.get("judged"), dict):
+            data["judged"] = sorted(data["judged"])
+        text = json.dumps(data, sort_keys=True)
+    else:
+        text = "\n".join(
+            line.split(": sha256 ")[0] if line.startswith("judged ") else line
+            for line in text.splitlines()
+        )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -80,7 +138,11 @@ def published(outputs: Path, recipe: str) -> dict[str, dict[str, str]]:
                 rel = path.relative_to(link).as_posix()
                 files[rel] = _digest(path)
                 if rel == "report.json":
-                    files["report.json (normalized)"] = _normalized_report(path)
+                    files[rel + NORMALIZED] = _normalized_report(path)
+                elif path.suffix == ".onnx":
+                    files[rel + NORMALIZED] = _normalized_model(path)
+                elif path.name in ("check.json", "check.txt"):
+                    files[rel + NORMALIZED] = _normalized_check(path)
         found[link.name] = files
     return found
 
@@ -89,7 +151,9 @@ def recipes_of(tree: Path) -> list[str]:
     return sorted(p.stem for p in (tree / "recipes").glob("*.yaml"))
 
 
-def build_tree(tree: Path, out: Path, only: list[str] | None) -> int:
+def build_tree(
+    tree: Path, out: Path, only: list[str] | None, paths: list[str] | None = None
+) -> int:
     tree = tree.resolve()
     results: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
     results.setdefault("tree", str(tree))
@@ -99,6 +163,8 @@ def build_tree(tree: Path, out: Path, only: list[str] | None) -> int:
         cache = Path(tmp) / "cache"
         for recipe in only or recipes_of(tree):
             for label, dynamo in PATHS:
+                if paths and label not in paths:
+                    continue
                 name = f"{recipe}/{label}"
                 if name in runs:
                     continue
@@ -139,7 +205,7 @@ def compare(before: Path, after: Path) -> int:
     a = json.loads(before.read_text())["runs"]
     b = json.loads(after.read_text())["runs"]
     problems: list[str] = []
-    same = volatile = 0
+    same = volatile = traces = 0
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
             problems.append(f"{name}: built in one tree only")
@@ -151,16 +217,25 @@ def compare(before: Path, after: Path) -> int:
         for link in sorted(links):
             fa, fb = ra["published"].get(link, {}), rb["published"].get(link, {})
             for rel in sorted(set(fa) | set(fb)):
-                if rel in VOLATILE:
-                    volatile += 1
+                if rel in VOLATILE or rel.endswith(NORMALIZED):
+                    volatile += rel in VOLATILE
                     continue
-                if fa.get(rel) != fb.get(rel):
-                    problems.append(f"{name} {link}/{rel}: {fa.get(rel)} -> {fb.get(rel)}")
-                else:
+                if fa.get(rel) == fb.get(rel):
                     same += 1
+                    continue
+                norm = rel + NORMALIZED
+                if norm in fa and fa.get(norm) == fb.get(norm):
+                    traces += 1
+                    continue
+                problems.append(f"{name} {link}/{rel}: {fa.get(rel)} -> {fb.get(rel)}")
+            norm = "report.json" + NORMALIZED
+            if norm in fa and fa.get(norm) != fb.get(norm):
+                problems.append(f"{name} {link}/{norm} differs")
     print(
-        f"{len(a)} builds before, {len(b)} after; {same} published files identical, "
-        f"{volatile} run-specific files (keys, timings, paths) not compared raw"
+        f"{len(a)} builds before, {len(b)} after; {same} published files byte-identical, "
+        f"{traces} identical as models but not byte for byte (dynamo: torch's stack traces and "
+        f"initializer order, and the checks naming those models by digest), {volatile} "
+        "run-specific files (keys, timings, paths) compared normalized"
     )
     for line in problems:
         print(f"DIFFERS {line}")
@@ -174,12 +249,13 @@ def main() -> int:
     b.add_argument("tree", type=Path)
     b.add_argument("--json", type=Path, required=True, help="results (resumed if present)")
     b.add_argument("--recipes", nargs="*", help="only these recipes")
+    b.add_argument("--paths", nargs="*", choices=[p for p, _ in PATHS], help="only these paths")
     c = sub.add_parser("compare", help="compare two build results")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.command == "build":
-        return build_tree(args.tree, args.json, args.recipes)
+        return build_tree(args.tree, args.json, args.recipes, args.paths)
     return compare(args.before, args.after)
 
 

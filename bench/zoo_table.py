@@ -43,7 +43,7 @@ def zoo_recipes() -> list[str]:
     """The zoo's recipe names, sorted (the forward zoo: ``zoo_*_generate`` recipes build a
     generation step model and the encoder-decoders two graphs, both checked by decoding;
     tests/generation and tests/seq2seq cover them)."""
-    from hyperexport.config import RECIPES_DIR
+    from hyperexport.product.config import RECIPES_DIR
     from hyperexport.zoo import forward_zoo
 
     return forward_zoo(RECIPES_DIR)
@@ -51,7 +51,7 @@ def zoo_recipes() -> list[str]:
 
 def static_columns(name: str) -> dict[str, str]:
     """What the table shows from the recipe alone: the architecture and the paths it claims."""
-    from hyperexport.config import compose_recipe
+    from hyperexport.product.config import compose_recipe
     from hyperexport.zoo import EXPECTED_FAILURES
 
     recipe, _ = compose_recipe([f"recipe={name}"])
@@ -70,9 +70,9 @@ def static_columns(name: str) -> dict[str, str]:
 # Measuring
 # --------------------------------------------------------------------------------------------
 def _build(name: str, dynamo: bool, root: Path) -> dict[str, Any]:
-    from hyperexport.builds.session import run_build
-    from hyperexport.config import compose_recipe
-    from hyperexport.stages import PIPELINE, model_loader
+    from hyperexport.product.builds.session import run_build
+    from hyperexport.product.config import compose_recipe
+    from hyperexport.product.stages import PIPELINE, model_loader
 
     recipe, settings = compose_recipe(
         [
@@ -121,9 +121,9 @@ def _export_times(recipe: Any, dynamo: bool, repeat: int) -> tuple[float, float]
 
     from hyperexport import export_hyper_onnx
     from hyperexport.capture.model_patches import export_context
-    from hyperexport.from_recipe.model import load_model, resolve_classes
     from hyperexport.models.auto import resolve_auto
     from hyperexport.models.inputs import make_inputs
+    from hyperexport.product.from_recipe.model import load_model, resolve_classes
 
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
     data = resolve_auto(recipe.data, model, recipe.file)

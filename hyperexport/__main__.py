@@ -12,13 +12,13 @@ Examples::
 
 Subcommands (``python -m hyperexport <command> ...``) that are not builds:
 
-    python -m hyperexport cache status|ls|show|verify|gc|clean ...   # hyperexport.cli.cache
-    python -m hyperexport show model.onnx                            # hyperexport.cli.show
-    python -m hyperexport lock [--build]                             # hyperexport.cli.lock
+    python -m hyperexport cache status|ls|show|verify|gc|clean ...   # hyperexport.product.cli.cache
+    python -m hyperexport show model.onnx                            # hyperexport.product.cli.show
+    python -m hyperexport lock [--build]                             # hyperexport.product.cli.lock
     python -m hyperexport --version
-    python -m hyperexport --help        # this front door (hyperexport.cli.help); --hydra-help: Hydra's
+    python -m hyperexport --help        # this front door (hyperexport.product.cli.help); --hydra-help: Hydra's
 
-The build itself is :mod:`hyperexport.cli.build`. The ``hyperexport`` console script is the same
+The build itself is :mod:`hyperexport.product.cli.build`. The ``hyperexport`` console script is the same
 entry point. Exit codes are those of
 :mod:`hyperexport.exit_codes`: 0 built, 1 a stage failed, 2 the recipe or an override is invalid,
 3 the cache or outputs cannot be used, 130 interrupted.
@@ -31,16 +31,16 @@ import sys
 from collections.abc import Sequence
 
 from hyperexport import exit_codes
-from hyperexport.engine.cache_dir import default_cache_dir
+from hyperexport.cache_dir import default_cache_dir
 from hyperexport.engine.keyed_imports import default_bytecode_dir, keyed_imports
 
 log = logging.getLogger("hyperexport")
 
 #: Subcommands: ``{name: module}``; each module has ``main(argv: list[str]) -> int``.
 SUBCOMMANDS = {
-    "cache": "hyperexport.cli.cache",
-    "show": "hyperexport.cli.show",
-    "lock": "hyperexport.cli.lock",
+    "cache": "hyperexport.product.cli.cache",
+    "show": "hyperexport.product.cli.show",
+    "lock": "hyperexport.product.cli.lock",
 }
 #: The one line printed on Ctrl-C.
 INTERRUPTED_MESSAGE = "interrupted (Ctrl-C): stopped; nothing half-written was published"
@@ -75,15 +75,15 @@ def _run(args: list[str]) -> int:
     import importlib
 
     if args[:1] not in ([c] for c in SUBCOMMANDS) and ("--help" in args or "-h" in args):
-        from hyperexport.cli.help import render_help
-        from hyperexport.config.paths import RECIPES_DIR
+        from hyperexport.product.cli.help import render_help
+        from hyperexport.product.config.paths import RECIPES_DIR
 
         print(render_help(RECIPES_DIR), end="")
         return exit_codes.OK
     if args and args[0] in SUBCOMMANDS:
         command = importlib.import_module(SUBCOMMANDS[args[0]])
         return int(command.main(args[1:]))
-    from hyperexport.cli import build
+    from hyperexport.product.cli import build
 
     return build.main(args)
 

@@ -85,7 +85,7 @@ def _hyperonnx_keywords(
 ) -> tuple[ExportOptions, Path | None]:
     """Map HyperONNX's keywords onto ExportOptions; reject anything else by name."""
     given = dict(given)
-    rewrite = {
+    rewrite: dict[str, Any] = {
         _HYPERONNX_REWRITES[k]: bool(given.pop(k)) for k in list(given) if k in _HYPERONNX_REWRITES
     }
     if rewrite:

@@ -6,6 +6,10 @@ import difflib
 import re
 from collections.abc import Sequence
 
+from hyperexport.engine.errors import CacheUnavailableError, CorruptInputError, StageFailed
+
+__all__ = ["CacheUnavailableError"]
+
 #: ANSI escape sequences (colours, cursor moves) that torch puts in its errors.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
@@ -142,6 +146,28 @@ class StageError(HyperExportError):
         at = f" at module {module_path!r}" if module_path else ""
         super().__init__(f"stage {stage!r} failed{at}: {relayed(cause, with_type=False)}")
 
+    @classmethod
+    def of(cls, failure: StageFailed) -> StageError:
+        """The engine's report of a failed stage, in hyperexport's words: the module path the
+        cause names (a :class:`ModuleExportError`'s, anywhere in its chain), and a cause from
+        torch relayed as one line (:func:`relayed`)."""
+        error = cls(failure.stage, failure.cause, module_path_of(failure.cause))
+        error.__cause__ = failure.cause
+        return error
+
+
+def module_path_of(error: BaseException) -> str | None:
+    """The first ``module_path`` an error in the chain of ``error`` names, or None."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        path = getattr(current, "module_path", None)
+        if path:
+            return str(path)
+        current = current.__cause__ or current.__context__
+    return None
+
 
 class OptionsError(HyperExportError, ValueError):
     """An export option or argument is invalid. Names the option (``field``) and why.
@@ -155,23 +181,17 @@ class OptionsError(HyperExportError, ValueError):
         super().__init__(f"option {field!r}: {reason}")
 
 
-class CorruptRecordError(HyperExportError, ValueError):
+class CorruptRecordError(HyperExportError, CorruptInputError):
     """Data read back from disk (a cached record, a published file) cannot be used as it is.
 
     It is malformed, or names a type this process has not registered. Data never decides what
-    code runs, so the build treats the cache entry that holds it as corrupt: a WARNING, the
-    entry discarded, and the stage that made it rebuilt.
+    code runs, so the build treats the cache entry that holds it as corrupt (it is the engine's
+    :class:`~hyperexport.engine.errors.CorruptInputError`): a WARNING, the entry discarded, and
+    the stage that made it rebuilt.
     """
 
-    def __init__(self, what: str, reason: str) -> None:
-        self.what = what
-        self.reason = reason
-        super().__init__(f"{what}: {reason}")
 
-
-class CacheUnavailableError(HyperExportError):
-    """The cache cannot serve this build: not a directory, not writable when a stage must run,
-    or its remote unreachable. The message names the directory (or URL); exit code 3."""
+# CacheUnavailableError (exit code 3) is the engine's: the cache cannot serve this build.
 
 
 class ForeignPathError(CacheUnavailableError):

@@ -24,6 +24,10 @@ FUNCTION_MODES: tuple[str, ...] = get_args(FunctionMode)
 PER_INSTANCE: FunctionMode = "per_instance"
 #: One function per class whose calls export the same graph (weights become inputs).
 PER_TYPE: FunctionMode = "per_type"
+#: ``RewriteOptions.fuse``: no fusion; ONNX's own fused ops (opset 24, portable); ONNX Runtime's
+#: contrib kernels (``com.microsoft``, runs in ONNX Runtime only). ``passes/fuse_ops.py``.
+Fusion = Literal["none", "standard", "onnxruntime"]
+FUSIONS: tuple[str, ...] = get_args(Fusion)
 
 AxesItems = tuple[tuple[str, tuple[tuple[int, str], ...]], ...]
 ShapeItems = tuple[tuple[str, tuple[int, ...]], ...]
@@ -32,11 +36,6 @@ ShapeItems = tuple[tuple[str, tuple[int, ...]], ...]
 def _require_bool(owner: str, name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise OptionsError(f"{owner}.{name}", f"must be True or False, got {value!r}")
-
-
-def _require_bools(instance: Any) -> None:
-    for f in fields(instance):
-        _require_bool(type(instance).__name__, f.name, getattr(instance, f.name))
 
 
 def _require_int(where: str, value: Any, low: int, high: int | None = None) -> None:
@@ -89,15 +88,26 @@ class RewriteOptions:
         weights_as_initializers: Every MatMul weight becomes a main-graph initializer in the
             layout MatMul reads (``passes/weights_as_initializers.py``), passed to the functions
             as inputs, so that standard quantizers find them after inlining.
+        fuse: Fused kernels inside the functions (``passes/fuse_ops.py``): ``none``;
+            ``standard``, ONNX's ``Attention``, ``RMSNormalization`` and ``RotaryEmbedding``
+            (the model is declared at opset 24); ``onnxruntime``, ONNX Runtime's contrib kernels
+            (``GroupQueryAttention``, ``SkipSimplifiedLayerNormalization``, ...).
     """
 
     fold_leftovers: bool = False
     fuse_constants: bool = False
     optimize: bool = False
     weights_as_initializers: bool = False
+    fuse: Fusion = "none"
 
     def __post_init__(self) -> None:
-        _require_bools(self)
+        for f in fields(self):
+            if f.name != "fuse":
+                _require_bool("RewriteOptions", f.name, getattr(self, f.name))
+        if self.fuse not in FUSIONS:
+            raise OptionsError(
+                "RewriteOptions.fuse", f"must be one of {FUSIONS}, got {self.fuse!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -107,11 +117,12 @@ class AttentionOptions:
     Attributes:
         implementation: Name registered in transformers' AttentionInterface, or None to leave the
             model's attention alone. Not one of transformers' built-ins (``eager``, ``sdpa``...).
-        promote_opset24: Rewrite attention nodes to default-domain ONNX ``Attention`` (opset 24).
+
+    ``promote_opset24`` is gone: ``RewriteOptions(fuse="standard")`` makes ONNX ``Attention``
+    (and ONNX's other fused ops).
     """
 
     implementation: str | None = None
-    promote_opset24: bool = False
 
     def __post_init__(self) -> None:
         impl = self.implementation
@@ -122,7 +133,6 @@ class AttentionOptions:
                 "AttentionOptions.implementation",
                 f"{impl!r} is a transformers built-in; name hyperexport's entry otherwise",
             )
-        _require_bool("AttentionOptions", "promote_opset24", self.promote_opset24)
 
 
 def _axes_items(value: Any) -> AxesItems:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hyperexport.config import RECIPES_DIR
+from hyperexport.product.config import RECIPES_DIR
 from tests.helpers.cli import REPO, probe_result, report, run, write_toy
 from tests.helpers.rebuilds import reran_from
 from tests.helpers.recipes import REFUSED

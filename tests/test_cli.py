@@ -253,7 +253,7 @@ def test_hydra_launcher_group_passes_the_override_check(tmp_path: Path) -> None:
 PAUSED = """
 import sys, time
 from pathlib import Path
-from hyperexport.builds import publish
+from hyperexport.product.builds import publish
 
 marker = Path(sys.argv.pop(1))
 swap = publish._swap_link

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hyperexport.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.errors import RecipeError
+from hyperexport.product.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.tasks.registry import task_named
 from tests.helpers.recipes import RECIPES, needs_later_transformers
 
@@ -44,9 +44,9 @@ def test_recipe_composes_and_validates(name: str) -> None:
 def test_recipe_instantiates(name: str) -> None:
     import torch
 
-    from hyperexport.from_recipe.model import load_model, resolve_classes
     from hyperexport.models.auto import resolve_auto
     from hyperexport.models.inputs import make_inputs
+    from hyperexport.product.from_recipe.model import load_model, resolve_classes
 
     if _refused_here(name):
         return
@@ -142,11 +142,21 @@ def _dynamic(
     return data
 
 
-def test_dynamic_inputs_and_attention_promotion_validate() -> None:
+def test_dynamic_inputs_and_fusion_validate() -> None:
     recipe = validate_recipe(_dynamic(), "/somewhere/ok.yaml")
     assert recipe.data["inputs"]["input_ids"]["check_shape"] == [2, 7]
-    promoted = _with("attention", {"implementation": "hyperexport", "promote_opset24": True})
-    assert validate_recipe(promoted, "/somewhere/ok.yaml").data["attention"]["promote_opset24"]
+    fused = {
+        **_with("attention", {"implementation": "hyperexport"}),
+        "rewrite": {"fuse": "onnxruntime"},
+    }
+    assert validate_recipe(fused, "/somewhere/ok.yaml").data["rewrite"]["fuse"] == "onnxruntime"
+
+
+def test_fusion_without_an_attention_implementation_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING"):
+        recipe = validate_recipe({**_base(), "rewrite": {"fuse": "standard"}}, "/x/ok.yaml")
+    assert recipe.data["rewrite"]["fuse"] == "standard"
+    assert "leaves attention unfused" in caplog.text
 
 
 def test_rewrite_defaults_are_off() -> None:
@@ -156,6 +166,7 @@ def test_rewrite_defaults_are_off() -> None:
         "fuse_constants": False,
         "optimize": False,
         "weights_as_initializers": False,
+        "fuse": "none",
     }
     assert recipe.data["fallback"] is False
 
@@ -195,14 +206,16 @@ BAD = [
     (_with("task", "auto"), "task", "auto needs a local transformers checkpoint"),
     (_with("fallback", "yes"), "fallback", "true or false"),
     (
-        _with("attention", {"promote_opset24": True}),
-        "attention.implementation",
-        "promote_opset24 needs an implementation",
+        _with("attention", {"implementation": "hyperexport", "promote_opset24": True}),
+        "attention.promote_opset24",
+        "retired: replaced by rewrite.fuse: standard",
     ),
+    (_with("rewrite", {"fuse": "onnxrt"}), "rewrite.fuse", "did you mean 'onnxruntime'"),
     (_with("attention", {"implementation": "sdpa"}), "attention.implementation", "built-in"),
     (
         {
-            **_with("attention", {"implementation": "hyperexport", "promote_opset24": True}),
+            **_with("attention", {"implementation": "hyperexport"}),
+            "rewrite": {"fuse": "standard"},
             "opset": 17,
         },
         "opset",

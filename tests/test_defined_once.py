@@ -30,8 +30,13 @@ NOT_OURS = {
 }
 #: Strings compared in code that belong to other libraries' vocabularies, spelled as they do:
 #: numpy's and ONNX's dtype names (a recipe's ``dtype`` choices are these names too), Hydra's
-#: ``_target_`` key and transformers' argument names.
-OTHERS_VOCABULARY = {"", "bool", "bfloat16", "float16", "float32", "_target_", "cache_position"}
+#: ``_target_`` key, transformers' argument names, ONNX's op types and attributes and ONNX
+#: Runtime's kernel inputs.
+OTHERS_VOCABULARY = {
+    *("", "bool", "bfloat16", "float16", "float32", "_target_", "cache_position"),
+    *("Add", "Cast", "Identity", "Mul"),  # ONNX op types
+    *("key", "value", "q_num_heads", "kv_num_heads"),  # ONNX Runtime's inputs, ONNX's attributes
+}
 
 
 def _literals(node: ast.expr) -> frozenset[str] | None:

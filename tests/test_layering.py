@@ -2,9 +2,10 @@
 (:mod:`hyperexport.engine.code_closure`: ``ast``, nothing is imported).
 
 (a) The layer table of ``docs/ARCHITECTURE.md`` holds: a module imports only modules of its own
-    row or of rows below it, at module level or inside a function; the engine and the library
-    (exporter and checks) never import each other; every module has a row.
-(b) ``versions.py`` (the version bridge, lowest floor) imports only the standard library, torch,
+    row or of rows below it, at module level or inside a function; the engine (the lowest row)
+    never imports the library; every module has a row; a side that has its folder
+    (``SIDE_FOLDERS``) holds every module of its rows, and nothing else.
+(b) ``versions.py`` (the version bridge, the lowest floor above the engine) imports only the standard library, torch,
     transformers and the ONNX libraries.
 (c) No two files import each other, directly or around a longer loop, at module level, nor
     through imports inside functions (a cycle held apart by a lazy import is still a cycle).
@@ -29,8 +30,14 @@ from hyperexport.engine.code_closure import Import, ModuleSource, _imports, read
 PACKAGE = Path(hyperexport.__file__).parent
 ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
 TORCH_FREE = ("hyperexport.passes", "hyperexport.check", "hyperexport.contracts")
-#: Sides that never import each other, whatever their rows.
-APART = {("engine", "library"), ("library", "engine")}
+#: Sides that never import each other, whatever their rows (importer, imported).
+APART = {("engine", "library")}
+#: The engine stands alone at the bottom of the table (it imports nothing of the package).
+ENGINE = "hyperexport.engine"
+#: The sides whose modules sit in a folder of their own (``__main__`` is the command line's
+#: entry, beside the public names).
+SIDE_FOLDERS = {"product": "hyperexport.product", "engine": ENGINE}
+SIDE_FOLDER_EXCEPTIONS = {"hyperexport.__main__"}
 #: What the version bridge may import besides the standard library.
 VERSION_BRIDGE = "hyperexport.versions"
 VERSION_BRIDGE_MAY_IMPORT = {
@@ -56,7 +63,7 @@ class Row:
 
 
 def _module_of(cell_name: str) -> str:
-    """``cli/`` -> ``hyperexport.cli``; ``api.py`` -> ``hyperexport.api``;
+    """``cli/`` -> ``hyperexport.product.cli``; ``api.py`` -> ``hyperexport.api``;
     ``__init__.py`` -> ``hyperexport``."""
     name = cell_name.removesuffix("/").removesuffix(".py")
     return "hyperexport" if name == "__init__" else f"hyperexport.{name.replace('/', '.')}"
@@ -139,11 +146,12 @@ def wrong_imports(graph: dict[str, set[str]], layers: list[Row]) -> list[tuple[s
 def test_the_layer_table_is_read() -> None:
     """The table parses into rows with known sides, the engine and the library apart."""
     by_module = {name: row for row in LAYERS for name in row.names}
-    assert by_module["hyperexport.cli"].floor == 0
+    assert by_module["hyperexport.product.cli"].floor == 0
     assert by_module["hyperexport.engine"].side == "engine"
     assert by_module["hyperexport.check"].side == "library"
     assert by_module["hyperexport.export"].side == "library"
-    assert by_module[VERSION_BRIDGE].floor == len(LAYERS) - 1
+    assert by_module[ENGINE].floor == len(LAYERS) - 1
+    assert by_module[VERSION_BRIDGE].floor == len(LAYERS) - 2
     assert {row.side for row in LAYERS} <= {"product", "engine", "library", "base"}
 
 
@@ -151,22 +159,28 @@ def test_the_parser_sees_imports_at_both_levels() -> None:
     """The walk is only as good as what it sees: a known module-level and a known lazy import."""
     assert "hyperexport.export.units" in GRAPH["hyperexport.export.fallback"]
     lazy = "hyperexport.export.fallback"  # imported inside ExportStage.run
-    assert lazy in EVERYTHING["hyperexport.stages.export"]
-    assert lazy not in GRAPH["hyperexport.stages.export"]
+    assert lazy in EVERYTHING["hyperexport.product.stages.export"]
+    assert lazy not in GRAPH["hyperexport.product.stages.export"]
 
 
 def test_an_upward_or_crossing_import_is_found() -> None:
     """The rule itself, on a made-up table: an upward lazy import and an engine -> library import."""
     layers = [
-        Row(0, "product", ("hyperexport.cli",)),
+        Row(0, "product", ("hyperexport.product.cli",)),
         Row(1, "engine", ("hyperexport.engine",)),
         Row(2, "library", ("hyperexport.check",)),
         Row(3, "base", ("hyperexport.errors",)),
     ]
-    tree = ast.parse("import hyperexport.errors\ndef f():\n    from hyperexport.cli import build\n")
+    tree = ast.parse(
+        "import hyperexport.errors\ndef f():\n    from hyperexport.product.cli import build\n"
+    )
     sources = {
         name: ModuleSource(name, "", "", (), ())
-        for name in ("hyperexport.cli", "hyperexport.cli.build", "hyperexport.errors")
+        for name in (
+            "hyperexport.product.cli",
+            "hyperexport.product.cli.build",
+            "hyperexport.errors",
+        )
     }
     module_level, function_level = _imports(tree, "hyperexport.check.x", False)
     graph = {
@@ -174,13 +188,26 @@ def test_an_upward_or_crossing_import_is_found() -> None:
             (*module_level, *function_level), "hyperexport.check.x", sources
         ),
         "hyperexport.engine.y": {"hyperexport.check.x"},
-        "hyperexport.cli.build": {"hyperexport.engine.y", "hyperexport.check.x"},
+        "hyperexport.product.cli.build": {"hyperexport.engine.y", "hyperexport.check.x"},
     }
     assert wrong_imports(graph, layers) == [
-        ("hyperexport.check.x", "hyperexport.cli", "upward"),
-        ("hyperexport.check.x", "hyperexport.cli.build", "upward"),
+        ("hyperexport.check.x", "hyperexport.product.cli", "upward"),
+        ("hyperexport.check.x", "hyperexport.product.cli.build", "upward"),
         ("hyperexport.engine.y", "hyperexport.check.x", "engine -> library"),
     ]
+
+
+def test_a_side_with_a_folder_holds_its_rows_and_only_them() -> None:
+    misplaced = []
+    for module in SOURCES:
+        row = row_of(module)
+        if row is None or module in SIDE_FOLDER_EXCEPTIONS:
+            continue
+        for side, folder in SIDE_FOLDERS.items():
+            inside = module == folder or module.startswith(f"{folder}.")
+            if inside != (row.side == side):
+                misplaced.append((module, row.side))
+    assert misplaced == []
 
 
 def test_every_module_has_a_row() -> None:

@@ -19,9 +19,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: Attribute (and module path) under which the holder keeps the model.
-ROOT_PATH = "root"
-
 
 class RootHolder(torch.nn.Module):
     """Holds ``model`` as its only child and calls it with the model's own signature."""

@@ -15,6 +15,7 @@ from hyperexport.contracts.names import FUNCTION_DOMAIN as FUNCTION_DOMAIN
 from hyperexport.contracts.names import META_EXPORT_PATH as META_EXPORT_PATH
 from hyperexport.contracts.names import META_FALLBACK as META_FALLBACK
 from hyperexport.contracts.names import META_FUNCTION_MODE as META_FUNCTION_MODE
+from hyperexport.contracts.names import NO_FUSION
 from hyperexport.contracts.names import PLACEHOLDER_DOMAIN as PLACEHOLDER_DOMAIN
 
 
@@ -30,6 +31,9 @@ class FunctionEntry:
         split_reason: Per-type mode, when instances of its class got separate functions: what
             differs from the first function of the class (an attribute read in forward and its
             two values, a submodule's class, an input shape); empty otherwise.
+        fused_ops: With ``rewrite.fuse``: ``(op, nodes)`` of the fused kernels in its body
+            (``contracts.names.FUSED_OPS``, ``domain::op``); empty otherwise (and then absent
+            from the JSON).
     """
 
     domain: str
@@ -37,6 +41,7 @@ class FunctionEntry:
     class_name: str
     module_paths: tuple[str, ...]
     split_reason: str = ""
+    fused_ops: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,10 @@ class ExportManifest:
         fallback_from: Set when the other path failed and this one was used instead.
         probe_inputs: With dynamic axes: capture keys of the graph inputs at a second shape.
         probe_outputs: The reference outputs at that shape.
+        fusion: ``rewrite.fuse``: ``none``, ``standard`` (ONNX's fused ops only: a portable
+            model) or ``onnxruntime`` (ONNX Runtime's contrib kernels: the model runs in ONNX
+            Runtime only). ``none`` is absent from the JSON (manifests from before the field
+            read as ``none``).
     """
 
     dynamo: bool
@@ -91,9 +100,19 @@ class ExportManifest:
     fallback_from: str | None = None
     probe_inputs: tuple[str, ...] = ()
     probe_outputs: tuple[str, ...] = ()
+    fusion: str = "none"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        # Without a fusion the JSON is what it was before the fields existed, byte for byte.
+        if self.fusion == NO_FUSION:
+            del data["fusion"]
+        for entry in data["functions"]:
+            if entry["fused_ops"]:
+                entry["fused_ops"] = dict(entry["fused_ops"])
+            else:
+                del entry["fused_ops"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ExportManifest:
@@ -110,6 +129,7 @@ class ExportManifest:
                     f["class_name"],
                     tuple(f["module_paths"]),
                     f.get("split_reason", ""),
+                    tuple(sorted((op, int(n)) for op, n in f.get("fused_ops", {}).items())),
                 )
                 for f in data["functions"]
             ),
@@ -128,6 +148,7 @@ class ExportManifest:
             fallback_from=data.get("fallback_from"),
             probe_inputs=tuple(data.get("probe_inputs", ())),
             probe_outputs=tuple(data.get("probe_outputs", ())),
+            fusion=data.get("fusion", "none"),
         )
 
     def dumps(self) -> str:

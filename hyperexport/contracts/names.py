@@ -98,6 +98,10 @@ SEQ2SEQ_GRAPHS = ("encoder", "decoder")
 #: safetensors files one hiera module at a time (``docs/streaming.md``), or ``auto``: stream
 #: only when loading would not fit.
 WEIGHTS_MODES = (AUTO, WEIGHTS_LOAD, WEIGHTS_STREAM) = (AUTO, "load", "stream")
+#: ``rewrite.fuse`` (``RewriteOptions.fuse``) that fuses nothing, and the one that makes ONNX's own
+#: fused ops (opset 24); the value set is ``options.Fusion``.
+NO_FUSION = "none"
+STANDARD_FUSION = "standard"
 #: ``quantize.method`` that quantizes nothing (the default): the quantize stage writes nothing.
 NO_QUANTIZATION = "none"
 #: transformers' own attention implementations: hyperexport registers its entry under another
@@ -118,6 +122,16 @@ def probe_key(key: str) -> str:
 FUNCTION_DOMAIN = "hyperexport.fn"
 PLACEHOLDER_DOMAIN = "hyperexport.placeholder"
 ATTENTION_DOMAIN = "hyperexport.attention"
+#: The attributes of its ``Attention`` node (``transformers/attention_onnx.py`` writes them; the
+#: passes that turn the node into ONNX or ONNX Runtime attention read them).
+ATTENTION_ATTRIBUTES = (
+    "is_causal",
+    "scale",
+    "softcap",
+    "q_num_heads",
+    "kv_num_heads",
+    "causal_hint",
+)
 META_EXPORT_PATH = "hyperexport.export_path"  # "dynamo=False" | "dynamo=True"
 META_FALLBACK = "hyperexport.fallback_from"
 META_FUNCTION_MODE = "hyperexport.function_mode"
@@ -129,6 +143,28 @@ META_VERSION_PREFIX = "hyperexport.version."
 #: The quantized ops (domain ``com.microsoft``) the quantize stage writes, and ``show`` counts.
 QUANTIZED_DOMAIN = "com.microsoft"
 QUANTIZED_OP_TYPES = ("MatMulNBits", "DynamicQuantizeMatMul")
+
+#: What each ``rewrite.fuse`` writes (``passes/fuse_ops.py``): op types as ``domain::op``
+#: (default-domain ops without a domain). ``show`` and the manifest count them per function.
+FUSED_OPS = {
+    "standard": ("Attention", "RMSNormalization", "RotaryEmbedding"),
+    "onnxruntime": (
+        "com.microsoft::GroupQueryAttention",
+        "com.microsoft::MultiHeadAttention",
+        "com.microsoft::RotaryEmbedding",
+        "com.microsoft::SkipSimplifiedLayerNormalization",
+        "com.microsoft::SkipLayerNormalization",
+        "com.microsoft::FastGelu",
+        "com.microsoft::Gelu",
+        "com.microsoft::QuickGelu",
+    ),
+}
+
+
+def op_id(domain: str, op_type: str) -> str:
+    """``domain::op``, or ``op`` for the default domain (as :data:`FUSED_OPS` names ops)."""
+    return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
+
 
 # -- opsets -------------------------------------------------------------------------------------
 MIN_OPSET = 7

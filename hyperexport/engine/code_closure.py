@@ -1,18 +1,19 @@
-"""The hyperexport code a stage runs, computed from the import graph of hyperexport's sources.
+"""The code a stage runs, computed from the import graph of a package's sources.
 
-A stage's key holds the content digests of the hyperexport modules it can execute, found by
+The caller names the package whose code the stages' keys cover (:class:`CodePackage`). A
+stage's key holds the content digests of that package's modules it can execute, found by
 parsing the sources (never importing them): no hand-kept list goes stale. Each module reached
 is either *used* or only *loaded*:
 
-* the stage's own module is used, and so is every hyperexport module a used module imports,
-  at module level or inside a function: the stage may call into it;
+* the stage's own module is used, and so is every package module a used module imports, at
+  module level or inside a function: the stage may call into it;
 * a parent package of a reached module is only loaded (importing ``a.b.c`` runs ``a`` and
   ``a.b``), and so is whatever a loaded module imports at module level.
 
 A used module's function-level imports are followed; a loaded module's are not: importing
-``hyperexport.stages.check`` runs ``hyperexport/stages/__init__.py``, which imports the trace
-stage's module, but the check stage never calls ``TraceStage.run`` and its function-level
-imports of torch-side code. Imports under ``if TYPE_CHECKING:`` never run and are skipped.
+``pkg.stages.check`` runs ``pkg/stages/__init__.py``, which may import another stage's module,
+but the check stage never calls that stage's ``run`` and its function-level imports. Imports
+under ``if TYPE_CHECKING:`` never run and are skipped.
 """
 
 from __future__ import annotations
@@ -27,14 +28,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyperexport.engine.hashing import JsonMemo
+from .hashing import JsonMemo
 
 log = logging.getLogger(__name__)
 
-PACKAGE = "hyperexport"
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
-
 USED, LOADED = "used", "loaded"
+
+
+@dataclass(frozen=True)
+class CodePackage:
+    """The package whose code the stages' keys cover.
+
+    Attributes:
+        name: Its import name (``pkg``); its modules are ``pkg`` and ``pkg.*``.
+        root: Its folder (holding ``__init__.py``).
+    """
+
+    name: str
+    root: Path
+
+    @classmethod
+    def of(cls, module: Any) -> CodePackage:
+        """The package of an imported top-level package ``module``."""
+        return cls(module.__name__, Path(module.__file__).resolve().parent)
 
 
 @dataclass(frozen=True)
@@ -42,8 +58,8 @@ class ModuleSource:
     """One module of the package: its file, whether it is a package, and what it imports.
 
     Attributes:
-        name: Dotted module name (``hyperexport.check.report``).
-        relpath: File path relative to the package's parent (``hyperexport/check/report.py``).
+        name: Dotted module name (``pkg.check.report``).
+        relpath: File path relative to the package's parent (``pkg/check/report.py``).
         digest: sha256 of the file's tokens without comments (:func:`token_digest`).
         module_level: Import statements that run when the module is loaded.
         function_level: Import statements inside its functions.
@@ -144,7 +160,7 @@ def _parse(data: bytes, path: Path, name: str) -> tuple[list[Import], list[Impor
 class ImportMemo(JsonMemo):
     """Parsed import statements by file digest, kept in a JSON file (``index/imports.json``).
 
-    Parsing every hyperexport source costs a few hundred milliseconds, a large part of a no-op
+    Parsing every package source costs a few hundred milliseconds, a large part of a no-op
     build; a file whose digest was parsed before is not parsed again. A malformed memo is
     ignored with a WARNING (it is only a cache of what parsing gives).
 
@@ -216,14 +232,12 @@ def read_package(root: Path, memo: ImportMemo | None = None) -> dict[str, Module
 _READ: dict[Path, dict[str, ModuleSource]] = {}
 
 
-def package_sources(
-    root: Path = PACKAGE_DIR, memo: ImportMemo | None = None
-) -> dict[str, ModuleSource]:
-    """:func:`read_package`, once per process and package: the code a process runs cannot
+def package_sources(package: CodePackage, memo: ImportMemo | None = None) -> dict[str, ModuleSource]:
+    """:func:`read_package` of ``package``, once per process: the code a process runs cannot
     change while it runs."""
-    if root not in _READ:
-        _READ[root] = read_package(root, memo)
-    return _READ[root]
+    if package.root not in _READ:
+        _READ[package.root] = read_package(package.root, memo)
+    return _READ[package.root]
 
 
 def _parents(name: str) -> Iterator[str]:
@@ -232,16 +246,15 @@ def _parents(name: str) -> Iterator[str]:
         yield name
 
 
-def closure(roots: Iterable[str], sources: dict[str, ModuleSource] | None = None) -> dict[str, str]:
+def closure(roots: Iterable[str], sources: dict[str, ModuleSource]) -> dict[str, str]:
     """``{relpath: digest}`` of the package modules that running ``roots`` can execute.
 
     Args:
         roots: Dotted names of the modules the stage uses (its own module, and any package
-            module a recipe names, such as a model factory in ``hyperexport.zoo``). Names
-            outside the package are ignored.
-        sources: The package's modules (default: hyperexport's own).
+            module the build's configuration names, such as a model factory). Names outside
+            the package are ignored.
+        sources: The package's modules (:func:`package_sources`).
     """
-    sources = package_sources() if sources is None else sources
     mode: dict[str, str] = {}
     queue: list[tuple[str, str]] = [(r, USED) for r in roots]
 
@@ -266,28 +279,26 @@ def closure(roots: Iterable[str], sources: dict[str, ModuleSource] | None = None
 
 
 def stage_code(
-    stage_module: str,
-    extra_roots: Iterable[str] = (),
-    sources: dict[str, ModuleSource] | None = None,
+    stage_module: str, extra_roots: Iterable[str], sources: dict[str, ModuleSource]
 ) -> dict[str, str]:
     """The code digest material of a stage defined in ``stage_module``.
 
     Args:
         stage_module: The module defining the stage's class.
-        extra_roots: Other package modules the stage runs (a model factory the recipe names
-            inside hyperexport, for a stage that runs the model).
-        sources: The package's modules (default: hyperexport's own).
+        extra_roots: Other package modules the stage runs (a model factory the build's
+            configuration names inside the package, for a stage that runs the model).
+        sources: The keyed package's modules (:func:`package_sources`; empty: no code keyed).
 
-    A stage defined outside hyperexport (a test's or a user's) contributes its own imports of
-    hyperexport, found the same way from its source file.
+    A stage defined outside the package (a test's or a user's) contributes its own imports of
+    the package, found the same way from its source file.
     """
     roots = [stage_module, *extra_roots]
-    if not stage_module.startswith(PACKAGE):
-        roots += _outside_imports(stage_module)
+    if stage_module not in sources:
+        roots += _outside_imports(stage_module, sources)
     return closure(roots, sources)
 
 
-def _outside_imports(module: str) -> list[str]:
+def _outside_imports(module: str, sources: dict[str, ModuleSource]) -> list[str]:
     import sys
 
     file = getattr(sys.modules.get(module), "__file__", None)
@@ -299,4 +310,4 @@ def _outside_imports(module: str) -> list[str]:
     found = []
     for base, names in (*module_level, *function_level):
         found += [base, *(f"{base}.{n}" for n in names)]
-    return [m for m in found if m.startswith(PACKAGE)]
+    return [m for m in found if m in sources]

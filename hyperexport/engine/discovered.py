@@ -1,7 +1,7 @@
 """Discovered dependencies of the stages that run user code (ccache's direct mode).
 
-A recipe declares the model's factory, hiera classes and custom-op symbolics, but not what their
-modules import in turn (a helper module beside the model, a local package). So a stage that runs
+A build's configuration declares the model's factory and the classes it names, but not what
+their modules import in turn (a helper module beside the model, a local package). So a stage that runs
 user code records, after it ran, every module present in ``sys.modules`` outside the standard
 library: all of them, not only those it imported, since sweep jobs under Hydra's basic launcher
 share one process. The record is a *dependency set*:
@@ -11,19 +11,18 @@ share one process. The record is a *dependency set*:
   installed library (a local patch, a vendored fix) is a change like an edited helper;
 * installed distributions by name and version, one entry per distribution (for the reason:
   ``numpy 1.26.4→2.0.0``);
-* the files the stage opened for reading or loaded with ``ctypes`` (:mod:`~hyperexport.engine.
-  opened`), by content, named relative to the ``sys.path`` folder holding them (else by their
-  absolute path).
+* the files the stage opened for reading or loaded with ``ctypes`` (:mod:`.opened`), by
+  content, named relative to the ``sys.path`` folder holding them (else by their absolute path).
 
-Modules that hyperexport's own machinery loaded before any model ran
-(:func:`hyperexport.engine.machinery.machinery`: the remote tier's fsspec) are left out, so that a setting of ``build.*`` never changes a key.
+Modules that the build's own machinery loaded before any model ran (:func:`.machinery.machinery`:
+the remote tier's fsspec) are left out, so that a build setting never changes a key.
 
-hyperexport's own modules are left out: the code a stage runs is in its key already
-(:mod:`hyperexport.engine.code_closure`). Nothing is keyed by an absolute path, so a cache moved
-to another checkout or machine still hits.
+The keyed package's own modules are left out, and the engine's: the code a stage runs is in its
+key already (:mod:`.code_closure`). Nothing is keyed by an absolute path, so a cache moved to
+another checkout or machine still hits.
 
 Keys have two levels. The *declared* key hashes what the stage declares (its params, upstream
-outputs, code, libraries, the recipe's model). Under it, ``<cache>/deps/<aa>/<declared>.json``
+outputs, code, libraries, the model). Under it, ``<cache>/deps/<aa>/<declared>.json``
 lists the dependency sets seen for it, newest first. A lookup re-fingerprints each set, without
 importing anything (files are found from the top-level package's location, versions from
 package metadata); the first set that still holds gives the full key,
@@ -48,16 +47,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hyperexport.engine.code_closure import PACKAGE
-from hyperexport.engine.environment import SITE_DIRS, distribution_version
-from hyperexport.engine.hashing import (
+from .environment import SITE_DIRS, distribution_version
+from .hashing import (
     FileDigestIndex,
     atomic_write_json,
     canonical_json,
     sha256_text,
 )
-from hyperexport.engine.keyed_imports import compiled_digest
-from hyperexport.engine.machinery import MACHINERY
+from .keyed_imports import compiled_digest
+from .machinery import MACHINERY
 
 log = logging.getLogger(__name__)
 
@@ -66,26 +64,32 @@ DEPS_FORMAT = 2
 _OLDER_FORMATS = (1,)
 #: Dependency sets kept per declared key (newest first); older ones are dropped.
 MAX_SETS = 8
-_NOT_RECORDED = frozenset((PACKAGE, "__main__", "__mp_main__"))
+#: Never recorded: the scripts, and the engine's own top-level package.
+_NOT_RECORDED = frozenset((__name__.partition(".")[0], "__main__", "__mp_main__"))
 #: The top-level name prefix of the import hooks an editable install writes (setuptools,
-#: PEP 660): ``__editable___hyperexport_0_1_0_finder`` holds the checkout's absolute path. It is
+#: PEP 660): ``__editable___<name>_<version>_finder`` holds the checkout's absolute path. It is
 #: the installer's machinery, not code the model runs: the modules it maps are recorded by
 #: their own content.
 _EDITABLE_FINDERS = "__editable__"
 
 
-@functools.lru_cache(maxsize=1)
-def _package_machinery() -> frozenset[str]:
+@functools.lru_cache(maxsize=8)
+def _package_machinery(package: str | None) -> frozenset[str]:
     """Top-level names the keyed package's own distribution installs besides the package (an
-    editable install's finder): hyperexport's code is keyed by its sources already."""
-    owners = _distributions_by_top().get(PACKAGE) or []
+    editable install's finder): its code is keyed by its sources already."""
+    owners = _distributions_by_top().get(package) or [] if package else []
     return frozenset(
         top for top, dists in _distributions_by_top().items() if set(dists) & set(owners)
     )
 
 
-def _not_recorded(top: str) -> bool:
-    return top in _NOT_RECORDED or top.startswith(_EDITABLE_FINDERS) or top in _package_machinery()
+def _not_recorded(top: str, package: str | None) -> bool:
+    return (
+        top in _NOT_RECORDED
+        or top == package
+        or top.startswith(_EDITABLE_FINDERS)
+        or top in _package_machinery(package)
+    )
 
 
 #: ``{"modules": {name: [relative file, digest]}, "dists": {name: version},
@@ -166,10 +170,13 @@ def _in_stdlib(file: Path) -> bool:
     return any(file.is_relative_to(d) for d in _stdlib_dirs())
 
 
-def snapshot(index: FileDigestIndex, opened: Iterable[str] = ()) -> DependencySet:
+def snapshot(
+    index: FileDigestIndex, opened: Iterable[str] = (), package: str | None = None
+) -> DependencySet:
     """The dependency set of this process now: every non-stdlib module in ``sys.modules``
-    (installed ones too, by content), and the regular files ``opened`` (absolute, resolved:
-    :func:`hyperexport.engine.opened.regular_files`)."""
+    (installed ones too, by content) but ``package``'s (keyed by its sources) and the
+    engine's, and the regular files ``opened`` (absolute, resolved:
+    :func:`.opened.regular_files`)."""
     modules: dict[str, list[str]] = {}
     dists: dict[str, str | None] = {}
     owners_of: dict[str, list[str] | None] = {}
@@ -178,7 +185,7 @@ def snapshot(index: FileDigestIndex, opened: Iterable[str] = ()) -> DependencySe
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
         if (
-            _not_recorded(top)
+            _not_recorded(top, package)
             or name in MACHINERY
             or _is_stdlib(top)
             or not isinstance(module, ModuleType)
@@ -187,7 +194,7 @@ def snapshot(index: FileDigestIndex, opened: Iterable[str] = ()) -> DependencySe
         file = _module_file(module)
         if file is None or not file.is_absolute():
             # Namespace packages, modules made at run time, and submodules with a relative
-            # __file__ (torch.ops): keyed through their top-level module.
+            # __file__ (made by a library at run time): keyed through their top-level module.
             top_module = sys.modules.get(top)
             file = _module_file(top_module) if top_module is not None else None
             if file is None or not file.is_absolute():
@@ -405,11 +412,13 @@ class DiscoveredDeps:
         root: The cache root.
         index: File digest index (stat-keyed fast path) for the source files.
         read_only: Never write (dry runs, read-only caches).
+        package: The keyed package's name: its modules are never recorded.
     """
 
     root: Path
     index: FileDigestIndex
     read_only: bool = False
+    package: str | None = None
     _memo: dict[str, list[DependencySet]] = field(default_factory=dict, repr=False)
     _seen: dict[str, str | None] = field(default_factory=dict, repr=False)
 
@@ -456,7 +465,7 @@ class DiscoveredDeps:
     def record(self, declared: str, opened: Iterable[str] = ()) -> str:
         """Snapshot this process's modules and the files ``opened`` as a set of ``declared``;
         returns the full key."""
-        deps = snapshot(self.index, opened)
+        deps = snapshot(self.index, opened, self.package)
         if not self.read_only:
             kept = [s for s in self.sets(declared) if set_digest(s) != set_digest(deps)]
             sets = [deps, *kept][:MAX_SETS]
@@ -481,7 +490,7 @@ def _valid_set(deps: Any) -> bool:
 
 def recorded_keys(path: Path) -> frozenset[str] | None:
     """The full keys the dependency record at ``path`` (``<declared>.json``) can resolve to:
-    what ``cache gc`` holds against the entries on disk.
+    what the collector holds against the entries on disk.
 
     Returns:
         The keys (empty for a record no build would use: unreadable, or of an older format),

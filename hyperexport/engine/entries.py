@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: 2: the entry records its stage's params (format 1 recorded its own list of declared
-#: outputs, which ``cache verify`` trusted). An entry of another format is unreadable: a miss.
-ENTRY_FORMAT = 2
+#: 3: the entry names the build that computed it as ``build`` (2 said it in another word; 1
+#: recorded its own list of declared outputs, which ``verify`` trusted). An entry of another
+#: format is unreadable: a miss.
+ENTRY_FORMAT = 3
 
 
 def _unsafe_relpath(path: str) -> bool:
@@ -38,10 +39,10 @@ class ActionEntry:
     key: str
     stage: str
     outputs: tuple[OutputFile, ...]
-    # The recipe whose build computed the entry (shown by ``cache ls``; not part of the key).
-    recipe: str | None = None
-    #: The stage's params as keyed: what ``cache verify`` recomputes the stage's declared
-    #: outputs from (``Stage.outputs``). A build never reads them: it has its own.
+    #: The name of the build that computed the entry (listed by the inventory; not keyed).
+    build: str | None = None
+    #: The stage's params as keyed: what :func:`~.verify.verify` recomputes the stage's
+    #: declared outputs from (``Stage.outputs``). A build never reads them: it has its own.
     params: Mapping[str, Any] = field(default_factory=dict)
 
     def missing(self, declared: Mapping[str, str]) -> list[str]:
@@ -60,8 +61,8 @@ class ActionEntry:
             "stage": self.stage,
             "outputs": [[f.path, f.digest, f.size] for f in self.outputs],
         }
-        if self.recipe is not None:
-            data["recipe"] = self.recipe
+        if self.build is not None:
+            data["build"] = self.build
         data["params"] = dict(self.params)
         return data
 
@@ -74,7 +75,7 @@ class ActionEntry:
         for f in outputs:
             if not re.fullmatch(r"[0-9a-f]{64}", f.digest) or _unsafe_relpath(f.path):
                 raise ValueError(f"bad output record {f}")
-        recipe = data.get("recipe")
+        build = data.get("build")
         params = data["params"]
         if not isinstance(params, dict):
             raise ValueError("bad params record")
@@ -82,6 +83,6 @@ class ActionEntry:
             key=str(data["key"]),
             stage=str(data["stage"]),
             outputs=outputs,
-            recipe=recipe if isinstance(recipe, str) else None,
+            build=build if isinstance(build, str) else None,
             params=params,
         )

@@ -21,7 +21,7 @@ SITE_DIRS = frozenset(("site-packages", "dist-packages"))
 def environment_fingerprint(names: Iterable[str]) -> dict[str, Any]:
     """Python major.minor and the versions of the distributions ``names`` (None if absent).
 
-    A stage's key holds only its own :attr:`~hyperexport.engine.stage.Stage.libraries`; a build
+    A stage's key holds only its own :attr:`~.stage.Stage.libraries`; a build
     report may list more.
     """
     versions = {name: distribution_version(name) for name in names}

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_bytes
+from .files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """What runs is what is keyed: Python source compiled from the bytes that enter a key.
 
-A stage's key covers the content of the Python modules it runs (the hyperexport code it runs,
-and for a stage that runs the model every module it had loaded: :mod:`.discovered`). CPython,
+A stage's key covers the content of the Python modules it runs (the keyed package's code it
+runs, and for a stage that runs the model every module it had loaded: :mod:`.discovered`). CPython,
 though, may run a module from ``__pycache__``: a timestamp ``.pyc`` is trusted when its recorded
 source mtime and size match, so an edit that keeps both (a tool that restores mtimes, a same-size
 change within the filesystem's timestamp granularity) runs the *old* code while the key hashes the
@@ -18,9 +18,9 @@ Inside :func:`keyed_imports`, every module found as a source file is loaded by
   bytes it read, and stores the checked ``.pyc`` for the next process.
 
 So the code that runs is compiled from exactly the bytes whose digest is keyed. The cost is one
-read and two hashes of each source file imported (about 0.2 s for torch and transformers, 58 MB,
-measured on the project's machine), and, the first time a file is met, its compilation (about
-20 s for torch and transformers). The folder belongs to the build cache, not to Python's
+read and two hashes of each source file imported (about 0.2 s for 58 MB of source, measured on
+the project's machine), and, the first time a file is met, its compilation (about 20 s for the
+same). The folder belongs to the build cache, not to Python's
 ``__pycache__``: it is written whatever ``PYTHONDONTWRITEBYTECODE`` says, which governs only
 the latter (the machines this project runs on set it, and rely on the ``.pyc`` files pip wrote
 at install time). Modules

@@ -1,10 +1,11 @@
 """Stage keys and the human reason a stage has to run (doit-style).
 
 A key is the full sha256 of the canonical JSON of the stage's *key material*: its name and
-version, its recipe slice, the digests of its upstream outputs, the versions of the libraries it
-declares, the digests of the hyperexport modules it runs (computed from the import graph), and,
-for a stage that runs user code, the model fingerprint. Such a stage's outputs are stored under a
-second-level key that adds the modules it loaded (:mod:`hyperexport.engine.discovered`). The material of the last build of each recipe is kept, so that a rerun can say
+version, its slice of the build's configuration, the digests of its upstream outputs, the
+versions of the libraries it declares, the digests of the keyed package's modules it runs
+(computed from the import graph), and, for a stage that runs user code, the model fingerprint.
+Such a stage's outputs are stored under a second-level key that adds the modules it loaded
+(:mod:`.discovered`). The material of each build's last run is kept, so that a rerun can say
 what changed (``opset 18→17``) instead of only that something did.
 """
 
@@ -16,12 +17,12 @@ import hmac
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from hyperexport.engine.code_closure import ModuleSource, stage_code
-from hyperexport.engine.environment import environment_fingerprint
-from hyperexport.engine.hashing import canonical_json, sha256_text
+from .code_closure import ModuleSource, stage_code
+from .environment import environment_fingerprint
+from .hashing import canonical_json, sha256_text
 
 if TYPE_CHECKING:
-    from hyperexport.engine.stage import Stage
+    from .stage import Stage
 
 _MAX_CHANGES = 3
 _MAX_VALUE = 40
@@ -42,11 +43,11 @@ def key_material(
     Args:
         stage: Stage name.
         version: Stage version.
-        params: The stage's recipe slice (as keyed: see :func:`key_params`).
+        params: The stage's slice of the configuration (as keyed: see :func:`key_params`).
         upstream: ``{stage: {file: digest}}`` of the upstream outputs it reads.
         env: Python version and the versions of the stage's libraries.
         model: The model fingerprint (empty for stages that do not run user code).
-        code: ``{relative path: digest}`` of the hyperexport modules the stage runs.
+        code: ``{relative path: digest}`` of the keyed package's modules the stage runs.
     """
     return {
         "stage": stage,
@@ -70,19 +71,18 @@ def declared_material(
 ) -> dict[str, Any]:
     """The declared key material of ``stage``: only what it reads and runs.
 
-    The one place that says what a stage's key covers: the runner keys builds with it, and the
-    lock file (``hyperexport.lock``) records it, without building, for every locked variant.
+    The one place that says what a stage's key covers: the runner keys builds with it, and a
+    lock file can record it, without building, for every variant it locks.
 
     Args:
         stage: The stage.
-        params: Its recipe slice (:func:`~hyperexport.engine.stage.recipe_slice`).
+        params: Its slice of the configuration (:func:`~.stage.config_slice`).
         upstream: ``{stage: {file: digest}}`` of the upstream outputs it reads (empty where
             they are not known: a dry run's later stages, the lock).
         model: The model fingerprint; keyed only by a stage that runs the model.
-        code_roots: Modules of the keyed package the model's recipe names (a factory inside
-            it): code the stages running the model run besides their own.
-        sources: The keyed package's modules (:func:`~hyperexport.engine.code_closure.
-            package_sources`).
+        code_roots: Modules of the keyed package the configuration names for the model (a
+            factory inside it): code the stages running the model run besides their own.
+        sources: The keyed package's modules (:func:`~.code_closure.package_sources`).
     """
     keyed_model = model if stage.needs_model else {}
     return key_material(
@@ -130,7 +130,7 @@ def _child(value: Any, part: str) -> Any:
 def recorded_material(material: Mapping[str, Any], secret: bytes | None) -> dict[str, Any]:
     """``material`` as a record keeps it: the digest of each declared environment value
     (``model.env``) replaced by its HMAC-SHA256 under the cache's ``secret``
-    (:mod:`~hyperexport.engine.record_secret`).
+    (:mod:`.record_secret`).
 
     The key is computed over the material itself, so it stays the same on every machine; a
     record holds no plain digest of a value (which a guess could be checked against), yet two
@@ -222,12 +222,13 @@ def explain(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> s
     """Why a stage whose key missed has to run, comparing with the previous build's material.
 
     Args:
-        previous: The material of this recipe's last build of the stage, or None.
+        previous: The material of this build's last run of the stage, or None.
         current: This build's material.
 
     Returns:
         A short reason such as ``"opset 18→17"``, ``"trace output changed"``,
-        ``"torch 2.12.0→2.13.0"`` or ``"model code changed (my_models)"``.
+        ``"numpy 1.26.4→2.0.0"``, ``"pkg code changed (a/b.py)"`` or
+        ``"model code changed (my_models)"``.
     """
     if previous is None:
         return "no previous build"
@@ -297,9 +298,10 @@ def _short(value: Any) -> str:
 
 
 def _code_change(name: str, old: Any, new: Any) -> str:
-    """``transformers 5.24.0→5.25.0``, ``transformers files 30e8a68b→5c0d3606``,
+    """``mylib 5.24.0→5.25.0``, ``mylib files 30e8a68b→5c0d3606``,
     ``my_models 1f2e3d4c→9a8b7c6d``, ``my_models added``: what changed of one top-level module
-    the recipe names (its fingerprint: :func:`hyperexport.builds.fingerprint.module_fingerprint`)."""
+    the model's configuration names (its fingerprint: ``kind``, ``version``, ``files``,
+    ``digest``)."""
     if not isinstance(old, Mapping):
         return f"{name} added"
     if not isinstance(new, Mapping):
@@ -335,9 +337,12 @@ def changed_files(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 
 
 def _code_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``pkg code changed (a/b.py, ...)``: the keyed package's files that changed (named by
+    their path relative to it; ``pkg`` is the first part of their recorded paths)."""
     changed = sorted(m for m in set(old) | set(new) if old.get(m) != new.get(m))
     if not changed:
         return []
-    shown = [c.removeprefix("hyperexport/") for c in changed[:_MAX_CHANGES]]
+    package = changed[0].partition("/")[0]
+    shown = [c.removeprefix(f"{package}/") for c in changed[:_MAX_CHANGES]]
     more = f", +{len(changed) - _MAX_CHANGES} more" if len(changed) > _MAX_CHANGES else ""
-    return [f"hyperexport code changed ({', '.join(shown)}{more})"]
+    return [f"{package} code changed ({', '.join(shown)}{more})"]

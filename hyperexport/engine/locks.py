@@ -10,7 +10,7 @@ it when its holder dies (``flock``), so a killed build never leaves a lock to de
 looks the key up again (another build may have committed it meanwhile), and computes it only
 if it is still missing. Others wait on the lock, then hit.
 
-**Scratch liveness** (shared with ``hyperexport cache gc``). A build takes the lock of a scratch
+**Scratch liveness** (shared with the collector, ``collector.py``). A build takes the lock of a scratch
 folder *before* it creates the folder and releases it *after* removing it, so a folder whose
 lock can be taken belongs to a dead build (:func:`scratch_is_live`). PIDs are never used: they
 mean nothing on storage shared between machines. Where the filesystem refuses locks, a folder

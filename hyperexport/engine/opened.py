@@ -5,25 +5,23 @@ Python raises an audit event for every file it opens (``open``: built-in ``open`
 One audit hook (:func:`sys.addaudithook`: it cannot be removed, so it is installed once per
 process and does nothing outside :func:`recording`) collects, per thread, the files opened
 while a stage that runs the model runs. The runner keys the regular files among them that were
-read by content, beside the modules that were loaded (:mod:`hyperexport.engine.discovered`).
+read by content, beside the modules that were loaded (:mod:`.discovered`).
 
 Not keyed:
 
 * what the stage wrote itself: a file it opened for writing, or whose status changed after the
-  recording began (created or rewritten by the stage, native code included: torch's exporter
-  writing an ONNX file, then reading it back). That is the build's own scratch space;
-* what native code opens without an audit event: safetensors and tokenizers reading a
-  checkpoint, the dynamic linker loading a library's dependencies. A checkpoint and every
-  file or folder a ``model:`` argument names are keyed by content already; anything else native
-  code reads must be declared;
+  recording began (created or rewritten by the stage, native code included: an exporter
+  writing a file, then reading it back). That is the build's own scratch space;
+* what native code opens without an audit event: a native library reading a checkpoint, the
+  dynamic linker loading a library's dependencies. Files the caller keys by content already
+  (a checkpoint, files the model's arguments name) are excluded; anything else native code
+  reads must be declared;
 * ``/proc``, ``/dev``, ``/sys``, ``__pycache__``, and the paths the caller excludes (the cache,
   the outputs, the files keyed already).
 
 A file in the temporary directory is keyed like any other: a model that reads
 ``/tmp/x/gain.json`` depends on it (an earlier design left the temporary directory out, and a
-changed ``gain.json`` was then a cache hit on every machine). What torch and transformers read
-there for themselves during a trace or export is nothing (measured on every recipe kind, both
-export paths: only the cache's own checkouts, which are excluded as the cache).
+changed ``gain.json`` was then a cache hit on every machine).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The cache's own random secret, which keys the digests of environment values in its records.
 
-A stage key covers the values of the environment variables a recipe declares (as SHA-256
+A stage key covers the values of the environment variables a build declares (as SHA-256
 digests, so that the same value gives the same key on every machine). The records a cache keeps
 for "why it reran" (``runs/``) hold the key material, but never such a digest: each is replaced
-by an HMAC-SHA256 under this secret (:func:`hyperexport.engine.keys.recorded_material`), so two
+by an HMAC-SHA256 under this secret (:func:`.keys.recorded_material`), so two
 records of one cache still tell whether a value changed, while a record shows nothing a guess of
 the value could be checked against without the secret, and the same value looks different in
 every cache. The secret is ``<cache>/index/record-secret`` (32 random bytes, mode 0600), made

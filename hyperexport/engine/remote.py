@@ -8,13 +8,13 @@ succeeded, as Bazel's remote cache is:
   names is streamed to a temporary file beside the local blob store, checked against its size
   and digest, and moved in; the local entry is written last. A bad remote entry or blob is a
   WARNING and a miss (the stage runs and its upload replaces it).
-* **Upload** (``remote_mode=read_write``): blobs first, the entry last, so a reader never meets
+* **Upload** (mode ``read_write``): blobs first, the entry last, so a reader never meets
   an entry whose blobs are missing. Object stores make each put atomic (a multipart upload,
   which s3fs uses for large files, streaming them from disk, appears only when completed); on
   other filesystems each object is written under a temporary name and moved into place.
   Blobs already on the remote are not uploaded again. A failed upload is a WARNING: the build
   still succeeds with its local result.
-* ``remote_mode=read_only`` never writes (pull-request CI).
+* mode ``read_only`` never writes (pull-request CI).
 * **Discovered dependencies** (``deps/<aa>/<declared key>.json``, see ``discovered.py``): a
   stage that runs user code is stored under a full key found through this record, so the
   record travels too. A build whose local record has no set that holds merges in the remote's
@@ -22,11 +22,11 @@ succeeded, as Bazel's remote cache is:
   remote's record, after the entry (:meth:`Remote.upload_deps`). Sets from another machine
   whose modules differ from this one's simply do not resolve: a miss, never a wrong hit.
 
-Credentials and endpoints are fsspec's ``storage_options`` (``build.storage_options``, or the
+Credentials and endpoints are fsspec's ``storage_options`` (the caller's, or the
 environment: ``AWS_*`` for s3fs, ``FSSPEC_<PROTOCOL>_<OPTION>`` for any fsspec filesystem).
 They are never written into reports or logs.
 
-The remote is never collected by hyperexport: give it a retention rule of its own (for S3, a
+The remote is never collected by the engine: give it a retention rule of its own (for S3, a
 bucket lifecycle rule expiring objects under the prefix after N days). Expiry may remove a
 blob before its entry; a download then misses and the stage runs again, so it is safe.
 """
@@ -40,11 +40,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from hyperexport.engine.discovered import DEPS_FORMAT, MAX_SETS, set_digest
-from hyperexport.engine.entries import ActionEntry
-from hyperexport.engine.hashing import atomic_write_json, sha256_file
-from hyperexport.engine.settings import READ_WRITE, REMOTE_MODES
-from hyperexport.errors import CacheUnavailableError
+from .discovered import DEPS_FORMAT, MAX_SETS, set_digest
+from .entries import ActionEntry
+from .errors import CacheUnavailableError
+from .hashing import atomic_write_json, sha256_file
+from .settings import READ_WRITE, REMOTE_MODES
 
 
 class LocalTier(Protocol):
@@ -305,6 +305,10 @@ class Remote:
         except FileNotFoundError:
             return False
 
+    def has_blob(self, digest: str, size: int) -> bool:
+        """Whether blob ``digest`` is on the remote with ``size`` bytes."""
+        return self._has(self.blob_path(digest), size)
+
     def _put_file(self, local: Path, remote: str) -> None:
         """Stream ``local`` to ``remote`` (multipart where the filesystem does it), atomically."""
         if self._atomic_put:
@@ -367,7 +371,7 @@ def _merge(first: list[Any], second: list[Any]) -> list[Any]:
 def remote_from_settings(
     url: str | None, mode: str, storage_options: Mapping[str, Any]
 ) -> Remote | None:
-    """The remote of ``build.remote`` (None when unset)."""
+    """The remote tier at ``url`` (None when unset), in ``mode``."""
     if not url:
         return None
     return Remote(url, mode=mode, storage_options=storage_options)

@@ -1,24 +1,25 @@
 """The staged runner: key every stage, reuse cache hits, run the rest, and say why.
 
-The runner is generic: it knows stages only through :class:`~hyperexport.engine.stage.Stage`.
-A stage that raises is reported as failed and leaves nothing in the cache.
+The runner is generic: it knows stages only through :class:`~.stage.Stage`, and the code it
+keys only as the package it is handed (:class:`~.code_closure.CodePackage`). A stage that raises
+is reported as failed (:class:`~.errors.StageFailed`) and leaves nothing in the cache.
 
-Keys (:mod:`hyperexport.engine.keys`): a stage's *declared* key covers its params, upstream
-outputs, libraries, the hyperexport code it runs and, if it runs user code, the model. A stage
-that runs user code (``needs_model``) stores its outputs under a *full* key that also covers the
-modules it had loaded (:mod:`hyperexport.engine.discovered`); a lookup first checks that one of
-the recorded module sets still holds.
+Keys (:mod:`.keys`): a stage's *declared* key covers its params, upstream outputs, libraries,
+the package code it runs and, if it runs user code, the model. A stage that runs user code
+(``needs_model``) stores its outputs under a *full* key that also covers the modules it had
+loaded (:mod:`.discovered`); a lookup first checks that one of the recorded module sets still
+holds.
 
 Cache faults heal rather than fail:
 
 * a corrupt entry found on lookup is a miss (the store warns and removes it);
-* a corrupt upstream met while a stage runs (a blob failing its digest on checkout, a record
-  naming a type this process has not registered: :class:`~hyperexport.errors.CorruptRecordError`)
-  discards that upstream entry, with a WARNING, and the build runs once more, rebuilding it;
+* a corrupt upstream met while a stage runs (a blob failing its digest on checkout, or a
+  :class:`~.errors.CorruptInputError` the stage raised) discards that upstream entry, with a
+  WARNING, and the build runs once more, rebuilding it;
 * single flight: a stage that misses takes the lock of its declared key and looks again before
   running, so concurrent builds compute each entry once (``locks.py``);
 * a cache that cannot be written serves hits; a stage that must run stops the build with
-  :class:`~hyperexport.errors.CacheUnavailableError` (exit code 3) before it starts.
+  :class:`~.errors.CacheUnavailableError` before it starts.
 """
 
 from __future__ import annotations
@@ -34,27 +35,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.engine import discovered, opened
-from hyperexport.engine.code_closure import ImportMemo, package_sources
-from hyperexport.engine.discovered import DiscoveredDeps
-from hyperexport.engine.entries import ActionEntry
-from hyperexport.engine.hashing import canonical_json
-from hyperexport.engine.keyed_imports import (
+from . import discovered, opened
+from .code_closure import CodePackage, ImportMemo, package_sources
+from .discovered import DiscoveredDeps
+from .entries import ActionEntry
+from .errors import CacheUnavailableError, CorruptInputError, StageFailed
+from .hashing import canonical_json
+from .keyed_imports import (
     active_bytecode_dir,
     default_bytecode_dir,
     keyed_imports,
 )
-from hyperexport.engine.keys import declared_material, explain, recorded_material, stage_key
-from hyperexport.engine.machinery import machinery
-from hyperexport.engine.record_secret import record_secret
-from hyperexport.engine.stage import Stage, StageInputs, recipe_slice
-from hyperexport.engine.store import CORRUPT, HIT, MISSING, CacheStore, CorruptBlobError, Lookup
-from hyperexport.engine.workspace import Workspace
-from hyperexport.errors import CacheUnavailableError, CorruptRecordError, StageError
+from .keys import declared_material, explain, recorded_material, stage_key
+from .machinery import machinery
+from .record_secret import record_secret
+from .stage import Stage, StageInputs, config_slice
+from .store import CORRUPT, HIT, MISSING, CacheStore, CorruptBlobError, Lookup
+from .workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 _KEEP_FAILED_LIMIT = 1 << 20
+#: The status of a stage that raised (a :class:`StageResult`'s, and a recorded run's).
+FAILED = "failed"
 #: Runs of one build: the second after discarding a corrupt upstream entry met mid-build.
 _ATTEMPTS = 2
 
@@ -92,41 +95,42 @@ class StageResult:
             return f"{self.name}: hit"
         if self.status == "would_run":
             return f"{self.name}: would run ({self.reason})"
-        if self.status == "failed":
+        if self.status == FAILED:
             return f"{self.name}: failed in {self.seconds:.2f}s"
         return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s"
 
 
-#: The variant of a build without swept values (:func:`hyperexport.builds.session.variant_dir`).
+#: The variant of a build without swept values.
 DEFAULT_VARIANT = "default"
 
 
 @dataclass(frozen=True)
 class BuildRequest:
-    """One build of one recipe.
+    """One build.
 
     Attributes:
-        recipe_name: Name used for run records (reasons) and messages.
-        recipe: The validated recipe as JSON-compatible data.
-        recipe_file: The recipe file, for messages.
+        name: The build's name: its run records (reasons) and messages.
+        config: The build's configuration as JSON-compatible data; each stage is handed the
+            slice it declares (``Stage.reads``).
+        source: Where the configuration came from (a file), for messages.
         stages: Stages in dependency order.
         env: Environment fingerprint (for the report; each stage keys its own libraries).
         model: Model fingerprint (code, weights, argument files), keyed by stages that run user
             code.
         force: Names of stages to rerun even on a hit.
         dry_run: Only report what would happen; write nothing.
-        code_roots: hyperexport modules the recipe names for its model (a factory in
-            ``hyperexport.zoo``): code that the stages running the model run besides their own.
+        code_roots: Modules of the keyed package the configuration names for its model (a
+            factory inside it): code that the stages running the model run besides their own.
         not_discovered: Paths whose reads are not discovered dependencies: keyed by content
-            already (the checkpoint, the files ``model:`` arguments name) or the build's own
-            (the outputs). The cache is excluded always.
+            already (a checkpoint, files the model's arguments name) or the build's own (its
+            outputs). The cache is excluded always.
         variant: The swept-values name (``"opset=17"``, ``"default"``): each variant keeps its
             own run records, so a sweep job's reasons compare with its own previous build.
     """
 
-    recipe_name: str
-    recipe: Mapping[str, Any]
-    recipe_file: str
+    name: str
+    config: Mapping[str, Any]
+    source: str
     stages: Sequence[Stage]
     env: Mapping[str, Any]
     model: Mapping[str, Any]
@@ -138,10 +142,11 @@ class BuildRequest:
 
     @property
     def run_name(self) -> str:
-        """The name of this variant's run records: the recipe's, plus ``@variant`` unless default."""
+        """The name of this variant's run records: the build's, plus ``@variant`` unless
+        default."""
         if self.variant == DEFAULT_VARIANT:
-            return self.recipe_name
-        return f"{self.recipe_name}@{self.variant}"
+            return self.name
+        return f"{self.name}@{self.variant}"
 
 
 @dataclass
@@ -160,7 +165,7 @@ class BuildResult:
 
     stages: list[StageResult] = field(default_factory=list)
     entries: dict[str, ActionEntry] = field(default_factory=dict)
-    error: StageError | None = None
+    error: StageFailed | None = None
     failed_files: dict[str, str] = field(default_factory=dict)
     declared: dict[str, Mapping[str, str]] = field(default_factory=dict)
 
@@ -193,18 +198,6 @@ class _Memo:
             log.debug("released the live model")
 
 
-def _module_path_of(error: BaseException) -> str | None:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        path = getattr(current, "module_path", None)
-        if path:
-            return str(path)
-        current = current.__cause__ or current.__context__
-    return None
-
-
 class Runner:
     """Runs a :class:`BuildRequest` against a :class:`CacheStore`.
 
@@ -217,12 +210,25 @@ class Runner:
         store: The cache.
         load_model: Loads the live model; called at most once per build, and only if a stage
             with ``needs_model`` actually runs.
+        package: The package whose code the stages' keys cover (the modules each stage's
+            module imports, :mod:`.code_closure`); None: no code is keyed.
     """
 
-    def __init__(self, store: CacheStore, load_model: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        store: CacheStore,
+        load_model: Callable[[], Any] | None = None,
+        package: CodePackage | None = None,
+    ) -> None:
         self.store = store
         self.load_model = load_model
-        self.discovered = DiscoveredDeps(store.root, store.index, read_only=store.read_only)
+        self.package = package
+        self.discovered = DiscoveredDeps(
+            store.root,
+            store.index,
+            read_only=store.read_only,
+            package=package.name if package is not None else None,
+        )
         self.imports = ImportMemo(store.root / "index" / "imports.json", read_only=store.read_only)
         self._final = True
         #: Paths opened by the stages that ran the model in this build (``opened.py``): the
@@ -288,7 +294,7 @@ class Runner:
                 outcome.status, logging.INFO
             )
             log.log(level, "%s", outcome.line())
-            if outcome.status == "failed":
+            if outcome.status == FAILED:
                 break
         self.store.save_index()
         self.imports.save()
@@ -327,12 +333,12 @@ class Runner:
             upstream,
             model=request.model,
             code_roots=request.code_roots,
-            sources=package_sources(memo=self.imports),
+            sources=package_sources(self.package, memo=self.imports) if self.package else {},
         )
 
     def _recorded(self, material: dict[str, Any]) -> dict[str, Any]:
         """``material`` as the run records keep it: no plain digest of an environment value
-        (:func:`~hyperexport.engine.keys.recorded_material`, under the cache's secret)."""
+        (:func:`~.keys.recorded_material`, under the cache's secret)."""
         model = material.get("model")
         if not isinstance(model, Mapping) or not model.get("env"):
             return material
@@ -371,11 +377,11 @@ class Runner:
         upstream_dir: Callable[[str], Path],
     ) -> StageResult:
         start = time.perf_counter()
-        params = recipe_slice(request.recipe, stage.reads)
+        params = config_slice(request.config, stage.reads)
         own_run = self.store.previous_run(request.run_name, stage.name)
-        previous = own_run  # a variant's first build compares with the recipe's default variant
+        previous = own_run  # a variant's first build compares with the build's default variant
         if own_run is None and request.variant != DEFAULT_VARIANT:
-            previous = self.store.previous_run(request.recipe_name, stage.name)
+            previous = self.store.previous_run(request.name, stage.name)
         waiting = [u for u in stage.upstream if u in pending]
         if waiting:  # dry run only: the upstream outputs (and so this key) are not known yet
             material = self._material(request, stage, params, {})
@@ -397,7 +403,7 @@ class Runner:
             assert lookup.entry is not None and key is not None
             result.entries[stage.name] = lookup.entry
             if not request.dry_run and _record_outdated(own_run, key, material):
-                record = _record(key, declared, material, "ok", request.recipe_name)
+                record = _record(key, declared, material, "ok", request.name)
                 self.store.record_run(request.run_name, stage.name, record)
             return StageResult(stage.name, HIT, key, "", time.perf_counter() - start)
         reason = _reason(forced, lookup.status, stale, previous, declared, material)
@@ -407,7 +413,7 @@ class Runner:
         inputs = StageInputs(
             upstream={u: upstream_dir(u) for u in stage.upstream},
             model=model if stage.needs_model else _no_model(stage.name),
-            recipe_file=request.recipe_file,
+            source=request.source,
             digests=upstream,
         )
         status, detail, key = self._execute(
@@ -417,7 +423,7 @@ class Runner:
             stage.name,
             status,
             key,
-            detail if status == "failed" else reason,
+            detail if status == FAILED else reason,
             time.perf_counter() - start,
         )
 
@@ -522,19 +528,17 @@ class Runner:
                     stage.run(params, inputs, out_dir)
             except Exception as e:
                 _raise_if_refused(e, self.store.root, "cache")
-                if stage.upstream and not self._final and _is_corrupt_record(e):
+                if stage.upstream and not self._final and _is_corrupt_input(e):
                     keys = tuple(result.entries[u].key for u in stage.upstream)
                     raise _CorruptUpstream(f"stage {stage.name}: {e}", keys) from e
-                result.error = StageError(stage.name, e, _module_path_of(e))
-                result.error.__cause__ = e
+                result.error = StageFailed(stage.name, e)
                 result.failed_files = _small_text_files(out_dir)
                 status = "failed"
             else:
                 missing = missing_outputs(stage.outputs(material["params"]), out_dir)
                 if missing:  # never commit an incomplete entry
                     error = RuntimeError(f"stage {stage.name} did not write {', '.join(missing)}")
-                    result.error = StageError(stage.name, error)
-                    result.error.__cause__ = error
+                    result.error = StageFailed(stage.name, error)
                     return "failed", f"RuntimeError: {error}", key
                 key = self._output_key(request, stage, declared)
                 with machinery(), _refusals_are_unavailable(self.store.root, "cache"):
@@ -542,7 +546,7 @@ class Runner:
                         key,
                         stage.name,
                         out_dir,
-                        recipe=request.recipe_name,
+                        build=request.name,
                         params=material["params"],
                         known=self.workspace.digest_of if self.workspace is not None else None,
                     )
@@ -552,7 +556,7 @@ class Runner:
         self.store.record_run(
             request.run_name,
             stage.name,
-            _record(key, declared, material, status, request.recipe_name),
+            _record(key, declared, material, status, request.name),
         )
         if result.error is not None and result.error.stage == stage.name:
             cause = result.error.__cause__
@@ -561,7 +565,7 @@ class Runner:
 
 
 #: A filesystem refusing writes: full, read-only, not permitted, over quota. In the cache or the
-#: outputs, this is the environment's fault, not the build's: exit code 3, naming the directory.
+#: outputs, this is the environment's fault, not the build's: naming the directory.
 REFUSED = frozenset(
     e
     for e in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, getattr(errno, "EDQUOT", None))
@@ -598,11 +602,11 @@ class _CorruptUpstream(Exception):
         self.keys = keys
 
 
-def _is_corrupt_record(error: BaseException) -> bool:
+def _is_corrupt_input(error: BaseException) -> bool:
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
-        if isinstance(current, CorruptRecordError):
+        if isinstance(current, CorruptInputError):
             return True
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -612,25 +616,24 @@ def _is_corrupt_record(error: BaseException) -> bool:
 def _failed(stage: str, error: _CorruptUpstream, result: BuildResult) -> StageResult:
     """The outcome of a stage whose upstream is still corrupt after a rebuild."""
     cause = error.__cause__ or error
-    result.error = StageError(stage, cause)
-    result.error.__cause__ = cause
+    result.error = StageFailed(stage, cause)
     return StageResult(stage, "failed", None, f"{type(cause).__name__}: {cause}", 0.0)
 
 
 def _record(
-    key: str, declared: str, material: Mapping[str, Any], status: str, recipe: str
+    key: str, declared: str, material: Mapping[str, Any], status: str, build: str
 ) -> dict[str, Any]:
     return {
         "key": key,
         "declared": declared,
         "status": status,
         "material": dict(material),
-        "recipe": recipe,  # the records of a sweep variant live under <recipe>@<variant>
+        "build": build,  # the records of a sweep variant live under <build>@<variant>
     }
 
 
 def _record_outdated(own: Mapping[str, Any] | None, key: str, material: Mapping[str, Any]) -> bool:
-    """Whether a hit must rewrite the recipe's run record: another key, or (for a model that
+    """Whether a hit must rewrite the build's run record: another key, or (for a model that
     reads declared environment variables) material recorded otherwise, such as a plain digest
     of a value written before records keyed them (``recorded_material``)."""
     if own is None or own.get("key") != key:
@@ -662,7 +665,7 @@ def _reason(
     if stale:  # a module the stage loaded last time changed (discovered dependencies)
         return stale
     if previous is not None and previous.get("declared", previous.get("key")) == declared:
-        return "previous run failed" if previous.get("status") == "failed" else "not in cache"
+        return "previous run failed" if previous.get("status") == FAILED else "not in cache"
     prev_material = previous.get("material") if previous else None
     return explain(prev_material if isinstance(prev_material, Mapping) else None, material)
 

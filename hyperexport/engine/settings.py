@@ -1,6 +1,6 @@
 """Values of the engine's settings that whoever configures a build validates against.
 
-A module of its own, importing nothing: a recipe schema that checks ``build.remote_mode`` does
+A module of its own, importing nothing: a settings schema that checks the remote's mode does
 not load the remote tier (nor put its code into the keys of the stages that load the schema).
 """
 

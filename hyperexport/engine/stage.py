@@ -15,14 +15,15 @@ class Stage(Protocol):
         name: Unique stage name (``"trace"``); also the key of its outputs for later stages.
         version: Bumped whenever the stage's logic changes; part of the key.
         upstream: Names of the stages whose outputs this stage reads.
-        reads: Dotted recipe paths this stage depends on (its *recipe slice*). ``run`` receives
-            exactly this slice as ``params``, so a stage cannot read what it did not declare.
+        reads: Dotted paths of the build's configuration this stage depends on (its *slice*).
+            ``run`` receives exactly this slice as ``params``, so a stage cannot read what it
+            did not declare.
         needs_model: Whether ``run`` calls ``inputs.model()`` (the live model). Such a stage
             runs user code: its key also covers the model's code and weights, and the modules
             it had loaded when it finished (discovered dependencies, validated on lookup).
-        libraries: Distributions whose versions shape the stage's result (``"onnxruntime"``);
-            their versions, and Python's, are part of its key. The hyperexport code it runs
-            is found from its module's imports (:mod:`hyperexport.engine.code_closure`).
+        libraries: Distributions whose versions shape the stage's result (``"numpy"``); their
+            versions, and Python's, are part of its key. The code of the keyed package it runs
+            is found from its module's imports (:mod:`.code_closure`).
         publish: Glob patterns of output files copied to the build's outputs directory.
     """
 
@@ -39,13 +40,13 @@ class Stage(Protocol):
         cache entry of the stage must hold.
 
         A function of the params alone, as keyed (a path-valued argument is
-        :data:`~hyperexport.engine.keys.FILE_PARAM`): a file whose presence depends on a field
-        (``quantize.method``, ``task``) is declared for the values that write it, and a file
-        that depends on content (an external data file, the tokenizer files a checkpoint may
-        have) is not declared. The runner refuses to commit a run that lacks one, and treats an
-        entry that lacks one as a miss; ``cache verify`` recomputes it from the params recorded
-        in the entry. An entry's own list of files is never the measure. The names are what
-        reports call the files (``model``, ``check``).
+        :data:`~.keys.FILE_PARAM`): a file whose presence depends on a field is declared for
+        the values that write it, and a file that depends on content (a data file sized by
+        its contents, files a model folder may or may not have) is not declared. The runner
+        refuses to commit a run that lacks one, and treats an entry that lacks one as a miss;
+        :func:`~.verify.verify` recomputes it from the params recorded in the entry. An
+        entry's own list of files is never the measure. The names are what reports call the
+        files (``model``, ``report``).
         """
         ...
 
@@ -61,20 +62,20 @@ class StageInputs:
     Attributes:
         upstream: ``{stage name: directory}`` holding that upstream stage's output files
             (verified copies of the cached files; treat them as read-only). A large file is
-            held once per build (``engine/workspace.py``): it is a regular file in the folder
+            held once per build (``workspace.py``): it is a regular file in the folder
             of the stage that runs now, and a symlink to it where an earlier stage read it. An
             output that is an input unchanged may be written as a symlink to that input file:
             the cache records it under the input's digest without copying it.
         model: Returns the live model, loading it at most once per build (memoised by the
             runner so that trace and export share one load).
-        recipe_file: The recipe file, for error messages.
+        source: Where the build's configuration came from, for error messages.
         digests: ``{stage name: {relative path: sha256}}`` of the upstream outputs: the digests
             the stage's key covers (a stage that vouches for files names them by these).
     """
 
     upstream: Mapping[str, Path]
     model: Callable[[], Any]
-    recipe_file: str = ""
+    source: str = ""
     digests: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def dir(self, stage: str) -> Path:
@@ -90,15 +91,15 @@ class StageInputs:
         return self.digests[stage][path]
 
 
-def recipe_slice(recipe: Mapping[str, Any], reads: tuple[str, ...]) -> dict[str, Any]:
-    """The sub-dictionary of ``recipe`` made of the dotted paths ``reads`` (absent -> None).
+def config_slice(config: Mapping[str, Any], reads: tuple[str, ...]) -> dict[str, Any]:
+    """The sub-dictionary of ``config`` made of the dotted paths ``reads`` (absent -> None).
 
-    Example: ``recipe_slice(r, ("opset", "check.atol"))`` -> ``{"opset": 18, "check": {"atol": ..}}``.
+    Example: ``config_slice(c, ("opset", "check.atol"))`` -> ``{"opset": 18, "check": {"atol": ..}}``.
     """
     out: dict[str, Any] = {}
     for path in reads:
         parts = path.split(".")
-        value: Any = recipe
+        value: Any = config
         for part in parts:
             value = value.get(part) if isinstance(value, Mapping) else None
         target = out

@@ -5,14 +5,15 @@ Layout under the cache root::
     blobs/<aa>/<sha256>          file contents, named by their digest (read-only)
     actions/<aa>/<key>.json      one committed stage run: its output files and their digests;
                                  the file's mtime is the entry's last use (refreshed on every hit)
-    runs/<recipe>/<stage>.json   the key material of the last build of a recipe (for reasons)
+    runs/<build>/<stage>.json    the key material of a build's last run of a stage (for reasons)
     index/files.json             size/mtime -> digest fast path
     index/record-secret          keys the digests of env values in runs/ (``record_secret.py``)
     tmp/<name>/                  scratch folders of running builds (same filesystem: a stage's
                                  output files are moved into blobs/, not copied)
     locks/                       per-key and per-scratch lock files (see ``locks.py``)
 
-Rules other tools (``hyperexport cache ...``) rely on:
+Rules the maintenance (``inventory.py``, ``collector.py``, ``verify.py``, ``sync.py``) and
+other tools rely on:
 
 * Writes go to a temporary name and are renamed into place. **Blobs are written before the
   entry that names them**: a reader (or a crash) never meets an entry pointing at missing data.
@@ -24,10 +25,10 @@ Rules other tools (``hyperexport cache ...``) rely on:
   A bad entry or blob is a WARNING and a miss, and is removed; nothing is unpickled, imported
   or called by a name the cache holds.
 * A scratch folder belongs to a live build while its lock is held
-  (:func:`~hyperexport.engine.locks.scratch_is_live`).
+  (:func:`~.locks.scratch_is_live`).
 
 A cache the process cannot write to still serves hits (:func:`open_store`); a stage that must
-run then fails with :class:`~hyperexport.errors.CacheUnavailableError` (exit code 3).
+run then fails with :class:`~.errors.CacheUnavailableError`.
 """
 
 from __future__ import annotations
@@ -45,15 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from hyperexport.engine import locks
-from hyperexport.engine.cache_dir import ENV_CACHE_DIR
-from hyperexport.engine.entries import ActionEntry, OutputFile
-from hyperexport.engine.hashing import FileDigestIndex, atomic_write_json, sha256_file
-from hyperexport.errors import CacheUnavailableError
-from hyperexport.files import clone_or_copy
+from . import locks
+from .entries import ActionEntry, OutputFile
+from .errors import CacheUnavailableError
+from .files import clone_or_copy
+from .hashing import FileDigestIndex, atomic_write_json, sha256_file
 
 if TYPE_CHECKING:
-    from hyperexport.engine.remote import Remote
+    from .remote import Remote
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,14 @@ class Lookup:
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-def open_store(root: Path, *, dry_run: bool = False, remote: Remote | None = None) -> CacheStore:
+def open_store(
+    root: Path,
+    *,
+    dry_run: bool = False,
+    remote: Remote | None = None,
+    configured_by: str = "",
+    writable_hint: str = "",
+) -> CacheStore:
     """Open the cache at ``root`` for a build, checking first that it can be used.
 
     A missing cache directory is created. One this process cannot write to (a read-only
@@ -101,16 +108,18 @@ def open_store(root: Path, *, dry_run: bool = False, remote: Remote | None = Non
         root: The cache directory.
         dry_run: Plan only: open read-only, create nothing.
         remote: The remote tier, if any (see ``remote.py``).
+        configured_by: Where the directory was set, for the messages (``"build.cache_dir"``).
+        writable_hint: What to do when a stage must run and it is read-only (for the message
+            of :meth:`CacheStore.require_writable`).
 
     Raises:
         CacheUnavailableError: ``root`` (or a parent) is not a directory, or cannot be created.
     """
     if root.exists() and not root.is_dir():
-        raise CacheUnavailableError(
-            f"cache directory {root} is not a directory (build.cache_dir / ${ENV_CACHE_DIR})"
-        )
+        where = f" ({configured_by})" if configured_by else ""
+        raise CacheUnavailableError(f"cache directory {root} is not a directory{where}")
     if dry_run:
-        return CacheStore(root, read_only=True, remote=remote)
+        return CacheStore(root, read_only=True, remote=remote, writable_hint=writable_hint)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -124,8 +133,8 @@ def open_store(root: Path, *, dry_run: bool = False, remote: Remote | None = Non
     except OSError as e:
         reason = e.strerror or str(e)
         log.warning("cache %s is not writable (%s): serving hits only", root, reason)
-        return CacheStore(root, read_only=True, unwritable=reason)
-    store = CacheStore(root, remote=remote)
+        return CacheStore(root, read_only=True, unwritable=reason, writable_hint=writable_hint)
+    store = CacheStore(root, remote=remote, writable_hint=writable_hint)
     locks.remove_dead_scratch(root)
     return store
 
@@ -143,6 +152,7 @@ class CacheStore:
         remote: A remote tier: a local miss is looked up there, and committed entries are
             uploaded to it (see ``remote.py``). Used only by stores that can write, and by dry
             runs (which read remote entries without downloading their blobs).
+        writable_hint: What to do when a stage must run and the store is read-only.
     """
 
     def __init__(
@@ -152,8 +162,10 @@ class CacheStore:
         read_only: bool = False,
         unwritable: str | None = None,
         remote: Remote | None = None,
+        writable_hint: str = "",
     ) -> None:
         self.root = root
+        self.writable_hint = writable_hint or "make it writable"
         self.unwritable = unwritable
         self.read_only = read_only or unwritable is not None
         self.remote = remote if unwritable is None else None
@@ -167,8 +179,8 @@ class CacheStore:
     def action_path(self, key: str) -> Path:
         return self.root / "actions" / key[:2] / f"{key}.json"
 
-    def run_record_path(self, recipe: str, stage: str) -> Path:
-        safe = re.sub(r"[^A-Za-z0-9_.=-]+", "_", recipe) or "_"
+    def run_record_path(self, build: str, stage: str) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.=-]+", "_", build) or "_"
         return self.root / "runs" / safe / f"{stage}.json"
 
     # -- lookups -----------------------------------------------------------------------------
@@ -207,7 +219,7 @@ class CacheStore:
             if not self.read_only:
                 path.unlink(missing_ok=True)
             return Lookup(CORRUPT, detail=detail)
-        if not self.mark_used(key):  # removed meanwhile (cache gc): its blobs may go too
+        if not self.mark_used(key):  # removed meanwhile (the collector): its blobs may go too
             return Lookup(MISSING)
         return Lookup(HIT, entry)
 
@@ -225,8 +237,7 @@ class CacheStore:
         if self.unwritable is not None:
             raise CacheUnavailableError(
                 f"cache directory {self.root} is read-only ({self.unwritable}) and stage "
-                f"{stage!r} must run: make it writable, or set build.cache_dir to a writable "
-                "directory"
+                f"{stage!r} must run: {self.writable_hint}"
             )
 
     def _verify_blob(self, f: OutputFile, *, full: bool) -> None:
@@ -246,7 +257,7 @@ class CacheStore:
     def scratch(self, prefix: str) -> Iterator[Path]:
         """A fresh directory on the cache's filesystem, removed on exit.
 
-        It is tied to a lock held while the block runs, so a later build (or ``cache gc``) can
+        It is tied to a lock held while the block runs, so a later build (or the collector) can
         tell it from the scratch of a dead build (:func:`locks.remove_dead_scratch`).
         """
         if self.read_only:
@@ -269,7 +280,7 @@ class CacheStore:
         stage: str,
         out_dir: Path,
         *,
-        recipe: str | None = None,
+        build: str | None = None,
         params: Mapping[str, Any] | None = None,
         known: Callable[[Path], str | None] | None = None,
     ) -> ActionEntry:
@@ -282,9 +293,9 @@ class CacheStore:
         see ``workspace.py``): it is recorded under that file's digest, whose blob the store
         already has, without reading or copying anything. Any other symlink is refused.
 
-        ``recipe`` (the building recipe's name) is recorded in the entry for ``cache ls``, and
-        ``params`` (the stage's params as keyed) for ``cache verify``, which recomputes the
-        stage's declared outputs from them.
+        ``build`` (the name of the build) is recorded in the entry for the inventory, and
+        ``params`` (the stage's params as keyed) for :func:`~.verify.verify`, which recomputes
+        the stage's declared outputs from them.
 
         Raises:
             ValueError: ``out_dir`` holds a symlink ``known`` does not vouch for.
@@ -309,7 +320,7 @@ class CacheStore:
                 self._put_blob(path, digest, size, move=True)
             outputs.append(OutputFile(rel, digest, size))
         entry = ActionEntry(
-            key=key, stage=stage, outputs=tuple(outputs), recipe=recipe, params=dict(params or {})
+            key=key, stage=stage, outputs=tuple(outputs), build=build, params=dict(params or {})
         )
         self.write_entry(entry)
         if self.remote is not None:
@@ -337,7 +348,7 @@ class CacheStore:
             try:
                 os.chmod(src, _READ_ONLY)
                 os.replace(src, blob)
-                os.utime(blob)  # written now, for ``cache gc``'s grace period
+                os.utime(blob)  # written now, for the collector's grace period
                 return
             except OSError as e:  # the scratch space is on another filesystem
                 log.warning("cannot move %s into the cache (%s); copying it", src.name, e)
@@ -354,7 +365,7 @@ class CacheStore:
         """Materialise ``entry``'s files under ``dest``: reflinks where possible, else copies.
 
         Every file is verified against its digest as it is written. (A build checks out through
-        :class:`~hyperexport.engine.workspace.Workspace`, which holds a large blob once.)
+        :class:`~.workspace.Workspace`, which holds a large blob once.)
 
         Raises:
             CorruptBlobError: A blob is missing or corrupt (it has been removed).
@@ -395,9 +406,9 @@ class CacheStore:
         return None
 
     # -- previous runs (for reasons) ---------------------------------------------------------
-    def previous_run(self, recipe: str, stage: str) -> dict[str, Any] | None:
-        """The record written by :meth:`record_run` for this recipe and stage, if readable."""
-        path = self.run_record_path(recipe, stage)
+    def previous_run(self, build: str, stage: str) -> dict[str, Any] | None:
+        """The record written by :meth:`record_run` for this build and stage, if readable."""
+        path = self.run_record_path(build, stage)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -407,20 +418,20 @@ class CacheStore:
             return None
         return data if isinstance(data, dict) else None
 
-    def record_run(self, recipe: str, stage: str, record: dict[str, Any]) -> None:
-        """Remember the key material (and outcome) of this recipe's latest run of ``stage``."""
+    def record_run(self, build: str, stage: str, record: dict[str, Any]) -> None:
+        """Remember the key material (and outcome) of this build's latest run of ``stage``."""
         if not self.read_only:
-            atomic_write_json(self.run_record_path(recipe, stage), record)
+            atomic_write_json(self.run_record_path(build, stage), record)
 
     def save_index(self) -> None:
         if not self.read_only:
             self.index.save()
 
-    # -- inventory (for the ``cache`` commands: ls, show, verify, gc) ----------------------
+    # -- inventory (for the maintenance: inventory, verify, collector) ---------------------
     def mark_used(self, key: str) -> bool:
         """Record a use of ``key``'s entry (its file's mtime) for least-recently-used eviction.
 
-        ``cache gc`` re-reads an entry's time after taking it out of place and puts it back if
+        The collector re-reads an entry's time after taking it out of place and puts it back if
         it was used meanwhile, so a hit recorded here is never evicted under a running build.
 
         Returns:
@@ -441,7 +452,7 @@ class CacheStore:
 
     def _reusable(self, blob: Path, size: int) -> bool:
         """Whether ``blob`` is there with ``size`` bytes; if so, give it a fresh mtime, so that
-        ``cache gc`` (which never deletes a blob younger than its grace period, and re-reads the
+        the collector (which never deletes a blob younger than its grace period, and re-reads the
         time after taking a blob out of place) keeps it for the entry being committed.
 
         False when it is missing or gone meanwhile: the caller writes it (again).

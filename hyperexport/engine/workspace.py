@@ -1,12 +1,11 @@
 """A build's checkouts: upstream outputs as files for the stages that read them, large ones once.
 
 On a filesystem without reflinks (ext4, tmpfs) every checkout of a blob is a full copy, and a
-model's external data is read by several stages (rewrite reads the export's
-``units/weights.data``; check reads the rewrite's ``model.onnx.data``, the same bytes). Links do
-not help there: onnx refuses external data that is a symlink or has several hard links, and
-onnx_ir and ONNX Runtime refuse a symlink that leaves the model's folder (measured with onnx
-1.23, onnx-ir 1.1, onnxruntime 1.32). The data must be a regular file, with one name, in the
-folder of the model that uses it.
+large data file may be read by several stages (one stage's output weights are the next
+stage's input, then the one after reads the same bytes again under another name). Links do
+not help there: the readers of such files may refuse a data file that is a symlink, has
+several hard links, or leaves its model's folder (the product's ARCHITECTURE names the ones
+measured). The data must be a regular file, with one name, in the folder of its reader.
 
 So a :class:`Workspace` holds **one** regular copy of each large blob per build
 (:data:`ONE_COPY_MIN` bytes or more), verified against its digest when it is copied out:
@@ -14,8 +13,8 @@ So a :class:`Workspace` holds **one** regular copy of each large blob per build
 * a later checkout of the same digest *moves* that copy to its new place and leaves a relative
   symlink at the old one (stages run one at a time, and the stage about to run reads the new
   place; the old one stays readable as a file);
-* a stage output that is a symlink to a file of the workspace (the rewrite stage's
-  ``model.onnx.data`` when no pass appended a tensor) is committed under that file's digest
+* a stage output that is a symlink to a file of the workspace (an input a stage passes on
+  unchanged, under another name) is committed under that file's digest
   without reading or copying it (:meth:`digest_of`, used by :meth:`CacheStore.commit`);
 * after the build, publishing takes the copy (:meth:`hand_over`): moved into the publication
   instead of copied from the blob again.
@@ -41,8 +40,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperexport.engine.entries import ActionEntry, OutputFile
-from hyperexport.engine.store import CacheStore
+from .entries import ActionEntry, OutputFile
+from .store import CacheStore
 
 log = logging.getLogger(__name__)
 

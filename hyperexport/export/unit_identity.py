@@ -71,17 +71,6 @@ def _relative(path: str, parent: str) -> str:
     return path[len(parent) + 1 :] if parent and path.startswith(parent + ".") else path
 
 
-def call_signature(
-    call: ModuleCall,
-    record: CaptureRecord,
-    meta: Mapping[str, TensorMeta],
-    modules: Mapping[str, torch.nn.Module],
-    mode: FunctionMode,
-) -> str:
-    """Canonical JSON of everything that decides the call's graph in ``mode``."""
-    return json.dumps(_signature_data(call, record, meta, modules, mode), sort_keys=True)
-
-
 def _signature_data(
     call: ModuleCall,
     record: CaptureRecord,

@@ -8,11 +8,13 @@ initializers with equal values, so a weight's state-dict name is not always its 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import onnx_ir as ir
 
 from hyperexport.contracts.bundle import ExportBundle
 from hyperexport.contracts.manifest import FUNCTION_DOMAIN, CallSite, ExportManifest, FunctionEntry
-from hyperexport.contracts.names import probe_key
+from hyperexport.contracts.names import FUSED_OPS, op_id, probe_key
 from hyperexport.contracts.records import CaptureRecord, ModuleCall, leaf_names, tree_tensor_keys
 from hyperexport.errors import RewriteError
 from hyperexport.options import PER_TYPE
@@ -71,8 +73,11 @@ def _call_sites(
         _call_sites(model, function.graph, call, record, actual, sites)
 
 
-def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord) -> ExportManifest:
-    """Describe ``model``'s functions and call sites in terms of the capture's tensors."""
+def build_manifest(
+    model: ir.Model, bundle: ExportBundle, record: CaptureRecord, fusion: str = "none"
+) -> ExportManifest:
+    """Describe ``model``'s functions and call sites in terms of the capture's tensors (and,
+    after a fusion, the fused kernels in each function)."""
     sites: dict[str, CallSite] = {}
     _call_sites(model, model.graph, None, record, None, sites)
     used: dict[str, tuple[str, list[str], str]] = {}
@@ -85,7 +90,14 @@ def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord)
             if call.path not in paths:
                 paths.append(call.path)
     entries = [
-        FunctionEntry(FUNCTION_DOMAIN, name, class_name, tuple(paths), reason)
+        FunctionEntry(
+            FUNCTION_DOMAIN,
+            name,
+            class_name,
+            tuple(paths),
+            reason,
+            _fused_ops(_function(model, name), fusion),
+        )
         for name, (class_name, paths, reason) in used.items()
     ]
     missing = [c.call_id for c in record.calls if c.call_id not in sites]
@@ -106,7 +118,21 @@ def build_manifest(model: ir.Model, bundle: ExportBundle, record: CaptureRecord)
         probe_outputs=tuple(probe_key(k) for k in tree_tensor_keys(record.outputs))
         if probe
         else (),
+        fusion=fusion,
     )
+
+
+def _function(model: ir.Model, name: str) -> ir.Function:
+    return next(
+        f for f in model.functions.values() if (f.domain, f.name) == (FUNCTION_DOMAIN, name)
+    )
+
+
+def _fused_ops(function: ir.Function, fusion: str) -> tuple[tuple[str, int], ...]:
+    """``(op, nodes)`` of the kernels fusion ``fusion`` writes, in the body of ``function``."""
+    fused = set(FUSED_OPS.get(fusion, ()))
+    counts = Counter(op_id(n.domain, n.op_type) for n in function)
+    return tuple(sorted((op, n) for op, n in counts.items() if op in fused))
 
 
 def _graph_input_keys(

@@ -22,7 +22,7 @@ from onnx_ir.passes.common import (
 
 from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
 from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.names import UNITS_DIR
+from hyperexport.contracts.names import NO_FUSION, UNITS_DIR
 from hyperexport.contracts.records import CaptureRecord
 from hyperexport.errors import RewriteError
 from hyperexport.options import PER_INSTANCE, ExportOptions
@@ -31,7 +31,6 @@ from hyperexport.passes.compose_functions import ComposeFunctionsPass, function_
 from hyperexport.passes.fold_leftovers import FoldLeftoversPass
 from hyperexport.passes.fuse_constants import FuseConstantsIntoFunctionsPass
 from hyperexport.passes.optimize import OptimizeKeepFunctionsPass
-from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.passes.prune_function_io import PruneFunctionIOPass
 from hyperexport.passes.specialize_instances import SpecializePerInstancePass
 from hyperexport.passes.weights_as_initializers import WeightsAsInitializersPass
@@ -88,6 +87,13 @@ def _specialize(inputs: PassInputs) -> SpecializePerInstancePass:
     )
 
 
+def _fuse(inputs: PassInputs) -> ir.passes.PassBase:
+    # Imported here: onnxscript's rewriter (tens of MB) loads only when a fusion runs.
+    from hyperexport.passes.fuse_ops import FuseOpsPass
+
+    return FuseOpsPass(inputs.options.rewrite.fuse)
+
+
 #: The pipeline, in order.
 PASSES: tuple[PassEntry, ...] = (
     PassEntry(
@@ -116,9 +122,9 @@ PASSES: tuple[PassEntry, ...] = (
         lambda i: FoldLeftoversPass(),
     ),
     PassEntry(
-        "promote_attention",
-        lambda i: i.options.attention.promote_opset24,
-        lambda i: PromoteAttentionToOpset24Pass(),
+        "fuse",
+        lambda i: i.options.rewrite.fuse != NO_FUSION,
+        _fuse,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),
@@ -206,4 +212,4 @@ def compose_model(
     units = load_units(bundle_dir, bundle)
     model = units.pop("root")
     run_passes(model, PassInputs(options, bundle, record, units))
-    return model, build_manifest(model, bundle, record)
+    return model, build_manifest(model, bundle, record, options.rewrite.fuse)

@@ -6,7 +6,8 @@ has the inputs ``Q, K, V[, attn_mask]`` and the attributes ``is_causal``, ``scal
 input is used (causal alignment is upper-left in both). The pass:
 
 * rewrites each such node in place, in the main graph, in every function, and in subgraphs;
-* keeps ``q_num_heads``/``kv_num_heads`` for 3-D inputs, drops them for 4-D inputs;
+* keeps ``q_num_heads``/``kv_num_heads`` for 3-D inputs, drops them for 4-D inputs, and drops
+  ``causal_hint`` (the mask says it all);
 * raises the default-domain opset import to 24 in the model and in every function that imports
   the default domain (and, where needed, the IR version), and drops the custom domain's import;
 * refuses, with :class:`~hyperexport.errors.RewriteError`, what it cannot promote faithfully.
@@ -22,7 +23,7 @@ import logging
 
 import onnx_ir as ir
 
-from hyperexport.contracts.names import ATTENTION_DOMAIN, PROMOTED_OPSET
+from hyperexport.contracts.names import ATTENTION_ATTRIBUTES, ATTENTION_DOMAIN, PROMOTED_OPSET
 from hyperexport.errors import RewriteError
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ TARGET_OPSET = PROMOTED_OPSET
 # IR version required by opset 24 (onnx.helper.find_min_ir_version_for).
 TARGET_IR_VERSION = 12
 
-_KNOWN_ATTRIBUTES = frozenset({"is_causal", "scale", "softcap", "q_num_heads", "kv_num_heads"})
+_KNOWN_ATTRIBUTES = frozenset(ATTENTION_ATTRIBUTES)
 _HEAD_ATTRIBUTES = ("q_num_heads", "kv_num_heads")
 _FLOAT_TYPES = frozenset(
     {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
@@ -135,6 +136,8 @@ def _promote(node: ir.Node, rank: int) -> None:
     if rank == 4:
         for name in _HEAD_ATTRIBUTES:
             node.attributes.pop(name, None)
+    # Only ONNX Runtime's GroupQueryAttention needs it: ONNX Attention follows the mask.
+    node.attributes.pop("causal_hint", None)
     if node.attributes.get_int("is_causal", 0) == 0:
         node.attributes.pop("is_causal", None)
     if node.attributes.get_float("softcap", 0.0) == 0.0:
@@ -190,3 +193,19 @@ class PromoteAttentionToOpset24Pass(ir.passes.InPlacePass):
         model.ir_version = max(model.ir_version, TARGET_IR_VERSION)
         log.debug("promoted %d attention node(s) to ONNX Attention (opset 24)", len(found))
         return ir.passes.PassResult(model, modified=True)
+
+
+def declare_opset24(model: ir.Model) -> bool:
+    """Re-declare the main graph and every function importing the default domain at opset 24
+    (and the model at IR 12), refusing as the promotion does when an op changed meaning since
+    the current opset. Returns whether anything changed (False on a second call)."""
+    owners: list[GraphOrFunction] = [model.graph, *model.functions.values()]
+    raised = [o for o in owners if o is model.graph or "" in o.opset_imports]
+    stale = [o for o in raised if o.opset_imports.get("", 0) < TARGET_OPSET]
+    for owner in stale:
+        _check_opset_raise(owner, _scope(owner))
+    for owner in stale:
+        owner.opset_imports[""] = TARGET_OPSET
+    modified = bool(stale) or model.ir_version < TARGET_IR_VERSION
+    model.ir_version = max(model.ir_version, TARGET_IR_VERSION)
+    return modified

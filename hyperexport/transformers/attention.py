@@ -65,7 +65,8 @@ def hyperexport_attention_forward(
         raise HyperExportError("hyperexport attention does not support attention sinks (s_aux)")
     if dropout and module.training:
         raise HyperExportError("hyperexport attention does not implement dropout; use eval mode")
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    declared = is_causal if is_causal is not None else getattr(module, "is_causal", None)
+    causal = declared if declared is not None else True
     # As in transformers' sdpa path: the mask, when present, already encodes causality, and a
     # single query token attends every cached key.
     use_causal = attention_mask is None and bool(causal) and int(query.shape[2]) > 1
@@ -77,6 +78,9 @@ def hyperexport_attention_forward(
         is_causal=use_causal,
         scale=scaling,
         softcap=kwargs.get("softcap"),
+        # The module says it is causal (a decoder's self-attention): recorded for the fusion
+        # into ONNX Runtime's always-causal GroupQueryAttention; unknown is not causal.
+        causal_hint=bool(declared) and not use_causal,
     )
     return output.transpose(1, 2).contiguous(), None
 
@@ -141,26 +145,38 @@ def _restore(mapping: dict[str, Any], name: str, previous: Any) -> None:
 
 @contextmanager
 def model_attention_implementation(model: torch.nn.Module, implementation: str) -> Iterator[None]:
-    """Switch a transformers model's attention implementation; switch it back on exit."""
-    switchable: Any = model
-    config = getattr(model, "config", None)
-    original = getattr(config, "_attn_implementation", None)
-    if original is None or not hasattr(model, "set_attn_implementation"):
+    """Switch a transformers model's attention implementation; switch it back on exit.
+
+    ``model`` may also wrap one (the generation task's step module holds the ``*ForCausalLM``):
+    the outermost submodule that is a transformers model is switched.
+    """
+    switchable: Any = next((m for m in model.modules() if _settable(m)), None)
+    if switchable is None:
         raise HyperExportError(
             f"{type(model).__name__} is not a transformers model with a settable attention "
             "implementation"
         )
+    original = switchable.config._attn_implementation
     if original == implementation:
         yield
         return
     switchable.set_attn_implementation(implementation)
     log.debug(
-        "set %s attention implementation %r -> %r", type(model).__name__, original, implementation
+        "set %s attention implementation %r -> %r",
+        type(switchable).__name__,
+        original,
+        implementation,
     )
     try:
         yield
     finally:
         switchable.set_attn_implementation(original)
+
+
+def _settable(module: torch.nn.Module) -> bool:
+    config = getattr(module, "config", None)
+    has_implementation = getattr(config, "_attn_implementation", None) is not None
+    return has_implementation and hasattr(module, "set_attn_implementation")
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 Both paths emit the same node, ``hyperexport.attention::Attention`` (inputs ``Q, K, V[, mask]``;
 attributes ``is_causal``, ``scale``, and when set ``softcap``, ``q_num_heads``,
-``kv_num_heads``), which :class:`hyperexport.passes.promote_attention.PromoteAttentionToOpset24Pass`
+``kv_num_heads``, ``causal_hint``), which :class:`hyperexport.passes.promote_attention.PromoteAttentionToOpset24Pass`
 turns into default-domain ``Attention`` at opset 24.
 
 * TorchScript (``dynamo=False``): a symbolic registered with
@@ -60,6 +60,7 @@ def _attention_schema() -> onnx.defs.OpSchema:
             schema.Attribute("softcap", schema.AttrType.FLOAT, "", required=False),
             schema.Attribute("q_num_heads", schema.AttrType.INT, "", required=False),
             schema.Attribute("kv_num_heads", schema.AttrType.INT, "", required=False),
+            schema.Attribute("causal_hint", schema.AttrType.INT, "", required=False),
         ],
     )
 
@@ -69,7 +70,12 @@ _attention_node = onnxscript.values.Op(_attention_opset, ATTENTION_OP_TYPE, _att
 
 
 def _node_attributes(
-    is_causal: bool, scale: float, softcap: float, q_num_heads: int, kv_num_heads: int
+    is_causal: bool,
+    scale: float,
+    softcap: float,
+    q_num_heads: int,
+    kv_num_heads: int,
+    causal_hint: bool,
 ) -> dict[str, Any]:
     """The attributes of the emitted node: defaults (0) are left out, except ``scale``."""
     attributes: dict[str, Any] = {"is_causal": int(bool(is_causal)), "scale": float(scale)}
@@ -78,10 +84,12 @@ def _node_attributes(
     if q_num_heads:
         attributes["q_num_heads"] = int(q_num_heads)
         attributes["kv_num_heads"] = int(kv_num_heads)
+    if causal_hint:
+        attributes["causal_hint"] = 1
     return attributes
 
 
-@symbolic_helper.parse_args("v", "v", "v", "v", "b", "f", "f", "i", "i")
+@symbolic_helper.parse_args("v", "v", "v", "v", "b", "f", "f", "i", "i", "b")
 def attention_symbolic(
     g: Any,
     query: Any,
@@ -93,12 +101,13 @@ def attention_symbolic(
     softcap: float,
     q_num_heads: int,
     kv_num_heads: int,
+    causal_hint: bool,
 ) -> Any:
     """TorchScript symbolic: one ``hyperexport.attention::Attention`` node."""
     inputs = [query, key, value]
     if attn_mask is not None and not attn_mask.node().mustBeNone():
         inputs.append(attn_mask)
-    attributes = _node_attributes(is_causal, scale, softcap, q_num_heads, kv_num_heads)
+    attributes = _node_attributes(is_causal, scale, softcap, q_num_heads, kv_num_heads, causal_hint)
     suffixed = {
         f"{name}_{'f' if isinstance(value, float) else 'i'}": value
         for name, value in attributes.items()
@@ -147,12 +156,13 @@ def attention_translation(
     softcap: float = 0.0,
     q_num_heads: int = 0,
     kv_num_heads: int = 0,
+    causal_hint: bool = False,
 ) -> Any:
     """dynamo translation (traced onnxscript function): the same node as the symbolic."""
     inputs = [query, key, value]
     if attn_mask is not None:
         inputs.append(attn_mask)
-    attributes = _node_attributes(is_causal, scale, softcap, q_num_heads, kv_num_heads)
+    attributes = _node_attributes(is_causal, scale, softcap, q_num_heads, kv_num_heads, causal_hint)
     return _attention_node(*inputs, **attributes)
 
 

@@ -12,6 +12,10 @@ also computes, so that the promoted ONNX model and the eager model agree:
   input, ONNX ``Attention``).
 * ``softcap > 0``: ``softcap * tanh(scores / softcap)`` after scaling, before the mask.
 * A query row whose keys are all masked out gives zeros (as SDPA and ONNX do), not NaN.
+* ``causal_hint`` changes nothing computed: it records that the call is causal self-attention
+  whose mask (if any) already hides every later key, the query's last row aligned with the last
+  key (a decoder's attention, ``module.is_causal``). ONNX Runtime's ``GroupQueryAttention``,
+  always causal, may then stand for the call (``passes/fuse_attention.py``).
 
 The op is defined in torch's dispatcher on first use (:func:`attention_op`), never on import.
 """
@@ -48,6 +52,7 @@ def attention_reference(
     softcap: float = 0.0,
     q_num_heads: int = 0,
     kv_num_heads: int = 0,
+    causal_hint: bool = False,
 ) -> torch.Tensor:
     """Attention in plain torch ops (the eager implementation of the custom op).
 
@@ -61,6 +66,7 @@ def attention_reference(
         softcap: Cap on the scaled scores; ``0`` disables it.
         q_num_heads: Query heads of 3-D inputs; ``0`` for 4-D inputs.
         kv_num_heads: Key/value heads of 3-D inputs; ``0`` for 4-D inputs.
+        causal_hint: Recorded on the exported node only (see the module docstring).
 
     Returns:
         ``(B, Hq, S, Dv)`` for 4-D inputs, ``(B, S, Hq * Dv)`` for 3-D inputs.
@@ -108,12 +114,12 @@ def attention_op() -> Callable[..., torch.Tensor]:
     library.define(
         f"{OP_NAME}(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "bool is_causal=False, float scale=0.0, float softcap=0.0, int q_num_heads=0, "
-        "int kv_num_heads=0) -> Tensor"
+        "int kv_num_heads=0, bool causal_hint=False) -> Tensor"
     )
     library.impl(OP_NAME, attention_reference, "CompositeExplicitAutograd")
 
     def fake(query, key, value, attn_mask=None, is_causal=False, scale=0.0, softcap=0.0,
-             q_num_heads=0, kv_num_heads=0):  # fmt: skip
+             q_num_heads=0, kv_num_heads=0, causal_hint=False):  # fmt: skip
         if query.dim() == 3:
             width = value.shape[-1] // kv_num_heads * q_num_heads
             return query.new_empty((query.shape[0], query.shape[1], width), dtype=value.dtype)
@@ -136,6 +142,7 @@ def attention(
     softcap: float | None = None,
     q_num_heads: int = 0,
     kv_num_heads: int = 0,
+    causal_hint: bool = False,
 ) -> torch.Tensor:
     """Call the custom op, resolving a default ``scale`` to ``1 / sqrt(head_dim)`` statically.
 
@@ -152,6 +159,7 @@ def attention(
         softcap: Cap on the scores; None or 0 disables it.
         q_num_heads: See :func:`attention_reference`.
         kv_num_heads: See :func:`attention_reference`.
+        causal_hint: See :func:`attention_reference`.
 
     Returns:
         The attention output, shaped as in :func:`attention_reference`.
@@ -169,4 +177,5 @@ def attention(
         float(softcap or 0.0),
         int(q_num_heads),
         int(kv_num_heads),
+        bool(causal_hint),
     )

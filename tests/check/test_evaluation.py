@@ -148,7 +148,7 @@ def test_judging_loads_no_onnx_library() -> None:
     code = (
         "import sys\n"
         "import hyperexport.check.judge, hyperexport.check.evaluation, hyperexport.check\n"
-        "import hyperexport.stages.check\n"
+        "import hyperexport.product.stages.check\n"
         "print(sorted(m for m in ('onnx', 'onnx_ir', 'onnxruntime', 'sympy', 'torch')"
         " if m in sys.modules))\n"
     )

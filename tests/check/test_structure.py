@@ -160,7 +160,7 @@ def test_op_counts_count_each_function_body_once_per_executed_call(mode: str, sa
     settings = CheckSettings(expected_ops=(("MatMul", 3), ("Relu", 1)))
     result = structural(toy, save_toy(toy), settings)["op_counts"]
     assert result.ok
-    assert result.detail == "executed default-domain nodes as expected: MatMul=3, Relu=1"
+    assert result.detail == "executed nodes as expected: MatMul=3, Relu=1"
 
 
 def test_op_count_mismatch_fails_with_both_numbers(save_toy) -> None:

@@ -191,7 +191,7 @@ def test_external_data_is_published_and_checked(toy_package: Path, tmp_path: Pat
 
 
 def test_default_recipe_builds_byte_identical_from_empty_caches(tmp_path: Path) -> None:
-    from hyperexport.config import compose_recipe
+    from hyperexport.product.config import compose_recipe
 
     recipe, _ = compose_recipe([])
     first = build(recipe, tmp_path / "a")
@@ -218,7 +218,7 @@ def test_hiera_typo_behind_a_reexport_fails_as_a_recipe_error(
 
 
 def test_failed_check_is_not_cached_and_reruns_alone(tmp_path: Path) -> None:
-    from hyperexport.config import compose_recipe
+    from hyperexport.product.config import compose_recipe
 
     strict, _ = compose_recipe(["check.atol=1e-12", "check.rtol=1e-12"])
     failed = build(strict, tmp_path)
@@ -246,7 +246,7 @@ def test_failed_check_is_not_cached_and_reruns_alone(tmp_path: Path) -> None:
 def test_a_failed_comparison_is_localised_by_the_check_stage(tmp_path: Path) -> None:
     """evaluate ran no function alone (scope none); the failing whole-model comparison makes the
     check stage run them, in execution order, until it names the first divergent module."""
-    from hyperexport.config import compose_recipe
+    from hyperexport.product.config import compose_recipe
 
     scoped, _ = compose_recipe(["check.function_scope=none"])
     passed = build(scoped, tmp_path)

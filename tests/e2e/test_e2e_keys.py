@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from hyperexport.builds.session import BuildOutcome, run_build
-from hyperexport.config import BuildSettings, Recipe, validate_recipe
 from hyperexport.engine import code_closure
 from hyperexport.engine.store import CacheStore
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.fingerprint import KEYED_PACKAGE
+from hyperexport.product.builds.session import BuildOutcome, run_build
+from hyperexport.product.config import BuildSettings, Recipe, validate_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 from tests.helpers.rebuilds import reran_from
 from tests.helpers.statuses import statuses
 
@@ -285,19 +286,19 @@ def test_check_code_edit_reruns_only_check(
     cache, outputs = tmp_path / "cache", tmp_path / "out"
     model_bytes(build(load(user), cache, outputs))
     tree = tmp_path / "tree" / "hyperexport"
-    shutil.copytree(code_closure.PACKAGE_DIR, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(KEYED_PACKAGE.root, tree, ignore=shutil.ignore_patterns("__pycache__"))
     report = tree / "check" / "judge.py"
     report.write_text(report.read_text().replace('"""', '"""Edited. ', 1))
-    monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
+    monkeypatch.setitem(code_closure._READ, KEYED_PACKAGE.root, _sources(tree))
     again = build(load(user), cache, outputs)
     assert statuses(again) == reran_from("check")
     assert reasons(again)["check"] == "hyperexport code changed (check/judge.py)"
     compose = tree / "passes" / "compose_functions.py"
     compose.write_text(compose.read_text() + "\n# a comment changes no key\n")
-    monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
+    monkeypatch.setitem(code_closure._READ, KEYED_PACKAGE.root, _sources(tree))
     assert statuses(build(load(user), cache, outputs)) == ALL_HIT
     compose.write_text(compose.read_text() + "\n_EDITED = True\n")
-    monkeypatch.setitem(code_closure._READ, code_closure.PACKAGE_DIR, _sources(tree))
+    monkeypatch.setitem(code_closure._READ, KEYED_PACKAGE.root, _sources(tree))
     third = build(load(user), cache, outputs)
     assert statuses(third)["trace"] == statuses(third)["export"] == "hit"
     assert statuses(third)["rewrite"] == "ran"
@@ -308,24 +309,23 @@ def _sources(tree: Path) -> dict[str, code_closure.ModuleSource]:
     return code_closure.read_package(tree)
 
 
-def test_promote_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
-    """Export reads attention.implementation only; promotion is the rewrite's and check's."""
-    from hyperexport.config import compose_recipe
+def test_fuse_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
+    """Export reads attention.implementation only; the fusion is the rewrite's and check's."""
     from hyperexport.engine.keys import stage_key
     from hyperexport.engine.runner import BuildRequest, Runner
-    from hyperexport.engine.stage import recipe_slice
+    from hyperexport.engine.stage import config_slice
     from hyperexport.engine.store import CacheStore
+    from hyperexport.product.config import compose_recipe
 
-    runner = Runner(CacheStore(tmp_path / "cache"))
+    runner = Runner(CacheStore(tmp_path / "cache"), package=KEYED_PACKAGE)
     keys: dict[bool, dict[str, str]] = {}
     for promote in (False, True):
-        recipe, _ = compose_recipe(
-            ["recipe=llama_attention", f"attention.promote_opset24={str(promote).lower()}"]
-        )
+        fuse = "standard" if promote else "none"
+        recipe, _ = compose_recipe(["recipe=llama_attention", f"rewrite.fuse={fuse}"])
         request = BuildRequest(
-            recipe_name=recipe.name,
-            recipe=recipe.data,
-            recipe_file=recipe.file,
+            name=recipe.name,
+            config=recipe.data,
+            source=recipe.file,
             stages=PIPELINE,
             env={},
             model={"code": {}, "weights": {"seed": 0}},
@@ -333,7 +333,7 @@ def test_promote_toggle_does_not_change_the_export_key(tmp_path: Path) -> None:
         keys[promote] = {
             stage.name: stage_key(
                 runner._material(
-                    request, stage, recipe_slice(recipe.data, stage.reads), {"u": {"f": "0"}}
+                    request, stage, config_slice(recipe.data, stage.reads), {"u": {"f": "0"}}
                 )
             )
             for stage in PIPELINE

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.builds.session import BuildOutcome
-from hyperexport.cli import cache as cache_cli
-from hyperexport.config import Recipe
 from hyperexport.engine.store import CacheStore
-from hyperexport.stages import PIPELINE
+from hyperexport.product.builds.session import BuildOutcome
+from hyperexport.product.cli import cache as cache_cli
+from hyperexport.product.config import Recipe
+from hyperexport.product.stages import PIPELINE
 from tests.helpers.builds import build, toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
 from tests.helpers.statuses import statuses

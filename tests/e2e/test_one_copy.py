@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from hyperexport.builds import session
-from hyperexport.cli.cache_gc import GcOptions, collect
-from hyperexport.cli.cache_verify import verify
 from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.engine.collector import GcOptions, collect
 from hyperexport.engine.store import CacheStore
+from hyperexport.engine.verify import verify
 from hyperexport.engine.workspace import ONE_COPY_MIN
-from hyperexport.stages import PIPELINE
+from hyperexport.product.builds import session
+from hyperexport.product.stages import PIPELINE
 from tests.helpers.builds import build, toy_package_in, toy_package_recipe
 from tests.helpers.statuses import statuses
 

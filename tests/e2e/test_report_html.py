@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from hyperexport.builds import report_html
-from hyperexport.builds.session import BuildOutcome, run_build
-from hyperexport.config import BuildSettings, validate_recipe
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds import report_html
+from hyperexport.product.builds.session import BuildOutcome, run_build
+from hyperexport.product.config import BuildSettings, validate_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from hyperexport import zoo
-from hyperexport.config import validate_recipe
+from hyperexport.product.config import validate_recipe
 from tests.helpers.builds import build
 
 _FILES = ("model.onnx", "model.onnx.data", "manifest.json")

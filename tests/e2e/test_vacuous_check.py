@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hyperexport.config import validate_recipe
 from hyperexport.errors import RecipeError
+from hyperexport.product.config import validate_recipe
 from tests.helpers.builds import blocks_net_source, build, package_in
 
 

@@ -55,7 +55,9 @@ def test_reason_for_upstream_env_model_version() -> None:
         ({"version": "5.25.0"}, "transformers 5.24.0→5.25.0"),
         ({"files": "b" * 64}, "transformers files aaaaaaaa→bbbbbbbb"),  # a local patch
     ):
-        after = _material(model={"code": {"transformers": {**dist, **change}}, "weights": {"seed": 0}})
+        after = _material(
+            model={"code": {"transformers": {**dist, **change}}, "weights": {"seed": 0}}
+        )
         assert explain(before, after) == f"model code changed ({said})"
     assert explain(old, _material(version=2)) == "stage version 1→2"
     assert explain(None, old) == "no previous build"

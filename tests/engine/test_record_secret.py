@@ -12,7 +12,7 @@ from hyperexport.engine.keys import recorded_material
 from hyperexport.engine.record_secret import SECRET_FILE, record_secret
 from hyperexport.engine.runner import BuildRequest, BuildResult, Runner
 from hyperexport.engine.store import CacheStore
-from tests.helpers.fake_stages import pipeline
+from tests.engine.fakes import pipeline
 
 RECIPE: dict[str, Any] = {
     "model": {"_target_": "m.f", "seed": 0},
@@ -33,9 +33,9 @@ def _model(value: str | None) -> dict[str, Any]:
 
 def _build(store: CacheStore, value: str | None, *, dry_run: bool = False) -> BuildResult:
     request = BuildRequest(
-        recipe_name="fake",
-        recipe=RECIPE,
-        recipe_file="/recipes/fake.yaml",
+        name="fake",
+        config=RECIPE,
+        source="/recipes/fake.yaml",
         stages=pipeline(),
         env=ENV,
         model=_model(value),

@@ -6,12 +6,11 @@ from typing import Any
 
 import pytest
 
+from hyperexport.engine.errors import StageFailed
 from hyperexport.engine.runner import BuildRequest, BuildResult, Runner
-from hyperexport.engine.stage import recipe_slice
+from hyperexport.engine.stage import config_slice
 from hyperexport.engine.store import CacheStore
-from hyperexport.errors import StageError
-from tests.helpers.fake_stages import FakeStage, StageBoom, pipeline
-from tests.helpers.statuses import statuses
+from tests.engine.fakes import FakeStage, StageBoom, pipeline, statuses
 
 RECIPE: dict[str, Any] = {
     "model": {"_target_": "m.f", "seed": 0},
@@ -41,9 +40,9 @@ def _build(
         return "live-model"
 
     request = BuildRequest(
-        recipe_name="fake",
-        recipe=recipe or RECIPE,
-        recipe_file="/recipes/fake.yaml",
+        name="fake",
+        config=recipe or RECIPE,
+        source="/recipes/fake.yaml",
         stages=stages,
         env=kwargs.pop("env", ENV),
         model=kwargs.pop("model", MODEL),
@@ -109,10 +108,12 @@ def test_failing_stage_leaves_no_entry_and_names_module(store: CacheStore) -> No
     )
     result = _build(store, stages)
     assert statuses(result) == {"trace": "ran", "export": "failed"}
-    assert isinstance(result.error, StageError)
+    assert isinstance(result.error, StageFailed)
     assert result.error.stage == "export"
-    assert result.error.module_path == "model.layers.1"
-    assert "stage 'export' failed at module 'model.layers.1'" in str(result.error)
+    assert (
+        isinstance(result.error.cause, StageBoom) and result.error.__cause__ is result.error.cause
+    )
+    assert str(result.error) == "stage 'export' failed: unsupported op"
     failed_key = result.stages[1].key
     assert failed_key is not None
     assert store.lookup(failed_key).status == "missing"
@@ -169,9 +170,9 @@ def test_stage_receives_exactly_its_slice(store: CacheStore) -> None:
     assert stages[1].runs == [{"model": RECIPE["model"], "opset": 18, "dynamo": False}]
 
 
-def test_recipe_slice_nested_and_missing() -> None:
+def test_config_slice_nested_and_missing() -> None:
     data = {"a": {"b": 1, "c": 2}, "d": 3}
-    assert recipe_slice(data, ("a.b", "e")) == {"a": {"b": 1}, "e": None}
+    assert config_slice(data, ("a.b", "e")) == {"a": {"b": 1}, "e": None}
 
 
 def test_corrupt_entry_recovers(store: CacheStore) -> None:

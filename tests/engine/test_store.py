@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.engine.cache_dir import default_cache_dir
 from hyperexport.engine.store import ActionEntry, CacheStore
 
 KEY = "ab" * 32
@@ -94,12 +93,3 @@ def test_copy_blob_verifies_digest(store: CacheStore, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="corrupt"):
         store.copy_blob(f, tmp_path / "copy.onnx")
     assert not (tmp_path / "copy.onnx").exists()
-
-
-def test_cache_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HYPEREXPORT_CACHE_DIR", str(tmp_path / "env"))
-    assert default_cache_dir(str(tmp_path / "cfg")) == tmp_path / "cfg"
-    assert default_cache_dir(None) == tmp_path / "env"
-    monkeypatch.delenv("HYPEREXPORT_CACHE_DIR")
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    assert default_cache_dir(None) == Path.home().resolve() / ".cache" / "hyperexport"

@@ -7,7 +7,7 @@ import onnx
 import pytest
 import torch
 
-from hyperexport import AttentionOptions, ExportOptions, zoo
+from hyperexport import AttentionOptions, ExportOptions, RewriteOptions, zoo
 from tests.helpers.exports import export_bytes
 from tests.helpers.ort import run_ort
 
@@ -19,7 +19,9 @@ def test_llama_gqa_layers_promote_to_opset24_attention(dynamo: bool) -> None:
     model = zoo.tiny_llama(num_layers=4, num_heads=4, num_kv_heads=2)  # GQA 4:2, head_dim 16
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
     want = model(input_ids=ids).last_hidden_state.detach().numpy()
-    options = ExportOptions(attention=AttentionOptions("hyperexport", promote_opset24=True))
+    options = ExportOptions(
+        attention=AttentionOptions("hyperexport"), rewrite=RewriteOptions(fuse="standard")
+    )
     data, manifest = export_bytes(
         model, (ids,), hiera=[LlamaDecoderLayer], dynamo=dynamo, opset_version=18, options=options
     )

@@ -19,8 +19,8 @@ from hyperexport import (
     RewriteOptions,
     export_hyper_onnx,
 )
-from hyperexport.config import schema
 from hyperexport.options import BUILTIN_ATTENTION, FUNCTION_MODES, ExportRequest
+from hyperexport.product.config import schema
 
 
 @pytest.mark.parametrize(
@@ -49,6 +49,8 @@ def test_nested_options_are_validated_too() -> None:
         RewriteOptions(optimize="no")  # type: ignore[arg-type]
     with pytest.raises(OptionsError, match="built-in"):
         AttentionOptions("sdpa")
+    with pytest.raises(OptionsError, match=r"RewriteOptions\.fuse"):
+        RewriteOptions(fuse="onnx")  # type: ignore[arg-type]
     with pytest.raises(OptionsError, match="domain::op"):
         CustomOpSymbolic("noop", "pkg.mod:fn", 18)
     with pytest.raises(OptionsError, match=r"CustomOpSymbolic\.opset"):

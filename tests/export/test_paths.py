@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from hyperexport.capture.container import Capture
-from hyperexport.config import OPSET_RANGES as RECIPE_OPSET_RANGES
 from hyperexport.contracts.names import OPSET_RANGES
 from hyperexport.errors import OpsetError
 from hyperexport.export import registry
@@ -25,6 +24,7 @@ from hyperexport.export.registry import EXPORT_PATHS, path_for
 from hyperexport.export.torchscript import TorchScriptPath
 from hyperexport.export.units import export_units
 from hyperexport.options import ExportOptions
+from hyperexport.product.config import OPSET_RANGES as RECIPE_OPSET_RANGES
 from tests.helpers.toys import Leaf, toy_inputs, toy_net
 
 

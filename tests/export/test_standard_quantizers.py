@@ -17,10 +17,10 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
     MatMulNBitsQuantizer,
 )
 
-from hyperexport.builds.session import run_build
-from hyperexport.config import compose_recipe
 from hyperexport.models.inputs import make_inputs
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import run_build
+from hyperexport.product.config import compose_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 
 
 def _int4_count(model: onnx.ModelProto) -> int:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hyperexport.builds.session import BuildOutcome, run_build
-from hyperexport.config import BuildSettings, Recipe, validate_recipe
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import BuildOutcome, run_build
+from hyperexport.product.config import BuildSettings, Recipe, validate_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 
 TOY_SOURCE = """
 import torch

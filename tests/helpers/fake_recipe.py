@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hyperexport.config import Recipe, validate_recipe
+from hyperexport.product.config import Recipe, validate_recipe
 
 
 def recipe(**overrides: Any) -> Recipe:

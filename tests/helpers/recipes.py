@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from hyperexport import versions
-from hyperexport.config import RECIPES_DIR
+from hyperexport.product.config import RECIPES_DIR
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 

@@ -7,11 +7,10 @@ from typing import TYPE_CHECKING
 from hyperexport.engine.runner import BuildResult
 
 if TYPE_CHECKING:
-    from hyperexport.builds.session import BuildOutcome
+    from hyperexport.product.builds.session import BuildOutcome
 
 
 def statuses(build: BuildOutcome | BuildResult) -> dict[str, str]:
     """``{stage name: status}`` of a runner's result or of a session's outcome."""
     result = build if isinstance(build, BuildResult) else build.result
     return {s.name: s.status for s in result.stages}
-

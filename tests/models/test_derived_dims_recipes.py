@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.builds.session import run_build
-from hyperexport.config import BuildSettings, validate_recipe
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import run_build
+from hyperexport.product.config import BuildSettings, validate_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 from tests.helpers.models import SMALL_SPEECH_CONFIG
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from hyperexport import exit_codes
-from hyperexport.builds.session import run_build
-from hyperexport.config import BuildSettings, validate_recipe
 from hyperexport.errors import RecipeError
 from hyperexport.models import pretrained
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import run_build
+from hyperexport.product.config import BuildSettings, validate_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 
 REPO = Path(__file__).resolve().parents[2]
 

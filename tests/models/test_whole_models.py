@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from hyperexport.builds.session import run_build
-from hyperexport.config import BuildSettings, validate_recipe
 from hyperexport.errors import RecipeError
 from hyperexport.models.auto import resolve_auto
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import run_build
+from hyperexport.product.config import BuildSettings, validate_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 from hyperexport.zoo import random_transformer
 
 TEXT = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import onnx_ir as ir
@@ -77,6 +78,30 @@ def test_functions_list_the_instances_that_call_them(bundle: Bundle) -> None:
 
 def test_the_manifest_round_trips_through_json(bundle: Bundle) -> None:
     manifest = build_manifest(*_final(bundle))
+    assert ExportManifest.loads(manifest.dumps()) == manifest
+
+
+def test_without_a_fusion_the_json_has_no_fusion_fields(bundle: Bundle) -> None:
+    manifest = build_manifest(*_final(bundle))
+    assert manifest.fusion == "none"
+    data = json.loads(manifest.dumps())
+    assert "fusion" not in data and not any("fused_ops" in f for f in data["functions"])
+
+
+def test_a_fusion_and_each_functions_fused_kernels_round_trip(bundle: Bundle) -> None:
+    model, exported, record = _final(bundle)
+    [function, *_] = model.functions.values()
+    node = ir.node("FastGelu", [function.inputs[0]], domain="com.microsoft")
+    function.append(node)  # a kernel the onnxruntime fusion writes, in its body
+    manifest = build_manifest(model, exported, record, "onnxruntime")
+    assert manifest.fusion == "onnxruntime"
+    entry = next(f for f in manifest.functions if f.name == function.name)
+    assert entry.fused_ops == (("com.microsoft::FastGelu", 1),)
+    data = json.loads(manifest.dumps())
+    assert data["fusion"] == "onnxruntime"
+    assert next(f for f in data["functions"] if f["name"] == function.name)["fused_ops"] == {
+        "com.microsoft::FastGelu": 1
+    }
     assert ExportManifest.loads(manifest.dumps()) == manifest
 
 

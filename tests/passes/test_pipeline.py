@@ -31,9 +31,13 @@ ALWAYS = [
 ]
 EVERYTHING = ExportOptions(
     rewrite=RewriteOptions(
-        fold_leftovers=True, fuse_constants=True, optimize=True, weights_as_initializers=True
+        fold_leftovers=True,
+        fuse_constants=True,
+        optimize=True,
+        weights_as_initializers=True,
+        fuse="standard",
     ),
-    attention=AttentionOptions("hyperexport", promote_opset24=True),
+    attention=AttentionOptions("hyperexport"),
 )
 
 

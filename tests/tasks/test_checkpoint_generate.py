@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from hyperexport.builds.session import run_build
-from hyperexport.config import compose_recipe
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import run_build
+from hyperexport.product.config import compose_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 
 PROMPTS = [[17, 93, 41, 8, 120, 66, 5], [71, 30, 99, 12]]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from hyperexport.config import RECIPES_DIR
+from hyperexport.product.config import RECIPES_DIR
 from hyperexport.tasks.steps import DecoderStep
 from hyperexport.zoo import random_transformer
 

@@ -14,10 +14,10 @@ from typing import Any
 import onnx
 import pytest
 
-from hyperexport.builds.session import run_build
-from hyperexport.config import RECIPES_DIR, compose_recipe
 from hyperexport.errors import RecipeError
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import run_build
+from hyperexport.product.config import RECIPES_DIR, compose_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 from hyperexport.tasks.judge import MIN_STEPS
 from hyperexport.zoo import seq2seq_zoo
 
@@ -125,7 +125,7 @@ def test_a_saved_checkpoint_with_task_auto_builds_both_graphs(tmp_path: Path) ->
     ``inputs``, ``hiera`` and ``dynamic`` auto too; the decode matches transformers."""
     import yaml
 
-    from hyperexport.config import BuildSettings, validate_recipe
+    from hyperexport.product.config import BuildSettings, validate_recipe
     from hyperexport.zoo import random_transformer
 
     zoo = yaml.safe_load((RECIPES_DIR / "zoo_bart.yaml").read_text())["model"]

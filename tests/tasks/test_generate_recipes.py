@@ -15,11 +15,11 @@ import numpy as np
 import onnx
 import pytest
 
-from hyperexport.builds.session import run_build
-from hyperexport.config import RECIPES_DIR, compose_recipe
 from hyperexport.engine.store import CacheStore
 from hyperexport.errors import RecipeError
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import run_build
+from hyperexport.product.config import RECIPES_DIR, compose_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 from hyperexport.tasks.judge import MIN_DISTINCT
 
 GENERATE = sorted(p.stem for p in RECIPES_DIR.glob("zoo_*_generate.yaml"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hyperexport.config import compose_recipe
 from hyperexport.errors import RecipeError
+from hyperexport.product.config import compose_recipe
 
 
 @pytest.mark.parametrize(

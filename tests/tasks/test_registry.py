@@ -3,8 +3,9 @@ and each stage's key covering only its own part."""
 
 from __future__ import annotations
 
-from hyperexport.config.schema import IMPLEMENTED_TASKS
 from hyperexport.engine.code_closure import package_sources, stage_code
+from hyperexport.product.builds.fingerprint import KEYED_PACKAGE
+from hyperexport.product.config.schema import IMPLEMENTED_TASKS
 from hyperexport.tasks.decode import DECODES
 from hyperexport.tasks.judge import JUDGES
 from hyperexport.tasks.models import MODELS
@@ -35,14 +36,14 @@ def test_the_folders_and_files_of_one_graph_and_of_two() -> None:
 
 
 def _code(stage_module: str) -> set[str]:
-    return set(stage_code(stage_module, (), package_sources()))
+    return set(stage_code(stage_module, (), package_sources(KEYED_PACKAGE)))
 
 
 def test_each_stage_s_key_covers_its_own_part_of_the_tasks_only() -> None:
     """A change in a task's judge reruns the check, not the trace; a change in its step model
     reruns trace and export, not the check."""
     trace, evaluate, check = (
-        _code(f"hyperexport.stages.{name}") for name in ("trace", "evaluate", "check")
+        _code(f"hyperexport.product.stages.{name}") for name in ("trace", "evaluate", "check")
     )
     models, decode, judge = (
         f"hyperexport/tasks/{name}.py" for name in ("models", "decode", "judge")

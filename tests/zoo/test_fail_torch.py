@@ -25,9 +25,9 @@ _COHERE_PLAIN: tuple[type[Exception], tuple[str, ...]] = (
 
 
 def _model_and_inputs(name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    from hyperexport.config import compose_recipe
-    from hyperexport.from_recipe.model import load_model
     from hyperexport.models.auto import resolve_auto
+    from hyperexport.product.config import compose_recipe
+    from hyperexport.product.from_recipe.model import load_model
 
     recipe, _ = compose_recipe([f"recipe={name}"])
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)

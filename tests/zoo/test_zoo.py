@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.builds.session import run_build
-from hyperexport.config import RECIPES_DIR, compose_recipe
-from hyperexport.stages import PIPELINE, model_loader
+from hyperexport.product.builds.session import run_build
+from hyperexport.product.config import RECIPES_DIR, compose_recipe
+from hyperexport.product.stages import PIPELINE, model_loader
 from hyperexport.zoo import EXPECTED_FAILURES, expected_failures, forward_zoo
 from tests.helpers.recipes import needs_later_transformers
 

@@ -1,0 +1,569 @@
+"""The recipe schema, each field declared once (type, default, allowed values, check, readers),
+the build settings' schema, and the validated, frozen results.
+
+See :mod:`hyperexport.product.config.fields` for how a field is declared and what is derived from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from hyperexport.contracts.names import AUTO as AUTO
+from hyperexport.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
+from hyperexport.contracts.names import (
+    CHECK,
+    EVALUATE,
+    EXPORT,
+    FORWARD,
+    NO_QUANTIZATION,
+    TRACE,
+    WEIGHTS_MODES,
+)
+from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
+from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
+from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
+from hyperexport.defaults import (
+    DEFAULT_ATOL,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_FUNCTION_SCOPE,
+    DEFAULT_MAX_REL_ERROR,
+    DEFAULT_MIN_COSINE,
+    DEFAULT_MIN_TOP1,
+    DEFAULT_OPSET,
+    DEFAULT_RTOL,
+    QUANTIZE_METHODS,
+    block_size_problem,
+)
+from hyperexport.engine.settings import REMOTE_MODES as REMOTE_MODES
+from hyperexport.options import (
+    FUNCTION_MODES,
+    FUSIONS,
+    AttentionOptions,
+    ExportOptions,
+    RewriteOptions,
+)
+from hyperexport.product.config.fields import (
+    REQUIRED,
+    Invalid,
+    Section,
+    from_json,
+    option,
+    reads_of,
+    section,
+)
+from hyperexport.product.config.paths import DEFAULT_OUTPUTS_DIR
+from hyperexport.tasks.registry import TASKS as REGISTERED_TASKS
+
+__all__ = ["BUILTIN_ATTENTION", "FUNCTION_MODES", "FUNCTION_SCOPES", "REQUIRED"]
+
+DTYPES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
+
+
+# ``functions`` values and transformers' own attention implementations (hyperexport registers
+# its entry under another name): defined by the library (hyperexport.options);
+# ``check.function_scope`` values in hyperexport.contracts.names, shared with the check library
+# (the stages that do not check must not load it: their keys would cover it).
+# Default-domain opsets each export path can produce, and the lowest export opset attention
+# promotion accepts (it re-declares the model at 24 without converting other ops, and the Reduce*
+# ops changed signature at 18): defined once, in hyperexport.contracts.names.
+
+
+#: The primary config's keys besides the recipe's: ``build.*`` and a recipe file outside
+#: ``recipes/`` (``recipe_file=/abs/path.yaml``).
+BUILD_KEYS = (BUILD, RECIPE_FILE) = ("build", "recipe_file")
+#: ``build.force=all``: every stage.
+FORCE_ALL = "all"
+
+
+DYNAMIC_MODES = ("none", AUTO)
+
+#: The tasks the stages implement (``tasks/registry.py``); a recipe asking for another is
+#: refused (exit 2).
+IMPLEMENTED_TASKS = tuple(REGISTERED_TASKS)
+#: ``task`` values: what of the model is exported (``forward``, the default: one graph of
+#: ``method``), or ``auto``: from the checkpoint's config.
+TASKS = (*IMPLEMENTED_TASKS, AUTO)
+
+#: The stages that run the model (they read what changes its behaviour: ``env``, ``task``).
+MODEL_STAGES = (TRACE, EXPORT)
+#: The stages that check the final model against the recipe's expectations.
+CHECK_STAGES = (EVALUATE, CHECK)
+
+#: Longest recipe ``name``: it is a folder name under the outputs root.
+MAX_NAME_LENGTH = 64
+
+
+# --------------------------------------------------------------------------------------------
+# One-value checks (a field's ``check=``); relations between fields are in config/validate.py
+# --------------------------------------------------------------------------------------------
+def _name(name: str) -> None:
+    """``name`` is one folder under the outputs root: no separators, no ``.``/``..``, bounded."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise Invalid(f"{name!r} may only contain letters, digits, '_', '.', '-'")
+    if name.startswith("."):
+        raise Invalid(f"{name!r} must not start with '.' (it names a folder of the outputs)")
+    if len(name) > MAX_NAME_LENGTH:
+        raise Invalid(f"is {len(name)} characters long; at most {MAX_NAME_LENGTH}")
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise Invalid(f"must be > 0, got {value}")
+
+
+def _not_negative(value: int) -> None:
+    if value < 0:
+        raise Invalid("must be >= 0")
+
+
+def _tolerances(per_output: Mapping[str, ToleranceSpec]) -> None:
+    for out, tol in per_output.items():
+        for key in ("atol", "rtol"):
+            value = getattr(tol, key)
+            if value is not None and value <= 0:
+                raise Invalid(f"must be > 0, got {value}", at=f".{out}.{key}")
+
+
+def _output_names(names: list[str]) -> None:
+    for i, name in enumerate(names):
+        if not name or name != name.strip():
+            raise Invalid(f"{name!r} is not an output name or capture key", at=f"[{i}]")
+    if len(set(names)) != len(names):
+        raise Invalid("names an output twice")
+
+
+def _op_counts(counts: Mapping[str, int]) -> None:
+    for op, count in counts.items():
+        if not re.fullmatch(r"([A-Za-z][\w.]*::)?[A-Za-z][A-Za-z0-9_]*", op):
+            raise Invalid(f"{op!r} is not an ONNX op type (or domain::op)", at=f".{op}")
+        if count < 0:
+            raise Invalid(f"must be >= 0, got {count}", at=f".{op}")
+
+
+def _not_builtin(implementation: str | None) -> None:
+    if implementation in BUILTIN_ATTENTION:
+        raise Invalid(
+            f"{implementation!r} is a transformers built-in; hyperexport registers its "
+            "attention under another name (e.g. 'hyperexport')"
+        )
+
+
+def _custom_op_name(name: str) -> None:
+    if "::" not in name:
+        raise Invalid(f"{name!r} must look like 'domain::op'")
+
+
+#: Names of variables that hold secrets, never ``env``: case-insensitive ``fnmatch`` patterns of
+#: one ``_``-separated part of the name (``HF_TOKEN``, ``ACCESSTOKEN``, ``aws_secret_access_key``,
+#: ``DB_PASSWORD``; not ``TOKENIZERS_PARALLELISM``, which only tunes a library's threads) ...
+SECRET_ENV_PARTS = ("*TOKEN", "*TOKENS", "*SECRET*", "*PASSWORD*", "*PASSWD*")
+#: ... and of the whole name (``API_KEY``; not ``KEYBOARD_LAYOUT``).
+SECRET_ENV_NAMES = ("*_KEY", "*_KEYS")
+
+
+def _secret_pattern(name: str) -> str | None:
+    """The pattern by which ``name`` looks like a secret's variable, or None."""
+    upper = name.upper()
+    for pattern in SECRET_ENV_NAMES:
+        if fnmatch.fnmatchcase(upper, pattern):
+            return pattern
+    for part in upper.split("_"):
+        for pattern in SECRET_ENV_PARTS:
+            if fnmatch.fnmatchcase(part, pattern):
+                return pattern
+    return None
+
+
+def _env_names(names: list[str]) -> None:
+    for i, name in enumerate(names):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise Invalid(f"{name!r} is not an environment variable name", at=f"[{i}]")
+        looks = _secret_pattern(name)
+        if looks:
+            raise Invalid(
+                f"{name!r} looks like a secret ({looks}): a declared value enters the cache "
+                "keys, and a key is a function of the value, so whoever reads the keys (a shared "
+                "or remote cache) can check guesses of a short secret against them and sees when "
+                "it changed; declare only variables that change what the model computes",
+                at=f"[{i}]",
+            )
+    if len(set(names)) != len(names):
+        raise Invalid("names a variable twice")
+
+
+def _implemented_task(task: str) -> None:
+    # auto is resolved from the checkpoint at validation (config/task_inference.py).
+    if task not in (*IMPLEMENTED_TASKS, AUTO):
+        raise Invalid(
+            f"{task!r} is not implemented yet; implemented: {', '.join(IMPLEMENTED_TASKS)}"
+        )
+
+
+def _block_size(size: int) -> None:
+    problem = block_size_problem(size)
+    if problem is not None:
+        raise Invalid(problem)
+
+
+def _module_names(names: list[str]) -> None:
+    for i, name in enumerate(names):
+        if not name or name != name.strip():
+            raise Invalid(f"{name!r} is not a module path or function name", at=f"[{i}]")
+
+
+def _fraction(value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise Invalid(f"must be in [0, 1], got {value}")
+
+
+def _prompts(prompts: list[list[int]]) -> None:
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise Invalid("is empty; a prompt needs at least one token id", at=f"[{i}]")
+        if any(t < 0 for t in prompt):
+            raise Invalid("token ids must be >= 0", at=f"[{i}]")
+
+
+def _at_least_one(value: int) -> None:
+    if value < 1:
+        raise Invalid(f"must be >= 1, got {value}")
+
+
+def _library(cls: type, name: str) -> Any:
+    """The library's default of option ``name`` of ``cls``: the recipe default is the same."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+# --------------------------------------------------------------------------------------------
+# Schemas: each recipe field declared once (type, default, allowed values, check, readers)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False, repr=False)
+class InputSpec(Section):
+    """One example input, generated deterministically from ``seed``.
+
+    Floats are uniform in ``[low, high)``; integers uniform in ``[low, high)`` (so token ids
+    need ``high`` = vocabulary size); bools are ``x < 0.5`` of a uniform draw.
+
+    ``dynamic`` names the axes that stay symbolic in the exported model (``{0: batch, 1: seq}``).
+    The model then also runs at a second shape, and the check stage compares the export with
+    torch there too: ``check_shape`` (same rank as ``shape``, different only on dynamic axes),
+    or by default each dynamic axis grown by a small amount.
+    """
+
+    shape: list[int] = option(REQUIRED)
+    dtype: str = option("float32", choices=DTYPES)
+    low: float = option(0.0)
+    high: float = option(1.0)
+    seed: int = option(0)
+    dynamic: dict[int, str] = option(factory=dict)
+    check_shape: list[int] | None = option(None)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ToleranceSpec(Section):
+    """A per-output tolerance override; an unset value inherits ``check.atol``/``check.rtol``."""
+
+    atol: float | None = option(None)
+    rtol: float | None = option(None)
+
+
+_CHECK = ("check",)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class QuantizedCheckSpec(Section):
+    """``check.quantized.*``: how close the quantized model must stay to the float model it came
+    from, both run in ONNX Runtime on the captured inputs. Read by ``check`` only.
+
+    Every whole-model output and every call site run alone must reach ``min_cosine`` (cosine
+    similarity) and stay under ``max_rel_error`` (``|q - f| / |f|``, L2); outputs named like
+    logits must agree on the top-1 class at ``min_top1`` of the positions. The defaults hold for
+    int4 blocks of 32 on the zoo's random-weight models (whose layers have no outliers; real
+    checkpoints usually do better on cosine, worse on single outlier layers, which the report
+    names).
+    """
+
+    min_cosine: float = option(DEFAULT_MIN_COSINE, readers=_CHECK, check=_fraction)
+    max_rel_error: float = option(DEFAULT_MAX_REL_ERROR, readers=_CHECK, check=_positive)
+    min_top1: float = option(DEFAULT_MIN_TOP1, readers=_CHECK, check=_fraction)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class CheckSpec(Section):
+    """What the check stage verifies.
+
+    ``expect_ops`` maps an op type (``domain::op`` outside the default domain, such as
+    ``com.microsoft::GroupQueryAttention``) to the exact number of nodes of that type the final
+    model *executes*: nodes of the main graph, plus each function's nodes times the number of
+    times the function is called (nested calls multiply). ``{Attention: 4}`` on a 4-layer model
+    holds whether the layers share one function (per_type) or have one each.
+
+    Tolerances are read by ``check`` only (changing one reruns only ``check``); what runs
+    (``function_scope``, ``expect_ops``) by ``evaluate`` too.
+
+    ``accept_vacuous`` lists graph output names or capture keys (``<call_id>/out.<i>`` for a
+    function's output) whose torch reference may prove nothing: NaN, within the tolerance of
+    zero, or constant (``check/vacuous.py``). Any other such output fails the check; a name
+    that is no output or key of the model is refused by the check stage (exit 2).
+    """
+
+    atol: float = option(DEFAULT_ATOL, readers=_CHECK, check=_positive)
+    rtol: float = option(DEFAULT_RTOL, readers=_CHECK, check=_positive)
+    per_output: dict[str, ToleranceSpec] = option(factory=dict, readers=_CHECK, check=_tolerances)
+    function_scope: str = option(
+        DEFAULT_FUNCTION_SCOPE, readers=CHECK_STAGES, choices=FUNCTION_SCOPES
+    )
+    expect_ops: dict[str, int] = option(factory=dict, readers=CHECK_STAGES, check=_op_counts)
+    accept_vacuous: list[str] = option(factory=list, readers=_CHECK, check=_output_names)
+    quantized: QuantizedCheckSpec = section(QuantizedCheckSpec)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class AttentionSpec(Section):
+    """``implementation``: the transformers attention entry to export with (``hyperexport``
+    exports each attention call as one node, which ``rewrite.fuse`` turns into ONNX
+    ``Attention`` or ONNX Runtime's attention kernels)."""
+
+    implementation: str | None = option(
+        _library(AttentionOptions, "implementation"),
+        readers=(*MODEL_STAGES, "rewrite"),
+        check=_not_builtin,
+    )
+
+
+#: Recipe fields that no longer exist, and what replaces each: validation refuses them with
+#: this pointer (exit 2) rather than as an unknown key.
+RETIRED_FIELDS = {
+    "attention.promote_opset24": (
+        "rewrite.fuse: standard, which makes ONNX Attention and also fuses RMSNormalization "
+        "and RotaryEmbedding (the model stays opset 24); set that instead"
+    ),
+}
+
+
+_REWRITE = ("rewrite",)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class RewriteSpec(Section):
+    """Optional rewrite passes; all off by default, as in the library's ``RewriteOptions``
+    (fusing constants freezes masks and position embeddings at the traced shape; the optimizer
+    costs several times the export)."""
+
+    fold_leftovers: bool = option(_library(RewriteOptions, "fold_leftovers"), readers=_REWRITE)
+    fuse_constants: bool = option(_library(RewriteOptions, "fuse_constants"), readers=_REWRITE)
+    optimize: bool = option(_library(RewriteOptions, "optimize"), readers=_REWRITE)
+    #: MatMul weights as main-graph initializers ([K, N]), fed to the functions as inputs, so
+    #: that ONNX Runtime's quantizers find them after inlining.
+    weights_as_initializers: bool = option(
+        _library(RewriteOptions, "weights_as_initializers"), readers=_REWRITE
+    )
+    #: Fused kernels inside the functions: ``none``, ``standard`` (ONNX's own fused ops; the
+    #: final model is opset 24 whatever ``opset`` says, which is then the export opset) or
+    #: ``onnxruntime`` (ONNX Runtime's contrib kernels). The checks read it for the opset.
+    fuse: str = option(
+        _library(RewriteOptions, "fuse"), readers=(*_REWRITE, *CHECK_STAGES), choices=FUSIONS
+    )
+
+
+_QUANTIZE = ("quantize",)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class QuantizeSpec(Section):
+    """``quantize.*``: the quantize stage, after rewrite (off by default).
+
+    ``method``: ``none``, ``int8_dynamic`` (com.microsoft ``DynamicQuantizeMatMul``) or
+    ``int4_block`` (com.microsoft ``MatMulNBits``); ``block_size``: K elements per int4 block
+    (a power of two >= 16); ``exclude``: module paths (``lm_head``, ``layers.0.mlp``) or function
+    names (``LlamaMLP``) whose MatMuls stay in float. What needs the model (an ``exclude`` naming
+    no module, a method ONNX Runtime cannot run on the model's dtype) the stage refuses.
+    """
+
+    # evaluate runs the quantized model (whole and every call site) against the float one.
+    method: str = option(
+        NO_QUANTIZATION, readers=(*_QUANTIZE, "evaluate"), choices=QUANTIZE_METHODS
+    )
+    block_size: int = option(
+        DEFAULT_BLOCK_SIZE, readers=(*_QUANTIZE, "evaluate"), check=_block_size
+    )
+    exclude: list[str] = option(factory=list, readers=_QUANTIZE, check=_module_names)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class CustomOpSpec(Section):
+    name: str = option(REQUIRED, check=_custom_op_name)
+    symbolic: str = option(REQUIRED)
+    opset: int = option(REQUIRED)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class GenerationSpec(Section):
+    """The generation check of ``task: text-generation`` (read by ``trace``, which records the
+    reference decode; the decode in onnxruntime-genai and its judgement follow from it).
+
+    ``prompts`` are token ids (no tokenizer needed); transformers' greedy ``generate`` of
+    ``max_new_tokens`` tokens for each (trace) is compared token for token with the same decode
+    in onnxruntime-genai (evaluate, check). ``padded_batch`` also decodes the prompts as one
+    left-padded batch. Lengths against the model's context are checked by the trace, which
+    reads the model's config.
+    """
+
+    prompts: list[list[int]] = option(factory=list, readers=("trace",), check=_prompts)
+    max_new_tokens: int = option(16, readers=("trace",), check=_at_least_one)
+    padded_batch: bool = option(True, readers=("trace",))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class RecipeConfig(Section):
+    """One model to export. ``model`` is ``{_target_: factory, **kwargs}``; the factory's module
+    (and a local ``checkpoint``, if any, resolved relative to the recipe file) define the model.
+
+    ``inputs: auto`` derives example inputs from the model's config and main input (with
+    ``dynamic: auto``, batch and sequence or image size dynamic); ``hiera: auto`` picks the
+    model's main repeated stack. Both are resolved by the stages on the live model.
+
+    ``fallback: true`` lets the export stage retry on the other path (``dynamo``) when the chosen
+    one fails; it is logged at WARNING and recorded in the model's metadata and the report.
+
+    ``dynamo`` has no default: the export path is always the recipe's explicit choice.
+    """
+
+    name: str = option(REQUIRED, check=_name)
+    model: dict[str, Any] = option(REQUIRED, readers=MODEL_STAGES)
+    # The checkpoint is keyed by the model's fingerprint (its files' digests), not by its path.
+    checkpoint: str | None = option(None)
+    inputs: dict[str, InputSpec] | Literal["auto"] = option(REQUIRED, readers=MODEL_STAGES)
+    hiera: list[str] | Literal["auto"] = option(REQUIRED, readers=MODEL_STAGES)
+    dynamic: str = option("none", readers=MODEL_STAGES, choices=DYNAMIC_MODES)
+    method: str = option(_library(ExportOptions, "method"), readers=MODEL_STAGES)
+    opset: int = option(DEFAULT_OPSET, readers=("export", *CHECK_STAGES))
+    dynamo: bool = option(REQUIRED, readers=(*MODEL_STAGES, *CHECK_STAGES))
+    fallback: bool = option(_library(ExportOptions, "fallback"), readers=("export", *CHECK_STAGES))
+    # The export makes the functions; the rewrite reads the mode from the bundle it composes.
+    functions: str = option(
+        _library(ExportOptions, "functions"), readers=("export",), choices=FUNCTION_MODES
+    )
+    attention: AttentionSpec = section(AttentionSpec)
+    rewrite: RewriteSpec = section(RewriteSpec)
+    check: CheckSpec = section(CheckSpec)
+    quantize: QuantizeSpec = section(QuantizeSpec)
+    custom_ops: list[CustomOpSpec] = option(factory=list, readers=("export",))
+    # How the model files are written: by rewrite, and by quantize for the quantized model.
+    external_data: bool = option(False, readers=(*_REWRITE, *_QUANTIZE))
+    external_data_threshold: int = option(
+        _library(ExportOptions, "external_data_threshold"),
+        readers=(*_REWRITE, *_QUANTIZE),
+        check=_not_negative,
+    )
+    # What the model reads besides its arguments: the values of these variables enter the keys
+    # of the stages that run it (builds/fingerprint.py, model fingerprint), as digests.
+    env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
+    # Where the weights come from: the model loaded whole (load), or its safetensors
+    # checkpoint mapped and bound one hiera module at a time (stream, docs/streaming.md); auto
+    # streams only where loading would not fit. The stages that run the model read it.
+    weights: str = option(AUTO, readers=MODEL_STAGES, choices=WEIGHTS_MODES)
+    # What of the model is exported; the generation task also decodes in evaluate and check.
+    # rewrite: which model files it writes (one, or one per graph) follows from it.
+    task: str = option(
+        FORWARD,
+        readers=(*MODEL_STAGES, "rewrite", *CHECK_STAGES),
+        choices=TASKS,
+        check=_implemented_task,
+    )
+    generation: GenerationSpec = section(GenerationSpec)
+
+
+@dataclass
+class BuildConfig:
+    """Build settings (``build.*``); they never change what is built, only where and whether.
+
+    The one declaration of their defaults: ``conf/config.yaml`` takes them from here
+    (``build_defaults``), and :func:`~hyperexport.product.config.validate.validate_build` fills in
+    what a build leaves out from here.
+    """
+
+    #: Cache location; None: ``$HYPEREXPORT_CACHE_DIR``, else ``~/.cache/hyperexport``.
+    cache_dir: str | None = None
+    #: Root of the materialised artifacts; None: ``<repo>/outputs``. A build writes to
+    #: ``<outputs_dir>/<recipe name>/<overrides or "default">/``.
+    outputs_dir: str | None = None
+    #: Print each stage's status and reason; write nothing.
+    dry_run: bool = False
+    #: Stages to rerun even when cached: ``build.force=[export]``, ``build.force=all``.
+    force: list[str] = field(default_factory=list)
+    #: A remote cache tier, an fsspec URL (``s3://bucket/prefix``, ``gs://...``,
+    #: ``file:///srv/cache``): a local miss is looked up there.
+    remote: str | None = None
+    #: ``read_write`` (fetch, and upload computed entries) or ``read_only`` (fetch only:
+    #: pull-request CI).
+    remote_mode: str = REMOTE_MODES[0]
+    #: fsspec storage options of the remote (credentials, ``endpoint_url``); also from the
+    #: environment (``AWS_*``, ``FSSPEC_<PROTOCOL>_<OPTION>``). Never written into reports.
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Validated, frozen results
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Recipe:
+    """A validated recipe.
+
+    Attributes:
+        name: ``name`` field (used in the outputs path).
+        file: The recipe file it came from (for messages).
+        data: The recipe with every default filled in, as JSON-compatible data (what the
+            runner slices and keys).
+        checkpoint: Absolute checkpoint path, if the recipe has one.
+    """
+
+    name: str
+    file: str
+    data: Mapping[str, Any]
+    checkpoint: Path | None = None
+
+    @functools.cached_property
+    def config(self) -> RecipeConfig:
+        """The recipe typed (``data`` is its :func:`~hyperexport.product.config.fields.to_json`)."""
+        return from_json(RecipeConfig, self.data)
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Validated ``build.*`` settings."""
+
+    cache_dir: str | None
+    outputs_dir: Path
+    dry_run: bool
+    force: tuple[str, ...]
+    remote: str | None = BuildConfig.remote
+    remote_mode: str = BuildConfig.remote_mode
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+def _outputs_root(value: str | None = None) -> str:
+    return str(Path(value).expanduser().resolve()) if value else str(DEFAULT_OUTPUTS_DIR)
+
+
+def stage_reads(stage: str) -> tuple[str, ...]:
+    """The recipe fields stage ``stage`` reads: those declaring it among their ``readers``."""
+    return reads_of(RecipeConfig, stage)

@@ -1,0 +1,51 @@
+"""The build pipeline: trace → export → rewrite → evaluate → check.
+
+Each stage is thin: it reads its declared inputs, calls the library and writes its outputs;
+torch is imported only inside the ``run`` of the stages that need the live model (trace,
+export), and never by rewrite, evaluate or check.
+
+The package imports none of its stage modules eagerly: a stage's key covers the hyperexport
+modules its module loads (:mod:`hyperexport.engine.code_closure`), and loading one stage must
+not load the others. ``PIPELINE`` and ``model_loader`` are resolved on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hyperexport.product.from_recipe.model import model_loader
+    from hyperexport.product.stages.check import CheckStage
+    from hyperexport.product.stages.evaluate import EvaluateStage
+    from hyperexport.product.stages.export import ExportStage
+    from hyperexport.product.stages.pipeline import PIPELINE
+    from hyperexport.product.stages.rewrite import RewriteStage
+    from hyperexport.product.stages.trace import TraceStage
+
+_LAZY = {
+    "PIPELINE": "hyperexport.product.stages.pipeline",
+    "CheckStage": "hyperexport.product.stages.check",
+    "EvaluateStage": "hyperexport.product.stages.evaluate",
+    "ExportStage": "hyperexport.product.stages.export",
+    "RewriteStage": "hyperexport.product.stages.rewrite",
+    "TraceStage": "hyperexport.product.stages.trace",
+    "model_loader": "hyperexport.product.from_recipe.model",
+}
+
+__all__ = [
+    "PIPELINE",
+    "CheckStage",
+    "EvaluateStage",
+    "ExportStage",
+    "RewriteStage",
+    "TraceStage",
+    "model_loader",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hyperexport.product.stages' has no attribute {name!r}")

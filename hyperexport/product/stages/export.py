@@ -1,0 +1,122 @@
+"""Stage ``export``: export each hierarchy unit to ONNX (``bundle.json`` + ``units/*.onnx``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hyperexport.contracts.names import (
+    BUNDLE_JSON,
+    CAPTURE_JSON,
+    REFERENCE_DIR,
+    ROOT_UNIT,
+    TENSORS_NPZ,
+    UNITS_DIR,
+    WEIGHTS_FILE,
+)
+from hyperexport.engine.stage import StageInputs
+from hyperexport.product.config.schema import RecipeConfig, stage_reads
+from hyperexport.product.stages.recipe_stage import RecipeStage
+from hyperexport.tasks.registry import task_named
+
+
+class ExportStage(RecipeStage):
+    """``export_units`` on the live model and the trace's capture.
+
+    What to capture again on a fallback (classes, inputs, dynamic axes) is the trace's frozen
+    ``capture_spec.json``: ``auto`` is resolved once, by the trace, never here.
+
+    Besides the bundle, the stage writes the capture its bundle was exported from under
+    ``reference/``: the check stage's reference, so that check reads only its declared inputs.
+    It is a copy of the trace's capture (the cache stores its bytes once), or, with
+    ``fallback: true`` after a failed export retried on the other path (logged at WARNING), the
+    capture re-made for that path; ``bundle.json`` records the fallback, and from there the
+    model's metadata and the report.
+    """
+
+    name: str = "export"
+    version: int = 5
+    upstream: tuple[str, ...] = ("trace",)
+    #: Derived from the schema: the recipe fields that declare "export" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
+    needs_model: bool = True
+    libraries: tuple[str, ...] = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir")
+    publish: tuple[str, ...] = ()
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """The bundle record, the root unit, the first hiera call's unit (``u000``: validation
+        requires a hiera class, and the trace that the build ran one), the weights, and the
+        reference capture: once, or per graph folder (the encoder-decoder tasks). The other
+        units depend on the model: ``bundle.json`` lists them."""
+        files = {
+            "bundle": BUNDLE_JSON,
+            "root_unit": f"{UNITS_DIR}/{ROOT_UNIT}.onnx",
+            "first_unit": f"{UNITS_DIR}/u000.onnx",
+            "weights": f"{UNITS_DIR}/{WEIGHTS_FILE}",
+            "reference_capture": f"{REFERENCE_DIR}/{CAPTURE_JSON}",
+            "reference_tensors": f"{REFERENCE_DIR}/{TENSORS_NPZ}",
+        }
+        return task_named(recipe.task).per_graph(files)
+
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.product.config.fields import from_json, to_json
+        from hyperexport.tasks.models import model_part
+
+        # Each graph as the task scopes it (forward: the model as loaded), from the trace's
+        # capture of it, into its own folder when there are several. Loading the model first
+        # registers the output types the capture trees name.
+        part, params = model_part(recipe.task), to_json(recipe)
+        for graph in task_named(recipe.task).folders():
+            with part.scope(inputs.model(), params, inputs.source, graph) as scoped:
+                (out_dir / graph).mkdir(exist_ok=True)
+                typed = from_json(RecipeConfig, scoped[1], partial=True)
+                self._run(scoped[0], typed, inputs, out_dir / graph, graph)
+
+    def _run(
+        self,
+        model: Any,
+        recipe: RecipeConfig,
+        inputs: StageInputs,
+        out_dir: Path,
+        graph: str = "",
+    ) -> None:
+        from hyperexport.capture.container import Capture
+        from hyperexport.capture.tree import check_rebuildable
+        from hyperexport.contracts.capture_spec import CaptureSpec
+        from hyperexport.engine.files import clone_or_copy
+        from hyperexport.export.fallback import CaptureCall, export_with_fallback
+        from hyperexport.export.path import ExportPath
+        from hyperexport.export.registry import path_for
+        from hyperexport.product.from_recipe.capture_spec import example_inputs
+        from hyperexport.product.from_recipe.export_options import export_options
+        from hyperexport.product.from_recipe.model import resolve_classes
+
+        trace_dir = inputs.dir("trace") / graph if graph else inputs.dir("trace")
+        capture = Capture.load(trace_dir)
+        check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
+        spec = CaptureSpec.load(trace_dir)  # what the trace ran: auto resolved there
+        options = export_options(recipe, spec)
+        first = capture
+
+        def recapture(path: ExportPath) -> Capture:
+            # The other path's capture semantics (see export_with_fallback), from the same spec.
+            hiera = tuple(resolve_classes(list(spec.hiera), inputs.source))
+            return CaptureCall(model, (), example_inputs(spec), spec, hiera)(path)
+
+        _, used = export_with_fallback(
+            model,
+            capture,
+            path=path_for(spec.dynamo),
+            opset=recipe.opset,
+            options=options,
+            out_dir=out_dir,
+            recapture=recapture,
+        )
+        reference = out_dir / REFERENCE_DIR
+        if used is first:
+            reference.mkdir()
+            for name in (CAPTURE_JSON, TENSORS_NPZ):
+                clone_or_copy(trace_dir / name, reference / name)
+        else:
+            used.save(reference)

@@ -1,0 +1,138 @@
+"""Stage ``quantize``: the final model's MatMul weights in int4 or int8, inside the functions.
+
+With ``quantize.method: none`` (the default) it does nothing and writes nothing: the build's
+model is the rewrite's, byte for byte. Otherwise it writes the quantized model beside the float
+one (``model.quantized.onnx``, its manifest), and nothing else: the evaluate stage runs the
+file this stage wrote, the one the build publishes, against the float model in ONNX Runtime,
+and the check judges that. A comparison written here would be a record of a model, and a cache
+entry can pair a record with another model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hyperexport.atomic import atomic_write_bytes
+from hyperexport.contracts.names import (
+    MANIFEST_JSON,
+    MODEL_FILE,
+    NO_QUANTIZATION,
+    QUANTIZED_MANIFEST_JSON,
+    QUANTIZED_MODEL_FILE,
+)
+from hyperexport.engine.stage import StageInputs
+from hyperexport.errors import RecipeError
+from hyperexport.product.config.schema import RecipeConfig, stage_reads
+from hyperexport.product.stages.recipe_stage import RecipeStage
+
+log = logging.getLogger(__name__)
+
+
+def _save(model: Any, path: Path, *, external_data: bool, threshold: int) -> None:
+    """Write ``model`` (every tensor it still uses, nothing else) atomically: data, then model."""
+    import onnx_ir as ir
+
+    data_name = f"{path.name}.data"
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged = Path(tmp) / path.name
+        if external_data:
+            ir.save(model, staged, external_data=data_name, size_threshold_bytes=threshold)
+            if (Path(tmp) / data_name).exists():
+                os.replace(Path(tmp) / data_name, path.parent / data_name)
+        else:
+            ir.save(model, staged)
+        os.replace(staged, path)
+
+
+class QuantizeStage(RecipeStage):
+    """``QuantizeMatMulsPass`` on the rewrite's model (compared with it by ``evaluate``)."""
+
+    name: str = "quantize"
+    version: int = 2  # 2: no comparison here (evaluate runs the quantized model)
+    upstream: tuple[str, ...] = ("rewrite",)
+    #: Derived from the schema: the recipe fields that declare "quantize" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
+    needs_model: bool = False
+    libraries: tuple[str, ...] = ("onnx", "onnx-ir", "onnxruntime", "numpy", "ml-dtypes")
+    publish: tuple[str, ...] = (
+        QUANTIZED_MODEL_FILE,
+        f"{QUANTIZED_MODEL_FILE}.data",
+        QUANTIZED_MANIFEST_JSON,
+    )
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """Nothing with ``quantize.method: none``; else the quantized model and its manifest
+        (its data file depends on the weights' sizes: not declared)."""
+        if recipe.quantize.method == NO_QUANTIZATION:
+            return {}
+        return {
+            "quantized_model": QUANTIZED_MODEL_FILE,
+            "quantized_manifest": QUANTIZED_MANIFEST_JSON,
+        }
+
+    def run_recipe(self, recipe_config: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        q = recipe_config.quantize
+        if q.method == NO_QUANTIZATION:
+            return
+        import onnx_ir as ir
+
+        from hyperexport.contracts.manifest import ExportManifest
+        from hyperexport.passes.quantize_manifest import function_inputs, quantized_manifest
+        from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
+
+        recipe = inputs.source
+        rewrite_dir = inputs.dir("rewrite")
+        manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
+        model = ir.load(rewrite_dir / MODEL_FILE)
+        for i, name in enumerate(q.exclude):
+            if not names_a_module(model, name):
+                raise RecipeError(
+                    recipe, f"quantize.exclude[{i}]", f"{name!r} names no module or function"
+                )
+        before = function_inputs(model)
+        exclude = tuple(q.exclude)
+        if not QuantizeMatMulsPass(q.method, q.block_size, exclude)(model).modified:
+            raise RecipeError(
+                recipe,
+                "quantize.method",
+                f"{q.method}: the model has no MatMul with a constant weight to quantize "
+                "(outside quantize.exclude)",
+            )
+        _refuse_unsupported(model, q.method, recipe)
+        quantized = quantized_manifest(manifest, before, model)
+        _save(
+            model,
+            out_dir / QUANTIZED_MODEL_FILE,
+            external_data=recipe_config.external_data,
+            threshold=recipe_config.external_data_threshold,
+        )
+        text = quantized.dumps() + "\n"
+        atomic_write_bytes(out_dir / QUANTIZED_MANIFEST_JSON, text.encode("utf-8"))
+
+
+def _refuse_unsupported(model: Any, method: str, recipe: str) -> None:
+    """RecipeError naming ``quantize.method`` when ORT's CPU provider cannot run its op here."""
+    from hyperexport.check.quantized_support import unsupported_reason
+    from hyperexport.passes.quantize_matmul import MS_DOMAIN, QUANTIZED_OPS
+
+    dtypes = set()
+    for graph in (model.graph, *(f.graph for f in model.functions.values())):
+        for node in graph:
+            if node.domain == MS_DOMAIN and node.op_type == QUANTIZED_OPS[method]:
+                scales = node.inputs[2]
+                if scales is not None and scales.dtype is not None:
+                    dtypes.add(scales.dtype.numpy().name)
+    for dtype in sorted(dtypes):
+        reason = unsupported_reason(method, dtype)
+        if reason is not None:
+            raise RecipeError(
+                recipe,
+                "quantize.method",
+                f"ONNX Runtime's CPU provider cannot run {QUANTIZED_OPS[method]} on {dtype} "
+                f"weights: {reason.splitlines()[0]}",
+            )

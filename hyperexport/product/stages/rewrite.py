@@ -1,0 +1,87 @@
+"""Stage ``rewrite``: compose functions, run the rewrite passes, save the final model (no torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from hyperexport import progress
+from hyperexport.atomic import atomic_write_bytes
+from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
+from hyperexport.engine.stage import StageInputs
+from hyperexport.product.config.schema import RecipeConfig, stage_reads
+from hyperexport.product.stages.recipe_stage import RecipeStage
+from hyperexport.tasks.registry import TASKS, task_named
+
+
+class RewriteStage(RecipeStage):
+    """``compose_model`` on the export bundle → ``model.onnx`` (+ external data) and ``manifest.json``.
+
+    When no pass made a tensor for the data file, ``model.onnx.data`` is the export's
+    ``units/weights.data`` unchanged: the stage writes it as a symlink to that input, which the
+    cache records under the input's digest without copying it (``engine/workspace.py``). When
+    passes appended tensors, the file is a copy of the weights plus those tensors (logged at
+    INFO with its size): a second blob in the cache.
+    """
+
+    name: str = "rewrite"
+    # 4: the model records the library versions it was built with; 5: reads task (its graphs)
+    version: int = 5
+    upstream: tuple[str, ...] = ("export",)
+    #: Derived from the schema: the recipe fields that declare "rewrite" among their readers.
+    reads: tuple[str, ...] = stage_reads(name)
+    needs_model: bool = False
+    #: torch, transformers and onnxruntime too: their versions go into the model's metadata.
+    libraries: tuple[str, ...] = (
+        "onnx",
+        "onnx-ir",
+        "onnxscript",
+        "torch",
+        "transformers",
+        "onnxruntime",
+    )
+    #: Every task's models: ``model.onnx``, or one per graph (``encoder_model.onnx``, ...).
+    publish: tuple[str, ...] = (
+        MODEL_FILE,
+        f"{MODEL_FILE}.data",
+        "*.onnx.data",
+        MANIFEST_JSON,
+        *dict.fromkeys(
+            f(g) for t in TASKS.values() for f in (t.model_file, t.manifest_file) for g in t.graphs
+        ),
+    )
+
+    def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
+        """One model and its manifest, or one per graph of the task (``encoder_model.onnx``,
+        ...). A data file depends on the weights' sizes: not declared."""
+        task = task_named(recipe.task)
+        if task.graphs:
+            return {
+                **{f"{g}_model": task.model_file(g) for g in task.graphs},
+                **{f"{g}_manifest": task.manifest_file(g) for g in task.graphs},
+            }
+        return {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
+
+    def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.model_file import save_model
+        from hyperexport.passes.pipeline import compose_model
+        from hyperexport.product.from_recipe.export_options import export_options
+
+        export_dir = inputs.dir("export")
+        # One bundle per graph folder of the task, each into <graph>_model.onnx +
+        # <graph>_manifest.json (Optimum's file names); one graph: model.onnx + manifest.json.
+        task = task_named(recipe.task)
+        jobs = [(export_dir / g, task.model_file(g), task.manifest_file(g)) for g in task.folders()]
+        for bundle_dir, model_name, manifest_name in jobs:
+            model, manifest = compose_model(bundle_dir, options=export_options(recipe))
+            with progress.watch_bytes(out_dir, f"writing {model_name}"):
+                save_model(
+                    model,
+                    out_dir / model_name,
+                    external_data=recipe.external_data,
+                    threshold=recipe.external_data_threshold,
+                    # The export's weight file unchanged: a link the cache stores without a copy.
+                    link_unchanged=True,
+                )
+            text = (manifest.dumps() + "\n").encode("utf-8")
+            atomic_write_bytes(out_dir / manifest_name, text)

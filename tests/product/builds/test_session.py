@@ -1,0 +1,211 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hyperexport.product.builds.session import run_build, variant_dir
+from hyperexport.product.config import BuildSettings
+from tests.engine.fakes import FakeStage, StageBoom, pipeline
+from tests.helpers.fake_recipe import recipe
+
+
+def _settings(tmp_path: Path, cache: str = "cache", **kw: object) -> BuildSettings:
+    return BuildSettings(
+        cache_dir=str(tmp_path / cache),
+        outputs_dir=tmp_path / "outputs",
+        dry_run=bool(kw.get("dry_run", False)),
+        force=tuple(kw.get("force", ())),  # type: ignore[arg-type]
+    )
+
+
+def test_variant_dir() -> None:
+    assert variant_dir([]) == "default"
+    assert variant_dir(["recipe=llama", "opset=17", "build.dry_run=true"]) == "opset=17"
+    assert variant_dir(["opset=17", "dynamo=true"]) == "dynamo=true,opset=17"
+    assert variant_dir(["+checkpoint=/a/b.pt"]) == "checkpoint=_a_b.pt"
+
+
+def test_outputs_and_report(tmp_path: Path) -> None:
+    outcome = run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
+    out = tmp_path / "outputs" / "fake" / "default"
+    assert outcome.exit_code == 0
+    assert outcome.out_dir == out
+    assert outcome.model_path == out / "model.onnx"
+    report = json.loads((out / "report.json").read_text())
+    assert report["recipe"]["name"] == "fake"
+    assert report["recipe"]["file"] == "/recipes/fake.yaml"
+    assert [(s["name"], s["status"]) for s in report["stages"]] == [
+        ("trace", "ran"),
+        ("export", "ran"),
+        ("rewrite", "ran"),
+        ("check", "ran"),
+    ]
+    assert all(len(s["key"]) == 64 and s["seconds"] >= 0 for s in report["stages"])
+    assert report["artifacts"]["model"] == str(out / "model.onnx")
+    assert report["check"]["params"] == {
+        "check": {
+            "accept_vacuous": [],
+            "atol": 0.0001,
+            "expect_ops": {},
+            "function_scope": "all",
+            "per_output": {},
+            "quantized": {"max_rel_error": 0.35, "min_cosine": 0.95, "min_top1": 0.75},
+            "rtol": 0.001,
+        },
+        "opset": 18,
+    }
+    assert sorted(report["files"]) == ["check.json", "model.onnx"]
+    assert (out / "summary.txt").read_text().rstrip().endswith(f"model: {out / 'model.onnx'}")
+    # intermediate files stay in the cache
+    assert not (out / "trace.json").exists()
+
+
+def test_noop_rebuild_hits_and_does_not_recopy(tmp_path: Path) -> None:
+    run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
+    model = tmp_path / "outputs" / "fake" / "default" / "model.onnx"
+    mtime = model.stat().st_mtime_ns
+    outcome = run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
+    assert {s.status for s in outcome.result.stages} == {"hit"}
+    assert model.stat().st_mtime_ns == mtime
+
+
+def test_edited_output_is_restored(tmp_path: Path) -> None:
+    first = run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
+    assert first.model_path is not None
+    original = first.model_path.read_bytes()
+    first.model_path.write_bytes(b"user scribbled here")
+    run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
+    assert first.model_path.read_bytes() == original
+
+
+def test_byte_identical_outputs_from_two_empty_caches(tmp_path: Path) -> None:
+    a = run_build(recipe(), _settings(tmp_path, "c1"), stages=pipeline(), load_model=lambda: "m")
+    assert a.model_path is not None
+    first = a.model_path.read_bytes()
+    a.model_path.unlink()
+    b = run_build(recipe(), _settings(tmp_path, "c2"), stages=pipeline(), load_model=lambda: "m")
+    assert {s.status for s in b.result.stages} == {"ran"}
+    assert b.model_path is not None and b.model_path.read_bytes() == first
+
+
+def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    outcome = run_build(
+        recipe(), _settings(tmp_path, dry_run=True), stages=pipeline(), load_model=lambda: "m"
+    )
+    assert outcome.lines[0] == "recipe: fake (/recipes/fake.yaml)"
+    assert outcome.lines[1] == "trace: would run (no previous build)"
+    assert outcome.report is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_stage_report_and_exit_code(tmp_path: Path) -> None:
+    stages = list(pipeline())
+    stages[3] = FakeStage(
+        "check",
+        reads=("check",),
+        upstream=("trace", "rewrite"),
+        publish=("check.json",),
+        declares={"check": "check.json"},
+        fail=lambda p: StageBoom("output 0 diverges", "layers.0"),
+    )
+    outcome = run_build(recipe(), _settings(tmp_path), stages=stages, load_model=lambda: "m")
+    assert outcome.exit_code == 1
+    report = outcome.report
+    assert report is not None
+    assert report["status"] == "failed"
+    assert report["failed_stage"] == "check"
+    assert report["module_path"] == "layers.0"
+    assert report["stages"][-1]["status"] == "failed"
+    # the failed check's own output still reaches the report, and the model is there to inspect
+    assert report["check"]["params"]["check"]["atol"] == 0.0001
+    assert outcome.model_path is not None and outcome.model_path.is_file()
+
+
+def test_stale_files_are_removed(tmp_path: Path) -> None:
+    run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
+    out = tmp_path / "outputs" / "fake" / "default"
+    assert (out / "check.json").exists()
+    stages = pipeline()[:3]
+    run_build(recipe(), _settings(tmp_path), stages=stages, load_model=lambda: "m")
+    assert not (out / "check.json").exists()
+    assert (out / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("size", [10, 0])
+def test_corrupt_published_blob_is_rebuilt(tmp_path: Path, size: int) -> None:
+    first = run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
+    assert first.model_path is not None
+    expected = first.model_path.read_bytes()
+    first.model_path.unlink()
+    digest = first.report["files"]["model.onnx"]["digest"]  # type: ignore[index]
+    blob = tmp_path / "cache" / "blobs" / digest[:2] / digest
+    blob.chmod(0o644)
+    with open(blob, "r+b") as fh:
+        fh.truncate(size)
+    again = run_build(recipe(), _settings(tmp_path), stages=pipeline(), load_model=lambda: "m")
+    statuses = {s.name: s.status for s in again.result.stages}
+    assert statuses == {"trace": "hit", "export": "hit", "rewrite": "ran", "check": "hit"}
+    assert again.model_path is not None and again.model_path.read_bytes() == expected
+
+
+def test_a_sweep_job_explains_against_its_own_variant(tmp_path: Path) -> None:
+    """Jobs of a sweep share the recipe's name; each compares with its own previous build (its
+    first with the recipe's default variant), never with whichever job ran last."""
+    settings = _settings(tmp_path)
+
+    def reasons(variant: str, **overrides: object) -> dict[str, str]:
+        outcome = run_build(
+            recipe(**overrides),
+            settings,
+            stages=pipeline(),
+            load_model=lambda: "m",
+            variant=variant,
+        )
+        assert outcome.exit_code == 0, outcome.lines
+        return {s.name: s.reason for s in outcome.result.stages if s.status == "ran"}
+
+    reasons("default", opset=18)
+    assert reasons("opset=17", opset=17)["export"] == "opset 18→17"
+    assert reasons("opset=20", opset=20)["export"] == "opset 18→20"  # not 17→20
+    again = reasons("opset=17", opset=17, check__atol=1e-3)
+    assert set(again) == {"check"} and again["check"] == "check.atol 0.0001→0.001"
+
+
+@pytest.mark.parametrize("how", ["copy", "reflink"])
+def test_a_variant_sharing_a_model_warns_when_it_holds_a_second_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """A ``check.*`` variant publishes the same model as the default one: without reflinks
+    its folder holds a second copy, and the build says so at WARNING (a reflink shares it)."""
+    import shutil
+
+    from hyperexport.product.builds import publish
+
+    def clone(src: Path, dst: Path) -> str:
+        shutil.copyfile(src, dst)
+        return how
+
+    monkeypatch.setattr(publish, "clone_or_copy", clone)
+    settings = _settings(tmp_path)
+    first = run_build(recipe(), settings, stages=pipeline(), load_model=lambda: "m")
+    assert first.exit_code == 0
+    caplog.clear()
+    variant = "check.atol=0.001"
+    again = run_build(
+        recipe(check__atol=1e-3),
+        settings,
+        stages=pipeline(),
+        load_model=lambda: "m",
+        variant=variant,
+    )
+    assert {s.name for s in again.result.stages if s.status == "ran"} == {"check"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if how == "reflink":
+        assert warnings == []
+        return
+    (line,) = warnings  # the model only, not the manifest
+    assert line.startswith("model.onnx: a second copy") and "no reflinks" in line
+    default = (tmp_path / "outputs" / "fake" / "default").resolve()
+    assert str(default / "model.onnx") in line
