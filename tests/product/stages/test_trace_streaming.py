@@ -10,7 +10,7 @@ import torch
 
 from hyperexport import zoo
 from hyperexport.capture.streaming import streamed_checkpoint
-from hyperexport.engine.stage import StageInputs, recipe_slice
+from hyperexport.engine.stage import StageInputs, config_slice
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.config.schema import stage_reads
 from hyperexport.product.from_recipe.model import model_loader
@@ -47,7 +47,7 @@ def test_streamed_trace_writes_the_loaded_traces_bytes(
         assert (streamed_checkpoint(model) is not None) == (weights == "stream")
         out = tmp_path / weights
         out.mkdir()
-        params = recipe_slice(recipe.data, stage_reads("trace"))
+        params = config_slice(recipe.data, stage_reads("trace"))
         TraceStage().run(params, StageInputs({}, lambda m=model: m, "r.yaml"), out)
         written[weights] = {p.name: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
         if weights == "stream":  # every weight back on the meta device after the stage
