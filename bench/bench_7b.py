@@ -121,8 +121,8 @@ def watched(command: list[str], limit_gb: float) -> None:
 
 def check(out: Path) -> None:
     from hyperexport.api import Capture
+    from hyperexport.base.contracts.manifest import ExportManifest
     from hyperexport.check import CheckSettings, run_checks
-    from hyperexport.contracts.manifest import ExportManifest
 
     started = time.perf_counter()
     capture = Capture.load(out / "capture")

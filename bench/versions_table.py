@@ -5,7 +5,7 @@
 
 Each row is one leg that was really run: the versions it installed, what its default tests and
 its zoo run (``-m zoo``, both export paths) gave, and their wall time. A leg without a result
-file is not in the table. ``tests/test_versions_table.py`` fails when the README's table differs
+file is not in the table. ``tests/base/test_versions_table.py`` fails when the README's table differs
 from what this script renders from the committed results.
 """
 

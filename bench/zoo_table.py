@@ -263,7 +263,7 @@ def readme_table(text: str) -> str:
 def write_readme(table: str) -> None:
     text = README.read_text(encoding="utf-8")
     start, end = text.index(START) + len(START), text.index(END)
-    from hyperexport.atomic import atomic_write_text
+    from hyperexport.base.atomic import atomic_write_text
 
     atomic_write_text(README, f"{text[:start]}\n{table}\n{text[end:]}")
 
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         results["recipes"] = {k: results["recipes"][k] for k in names if k in results["recipes"]}
         import torch
 
-        from hyperexport.versions import transformers_version
+        from hyperexport.base.versions import transformers_version
 
         results["environment"] = {
             "date": time.strftime("%Y-%m-%d"),
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": 1,
             "repeat": args.repeat,
         }
-        from hyperexport.atomic import atomic_write_text
+        from hyperexport.base.atomic import atomic_write_text
 
         atomic_write_text(RESULTS, json.dumps(results, indent=1, sort_keys=True) + "\n")
     write_readme(render_table(names, results["recipes"]))

@@ -7,6 +7,8 @@ the build's no-op path never imports them.
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -15,17 +17,17 @@ __version__ = "0.1.0"
 #: package loads nothing else (the command line then loads everything through the keyed loader,
 #: ``engine/keyed_imports.py``, and a no-op build never loads torch or onnx).
 _PUBLIC = {
-    "CheckError": "hyperexport.errors",
-    "HieraError": "hyperexport.errors",
-    "HyperExportError": "hyperexport.errors",
-    "InputError": "hyperexport.errors",
-    "ModelForwardError": "hyperexport.errors",
-    "ModuleExportError": "hyperexport.errors",
-    "OpsetError": "hyperexport.errors",
-    "OptionsError": "hyperexport.errors",
-    "RecipeError": "hyperexport.errors",
-    "RewriteError": "hyperexport.errors",
-    "StageError": "hyperexport.errors",
+    "CheckError": "hyperexport.base.errors",
+    "HieraError": "hyperexport.base.errors",
+    "HyperExportError": "hyperexport.base.errors",
+    "InputError": "hyperexport.base.errors",
+    "ModelForwardError": "hyperexport.base.errors",
+    "ModuleExportError": "hyperexport.base.errors",
+    "OpsetError": "hyperexport.base.errors",
+    "OptionsError": "hyperexport.base.errors",
+    "RecipeError": "hyperexport.base.errors",
+    "RewriteError": "hyperexport.base.errors",
+    "StageError": "hyperexport.base.errors",
     "AttentionOptions": "hyperexport.options",
     "CustomOpSymbolic": "hyperexport.options",
     "ExportOptions": "hyperexport.options",
@@ -35,7 +37,7 @@ _PUBLIC = {
 
 if TYPE_CHECKING:
     from hyperexport.api import export_hyper_onnx
-    from hyperexport.errors import (
+    from hyperexport.base.errors import (
         CheckError,
         HieraError,
         HyperExportError,
@@ -76,10 +78,20 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hyperexport' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+def lazy_attributes(module: str, table: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module's ``__getattr__`` that imports ``table[name]`` (the module defining ``name``) on
+    first use of ``name``, and keeps the value in the module: the one lazy-import helper of the
+    package's ``__init__`` files (it lives here, so using it loads no other module)."""
+
+    def __getattr__(name: str) -> Any:
+        where = table.get(name)
+        if where is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where), name)
+        setattr(sys.modules[module], name, value)
+        return value
+
+    return __getattr__
+
+
+__getattr__ = lazy_attributes(__name__, _PUBLIC)

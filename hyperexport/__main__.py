@@ -20,7 +20,7 @@ Subcommands (``python -m hyperexport <command> ...``) that are not builds:
 
 The build itself is :mod:`hyperexport.product.cli.build`. The ``hyperexport`` console script is the same
 entry point. Exit codes are those of
-:mod:`hyperexport.exit_codes`: 0 built, 1 a stage failed, 2 the recipe or an override is invalid,
+:mod:`hyperexport.base.exit_codes`: 0 built, 1 a stage failed, 2 the recipe or an override is invalid,
 3 the cache or outputs cannot be used, 130 interrupted.
 """
 
@@ -30,8 +30,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from hyperexport import exit_codes
-from hyperexport.cache_dir import default_cache_dir
+from hyperexport.base import exit_codes
+from hyperexport.base.cache_dir import default_cache_dir
 from hyperexport.engine.keyed_imports import default_bytecode_dir, keyed_imports
 
 log = logging.getLogger("hyperexport")

@@ -15,17 +15,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
+from hyperexport.base.contracts.bundle import ExportBundle
+from hyperexport.base.contracts.capture_spec import CaptureSpec
+from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.contracts.records import CaptureRecord, tree_tensor_keys
+from hyperexport.base.errors import OptionsError
 from hyperexport.capture.capture_model import capture_model
 from hyperexport.capture.container import Capture
 from hyperexport.capture.hiera_classes import resolve_hiera
 from hyperexport.capture.root import root_as_function
 from hyperexport.capture.tree import qualified_name
-from hyperexport.contracts.bundle import ExportBundle
-from hyperexport.contracts.capture_spec import CaptureSpec
-from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.records import CaptureRecord, tree_tensor_keys
 from hyperexport.defaults import DEFAULT_OPSET
-from hyperexport.errors import OptionsError
 from hyperexport.export.fallback import (
     CaptureCall,
     export_units_with_fallback,

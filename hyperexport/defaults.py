@@ -10,7 +10,7 @@ every stage's key (and numpy into a no-op build).
 
 from __future__ import annotations
 
-from hyperexport.contracts.names import FUNCTION_SCOPES, NO_QUANTIZATION
+from hyperexport.base.contracts.names import FUNCTION_SCOPES, NO_QUANTIZATION
 
 # -- export ------------------------------------------------------------------------------------
 #: The default-domain opset of an export (``export_hyper_onnx(opset_version=)``, recipe ``opset``).

@@ -4,7 +4,7 @@ model, and the protobuf limit of a model without external data.
 
 from __future__ import annotations
 
-from hyperexport.errors import ResourceError
+from hyperexport.base.errors import ResourceError
 from hyperexport.meminfo import available_memory
 from hyperexport.model_file import check_inline_size
 

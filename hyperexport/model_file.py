@@ -25,8 +25,8 @@ from typing import BinaryIO
 import numpy as np
 import onnx_ir as ir
 
+from hyperexport.base.errors import ResourceError
 from hyperexport.engine.files import clone_or_copy
-from hyperexport.errors import ResourceError
 from hyperexport.tensor_slots import TensorSlot, tensor_slots
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Everything beyond HyperONNX's flat signature goes into :class:`ExportOptions`, not into new
 keyword flags. :class:`ExportRequest` holds ``export_hyper_onnx``'s own flat arguments once they
-are checked. Every check raises :class:`~hyperexport.errors.OptionsError` naming the option; no
+are checked. Every check raises :class:`~hyperexport.base.errors.OptionsError` naming the option; no
 torch import here (the package import stays cheap).
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from hyperexport.contracts.names import BUILTIN_ATTENTION, OPSET_RANGES
-from hyperexport.errors import OpsetError, OptionsError
+from hyperexport.base.contracts.names import BUILTIN_ATTENTION, OPSET_RANGES
+from hyperexport.base.errors import OpsetError, OptionsError
 
 FunctionMode = Literal["per_instance", "per_type"]
 FUNCTION_MODES: tuple[str, ...] = get_args(FunctionMode)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hyperexport import versions
+from hyperexport.base import versions
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def seq2seq_zoo(recipes_dir: Any) -> list[str]:
 
 
 #: Cohere on the TorchScript path, by how transformers builds masks
-#: (:func:`~hyperexport.versions.masks_built_by_vmap`): 5.x (broadcast) and 4.x (vmapped).
+#: (:func:`~hyperexport.base.versions.masks_built_by_vmap`): 5.x (broadcast) and 4.x (vmapped).
 _COHERE_TORCHSCRIPT = (
     "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
     "run: with grouped-query attention the query is reshaped to the key's head count "
@@ -59,7 +59,7 @@ def expected_failures(transformers: str | None = None) -> dict[tuple[str, bool],
 
     Each is a pair where torch's own plain export of the same model fails too
     (tests/zoo/test_fail_torch.py); the condition on the release lives in
-    :mod:`hyperexport.versions`.
+    :mod:`hyperexport.base.versions`.
 
     Args:
         transformers: A transformers release (``"4.57.6"``); the installed one when None.

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.tasks.registry import task_named
 from tests.helpers.recipes import RECIPES, needs_later_transformers

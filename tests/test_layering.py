@@ -29,17 +29,17 @@ from hyperexport.engine.code_closure import Import, ModuleSource, _imports, read
 
 PACKAGE = Path(hyperexport.__file__).parent
 ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
-TORCH_FREE = ("hyperexport.passes", "hyperexport.check", "hyperexport.contracts")
+TORCH_FREE = ("hyperexport.passes", "hyperexport.check", "hyperexport.base.contracts")
 #: Sides that never import each other, whatever their rows (importer, imported).
 APART = {("engine", "library")}
 #: The engine stands alone at the bottom of the table (it imports nothing of the package).
 ENGINE = "hyperexport.engine"
 #: The sides whose modules sit in a folder of their own (``__main__`` is the command line's
 #: entry, beside the public names).
-SIDE_FOLDERS = {"product": "hyperexport.product", "engine": ENGINE}
+SIDE_FOLDERS = {"product": "hyperexport.product", "engine": ENGINE, "base": "hyperexport.base"}
 SIDE_FOLDER_EXCEPTIONS = {"hyperexport.__main__"}
 #: What the version bridge may import besides the standard library.
-VERSION_BRIDGE = "hyperexport.versions"
+VERSION_BRIDGE = "hyperexport.base.versions"
 VERSION_BRIDGE_MAY_IMPORT = {
     "packaging",  # version parsing only (a dependency of torch's and onnx's own tools)
     "torch",
@@ -169,17 +169,17 @@ def test_an_upward_or_crossing_import_is_found() -> None:
         Row(0, "product", ("hyperexport.product.cli",)),
         Row(1, "engine", ("hyperexport.engine",)),
         Row(2, "library", ("hyperexport.check",)),
-        Row(3, "base", ("hyperexport.errors",)),
+        Row(3, "base", ("hyperexport.base.errors",)),
     ]
     tree = ast.parse(
-        "import hyperexport.errors\ndef f():\n    from hyperexport.product.cli import build\n"
+        "import hyperexport.base.errors\ndef f():\n    from hyperexport.product.cli import build\n"
     )
     sources = {
         name: ModuleSource(name, "", "", (), ())
         for name in (
             "hyperexport.product.cli",
             "hyperexport.product.cli.build",
-            "hyperexport.errors",
+            "hyperexport.base.errors",
         )
     }
     module_level, function_level = _imports(tree, "hyperexport.check.x", False)
@@ -222,7 +222,7 @@ def test_no_import_goes_up_the_layer_table_or_across_engine_and_library() -> Non
 def test_the_version_bridge_imports_only_torch_transformers_and_onnx() -> None:
     source = SOURCES.get(VERSION_BRIDGE)
     if source is None:
-        pytest.skip("hyperexport/versions.py does not exist yet")
+        pytest.skip("hyperexport/base/versions.py does not exist yet")
     tops = {base.split(".")[0] for base, _ in (*source.module_level, *source.function_level)}
     outside = tops - set(sys.stdlib_module_names) - VERSION_BRIDGE_MAY_IMPORT - {"__future__"}
     assert outside == set()

@@ -14,6 +14,12 @@ from typing import Any
 
 import torch
 
+from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, Tree
+from hyperexport.base.errors import (
+    InputError,
+    ModelForwardError,
+    RecipeError,
+)
 from hyperexport.capture import signature, tree
 from hyperexport.capture.attribute_reads import record_reads
 from hyperexport.capture.container import Capture
@@ -23,12 +29,6 @@ from hyperexport.capture.jit_trace import run_under_trace
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.probe import PROBE, require_same_calls, resize_inputs
 from hyperexport.capture.root import RootHolder
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, Tree
-from hyperexport.errors import (
-    InputError,
-    ModelForwardError,
-    RecipeError,
-)
 
 log = logging.getLogger(__name__)
 

@@ -12,19 +12,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hyperexport.atomic import atomic_write_text
+from hyperexport.base.atomic import atomic_write_text
+from hyperexport.base.contracts.arrays import load_arrays, raw_dtype, save_arrays
+from hyperexport.base.contracts.names import CAPTURE_JSON, TENSORS_NPZ
+from hyperexport.base.contracts.records import CaptureRecord, TensorMeta
+from hyperexport.base.errors import (
+    CorruptRecordError,
+)
 from hyperexport.capture.torch_hooks import (
     is_tracing,
     pause_tracing,
     resume_tracing,
     torch_dtype,
     torch_dtype_name,
-)
-from hyperexport.contracts.arrays import load_arrays, raw_dtype, save_arrays
-from hyperexport.contracts.names import CAPTURE_JSON, TENSORS_NPZ
-from hyperexport.contracts.records import CaptureRecord, TensorMeta
-from hyperexport.errors import (
-    CorruptRecordError,
 )
 
 

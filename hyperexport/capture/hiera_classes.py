@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from hyperexport.errors import (
+from hyperexport.base.errors import (
     HieraError,
     did_you_mean,
 )
-from hyperexport.versions import missing_transformers_class
+from hyperexport.base.versions import missing_transformers_class
 
 
 def import_hiera_class(name: str) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hyperexport.base.contracts.records import ModuleCall, TensorMeta, Tree
 from hyperexport.capture import signature, tree
 from hyperexport.capture.attribute_reads import ReadLog, original_class
 from hyperexport.capture.container import to_array
@@ -20,7 +21,6 @@ from hyperexport.capture.torch_hooks import (
     resume_tracing,
     torch_dtype_name,
 )
-from hyperexport.contracts.records import ModuleCall, TensorMeta, Tree
 
 
 class Recorder:

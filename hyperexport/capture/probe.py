@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from hyperexport.capture import tree
-from hyperexport.contracts.names import PROBE_PREFIX
-from hyperexport.contracts.records import ModuleCall
-from hyperexport.errors import (
+from hyperexport.base.contracts.names import PROBE_PREFIX
+from hyperexport.base.contracts.records import ModuleCall
+from hyperexport.base.errors import (
     InputError,
     OptionsError,
 )
+from hyperexport.capture import tree
 
 #: Key prefix of the tensors of the run at the second (probe) shape.
 PROBE = PROBE_PREFIX

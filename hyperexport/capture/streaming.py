@@ -4,7 +4,7 @@ one hiera module at a time (issue 36, ``docs/streaming.md``).
 * :func:`parameters_on_meta`: modules built inside get their *parameters* on the meta device;
   buffers stay real (rotary frequencies are computed at construction and are in no checkpoint).
 * :class:`MappedCheckpoint`: the checkpoint's files mapped privately, tensors as zero-copy views
-  by state-dict name (:class:`~hyperexport.contracts.weight_index.WeightIndex`). Their pages are
+  by state-dict name (:class:`~hyperexport.base.contracts.weight_index.WeightIndex`). Their pages are
   file-backed: counted in RSS while resident, never anonymous, and dropped by
   :meth:`MappedCheckpoint.release`.
 * :class:`StreamedWeights`: binds the parameters outside every hiera instance for as long as it
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from hyperexport.contracts.weight_index import WeightIndex
-from hyperexport.errors import HyperExportError
+from hyperexport.base.contracts.weight_index import WeightIndex
+from hyperexport.base.errors import HyperExportError
 
 log = logging.getLogger(__name__)
 

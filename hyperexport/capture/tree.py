@@ -8,7 +8,7 @@ up a class by the name a tree gives. An ``object`` node is rebuilt only with a c
 process has already registered: one that :func:`flatten` met here (see
 :func:`register_object_type`), or one registered with torch's pytree (transformers registers
 every ``ModelOutput`` subclass when its module is imported). It must be a dataclass, called
-with its own field names. Anything else raises :class:`~hyperexport.errors.CorruptRecordError`,
+with its own field names. Anything else raises :class:`~hyperexport.base.errors.CorruptRecordError`,
 which the build treats as a corrupt cache entry (a WARNING, a miss, a rebuild).
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from hyperexport.base.contracts.records import CaptureRecord, Tree
+from hyperexport.base.contracts.records import leaf_names as leaf_names  # moved; re-exported
+from hyperexport.base.errors import CorruptRecordError, InputError
 from hyperexport.capture.torch_hooks import pytree_node_types
-from hyperexport.contracts.records import CaptureRecord, Tree
-from hyperexport.contracts.records import leaf_names as leaf_names  # moved; re-exported
-from hyperexport.errors import CorruptRecordError, InputError
 
 #: Classes of ``object`` nodes met by :func:`flatten` in this process, by qualified name.
 _OBJECT_TYPES: dict[str, type] = {}

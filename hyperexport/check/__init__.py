@@ -12,8 +12,9 @@ nor ONNX Runtime: ``run_checks`` is imported on first use, so the judge stays li
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from hyperexport import lazy_attributes
 from hyperexport.check.report import (
     CheckFailure,
     CheckReport,
@@ -38,9 +39,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "run_checks":
-        from hyperexport.check.run import run_checks
-
-        return run_checks
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_LAZY = {"run_checks": "hyperexport.check.run"}
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from hyperexport.atomic import atomic_write_text
+from hyperexport.base.atomic import atomic_write_text
+from hyperexport.base.contracts.arrays import load_arrays, save_arrays
+from hyperexport.base.contracts.names import EVALUATION_ARRAYS as EVALUATION_ARRAYS
+from hyperexport.base.contracts.names import EVALUATION_JSON as EVALUATION_JSON
+from hyperexport.base.errors import CheckError
 from hyperexport.check.report import StructuralResult
-from hyperexport.contracts.arrays import load_arrays, save_arrays
-from hyperexport.contracts.names import EVALUATION_ARRAYS as EVALUATION_ARRAYS
-from hyperexport.contracts.names import EVALUATION_JSON as EVALUATION_JSON
-from hyperexport.errors import CheckError
 
 #: Suffix of the probe run's output names (the second shape, for dynamic axes).
 SECOND_SHAPE = "@second_shape"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.contracts.names import ALL_CALLS, NO_CALLS
+from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.check.report import FunctionResult
-from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.names import ALL_CALLS, NO_CALLS
-from hyperexport.contracts.records import CaptureRecord
 
 
 def select_calls(manifest: ExportManifest, scope: str) -> list[int]:

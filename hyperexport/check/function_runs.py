@@ -12,14 +12,14 @@ import numpy as np
 import onnx_ir as ir
 
 from hyperexport import progress
+from hyperexport.base.contracts.manifest import CallSite, ExportManifest
+from hyperexport.base.errors import CheckError
 from hyperexport.check.evaluation import FunctionRun, OutputRun
 from hyperexport.check.ort_session import OrtRunner
 from hyperexport.check.precision import round_to, upcast_feeds
 from hyperexport.check.standalone import build_standalone, input_signature
 from hyperexport.check.tensors import CapturedArrays
 from hyperexport.check.upcast import session_payload
-from hyperexport.contracts.manifest import CallSite, ExportManifest
-from hyperexport.errors import CheckError
 
 logger = logging.getLogger(__name__)
 

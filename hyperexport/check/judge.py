@@ -15,6 +15,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.contracts.records import CaptureRecord
+from hyperexport.base.errors import CheckError
 from hyperexport.check.compare import compare_arrays
 from hyperexport.check.evaluation import SECOND_SHAPE, Evaluation, FunctionRun, OutputRun
 from hyperexport.check.function_parity import class_names, first_divergent, nested_calls
@@ -23,9 +26,6 @@ from hyperexport.check.report import CheckReport, FunctionResult, TensorResult
 from hyperexport.check.settings import CheckSettings, Tolerance
 from hyperexport.check.tensors import CapturedArrays
 from hyperexport.check.vacuous import vacuous_reason
-from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.records import CaptureRecord
-from hyperexport.errors import CheckError
 
 logger = logging.getLogger(__name__)
 

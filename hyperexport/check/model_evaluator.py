@@ -17,6 +17,9 @@ import numpy as np
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.contracts.records import CaptureRecord
+from hyperexport.base.errors import CheckError
 from hyperexport.check.evaluation import Evaluation, FunctionRun, OutputRun
 from hyperexport.check.function_parity import select_calls
 from hyperexport.check.function_runs import FunctionRunner
@@ -25,9 +28,6 @@ from hyperexport.check.parity import run_end_to_end
 from hyperexport.check.settings import CheckSettings
 from hyperexport.check.structure import check_structure
 from hyperexport.check.tensors import CapturedArrays
-from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.records import CaptureRecord
-from hyperexport.errors import CheckError
 
 logger = logging.getLogger(__name__)
 

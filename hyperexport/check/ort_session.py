@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from hyperexport.errors import CheckError
+from hyperexport.base.errors import CheckError
 
 logger = logging.getLogger(__name__)
 

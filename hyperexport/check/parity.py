@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
+from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.errors import CheckError
 from hyperexport.check.evaluation import SECOND_SHAPE, OutputRun
 from hyperexport.check.ort_session import OrtRunner
 from hyperexport.check.precision import round_to, upcast_feeds
 from hyperexport.check.tensors import CapturedArrays
 from hyperexport.check.upcast import is_low_precision, session_payload
-from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.errors import CheckError
 
 logger = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
+from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.contracts.names import QUANTIZED_DOMAIN, QUANTIZED_OP_TYPES
+from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.check.quantized_record import Closeness, QuantizedComparison
-from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.names import QUANTIZED_DOMAIN, QUANTIZED_OP_TYPES
-from hyperexport.contracts.records import CaptureRecord
 
 if TYPE_CHECKING:
     from hyperexport.check.evaluation import OutputRun

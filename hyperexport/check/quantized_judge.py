@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hyperexport.base.errors import CheckError
 from hyperexport.check.quantized_record import Closeness, QuantizedComparison
 from hyperexport.defaults import DEFAULT_MAX_REL_ERROR, DEFAULT_MIN_COSINE, DEFAULT_MIN_TOP1
-from hyperexport.errors import CheckError
 
 
 @dataclass(frozen=True)

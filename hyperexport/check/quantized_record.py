@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import QUANTIZED_JSON
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import QUANTIZED_JSON
 
 
 @dataclass(frozen=True)

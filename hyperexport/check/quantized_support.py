@@ -11,8 +11,8 @@ import functools
 import numpy as np
 import onnx_ir as ir
 
+from hyperexport.base.errors import CheckError
 from hyperexport.check.ort_session import ORT_ERRORS, OrtRunner
-from hyperexport.errors import CheckError
 from hyperexport.passes.quantize_matmul import MS_DOMAIN, QUANTIZED_OPS
 from hyperexport.passes.quantize_weights import (
     INT4_BLOCK,

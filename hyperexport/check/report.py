@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hyperexport.base.errors import CheckError
 from hyperexport.check.settings import CheckSettings
-from hyperexport.errors import CheckError
 
 
 def _num(value: float | None) -> float | str | None:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
+from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.check.evaluation import FunctionRun
 from hyperexport.check.judge import judge
 from hyperexport.check.model_evaluator import ModelEvaluator
 from hyperexport.check.report import CheckReport
 from hyperexport.check.settings import CheckSettings
 from hyperexport.check.tensors import CapturedArrays
-from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.records import CaptureRecord
 
 
 def run_checks(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
+from hyperexport.base.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.defaults import DEFAULT_ATOL, DEFAULT_FUNCTION_SCOPE, DEFAULT_RTOL
 
 

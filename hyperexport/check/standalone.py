@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from hyperexport.contracts.manifest import CallSite
-from hyperexport.errors import CheckError
+from hyperexport.base.contracts.manifest import CallSite
+from hyperexport.base.errors import CheckError
 
 FunctionId = tuple[str, str, str]
 

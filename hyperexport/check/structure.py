@@ -10,15 +10,15 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from hyperexport.check.report import StructuralResult
-from hyperexport.check.settings import CheckSettings
-from hyperexport.contracts.manifest import (
+from hyperexport.base.contracts.manifest import (
     FUNCTION_DOMAIN,
     META_EXPORT_PATH,
     PLACEHOLDER_DOMAIN,
     ExportManifest,
 )
-from hyperexport.contracts.names import op_id
+from hyperexport.base.contracts.names import op_id
+from hyperexport.check.report import StructuralResult
+from hyperexport.check.settings import CheckSettings
 
 logger = logging.getLogger(__name__)
 

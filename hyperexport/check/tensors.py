@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from hyperexport.contracts.arrays import raw_dtype
-from hyperexport.contracts.records import CaptureRecord
-from hyperexport.errors import CheckError
+from hyperexport.base.contracts.arrays import raw_dtype
+from hyperexport.base.contracts.records import CaptureRecord
+from hyperexport.base.errors import CheckError
 
 
 class CapturedArrays:

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import torch
 
-from hyperexport.errors import OptionsError
+from hyperexport.base.errors import OptionsError
 from hyperexport.transformers.method_capture import detached_copy
 
 log = logging.getLogger(__name__)

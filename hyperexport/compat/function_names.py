@@ -13,7 +13,7 @@ from typing import Any
 
 import onnx
 
-from hyperexport.contracts.manifest import FUNCTION_DOMAIN
+from hyperexport.base.contracts.manifest import FUNCTION_DOMAIN
 
 #: ``FunctionProto.metadata_props`` key of the module class (see passes/compose_functions.py).
 MODULE_CLASS_KEY = "hyperexport.module_class"

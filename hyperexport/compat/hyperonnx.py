@@ -17,7 +17,7 @@ What is HyperONNX's here:
 
 What stays hyperexport's (see the README's compatibility section): the export runs hyperexport's
 pipeline (the files kept in ``external_directory`` are its per-unit files under ``units/``, the
-return value is its :class:`~hyperexport.contracts.manifest.ExportManifest`), ``module_spec``
+return value is its :class:`~hyperexport.base.contracts.manifest.ExportManifest`), ``module_spec``
 and the ``compile_*``/``cutlass_*`` keywords are ignored, folding covers the main graph only,
 and the attention op is hyperexport's (``hyperexport::attention``, promoted by its pass).
 ``register_attention_opsets`` registers process-wide, as HyperONNX does; hyperexport's own API
@@ -40,10 +40,10 @@ import onnx_ir as ir
 import torch
 
 from hyperexport.api import export_hyper_onnx as _export
-from hyperexport.atomic import atomic_write_bytes
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.manifest import ExportManifest
 from hyperexport.compat.auto_trace import MethodTracer, trace_method
 from hyperexport.compat.function_names import rename_functions
-from hyperexport.contracts.manifest import ExportManifest
 from hyperexport.options import ExportOptions, RewriteOptions
 from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.transformers.attention import (

@@ -37,9 +37,9 @@ import onnx_ir as ir
 import torch
 from onnx_ir.passes.common import InlinePass
 
+from hyperexport.base.contracts.manifest import PLACEHOLDER_DOMAIN
+from hyperexport.base.errors import InputError
 from hyperexport.capture.torch_hooks import torch_dtype, torch_dtype_name
-from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
-from hyperexport.errors import InputError
 from hyperexport.export.placeholders import Dim, PlaceholderSpec, ShapeFunction
 from hyperexport.export.torch_exporter import (
     decomposition_without_input_guards,

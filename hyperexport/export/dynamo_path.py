@@ -37,10 +37,10 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
+from hyperexport.base.contracts.names import OPSET_RANGES
+from hyperexport.base.errors import HyperExportError, ModuleExportError, relayed
 from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
-from hyperexport.contracts.names import OPSET_RANGES
-from hyperexport.errors import HyperExportError, ModuleExportError, relayed
 from hyperexport.export.dynamo import (
     apply_placeholder,
     export_dynamo,

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from hyperexport.atomic import atomic_write_text
+from hyperexport.base.atomic import atomic_write_text
+from hyperexport.base.contracts.bundle import BUNDLE_JSON, ExportBundle
+from hyperexport.base.contracts.capture_spec import CaptureSpec
+from hyperexport.base.contracts.names import UNITS_DIR
+from hyperexport.base.errors import InputError, ModuleExportError
 from hyperexport.capture.container import Capture
-from hyperexport.contracts.bundle import BUNDLE_JSON, ExportBundle
-from hyperexport.contracts.capture_spec import CaptureSpec
-from hyperexport.contracts.names import UNITS_DIR
-from hyperexport.errors import InputError, ModuleExportError
 from hyperexport.export.path import ExportPath
 from hyperexport.export.registry import other_path, path_for
 from hyperexport.export.units import export_units

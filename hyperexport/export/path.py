@@ -22,9 +22,9 @@ import abc
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from hyperexport.base.errors import OpsetError
 from hyperexport.capture.capture_model import capture_model
 from hyperexport.capture.container import Capture
-from hyperexport.errors import OpsetError
 
 if TYPE_CHECKING:
     import onnx_ir as ir

@@ -16,11 +16,11 @@ from typing import Any, Protocol
 
 import torch
 
+from hyperexport.base.contracts.names import probe_key
+from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, tree_tensor_keys
+from hyperexport.base.errors import InputError, ModuleExportError
 from hyperexport.capture import signature, tree
 from hyperexport.capture.container import Capture
-from hyperexport.contracts.names import probe_key
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, tree_tensor_keys
-from hyperexport.errors import InputError, ModuleExportError
 
 log = logging.getLogger(__name__)
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from hyperexport.errors import VersionsError
+from hyperexport.base.errors import VersionsError
+from hyperexport.base.versions import unsupported
 from hyperexport.export.dynamo_path import DynamoPath
 from hyperexport.export.path import ExportPath
 from hyperexport.export.torchscript import TorchScriptPath
-from hyperexport.versions import unsupported
 
 #: Every export path, by the ``dynamo`` flag value that selects it.
 EXPORT_PATHS: dict[bool, ExportPath] = {False: TorchScriptPath(), True: DynamoPath()}

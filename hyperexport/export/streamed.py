@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import onnx_ir as ir
 import torch
 
+from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.capture.streaming import StreamedWeights, streamed_checkpoint
-from hyperexport.contracts.records import CaptureRecord
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.weights import WeightFile
 

@@ -1,7 +1,7 @@
 """Patches of torch's ONNX exporters, used while hyperexport exports its units: the dynamo
 exporter's per-call caches and its decomposition guards, the TorchScript exporter's symbolic
 output types and shape inference (private APIs, restored on exit; whether a release needs a
-patch is a version fact, :mod:`hyperexport.versions`)."""
+patch is a version fact, :mod:`hyperexport.base.versions`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from hyperexport.versions import export_guards_name_dynamo_sources
+from hyperexport.base.versions import export_guards_name_dynamo_sources
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +88,7 @@ def decomposition_without_input_guards() -> Iterator[None]:
     dynamo's ``L[...]`` sources, and ``torch.onnx.export(dynamo=True)`` calls it while it
     decomposes: ``NameError: name 'L' is not defined`` (pytorch/pytorch#172903); later releases
     rewrite those names to the signature's
-    (:func:`~hyperexport.versions.export_guards_name_dynamo_sources`). The guards only check a
+    (:func:`~hyperexport.base.versions.export_guards_name_dynamo_sources`). The guards only check a
     call's inputs and never reach the ONNX graph, so while open, and only where that rewrite is
     missing, ``module()`` is built without them.
     """

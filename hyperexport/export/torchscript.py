@@ -17,12 +17,12 @@ import onnx_ir as ir
 import torch
 
 from hyperexport import progress
+from hyperexport.base.contracts.manifest import PLACEHOLDER_DOMAIN
+from hyperexport.base.contracts.names import OPSET_RANGES
+from hyperexport.base.errors import HyperExportError, ModuleExportError
 from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
 from hyperexport.capture.torch_hooks import quiet_torchscript_exporter
-from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
-from hyperexport.contracts.names import OPSET_RANGES
-from hyperexport.errors import HyperExportError, ModuleExportError
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
 from hyperexport.export.placeholders import Dim, ShapeFunction, replace_children

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.capture.tree import qualified_name
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta, Tree
 from hyperexport.options import PER_INSTANCE, PER_TYPE, FunctionMode
 
 

@@ -20,19 +20,19 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from hyperexport.atomic import atomic_write_bytes, atomic_write_text
-from hyperexport.capture import signature, tree
-from hyperexport.capture.container import Capture
-from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle, UnitEntry
-from hyperexport.contracts.names import ROOT_UNIT, UNITS_DIR, probe_key
-from hyperexport.contracts.records import (
+from hyperexport.base.atomic import atomic_write_bytes, atomic_write_text
+from hyperexport.base.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle, UnitEntry
+from hyperexport.base.contracts.names import ROOT_UNIT, UNITS_DIR, probe_key
+from hyperexport.base.contracts.records import (
     LONE_TENSOR,
     CaptureRecord,
     ModuleCall,
     Tree,
     tree_tensor_keys,
 )
-from hyperexport.errors import ModuleExportError
+from hyperexport.base.errors import ModuleExportError
+from hyperexport.capture import signature, tree
+from hyperexport.capture.container import Capture
 from hyperexport.export.jobs import UnitJob
 from hyperexport.export.placeholders import (
     PlaceholderSpec,

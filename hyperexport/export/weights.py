@@ -25,7 +25,7 @@ import onnx_ir as ir
 import torch
 from onnx_ir.tensor_adapters import TorchTensor
 
-from hyperexport.contracts.names import WEIGHTS_FILE as WEIGHTS_FILE
+from hyperexport.base.contracts.names import WEIGHTS_FILE as WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
 

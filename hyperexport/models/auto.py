@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import AUTO as AUTO
-from hyperexport.contracts.names import AUTO_FILE as AUTO_FILE
-from hyperexport.errors import RecipeError
+from hyperexport.base.contracts.names import AUTO as AUTO
+from hyperexport.base.contracts.names import AUTO_FILE as AUTO_FILE
+from hyperexport.base.errors import RecipeError
 from hyperexport.models.auto_inputs import auto_inputs as auto_inputs
 from hyperexport.models.auto_inputs import dry_run, forward_refused
 
@@ -112,7 +112,7 @@ def resolve_auto(
     for line in (f"hiera: {hiera_reason}", f"inputs: {in_reason}"):
         log.info("auto %s", line)
     if out_dir is not None:
-        from hyperexport.atomic import atomic_write_text
+        from hyperexport.base.atomic import atomic_write_text
 
         text = json.dumps(resolution.to_json(), sort_keys=True, indent=1) + "\n"
         atomic_write_text(out_dir / AUTO_FILE, text)

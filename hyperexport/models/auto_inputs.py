@@ -29,8 +29,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from hyperexport.contracts.input_specs import input_spec
-from hyperexport.errors import RecipeError
+from hyperexport.base.contracts.input_specs import input_spec
+from hyperexport.base.errors import RecipeError
 
 log = logging.getLogger(__name__)
 

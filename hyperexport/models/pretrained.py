@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import CHECKPOINT_CONFIG
-from hyperexport.errors import RecipeError
+from hyperexport.base.contracts.names import CHECKPOINT_CONFIG
+from hyperexport.base.errors import RecipeError
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _auto_class(name: str) -> Any:
     auto = getattr(transformers, name, None) if name.startswith("Auto") else None
     if auto is None or not hasattr(auto, "from_pretrained"):
         known = sorted(n for n in dir(transformers) if n.startswith("AutoModel"))
-        from hyperexport.errors import did_you_mean
+        from hyperexport.base.errors import did_you_mean
 
         raise RecipeError(
             "",

@@ -12,11 +12,21 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from hyperexport.contracts.bundle import ExportBundle
-from hyperexport.contracts.manifest import FUNCTION_DOMAIN, CallSite, ExportManifest, FunctionEntry
-from hyperexport.contracts.names import FUSED_OPS, op_id, probe_key
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, leaf_names, tree_tensor_keys
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.bundle import ExportBundle
+from hyperexport.base.contracts.manifest import (
+    FUNCTION_DOMAIN,
+    CallSite,
+    ExportManifest,
+    FunctionEntry,
+)
+from hyperexport.base.contracts.names import FUSED_OPS, op_id, probe_key
+from hyperexport.base.contracts.records import (
+    CaptureRecord,
+    ModuleCall,
+    leaf_names,
+    tree_tensor_keys,
+)
+from hyperexport.base.errors import RewriteError
 from hyperexport.options import PER_TYPE
 from hyperexport.passes.compose_functions import CHILD_INDEX
 

@@ -13,19 +13,19 @@ from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
-from hyperexport.contracts import names
-from hyperexport.contracts.bundle import ExportBundle, UnitEntry
-from hyperexport.contracts.manifest import (
+from hyperexport.base.contracts import names
+from hyperexport.base.contracts.bundle import ExportBundle, UnitEntry
+from hyperexport.base.contracts.manifest import (
     FUNCTION_DOMAIN,
     META_EXPORT_PATH,
     META_FALLBACK,
     META_FUNCTION_MODE,
     PLACEHOLDER_DOMAIN,
 )
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, leaf_names
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, leaf_names
+from hyperexport.base.errors import RewriteError
+from hyperexport.base.versions import installed_version, installed_versions
 from hyperexport.passes import naming
-from hyperexport.versions import installed_version, installed_versions
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from collections.abc import Iterator, Sequence
 
 import onnx_ir as ir
 
-from hyperexport.contracts.manifest import FUNCTION_DOMAIN
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.manifest import FUNCTION_DOMAIN
+from hyperexport.base.errors import RewriteError
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from hyperexport.contracts.names import ATTENTION_ATTRIBUTES, ATTENTION_DOMAIN
+from hyperexport.base.contracts.names import ATTENTION_ATTRIBUTES, ATTENTION_DOMAIN
 from hyperexport.passes.fuse_values import rank, static_dim
 from hyperexport.passes.ort_kernels import gqa_takes_query_seqlens
 

@@ -32,7 +32,7 @@ import logging
 
 import onnx_ir as ir
 
-from hyperexport.errors import RewriteError
+from hyperexport.base.errors import RewriteError
 from hyperexport.passes.call_sites import call_sites, drop_inputs
 
 log = logging.getLogger(__name__)

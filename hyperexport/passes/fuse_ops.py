@@ -13,7 +13,7 @@ inputs, outputs and call sites do not. The fusion is declared per kind in :data:
   writes models for the CPU: ``GroupQueryAttention`` (``MultiHeadAttention`` for an encoder's
   attention), ``RotaryEmbedding``, ``SkipSimplifiedLayerNormalization``/``SkipLayerNormalization``,
   ``FastGelu``/``Gelu``/``QuickGelu``. An exported attention
-  node no rule could fuse is a :class:`~hyperexport.errors.RewriteError` with the reason (ONNX
+  node no rule could fuse is a :class:`~hyperexport.base.errors.RewriteError` with the reason (ONNX
   Runtime has no kernel for it).
 
 In both, bodies are first put in the form the rules are written for (``_normalize``): no-op
@@ -33,7 +33,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from hyperexport.errors import RewriteError
+from hyperexport.base.errors import RewriteError
 from hyperexport.options import Fusion
 from hyperexport.passes import fuse_attention, fuse_gelu, fuse_norms, fuse_rotary
 from hyperexport.passes.fuse_values import annotated, constant_array, dtype

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from onnxscript.rewriter import pattern
 
-from hyperexport.contracts.names import STANDARD_FUSION
+from hyperexport.base.contracts.names import STANDARD_FUSION
 from hyperexport.passes.fuse_values import ints, rank, static_dim
 
 MS_DOMAIN = "com.microsoft"

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from hyperexport.contracts.names import ATTENTION_DOMAIN
+from hyperexport.base.contracts.names import ATTENTION_DOMAIN
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from hyperexport.contracts.names import META_MODULE_CLASS, META_MODULE_PATH
+from hyperexport.base.contracts.names import META_MODULE_CLASS, META_MODULE_PATH
 from hyperexport.passes.call_sites import call_sites
 from hyperexport.passes.prune_function_io import PruneFunctionIOPass
 

@@ -20,11 +20,11 @@ from onnx_ir.passes.common import (
     TopologicalSortPass,
 )
 
-from hyperexport.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
-from hyperexport.contracts.manifest import ExportManifest
-from hyperexport.contracts.names import NO_FUSION, UNITS_DIR
-from hyperexport.contracts.records import CaptureRecord
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
+from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.contracts.names import NO_FUSION, UNITS_DIR
+from hyperexport.base.contracts.records import CaptureRecord
+from hyperexport.base.errors import RewriteError
 from hyperexport.options import PER_INSTANCE, ExportOptions
 from hyperexport.passes.build_manifest import build_manifest
 from hyperexport.passes.compose_functions import ComposeFunctionsPass, function_names

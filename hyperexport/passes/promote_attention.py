@@ -10,7 +10,7 @@ input is used (causal alignment is upper-left in both). The pass:
   ``causal_hint`` (the mask says it all);
 * raises the default-domain opset import to 24 in the model and in every function that imports
   the default domain (and, where needed, the IR version), and drops the custom domain's import;
-* refuses, with :class:`~hyperexport.errors.RewriteError`, what it cannot promote faithfully.
+* refuses, with :class:`~hyperexport.base.errors.RewriteError`, what it cannot promote faithfully.
 
 Promotion implies opset 24 in the final model whatever the export opset (which stays at most 20
 on the TorchScript path). Raising the opset does not convert other ops; ops whose meaning changed
@@ -23,8 +23,8 @@ import logging
 
 import onnx_ir as ir
 
-from hyperexport.contracts.names import ATTENTION_ATTRIBUTES, ATTENTION_DOMAIN, PROMOTED_OPSET
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.names import ATTENTION_ATTRIBUTES, ATTENTION_DOMAIN, PROMOTED_OPSET
+from hyperexport.base.errors import RewriteError
 
 log = logging.getLogger(__name__)
 

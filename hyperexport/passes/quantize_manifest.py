@@ -13,8 +13,8 @@ import dataclasses
 
 import onnx_ir as ir
 
-from hyperexport.contracts.manifest import CallSite, ExportManifest
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.manifest import CallSite, ExportManifest
+from hyperexport.base.errors import RewriteError
 
 
 def _global_name(local: str, old: dict[str, str]) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Collection
 import numpy as np
 import onnx_ir as ir
 
-from hyperexport.contracts.names import META_MODULE_CLASS, META_MODULE_PATH, QUANTIZED_DOMAIN
+from hyperexport.base.contracts.names import META_MODULE_CLASS, META_MODULE_PATH, QUANTIZED_DOMAIN
 from hyperexport.passes.matmul_weights import Candidate, MatMulWeightsPass, function_of, under
 from hyperexport.passes.quantize_weights import (
     INT4_BLOCK,

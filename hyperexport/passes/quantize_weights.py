@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hyperexport.contracts.names import NO_QUANTIZATION
+from hyperexport.base.contracts.names import NO_QUANTIZATION
 from hyperexport.defaults import (
     INT4_BLOCK,
     INT8_DYNAMIC,

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 
 import onnx_ir as ir
 
-from hyperexport.contracts.manifest import FUNCTION_DOMAIN
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.manifest import FUNCTION_DOMAIN
+from hyperexport.base.errors import RewriteError
 from hyperexport.passes import naming
 from hyperexport.passes.call_sites import drop_inputs
 from hyperexport.passes.compose_functions import CHILD_INDEX, META_MODULE_PATH

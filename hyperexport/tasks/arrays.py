@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hyperexport.atomic import atomic_write_bytes
+from hyperexport.base.atomic import atomic_write_bytes
 
 
 def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.input_specs import input_spec
-from hyperexport.errors import RecipeError
+from hyperexport.base.contracts.input_specs import input_spec
+from hyperexport.base.errors import RecipeError
 from hyperexport.tasks.genai_config import context_length, kv_shape
 from hyperexport.tasks.kv import KINDS, kv_input, past_name
 from hyperexport.tasks.task import Scoped

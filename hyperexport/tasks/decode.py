@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import (
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import (
     MODEL_FILE,
     SEQ2SEQ_GRAPHS,
     SPEECH_RECOGNITION,

@@ -22,9 +22,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.input_specs import input_spec
-from hyperexport.contracts.names import AUTO, SEQ2SEQ_GRAPHS, SPEECH_RECOGNITION
-from hyperexport.errors import RecipeError
+from hyperexport.base.contracts.input_specs import input_spec
+from hyperexport.base.contracts.names import AUTO, SEQ2SEQ_GRAPHS, SPEECH_RECOGNITION
+from hyperexport.base.errors import RecipeError
 from hyperexport.tasks.kv import KINDS, kv_input, past_name
 from hyperexport.tasks.task import Scoped
 

@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import MODEL_FILE, TOKENIZER_FILES
-from hyperexport.errors import RecipeError
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import MODEL_FILE, TOKENIZER_FILES
+from hyperexport.base.errors import RecipeError
 from hyperexport.tasks.registry import GENAI_CONFIG, GENERATION_REFERENCE_JSON
 
 log = logging.getLogger(__name__)

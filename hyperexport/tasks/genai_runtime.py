@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hyperexport.contracts.names import MODEL_FILE
+from hyperexport.base.contracts.names import MODEL_FILE
 from hyperexport.tasks.registry import GENAI_CONFIG
 
 log = logging.getLogger(__name__)

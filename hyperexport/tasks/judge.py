@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import (
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import (
     SPEECH_RECOGNITION,
     TEXT2TEXT_GENERATION,
     TEXT_GENERATION,
 )
-from hyperexport.errors import CheckError
+from hyperexport.base.errors import CheckError
 from hyperexport.tasks.arrays import read_npz
 from hyperexport.tasks.registry import (
     GENAI_CONFIG,

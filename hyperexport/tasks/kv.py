@@ -3,14 +3,14 @@
 Decoder-only models take onnxruntime-genai's names (``past_key_values.0.key`` in,
 ``present.0.key`` out); encoder-decoders Optimum's (``past_key_values.0.decoder.key`` for a
 decoder layer's self-attention, ``.encoder.key`` for its cross-attention). No torch: the specs
-are recipe ``inputs`` entries (:func:`~hyperexport.contracts.input_specs.input_spec`).
+are recipe ``inputs`` entries (:func:`~hyperexport.base.contracts.input_specs.input_spec`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hyperexport.contracts.input_specs import input_spec
+from hyperexport.base.contracts.input_specs import input_spec
 
 #: Prefix of a past KV input and of a present KV output.
 PAST = "past_key_values."

@@ -5,7 +5,7 @@ the parts load torch and transformers), so only their keys cover this code.
 
 from __future__ import annotations
 
-from hyperexport.contracts.names import (
+from hyperexport.base.contracts.names import (
     FORWARD,
     SPEECH_RECOGNITION,
     TEXT2TEXT_GENERATION,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from hyperexport.atomic import atomic_write_bytes
+from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.tasks.arrays import write_npz
 from hyperexport.tasks.genai_config import genai_source
 from hyperexport.tasks.prompts import left_padded, pad_id

@@ -8,7 +8,7 @@ modules of the stages where it does more than ``forward`` (:mod:`.models`, :mod:
 
 from __future__ import annotations
 
-from hyperexport.contracts.names import (
+from hyperexport.base.contracts.names import (
     FORWARD,
     SEQ2SEQ_GRAPHS,
     SPEECH_RECOGNITION,

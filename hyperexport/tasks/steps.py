@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyperexport.base.versions import cache_keyword
 from hyperexport.transformers.seq2seq_layers import CrossKV, cross_attention, stack_layers
-from hyperexport.versions import cache_keyword
 
 
 class CausalLMStep(nn.Module):

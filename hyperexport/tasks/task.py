@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
+from hyperexport.base.contracts.names import MANIFEST_JSON, MODEL_FILE
 
 
 @dataclass(frozen=True)

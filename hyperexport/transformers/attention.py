@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from hyperexport.contracts.names import BUILTIN_ATTENTION
-from hyperexport.errors import HyperExportError
+from hyperexport.base.contracts.names import BUILTIN_ATTENTION
+from hyperexport.base.errors import HyperExportError
 from hyperexport.transformers.attention_onnx import (
     attention_translation_table,
     torchscript_attention_symbolic,

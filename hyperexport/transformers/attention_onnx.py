@@ -24,7 +24,7 @@ import onnxscript
 import torch
 from torch.onnx import symbolic_helper
 
-from hyperexport.contracts.names import ATTENTION_DOMAIN
+from hyperexport.base.contracts.names import ATTENTION_DOMAIN
 from hyperexport.transformers.attention_op import QUALIFIED_NAME, attention_op
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from hyperexport.versions import cache_keyword
+from hyperexport.base.versions import cache_keyword
 
 #: The module a layer is swapped for.
 Wrapped = TypeVar("Wrapped", bound=nn.Module)

@@ -1,18 +1,18 @@
 """Shims of transformers' masking and attention hooks, beside the patches that install them
 (``transformers/patches.py``); whether the installed release needs them is a version fact
-(:mod:`hyperexport.versions`)."""
+(:mod:`hyperexport.base.versions`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hyperexport.versions import vmapped_sdpa_masks
+from hyperexport.base.versions import vmapped_sdpa_masks
 
 
 def traceable_sdpa_mask() -> Any:
     """transformers 4.x's SDPA mask builder, rewritten so that the TorchScript tracer can trace it
     at any batch size and length (and ``torch.export`` below torch 2.13, at dynamic sizes:
-    :data:`~hyperexport.versions.VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`).
+    :data:`~hyperexport.base.versions.VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`).
 
     transformers 4.57 builds masks on torch >= 2.6 with ``sdpa_mask_recent_torch``, which vmaps
     the mask function under ``TransformGetItemToIndex`` (a custom autograd function): traced by

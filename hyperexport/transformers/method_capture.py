@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hyperexport.errors import InputError
+from hyperexport.base.errors import InputError
 
 log = logging.getLogger(__name__)
 

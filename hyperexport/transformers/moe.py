@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from hyperexport.errors import VersionsError
-from hyperexport.versions import missing_transformers_class
+from hyperexport.base.errors import VersionsError
+from hyperexport.base.versions import missing_transformers_class
 
 log = logging.getLogger(__name__)
 

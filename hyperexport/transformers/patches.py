@@ -21,15 +21,15 @@ from typing import Any
 
 import torch
 
-from hyperexport.errors import VersionsError
-from hyperexport.transformers.masks import never_gqa, traceable_sdpa_mask
-from hyperexport.versions import (
+from hyperexport.base.errors import VersionsError
+from hyperexport.base.versions import (
     VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT,
     masking_export_flags,
     release_in,
     torch_version,
     transformers_version,
 )
+from hyperexport.transformers.masks import never_gqa, traceable_sdpa_mask
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class ExportPatch:
         reason: What breaks without it.
         factory: Returns the context manager that applies the patch and restores on exit.
         torch_releases: Version specifier of the torch releases that need it (declared in
-            :mod:`hyperexport.versions`); empty for every release.
+            :mod:`hyperexport.base.versions`); empty for every release.
     """
 
     name: str
@@ -139,7 +139,7 @@ def masks_as_under_torch_export() -> Iterator[None]:
     Eagerly, transformers skips the SDPA mask (passes ``None``) when nothing is masked; under
     ``torch.export`` it always builds one (``masking_utils.is_torchdynamo_exporting()``; in 4.57
     ``is_torchdynamo_compiling()`` in two modules, see
-    :func:`~hyperexport.versions.masking_export_flags`). The capture runs eagerly for the dynamo
+    :func:`~hyperexport.base.versions.masking_export_flags`). The capture runs eagerly for the dynamo
     path, so without this a decoder layer has one tensor input fewer at capture than at export,
     and the placeholder cannot stand in for it.
     """
@@ -163,7 +163,7 @@ def traceable_sdpa_mask_builder() -> Iterator[None]:
     See :func:`~hyperexport.transformers.masks.traceable_sdpa_mask`: 4.57's default builder fails under
     ``torch.jit.trace`` (``unordered_map::at``), its older one bakes the traced length; torch
     2.9's ``torch.export`` fails on the default one at dynamic sizes
-    (:data:`~hyperexport.versions.VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`). Both the module's
+    (:data:`~hyperexport.base.versions.VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`). Both the module's
     ``sdpa_mask`` (which ``eager_mask`` calls) and the ``"sdpa"`` entry of the mask interface are
     swapped.
     """

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyperexport.base.versions import cache_keyword, layers_return_tuples, query_position_arguments
 from hyperexport.transformers.kv_layers import layer_index_zero, swapped_layers
-from hyperexport.versions import cache_keyword, layers_return_tuples, query_position_arguments
 
 #: Attribute paths of a decoder layer's cross-attention module, per family.
 CROSS_ATTENTION_PATHS = ("encoder_attn", "layer.1.EncDecAttention")
@@ -68,7 +68,7 @@ class Seq2SeqKVStep(nn.Module):
     each call; they are the same for every call of one layer. So is ``returns_tuple``: whether
     the layer returns a tuple (transformers 4.57's layers do, even of one tensor, and their
     stack takes ``[0]``) or its tensor (5.x); None until the layer ran (then
-    :func:`~hyperexport.versions.layers_return_tuples` decides).
+    :func:`~hyperexport.base.versions.layers_return_tuples` decides).
     """
 
     def __init__(self, layer: nn.Module) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.contracts.capture_spec import CaptureSpec, InputEntry
-from hyperexport.contracts.names import CAPTURE_SPEC_JSON
-from hyperexport.errors import CorruptRecordError
+from hyperexport.base.contracts.capture_spec import CaptureSpec, InputEntry
+from hyperexport.base.contracts.names import CAPTURE_SPEC_JSON
+from hyperexport.base.errors import CorruptRecordError
 
 SPEC = CaptureSpec(
     hiera=("transformers.models.llama.modeling_llama.LlamaDecoderLayer",),

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from hyperexport import zoo
 from hyperexport.api import capture_model
+from hyperexport.base.contracts.weight_index import read_weight_index
 from hyperexport.capture.container import Capture
 from hyperexport.capture.streaming import (
     MappedCheckpoint,
@@ -25,7 +26,6 @@ from hyperexport.capture.streaming import (
     parameters_on_meta,
     stand_in,
 )
-from hyperexport.contracts.weight_index import read_weight_index
 
 
 def _ids(vocab: int = 128) -> torch.Tensor:

@@ -23,14 +23,14 @@ import onnx.numpy_helper
 import onnx.parser
 import onnx_ir as ir
 
-from hyperexport.contracts.manifest import (
+from hyperexport.base.contracts.manifest import (
     FUNCTION_DOMAIN,
     META_EXPORT_PATH,
     CallSite,
     ExportManifest,
     FunctionEntry,
 )
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta
+from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, TensorMeta
 
 FN = FUNCTION_DOMAIN
 BLOCK = "toy.Block"

@@ -10,12 +10,17 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
+from hyperexport.base.contracts.manifest import FUNCTION_DOMAIN as FN
+from hyperexport.base.contracts.manifest import (
+    META_EXPORT_PATH,
+    CallSite,
+    ExportManifest,
+    FunctionEntry,
+)
+from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, TensorMeta
+from hyperexport.base.errors import CheckError
 from hyperexport.check import CheckSettings, run_checks
 from hyperexport.check.tensors import CapturedArrays
-from hyperexport.contracts.manifest import FUNCTION_DOMAIN as FN
-from hyperexport.contracts.manifest import META_EXPORT_PATH, CallSite, ExportManifest, FunctionEntry
-from hyperexport.contracts.records import CaptureRecord, ModuleCall, TensorMeta
-from hyperexport.errors import CheckError
 
 TEXT = f"""
 <ir_version: 10, opset_import: ["": 18, "{FN}": 1]>

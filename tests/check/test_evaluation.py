@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from check_toys import BLOCK, LINEAR, edited, make_toy, make_weights
 
+from hyperexport.base.errors import CheckError
 from hyperexport.check import CheckSettings, Tolerance, run_checks
 from hyperexport.check.evaluation import EVALUATION_JSON, Evaluation, FunctionRun, OutputRun
 from hyperexport.check.judge import judge
 from hyperexport.check.model_evaluator import ModelEvaluator, evaluate_model
 from hyperexport.check.report import StructuralResult
 from hyperexport.check.tensors import CapturedArrays
-from hyperexport.errors import CheckError
 
 FULL = CheckSettings(expected_classes=(BLOCK, LINEAR), expected_opset=18, expected_dynamo=False)
 

@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 from hyperexport.api import capture_model, export_hyper_onnx  # noqa: E402
+from hyperexport.base.contracts.manifest import ExportManifest  # noqa: E402
+from hyperexport.base.errors import CheckError  # noqa: E402
 from hyperexport.check import CheckReport, CheckSettings, run_checks  # noqa: E402
-from hyperexport.contracts.manifest import ExportManifest  # noqa: E402
-from hyperexport.errors import CheckError  # noqa: E402
 from hyperexport.options import ExportOptions  # noqa: E402
 
 

@@ -11,8 +11,8 @@ import onnx_ir as ir
 import pytest
 from check_toys import BLOCK, LINEAR, Toy, edited, make_toy, make_weights
 
+from hyperexport.base.errors import CheckError
 from hyperexport.check import CheckReport, CheckSettings, Tolerance, run_checks
-from hyperexport.errors import CheckError
 
 MODES = ["per_type", "per_instance"]
 FULL = CheckSettings(expected_classes=(BLOCK, LINEAR), expected_opset=18, expected_dynamo=False)

@@ -9,10 +9,10 @@ import onnx_ir as ir
 import pytest
 from check_toys import BLOCK, FN, LINEAR, Toy, make_toy
 
+from hyperexport.base.contracts.manifest import META_EXPORT_PATH, PLACEHOLDER_DOMAIN, FunctionEntry
+from hyperexport.base.errors import CheckError
 from hyperexport.check import CheckSettings, StructuralResult, run_checks
 from hyperexport.check.structure import executed_op_counts
-from hyperexport.contracts.manifest import META_EXPORT_PATH, PLACEHOLDER_DOMAIN, FunctionEntry
-from hyperexport.errors import CheckError
 
 
 def structural(

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from check_toys import BLOCK, LINEAR, make_toy, make_weights
 
+from hyperexport.base.errors import CheckError
 from hyperexport.check import CheckSettings, Tolerance, run_checks
 from hyperexport.check.vacuous import vacuous_reason
-from hyperexport.errors import CheckError
 
 TOL = Tolerance(atol=1e-4, rtol=1e-3)
 

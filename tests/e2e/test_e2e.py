@@ -206,7 +206,7 @@ def test_hiera_typo_behind_a_reexport_fails_as_a_recipe_error(
     toy_package: Path, tmp_path: Path
 ) -> None:
     """``torch.nn`` re-exports its classes, so only the import at trace time can tell."""
-    from hyperexport.errors import RecipeError
+    from hyperexport.base.errors import RecipeError
 
     recipe = toy_recipe(toy_package, hiera=["torch.nn.Linearr"])
     outcome = build(recipe, tmp_path)

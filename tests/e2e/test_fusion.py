@@ -13,7 +13,7 @@ from typing import Any
 import onnx
 import pytest
 
-from hyperexport.contracts.names import op_id
+from hyperexport.base.contracts.names import op_id
 from hyperexport.passes.ort_kernels import gqa_takes_query_seqlens
 from hyperexport.product.config import compose_recipe, validate_recipe
 from hyperexport.product.config.schema import Recipe

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
+from hyperexport.base.contracts.records import tree_from_json
+from hyperexport.base.errors import CorruptRecordError
 from hyperexport.capture import tree
-from hyperexport.contracts.records import tree_from_json
 from hyperexport.engine.store import CacheStore
-from hyperexport.errors import CorruptRecordError
 from tests.helpers.builds import build, toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
 from tests.helpers.statuses import statuses

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base.contracts.names import STAGE_NAMES
 from hyperexport.engine.collector import GcOptions, collect
 from hyperexport.engine.store import CacheStore
 from hyperexport.engine.verify import verify

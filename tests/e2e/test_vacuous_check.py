@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import validate_recipe
 from tests.helpers.builds import blocks_net_source, build, package_in
 

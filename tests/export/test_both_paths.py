@@ -14,7 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from hyperexport.contracts.manifest import FUNCTION_DOMAIN, META_EXPORT_PATH, PLACEHOLDER_DOMAIN
+from hyperexport.base.contracts.manifest import (
+    FUNCTION_DOMAIN,
+    META_EXPORT_PATH,
+    PLACEHOLDER_DOMAIN,
+)
 from hyperexport.options import ExportOptions
 from tests.helpers.exports import export_bytes
 from tests.helpers.ort import assert_outputs_close, run_ort

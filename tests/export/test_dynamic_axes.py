@@ -8,8 +8,9 @@ import onnx
 import pytest
 import torch
 
-from hyperexport import ExportOptions, versions, zoo
+from hyperexport import ExportOptions, zoo
 from hyperexport.api import capture_model
+from hyperexport.base import versions
 from tests.helpers.exports import export_bytes
 from tests.helpers.ort import run_ort
 

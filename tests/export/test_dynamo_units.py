@@ -15,8 +15,8 @@ from torch import nn
 
 from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
-from hyperexport.contracts.manifest import PLACEHOLDER_DOMAIN
-from hyperexport.errors import InputError, ModuleExportError
+from hyperexport.base.contracts.manifest import PLACEHOLDER_DOMAIN
+from hyperexport.base.errors import InputError, ModuleExportError
 from hyperexport.export import dynamo, dynamo_path
 from hyperexport.options import ExportOptions
 from tests.helpers.ort import run_ort

@@ -24,7 +24,7 @@ import torch
 
 from hyperexport import ExportOptions, export_budget, export_hyper_onnx, model_file, zoo
 from hyperexport.api import capture_model, compose_model, export_units, save_model
-from hyperexport.errors import ResourceError
+from hyperexport.base.errors import ResourceError
 from hyperexport.export.weights import INLINE_LIMIT, WEIGHTS_FILE
 
 PATHS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from hyperexport import ModuleExportError, export_hyper_onnx, zoo
+from hyperexport.base.contracts.bundle import BUNDLE_JSON
+from hyperexport.base.contracts.capture_spec import CaptureSpec
+from hyperexport.base.contracts.manifest import META_EXPORT_PATH, META_FALLBACK
 from hyperexport.capture.container import Capture
-from hyperexport.contracts.bundle import BUNDLE_JSON
-from hyperexport.contracts.capture_spec import CaptureSpec
-from hyperexport.contracts.manifest import META_EXPORT_PATH, META_FALLBACK
 from hyperexport.export import fallback
 from hyperexport.export.fallback import CaptureCall, export_with_fallback
 from hyperexport.export.path import ExportPath

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from hyperexport.base.contracts.names import OPSET_RANGES
+from hyperexport.base.errors import OpsetError
 from hyperexport.capture.container import Capture
-from hyperexport.contracts.names import OPSET_RANGES
-from hyperexport.errors import OpsetError
 from hyperexport.export import registry
 from hyperexport.export.dynamo_path import DynamoPath
 from hyperexport.export.jobs import UnitJob

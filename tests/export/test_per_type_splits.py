@@ -109,7 +109,7 @@ def test_an_attribute_read_that_does_not_change_the_graph_shares_one_function(
 
 
 def test_the_manifest_field_round_trips() -> None:
-    from hyperexport.contracts.manifest import ExportManifest, FunctionEntry
+    from hyperexport.base.contracts.manifest import ExportManifest, FunctionEntry
 
     entry = FunctionEntry("d", "F_v2", "m.F", ("a",), "differs from 'b': attribute 'x'")
     manifest = ExportManifest(False, 18, "per_type", (), (), (entry,), ())

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from hyperexport.base.contracts.bundle import ExportBundle
+from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.capture.capture_model import capture_model
-from hyperexport.contracts.bundle import ExportBundle
-from hyperexport.contracts.records import CaptureRecord
 from hyperexport.export.units import export_units
 from hyperexport.options import ExportOptions
 from hyperexport.passes.pipeline import load_units

@@ -9,7 +9,7 @@ import onnx
 import torch
 
 from hyperexport import export_hyper_onnx
-from hyperexport.contracts.manifest import ExportManifest
+from hyperexport.base.contracts.manifest import ExportManifest
 
 
 def export_bytes(

@@ -3,7 +3,7 @@ tests use :mod:`tests.helpers.statuses` alone, which imports no product code).""
 
 from __future__ import annotations
 
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base.contracts.names import STAGE_NAMES
 
 
 def reran_from(first: str) -> dict[str, str]:

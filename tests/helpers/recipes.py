@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hyperexport import versions
+from hyperexport.base import versions
 from hyperexport.product.config import RECIPES_DIR
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base.contracts.names import STAGE_NAMES
 from tests.helpers.builds import TOY_SOURCE
 from tests.helpers.cli import TOY_RECIPE
 

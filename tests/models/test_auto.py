@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.models.auto import auto_hiera, auto_inputs, resolve_auto
 from hyperexport.zoo import random_transformer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hyperexport.contracts.records import leaf_names
+from hyperexport.base.contracts.records import leaf_names
 from hyperexport.models.inputs import make_inputs
 
 SPEC = {"shape": [2, 3], "dtype": "float32", "low": -1.0, "high": 1.0, "seed": 0}

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from hyperexport import exit_codes
-from hyperexport.errors import RecipeError
+from hyperexport.base import exit_codes
+from hyperexport.base.errors import RecipeError
 from hyperexport.models import pretrained
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import BuildSettings, validate_recipe

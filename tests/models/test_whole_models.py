@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.models.auto import resolve_auto
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import BuildSettings, validate_recipe
@@ -283,7 +283,7 @@ def test_the_cli_refuses_an_input_auto_cannot_make_with_exit_2_and_one_line(
 
     from omegaconf import OmegaConf
 
-    from hyperexport import exit_codes
+    from hyperexport.base import exit_codes
 
     recipe = {
         "name": "vl",

@@ -8,10 +8,10 @@ from pathlib import Path
 import onnx_ir as ir
 import pytest
 
-from hyperexport.contracts.bundle import ExportBundle
-from hyperexport.contracts.manifest import FUNCTION_DOMAIN, ExportManifest
-from hyperexport.contracts.records import CaptureRecord, tree_tensor_keys
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.bundle import ExportBundle
+from hyperexport.base.contracts.manifest import FUNCTION_DOMAIN, ExportManifest
+from hyperexport.base.contracts.records import CaptureRecord, tree_tensor_keys
+from hyperexport.base.errors import RewriteError
 from hyperexport.options import ExportOptions
 from hyperexport.passes.build_manifest import build_manifest
 from hyperexport.passes.compose_functions import CHILD_INDEX

@@ -10,16 +10,16 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from hyperexport.contracts.bundle import ExportBundle
-from hyperexport.contracts.manifest import (
+from hyperexport.base.contracts.bundle import ExportBundle
+from hyperexport.base.contracts.manifest import (
     FUNCTION_DOMAIN,
     META_EXPORT_PATH,
     META_FALLBACK,
     META_FUNCTION_MODE,
     PLACEHOLDER_DOMAIN,
 )
-from hyperexport.contracts.records import CaptureRecord
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.records import CaptureRecord
+from hyperexport.base.errors import RewriteError
 from hyperexport.passes.compose_functions import (
     CHILD_INDEX,
     META_MODULE_CLASS,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hyperexport import ExportOptions, export_hyper_onnx
-from hyperexport.contracts.manifest import FUNCTION_DOMAIN
+from hyperexport.base.contracts.manifest import FUNCTION_DOMAIN
 from hyperexport.options import RewriteOptions
 from hyperexport.passes.fold_leftovers import FoldLeftoversPass
 from tests.helpers.ort import run_ort

@@ -12,8 +12,8 @@ import onnx_ir as ir
 import pytest
 import torch
 
-from hyperexport.contracts.names import FUSED_OPS, op_id
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.names import FUSED_OPS, op_id
+from hyperexport.base.errors import RewriteError
 from hyperexport.options import FUSIONS
 from hyperexport.passes.fuse_ops import STEPS, FuseOpsPass
 from hyperexport.passes.ort_kernels import gqa_takes_query_seqlens

@@ -9,9 +9,9 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from hyperexport.contracts.bundle import ExportBundle
-from hyperexport.contracts.records import CaptureRecord
-from hyperexport.errors import RewriteError
+from hyperexport.base.contracts.bundle import ExportBundle
+from hyperexport.base.contracts.records import CaptureRecord
+from hyperexport.base.errors import RewriteError
 from hyperexport.options import AttentionOptions, ExportOptions, RewriteOptions
 from hyperexport.passes import pipeline
 from hyperexport.passes.pipeline import PASSES, PassEntry, PassInputs, run_passes, selected_passes

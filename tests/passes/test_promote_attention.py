@@ -8,7 +8,7 @@ import onnx_ir as ir
 import pytest
 import torch
 
-from hyperexport.errors import RewriteError
+from hyperexport.base.errors import RewriteError
 from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.transformers.attention_op import attention_reference
 from tests.helpers.passes import run_checked

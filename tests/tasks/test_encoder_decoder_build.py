@@ -14,7 +14,7 @@ from typing import Any
 import onnx
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import RECIPES_DIR, compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
@@ -113,7 +113,7 @@ def test_seq2seq_zoo_decodes_as_transformers(name: str, dynamo: bool, tmp_path: 
 
 
 def test_an_explicit_hiera_is_refused_when_the_recipe_is_validated() -> None:
-    # A RecipeError is the command line's exit 2 (hyperexport/exit_codes.py INVALID).
+    # A RecipeError is the command line's exit 2 (hyperexport/base/exit_codes.py INVALID).
     with pytest.raises(RecipeError, match=r"field 'hiera': .*set hiera: auto"):
         compose_recipe(["recipe=zoo_bart", "hiera=[torch.nn.Linear]"])
 

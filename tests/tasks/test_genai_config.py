@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.tasks.genai_config import (
     GENAI_MODEL_TYPES,
     GENAI_SOURCE_KEYS,

@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import pytest
 
+from hyperexport.base.errors import RecipeError
 from hyperexport.engine.store import CacheStore
-from hyperexport.errors import RecipeError
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import RECIPES_DIR, compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import compose_recipe
 
 

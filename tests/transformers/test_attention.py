@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hyperexport import zoo
-from hyperexport.errors import HyperExportError
+from hyperexport.base.errors import HyperExportError
 from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.transformers.attention import (
     attention_export_context,

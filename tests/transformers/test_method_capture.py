@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from hyperexport import zoo
-from hyperexport.errors import InputError
+from hyperexport.base.errors import InputError
+from hyperexport.base.versions import cache_keyword
 from hyperexport.transformers.method_capture import capture_inner_call
-from hyperexport.versions import cache_keyword
 
 pytest.importorskip("transformers")
 

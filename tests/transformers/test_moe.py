@@ -11,8 +11,9 @@ import onnx
 import pytest
 import torch
 
-from hyperexport import export_hyper_onnx, versions
-from hyperexport.errors import ModuleExportError
+from hyperexport import export_hyper_onnx
+from hyperexport.base import versions
+from hyperexport.base.errors import ModuleExportError
 from hyperexport.transformers import patches
 from hyperexport.transformers.moe import MOE_FAMILIES, exportable_moe, topk_by_rank
 from hyperexport.zoo import MOE_CONFIGS, tiny_moe
@@ -22,7 +23,7 @@ from tests.helpers.ort import run_ort
 pytest.importorskip("transformers")
 
 #: The MoE formulation is of transformers 5.x's router/experts split; 4.57 has one MoE module
-#: (recipes and exports naming the split are refused in one line there, tests/test_versions.py).
+#: (recipes and exports naming the split are refused in one line there, tests/base/test_versions.py).
 _TOO_OLD = versions.missing_transformers_class(f"{MOE_FAMILIES[0].module}.{MOE_FAMILIES[0].router}")
 MOE_SPLIT = pytest.mark.skipif(_TOO_OLD is not None, reason=_TOO_OLD or "")
 

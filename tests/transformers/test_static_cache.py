@@ -9,12 +9,13 @@ import onnx_ir as ir
 import pytest
 import torch
 
-from hyperexport import versions, zoo
+from hyperexport import zoo
+from hyperexport.base import versions
+from hyperexport.base.versions import cache_keyword
 from hyperexport.passes.promote_attention import PromoteAttentionToOpset24Pass
 from hyperexport.transformers.attention import attention_export_context
 from hyperexport.transformers.patches import export_patches
 from hyperexport.transformers.static_cache import ExplicitKVCacheModel, StaticCache
-from hyperexport.versions import cache_keyword
 from tests.helpers.ort import run_ort
 
 pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
-from hyperexport import versions
+from hyperexport.base import versions
 from hyperexport.export.torch_exporter import decomposition_without_input_guards
 from hyperexport.zoo import EXPECTED_FAILURES
 

@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import hyperexport
-from hyperexport.contracts.names import CHECKPOINT_CONFIG, TOKENIZER_FILES
+from hyperexport.base.contracts.names import CHECKPOINT_CONFIG, TOKENIZER_FILES
+from hyperexport.base.versions import RECORDED_DISTRIBUTIONS
 from hyperexport.engine.code_closure import CodePackage
 from hyperexport.engine.environment import SITE_DIRS
 from hyperexport.engine.hashing import FileDigestIndex, canonical_json, sha256_text
-from hyperexport.versions import RECORDED_DISTRIBUTIONS
 
 log = logging.getLogger(__name__)
 

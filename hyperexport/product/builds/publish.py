@@ -42,8 +42,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
+from hyperexport.base.errors import ForeignPathError
 from hyperexport.engine.entries import OutputFile
 from hyperexport.engine.files import clone_or_copy
 from hyperexport.engine.hashing import sha256_file, sha256_text
@@ -51,7 +52,6 @@ from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
 from hyperexport.engine.workspace import Workspace
-from hyperexport.errors import ForeignPathError
 from hyperexport.product.builds.cleanup import remove_publication, remove_stale_builds
 from hyperexport.product.builds.layout import BUILDS, FAILED_SUFFIX, LOCK_SUFFIX
 from hyperexport.product.builds.recipe_source import (

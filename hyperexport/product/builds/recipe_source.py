@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.errors import CacheUnavailableError
+from hyperexport.base.errors import CacheUnavailableError
 from hyperexport.product.config.paths import RECIPES_DIR
 
 #: How ``report.json`` names a recipe shipped in hyperexport's ``recipes/`` folder: by its place

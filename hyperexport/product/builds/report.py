@@ -10,13 +10,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import SEQ2SEQ_GRAPHS
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import SEQ2SEQ_GRAPHS
+from hyperexport.base.errors import StageError
 from hyperexport.engine.hashing import atomic_write_json
 from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
-from hyperexport.errors import StageError
 from hyperexport.product.builds.recipe_source import recipe_source
 from hyperexport.product.builds.report_html import model_io, write_report_html
 from hyperexport.product.builds.summary import function_tree

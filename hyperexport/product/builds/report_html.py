@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_text
-from hyperexport.contracts.names import AUTO_FILE, MANIFEST_JSON, MODEL_FILE, NO_FUSION
+from hyperexport.base.atomic import atomic_write_text
+from hyperexport.base.contracts.names import AUTO_FILE, MANIFEST_JSON, MODEL_FILE, NO_FUSION
 from hyperexport.product.builds.layout import BUILDS
 from hyperexport.product.builds.summary import render_tree
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyperexport import exit_codes
-from hyperexport.cache_dir import ENV_CACHE_DIR, default_cache_dir
+from hyperexport.base import exit_codes
+from hyperexport.base.cache_dir import ENV_CACHE_DIR, default_cache_dir
+from hyperexport.base.errors import CacheUnavailableError, ForeignPathError
 from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import FileDigestIndex, sha256_text
 from hyperexport.engine.machinery import machinery
@@ -22,7 +23,6 @@ from hyperexport.engine.runner import DEFAULT_VARIANT, REFUSED, BuildRequest, Bu
 from hyperexport.engine.settings import READ_ONLY
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import open_store
-from hyperexport.errors import CacheUnavailableError, ForeignPathError
 from hyperexport.product.builds import fingerprint
 from hyperexport.product.builds.fingerprint import ENV_DISTRIBUTIONS
 from hyperexport.product.builds.layout import FAILED_SUFFIX

@@ -5,7 +5,7 @@ whichever Hydra launcher ran it: in this process (basic launcher), in worker pro
 or on other machines (submitit, Ray; the sweep dir must then be on shared storage). When the
 multirun ends, the launching process reads them all, prints one table and writes
 ``<sweep dir>/sweep.json``; the multirun's exit code is the worst of its jobs'
-(:func:`hyperexport.exit_codes.worst`). A job writes a ``running`` record when it starts, so
+(:func:`hyperexport.base.exit_codes.worst`). A job writes a ``running`` record when it starts, so
 a job whose worker died shows up as failed, not as missing.
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hyperexport import exit_codes
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base import exit_codes
+from hyperexport.base.contracts.names import STAGE_NAMES
 from hyperexport.engine.hashing import atomic_write_json
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ The Hydra task function lives here (not in ``__main__``) so that launchers runni
 processes (joblib/loky, submitit, Ray) pickle it by reference: a worker imports this module,
 which registers the resolvers and finds the recipe files the same way the launching process did.
 
-Refusals are exit code 2 (:data:`hyperexport.exit_codes.INVALID`) with one line naming the field
+Refusals are exit code 2 (:data:`hyperexport.base.exit_codes.INVALID`) with one line naming the field
 or value, whether hyperexport or Hydra refuses; Ctrl-C is one line and exit code 130.
 """
 
@@ -25,9 +25,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hyperexport import exit_codes
-from hyperexport.cache_dir import default_cache_dir
-from hyperexport.errors import RecipeError, StageError
+from hyperexport.base import exit_codes
+from hyperexport.base.cache_dir import default_cache_dir
+from hyperexport.base.errors import RecipeError, StageError
 from hyperexport.product.builds import sweep
 from hyperexport.product.builds.session import BuildOutcome, run_build, variant_dir
 from hyperexport.product.cli.sweep_check import MULTIRUN_FLAGS, refused_jobs, sweep_jobs

@@ -13,7 +13,7 @@ Commands (each prints plain text, one line per entry, for logs)::
     pull URL [--recipe NAME] [--storage-option K=V]                   fill this cache from a remote
 
 Every command but ``clean`` takes ``--cache-dir DIR`` (default: ``$HYPEREXPORT_CACHE_DIR``, else
-``~/.cache/hyperexport``, as the build). Exit codes (:mod:`hyperexport.exit_codes`): 0 done;
+``~/.cache/hyperexport``, as the build). Exit codes (:mod:`hyperexport.base.exit_codes`): 0 done;
 1 ``verify`` found corruption (it was dropped), ``push``/``pull`` failed to transfer an entry, or ``status --lock`` found hyperexport.lock stale; 2 invalid arguments, an unknown or ambiguous key,
 or (``status``) an invalid recipe; 3 the cache or outputs directory cannot be used.
 """
@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from hyperexport import exit_codes
-from hyperexport.cache_dir import default_cache_dir
+from hyperexport.base import exit_codes
+from hyperexport.base.cache_dir import default_cache_dir
+from hyperexport.base.errors import CacheUnavailableError
 from hyperexport.engine.store import CacheStore
-from hyperexport.errors import CacheUnavailableError
 from hyperexport.product.cli.quantities import human_age, human_size, parse_age, parse_size
 from hyperexport.product.cli.table import render_table
 from hyperexport.product.cli.usage import UnusableDirectory, UsageError, check_dir
@@ -167,7 +167,7 @@ def cmd_status(args: argparse.Namespace, root: Path) -> int:
     known = repository_recipes()
     for name in args.recipes:
         if name not in known:
-            from hyperexport.errors import did_you_mean
+            from hyperexport.base.errors import did_you_mean
 
             raise UsageError(f"no recipe {name!r} in recipes/{did_you_mean(name, known)}")
     for file in args.recipe_file:

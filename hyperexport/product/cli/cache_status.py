@@ -15,9 +15,9 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from hyperexport.base.errors import RecipeError
 from hyperexport.engine.runner import StageResult
 from hyperexport.engine.store import HIT
-from hyperexport.errors import RecipeError
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import RECIPES_DIR, compose_recipe
 from hyperexport.product.stages import PIPELINE

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from hyperexport import exit_codes
+from hyperexport.base import exit_codes
 from hyperexport.engine import sync
 from hyperexport.engine.remote import Remote
 from hyperexport.engine.settings import READ_ONLY, READ_WRITE

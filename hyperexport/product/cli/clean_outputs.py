@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperexport import exit_codes
+from hyperexport.base import exit_codes
 from hyperexport.engine.inventory import disk_usage
 from hyperexport.product.builds.cleanup import is_publication_link, remove_publication
 from hyperexport.product.builds.report import REPORT

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base.contracts.names import STAGE_NAMES
 
 #: ``(command, what it does)`` of every subcommand ``__main__`` dispatches.
 SUBCOMMANDS_HELP = (

@@ -8,7 +8,7 @@ Usage::
     hyperexport lock --recipe llama       # refresh only these recipes' entries
     hyperexport cache status --lock       # which variants the tree would rebuild, and why
 
-Exit codes (:mod:`hyperexport.exit_codes`): 0 written (or fresh); 1 a build failed, or
+Exit codes (:mod:`hyperexport.base.exit_codes`): 0 written (or fresh); 1 a build failed, or
 (``cache status --lock``) the committed lock is stale; 2 invalid arguments or recipe.
 """
 
@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from hyperexport import exit_codes
-from hyperexport.errors import RecipeError
+from hyperexport.base import exit_codes
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.cli.lockfile import (
     LOCK_CONFIG,
     LOCK_FILE,

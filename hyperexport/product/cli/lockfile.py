@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_text
+from hyperexport.base.atomic import atomic_write_text
+from hyperexport.base.errors import RecipeError
 from hyperexport.engine.hashing import canonical_json, sha256_text
-from hyperexport.errors import RecipeError
 from hyperexport.product.config.paths import CONF_DIR, RECIPES_DIR, REPO_ROOT
 
 log = logging.getLogger(__name__)

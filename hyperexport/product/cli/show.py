@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport import exit_codes
-from hyperexport.contracts.names import (
+from hyperexport.base import exit_codes
+from hyperexport.base.contracts.names import (
     FUSED_OPS,
     META_VERSION_PREFIX,
     QUANTIZED_DOMAIN,

@@ -14,7 +14,7 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config.schema import RECIPE_FILE
 
 #: The flags that make the command line a multirun (Hydra's).

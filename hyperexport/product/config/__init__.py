@@ -14,13 +14,15 @@ Layout (documented in outputs/README.md):
   ``hyperexport.__main__``).
 
 Hydra composes without a strict schema so that this module, not Hydra, reports a bad recipe: one
-:class:`~hyperexport.errors.RecipeError` naming the recipe file and the field, with close matches
+:class:`~hyperexport.base.errors.RecipeError` naming the recipe file and the field, with close matches
 for typos. Validation never imports torch: importability of classes is checked statically.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hyperexport import lazy_attributes
 
 if TYPE_CHECKING:
     from hyperexport.product.config.hydra import (
@@ -135,9 +137,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'hyperexport.product.config' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -9,8 +9,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from hyperexport.contracts.names import STAGE_NAMES
-from hyperexport.errors import RecipeError
+from hyperexport.base.contracts.names import STAGE_NAMES
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config.fields import defaults_of
 from hyperexport.product.config.paths import CONF_DIR, DEFAULT_RECIPE, RECIPES_DIR
 from hyperexport.product.config.schema import (

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyperexport.errors import did_you_mean
+from hyperexport.base.errors import did_you_mean
 
 
 # --------------------------------------------------------------------------------------------

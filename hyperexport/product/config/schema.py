@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from hyperexport.contracts.names import AUTO as AUTO
-from hyperexport.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
-from hyperexport.contracts.names import (
+from hyperexport.base.contracts.names import AUTO as AUTO
+from hyperexport.base.contracts.names import BUILTIN_ATTENTION as BUILTIN_ATTENTION
+from hyperexport.base.contracts.names import (
     CHECK,
     EVALUATE,
     EXPORT,
@@ -26,9 +26,9 @@ from hyperexport.contracts.names import (
     TRACE,
     WEIGHTS_MODES,
 )
-from hyperexport.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
-from hyperexport.contracts.names import OPSET_RANGES as OPSET_RANGES
-from hyperexport.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
+from hyperexport.base.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
+from hyperexport.base.contracts.names import OPSET_RANGES as OPSET_RANGES
+from hyperexport.base.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
 from hyperexport.defaults import (
     DEFAULT_ATOL,
     DEFAULT_BLOCK_SIZE,
@@ -79,11 +79,11 @@ DTYPES = (
 
 # ``functions`` values and transformers' own attention implementations (hyperexport registers
 # its entry under another name): defined by the library (hyperexport.options);
-# ``check.function_scope`` values in hyperexport.contracts.names, shared with the check library
+# ``check.function_scope`` values in hyperexport.base.contracts.names, shared with the check library
 # (the stages that do not check must not load it: their keys would cover it).
 # Default-domain opsets each export path can produce, and the lowest export opset attention
 # promotion accepts (it re-declares the model at 24 without converting other ops, and the Reduce*
-# ops changed signature at 18): defined once, in hyperexport.contracts.names.
+# ops changed signature at 18): defined once, in hyperexport.base.contracts.names.
 
 
 #: The primary config's keys besides the recipe's: ``build.*`` and a recipe file outside

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import (
+from hyperexport.base.contracts.names import (
     CHECKPOINT_CONFIG,
     FORWARD,
     SPEECH_RECOGNITION,

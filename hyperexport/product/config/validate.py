@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
-from hyperexport.contracts.names import (
+from hyperexport.base.contracts.names import (
     CHECKPOINT_SUFFIXES,
     NO_FUSION,
     OPSET_RANGES,
@@ -20,8 +20,9 @@ from hyperexport.contracts.names import (
     STANDARD_FUSION,
     TEXT_GENERATION,
 )
+from hyperexport.base.errors import RecipeError, did_you_mean
+from hyperexport.base.versions import missing_transformers_class
 from hyperexport.engine.machinery import machinery
-from hyperexport.errors import RecipeError, did_you_mean
 from hyperexport.product.config.fields import (
     REQUIRED,
     Invalid,
@@ -56,7 +57,6 @@ from hyperexport.product.config.schema import (
 from hyperexport.product.config.task_inference import TaskNotInferable, infer_task
 from hyperexport.product.config.weights_source import refusal, weights_source
 from hyperexport.tasks.registry import TASKS
-from hyperexport.versions import missing_transformers_class
 
 log = logging.getLogger(__name__)
 

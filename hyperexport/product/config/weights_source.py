@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import (
+from hyperexport.base.contracts.names import (
     CHECKPOINT_CONFIG,
     FORWARD,
     SAFETENSORS,

@@ -1,4 +1,4 @@
-"""The trace's frozen :class:`~hyperexport.contracts.capture_spec.CaptureSpec` from the typed
+"""The trace's frozen :class:`~hyperexport.base.contracts.capture_spec.CaptureSpec` from the typed
 recipe, ``auto`` resolved on the live model (once, by the trace), and its example tensors."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.capture_spec import CaptureSpec, InputEntry
+from hyperexport.base.contracts.capture_spec import CaptureSpec, InputEntry
 from hyperexport.product.config.fields import from_json, to_json
 from hyperexport.product.config.schema import InputSpec, RecipeConfig
 from hyperexport.product.from_recipe.export_options import dynamic_axes, probe_shapes

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from hyperexport.base.contracts.names import PROMOTED_OPSET, STANDARD_FUSION
 from hyperexport.check.quantized_judge import QuantizedThresholds
 from hyperexport.check.settings import CheckSettings, Tolerance
-from hyperexport.contracts.names import PROMOTED_OPSET, STANDARD_FUSION
 from hyperexport.product.config.fields import is_read
 from hyperexport.product.config.schema import RecipeConfig
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hyperexport.contracts.capture_spec import CaptureSpec, DynamicAxes, ProbeShapes
+from hyperexport.base.contracts.capture_spec import CaptureSpec, DynamicAxes, ProbeShapes
 from hyperexport.options import (
     AttentionOptions,
     CustomOpSymbolic,

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from hyperexport.errors import RecipeError, relayed
+from hyperexport.base.errors import RecipeError, relayed
 from hyperexport.product.config.hydra import recipe_file_of
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hyperexport.contracts.names import SAFETENSORS
-from hyperexport.errors import HieraError, RecipeError
+from hyperexport.base.contracts.names import SAFETENSORS
+from hyperexport.base.errors import HieraError, RecipeError
 from hyperexport.product.config.imports import split_import_path
 from hyperexport.product.from_recipe.instantiate import instantiate_model
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import AUTO, WEIGHTS_LOAD, WEIGHTS_STREAM
-from hyperexport.contracts.weight_index import WeightIndex, read_weight_index
-from hyperexport.errors import CorruptRecordError, RecipeError
+from hyperexport.base.contracts.names import AUTO, WEIGHTS_LOAD, WEIGHTS_STREAM
+from hyperexport.base.contracts.weight_index import WeightIndex, read_weight_index
+from hyperexport.base.errors import CorruptRecordError, RecipeError
 from hyperexport.export_budget import EXPORT_OVERHEAD
 from hyperexport.meminfo import available_memory
 from hyperexport.product.config.weights_source import WeightsSource, refusal, weights_source
@@ -54,7 +54,7 @@ def streaming_source(
     if refused is not None:
         raise RecipeError(recipe_file, "weights", refused)
     if not isinstance(source, WeightsSource):
-        log.info("weights: %s loads the model (%s)", AUTO, source)
+        log.debug("weights: %s loads the model (%s)", AUTO, source)
         return None
     try:
         index = read_weight_index(source.folder, files=source.files)

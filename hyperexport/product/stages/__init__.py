@@ -1,8 +1,8 @@
-"""The build pipeline: trace → export → rewrite → evaluate → check.
+"""The build pipeline: trace → export → rewrite → quantize → evaluate → check.
 
 Each stage is thin: it reads its declared inputs, calls the library and writes its outputs;
 torch is imported only inside the ``run`` of the stages that need the live model (trace,
-export), and never by rewrite, evaluate or check.
+export), and never by rewrite, quantize, evaluate or check.
 
 The package imports none of its stage modules eagerly: a stage's key covers the hyperexport
 modules its module loads (:mod:`hyperexport.engine.code_closure`), and loading one stage must
@@ -11,7 +11,9 @@ not load the others. ``PIPELINE`` and ``model_loader`` are resolved on first acc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hyperexport import lazy_attributes
 
 if TYPE_CHECKING:
     from hyperexport.product.from_recipe.model import model_loader
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from hyperexport.product.stages.evaluate import EvaluateStage
     from hyperexport.product.stages.export import ExportStage
     from hyperexport.product.stages.pipeline import PIPELINE
+    from hyperexport.product.stages.quantize import QuantizeStage
     from hyperexport.product.stages.rewrite import RewriteStage
     from hyperexport.product.stages.trace import TraceStage
 
@@ -27,6 +30,7 @@ _LAZY = {
     "CheckStage": "hyperexport.product.stages.check",
     "EvaluateStage": "hyperexport.product.stages.evaluate",
     "ExportStage": "hyperexport.product.stages.export",
+    "QuantizeStage": "hyperexport.product.stages.quantize",
     "RewriteStage": "hyperexport.product.stages.rewrite",
     "TraceStage": "hyperexport.product.stages.trace",
     "model_loader": "hyperexport.product.from_recipe.model",
@@ -37,15 +41,11 @@ __all__ = [
     "CheckStage",
     "EvaluateStage",
     "ExportStage",
+    "QuantizeStage",
     "RewriteStage",
     "TraceStage",
     "model_loader",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'hyperexport.product.stages' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

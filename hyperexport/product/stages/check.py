@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import CHECK_JSON, CHECK_SUMMARY, REFERENCE_DIR
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import CHECK_JSON, CHECK_SUMMARY, REFERENCE_DIR
+from hyperexport.base.errors import CheckError
 from hyperexport.engine.stage import StageInputs
-from hyperexport.errors import CheckError
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.judged_files import check_evaluated, judged_files
 from hyperexport.product.stages.recipe_stage import RecipeStage
@@ -141,11 +141,11 @@ class CheckStage(RecipeStage):
     ) -> CheckReport:
         """One graph's evaluation judged against its capture (its output names and capture keys
         added to ``known``)."""
+        from hyperexport.base.contracts.capture_files import read_capture
+        from hyperexport.base.contracts.manifest import ExportManifest
         from hyperexport.check.evaluation import SECOND_SHAPE, Evaluation
         from hyperexport.check.judge import judge
         from hyperexport.check.tensors import CapturedArrays
-        from hyperexport.contracts.capture_files import read_capture
-        from hyperexport.contracts.manifest import ExportManifest
         from hyperexport.product.from_recipe.check_settings import check_settings
 
         capture = read_capture(export_dir / REFERENCE_DIR)
@@ -174,7 +174,7 @@ def _refuse_unknown_outputs(
 ) -> None:
     """RecipeError naming the ``check.accept_vacuous`` entry that is no output or capture key
     of any of the build's graphs."""
-    from hyperexport.errors import RecipeError
+    from hyperexport.base.errors import RecipeError
 
     for i, name in enumerate(names):
         if not any(fnmatch.fnmatchcase(k, name) for k in known):

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hyperexport.contracts.names import (
+from hyperexport.base.contracts.names import (
     EVALUATED_JSON,
     EVALUATION_ARRAYS,
     EVALUATION_JSON,
@@ -111,10 +111,10 @@ class EvaluateStage(RecipeStage):
     ) -> tuple[ModelEvaluator, Sequence[OutputRun]]:
         """Evaluate one model into ``out_dir``; its evaluator and whole-model runs at the traced
         shape (for the quantized comparison to reuse)."""
+        from hyperexport.base.contracts.capture_files import read_capture
+        from hyperexport.base.contracts.manifest import ExportManifest
         from hyperexport.check.evaluation import SECOND_SHAPE
         from hyperexport.check.model_evaluator import ModelEvaluator
-        from hyperexport.contracts.capture_files import read_capture
-        from hyperexport.contracts.manifest import ExportManifest
         from hyperexport.product.from_recipe.check_settings import check_settings
 
         capture = read_capture(export_dir / REFERENCE_DIR)
@@ -136,9 +136,9 @@ class EvaluateStage(RecipeStage):
         """The quantize stage's model file against the float one, both in ONNX Runtime, whole
         and every call site alone, on the reference capture's inputs → ``quantized.json``. The
         float model's runs are its evaluation's (``evaluated``), not made twice."""
+        from hyperexport.base.contracts.capture_files import read_capture
+        from hyperexport.base.contracts.manifest import ExportManifest
         from hyperexport.check.quantized import compare_quantized
-        from hyperexport.contracts.capture_files import read_capture
-        from hyperexport.contracts.manifest import ExportManifest
 
         def model(folder: Path, name: str, manifest: str) -> tuple[Path, ExportManifest]:
             text = (folder / manifest).read_text(encoding="utf-8")

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import (
+from hyperexport.base.contracts.names import (
     BUNDLE_JSON,
     CAPTURE_JSON,
     REFERENCE_DIR,
@@ -81,9 +81,9 @@ class ExportStage(RecipeStage):
         out_dir: Path,
         graph: str = "",
     ) -> None:
+        from hyperexport.base.contracts.capture_spec import CaptureSpec
         from hyperexport.capture.container import Capture
         from hyperexport.capture.tree import check_rebuildable
-        from hyperexport.contracts.capture_spec import CaptureSpec
         from hyperexport.engine.files import clone_or_copy
         from hyperexport.export.fallback import CaptureCall, export_with_fallback
         from hyperexport.export.path import ExportPath

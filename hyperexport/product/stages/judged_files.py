@@ -14,9 +14,9 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import EVALUATED_JSON, QUANTIZE, REWRITE, TRACE
-from hyperexport.errors import CheckError
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import EVALUATED_JSON, QUANTIZE, REWRITE, TRACE
+from hyperexport.base.errors import CheckError
 from hyperexport.tasks.task import Task
 
 #: The stages whose every output is a published model file the evaluate stage runs.

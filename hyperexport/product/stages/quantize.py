@@ -17,16 +17,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import (
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import (
     MANIFEST_JSON,
     MODEL_FILE,
     NO_QUANTIZATION,
     QUANTIZED_MANIFEST_JSON,
     QUANTIZED_MODEL_FILE,
 )
+from hyperexport.base.errors import RecipeError
 from hyperexport.engine.stage import StageInputs
-from hyperexport.errors import RecipeError
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
 
@@ -81,7 +81,7 @@ class QuantizeStage(RecipeStage):
             return
         import onnx_ir as ir
 
-        from hyperexport.contracts.manifest import ExportManifest
+        from hyperexport.base.contracts.manifest import ExportManifest
         from hyperexport.passes.quantize_manifest import function_inputs, quantized_manifest
         from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
 

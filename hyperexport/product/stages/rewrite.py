@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hyperexport import progress
-from hyperexport.atomic import atomic_write_bytes
-from hyperexport.contracts.names import MANIFEST_JSON, MODEL_FILE
+from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.base.contracts.names import MANIFEST_JSON, MODEL_FILE
 from hyperexport.engine.stage import StageInputs
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hyperexport.contracts.names import AUTO_FILE, CAPTURE_JSON, CAPTURE_SPEC_JSON, TENSORS_NPZ
+from hyperexport.base.contracts.names import AUTO_FILE, CAPTURE_JSON, CAPTURE_SPEC_JSON, TENSORS_NPZ
 from hyperexport.engine.stage import StageInputs
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage

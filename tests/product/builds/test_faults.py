@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport import exit_codes
+from hyperexport.base import exit_codes
 from hyperexport.engine.store import VERIFY_LIMIT, CacheStore
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from tests.helpers.fake_recipe import recipe

@@ -229,7 +229,7 @@ def test_a_checkpoint_folder_counts_only_the_files_its_loader_reads(tmp_path: Pa
 @pytest.mark.parametrize("target", ["/etc/passwd", "empty_folder"])
 def test_a_checkpoint_that_is_not_one_is_refused_by_validation(tmp_path: Path, target: str) -> None:
     """Issue 21: checkpoint=../../../../etc/passwd gave rc 1 "list index out of range"."""
-    from hyperexport.errors import RecipeError
+    from hyperexport.base.errors import RecipeError
     from hyperexport.product.config import validate_recipe
     from tests.helpers.fake_recipe import recipe
 

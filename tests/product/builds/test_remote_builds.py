@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from hyperexport import exit_codes
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base import exit_codes
+from hyperexport.base.contracts.names import STAGE_NAMES
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.config import BuildSettings
 from tests.helpers.builds import toy_package_in

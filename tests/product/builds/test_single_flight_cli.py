@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base.contracts.names import STAGE_NAMES
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from hyperexport import ExportOptions, exit_codes, export_hyper_onnx
+from hyperexport import ExportOptions, export_hyper_onnx
+from hyperexport.base import exit_codes
 from hyperexport.product.cli import show
 
 REPO = Path(__file__).resolve().parents[3]
@@ -134,8 +135,8 @@ def test_the_subcommand_is_dispatched(nested_model: Path) -> None:
 def test_the_model_records_and_show_prints_the_versions_it_was_built_with(
     nested_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hyperexport.contracts.names import META_VERSION_PREFIX
-    from hyperexport.versions import RECORDED_DISTRIBUTIONS, installed_version
+    from hyperexport.base.contracts.names import META_VERSION_PREFIX
+    from hyperexport.base.versions import RECORDED_DISTRIBUTIONS, installed_version
 
     props = {p.key: p.value for p in onnx.load(nested_model).metadata_props}
     for name in RECORDED_DISTRIBUTIONS:

@@ -74,7 +74,7 @@ def test_task_default_readers_and_implemented_set() -> None:
 def test_a_name_that_looks_like_a_secret_is_refused(name: str) -> None:
     """A digest of a short secret can be checked against guesses, and a key shared through a
     remote cache shows when the value changed: such names are refused (issue 32)."""
-    from hyperexport.errors import RecipeError
+    from hyperexport.base.errors import RecipeError
 
     with pytest.raises(RecipeError) as info:
         validate_recipe({**BASE, "env": ["HF_HOME", name]}, "/r/t.yaml")
@@ -97,7 +97,7 @@ def test_names_that_only_resemble_a_secret_pattern_pass() -> None:
 def test_a_quantized_encoder_decoder_is_refused_before_it_builds() -> None:
     """Its two graphs have no single model.onnx to quantize: the quantize stage failed with a
     FileNotFoundError after the export (found by the issue-32 review)."""
-    from hyperexport.errors import RecipeError
+    from hyperexport.base.errors import RecipeError
 
     recipe = {
         **BASE,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import hyperexport.product.stages as stages_package
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base.contracts.names import STAGE_NAMES
 from hyperexport.engine.stage import config_slice
 from hyperexport.product.config import compose_recipe
 from hyperexport.product.config.fields import (

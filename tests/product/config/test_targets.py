@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.config.imports import static_parameters
 from tests.helpers.cli import REPO

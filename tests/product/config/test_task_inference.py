@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.config.task_inference import task_of
 

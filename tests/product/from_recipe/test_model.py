@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hyperexport.errors import RecipeError
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.from_recipe.model import resolve_classes
 
 

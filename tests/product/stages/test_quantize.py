@@ -16,9 +16,9 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from hyperexport.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
+from hyperexport.base.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
+from hyperexport.base.errors import RecipeError
 from hyperexport.engine.store import CacheStore
-from hyperexport.errors import RecipeError
 from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.config import BuildSettings, Recipe, compose_recipe

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hyperexport.contracts.names import STAGE_NAMES
+from hyperexport.base.contracts.names import STAGE_NAMES
 from hyperexport.product.stages import PIPELINE
 
 

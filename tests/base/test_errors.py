@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hyperexport.errors import (
+from hyperexport.base.errors import (
     ModelForwardError,
     ModuleExportError,
     StageError,

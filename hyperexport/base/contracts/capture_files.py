@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hyperexport.contracts.arrays import load_arrays
-from hyperexport.contracts.names import CAPTURE_JSON, TENSORS_NPZ
-from hyperexport.contracts.records import CaptureRecord
+from hyperexport.base.contracts.arrays import load_arrays
+from hyperexport.base.contracts.names import CAPTURE_JSON, TENSORS_NPZ
+from hyperexport.base.contracts.records import CaptureRecord
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from hyperexport.contracts.weight_index import (
+from hyperexport.base.contracts.weight_index import (
     SHARD_INDEX_FILE,
     WeightIndex,
     read_header,
     read_weight_index,
     sha256_file,
 )
-from hyperexport.errors import CorruptRecordError
+from hyperexport.base.errors import CorruptRecordError
 
 _ARRAYS = {
     "a.weight": np.arange(12, dtype=np.float32).reshape(3, 4),

@@ -1,5 +1,5 @@
 """The version facts: what each release of torch, transformers, onnx and onnxscript has, and
-the one module that compares their versions (``tests/test_versions.py``).
+the one module that compares their versions (``tests/base/test_versions.py``).
 
 Everything else in hyperexport asks this module
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperexport.errors import CorruptRecordError
+from hyperexport.base.errors import CorruptRecordError
 
 WEIGHT_INDEX_FORMAT = 1
 #: The suffix of the files read.

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hyperexport.contracts.names import probe_key
+from hyperexport.base.contracts.names import probe_key
 
 Tree = tuple[Any, ...]
 
@@ -152,7 +152,7 @@ class ModuleCall:
 
 @dataclass(frozen=True)
 class CaptureRecord:
-    """Everything a capture observed, minus the tensor bytes (see :mod:`hyperexport.contracts.arrays`).
+    """Everything a capture observed, minus the tensor bytes (see :mod:`hyperexport.base.contracts.arrays`).
 
     Attributes:
         model_class: Qualified class name of the root model.

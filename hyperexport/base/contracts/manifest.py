@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 # Defined in names.py; re-exported here, where importers have always found them.
-from hyperexport.contracts.names import FUNCTION_DOMAIN as FUNCTION_DOMAIN
-from hyperexport.contracts.names import META_EXPORT_PATH as META_EXPORT_PATH
-from hyperexport.contracts.names import META_FALLBACK as META_FALLBACK
-from hyperexport.contracts.names import META_FUNCTION_MODE as META_FUNCTION_MODE
-from hyperexport.contracts.names import NO_FUSION
-from hyperexport.contracts.names import PLACEHOLDER_DOMAIN as PLACEHOLDER_DOMAIN
+from hyperexport.base.contracts.names import FUNCTION_DOMAIN as FUNCTION_DOMAIN
+from hyperexport.base.contracts.names import META_EXPORT_PATH as META_EXPORT_PATH
+from hyperexport.base.contracts.names import META_FALLBACK as META_FALLBACK
+from hyperexport.base.contracts.names import META_FUNCTION_MODE as META_FUNCTION_MODE
+from hyperexport.base.contracts.names import NO_FUSION
+from hyperexport.base.contracts.names import PLACEHOLDER_DOMAIN as PLACEHOLDER_DOMAIN
 
 
 @dataclass(frozen=True)

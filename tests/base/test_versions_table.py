@@ -15,7 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _script() -> ModuleType:
@@ -51,7 +51,8 @@ def test_pyproject_floors_are_the_floors_leg() -> None:
         ast.literal_eval(node.value)
         for node in tree.body
         if isinstance(node, ast.AnnAssign | ast.Assign)
-        and "FLOORS" in ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+        and "FLOORS"
+        in ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
     )
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     declared = {}

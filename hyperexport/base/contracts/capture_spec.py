@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyperexport.atomic import atomic_write_text
-from hyperexport.contracts.names import CAPTURE_SPEC_JSON
-from hyperexport.errors import CorruptRecordError
+from hyperexport.base.atomic import atomic_write_text
+from hyperexport.base.contracts.names import CAPTURE_SPEC_JSON
+from hyperexport.base.errors import CorruptRecordError
 
 #: Bumped whenever the layout changes; a record of another format is refused.
 FORMAT = 1

@@ -1,4 +1,4 @@
-"""hyperexport/versions.py is the one place that knows library versions.
+"""hyperexport/base/versions.py is the one place that knows library versions.
 
 (a) No other module compares library versions (read from the sources with ``ast``): no
     ``packaging.version`` / ``packaging.specifiers``, no library's ``__version__``, no version
@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 import hyperexport
-from hyperexport import versions
-from hyperexport.errors import VersionsError
+from hyperexport.base import versions
+from hyperexport.base.errors import VersionsError
 from hyperexport.export.registry import path_for
 from hyperexport.transformers.masks import never_gqa
 
 PACKAGE = Path(hyperexport.__file__).parent
-BRIDGE = PACKAGE / "versions.py"
+BRIDGE = PACKAGE / "base" / "versions.py"
 _VERSION_MODULES = ("packaging.version", "packaging.specifiers", "pkg_resources")
 _VERSION_READS = {"version", "distribution_version", "installed_version", "transformers_version"}
 
@@ -71,7 +71,7 @@ def test_no_module_but_versions_py_compares_library_versions() -> None:
         if path != BRIDGE
         for line, what in version_comparisons(path.read_text(encoding="utf-8"))
     ]
-    assert not found, "version checks belong in hyperexport/versions.py:\n" + "\n".join(found)
+    assert not found, "version checks belong in hyperexport/base/versions.py:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize(

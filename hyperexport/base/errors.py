@@ -123,7 +123,7 @@ class VersionsError(HyperExportError):
     """The installed libraries cannot work together on the chosen export path.
 
     Raised before capture and export start; the message is one line naming both versions and
-    the release needed (the known combinations: ``hyperexport/versions.py``'s ``REQUIREMENTS``).
+    the release needed (the known combinations: ``hyperexport/base/versions.py``'s ``REQUIREMENTS``).
     """
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hyperexport.atomic import atomic_write_with
+from hyperexport.base.atomic import atomic_write_with
 
 _RAW_BITS = {"bfloat16": np.uint16}
 

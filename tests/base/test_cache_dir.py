@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperexport.cache_dir import default_cache_dir
+from hyperexport.base.cache_dir import default_cache_dir
 
 
 def test_cache_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

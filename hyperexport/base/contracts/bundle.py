@@ -6,8 +6,8 @@ import json
 from dataclasses import asdict, dataclass
 
 # Defined in names.py; re-exported here, where importers have always found them.
-from hyperexport.contracts.names import BUNDLE_JSON as BUNDLE_JSON
-from hyperexport.contracts.names import CAPTURE_RECORD as CAPTURE_RECORD
+from hyperexport.base.contracts.names import BUNDLE_JSON as BUNDLE_JSON
+from hyperexport.base.contracts.names import CAPTURE_RECORD as CAPTURE_RECORD
 
 
 @dataclass(frozen=True)
