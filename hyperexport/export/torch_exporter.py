@@ -146,43 +146,54 @@ def weights_out_of_shape_inference() -> Iterator[None]:
         torch._C._jit_pass_onnx_graph_shape_type_inference = original
 
 
-_SDPA = "aten::scaled_dot_product_attention"
-#: The opset of torch's own TorchScript symbolic of SDPA (it serves every later opset too).
-_SDPA_OPSET = 14
+#: The aten op whose TorchScript symbolic :func:`repaired_sdpa_symbolic` wraps.
+SDPA_OP = "aten::scaled_dot_product_attention"
+#: The opset torch registers that symbolic at (it serves every export opset from there on).
+_SDPA_SYMBOLIC_OPSET = 14
 
 
 @contextlib.contextmanager
-def sdpa_scale_as_value() -> Iterator[None]:
-    """Let torch's TorchScript SDPA symbolic take a given ``scale`` where it reads it as a float.
+def repaired_sdpa_symbolic() -> Iterator[None]:
+    """torch's own TorchScript SDPA symbolic, with two repairs; restored on exit.
 
-    On :func:`~hyperexport.base.versions.sdpa_symbolic_reads_scale_as_float` releases, torch's symbolic
-    turns a constant ``scale`` into a Python float and then uses it as a node input, which fails.
-    While open, and only there, SDPA is exported by torch's own symbolic with the scale given as
-    a ``Cast`` of the constant to the query's dtype (a value the symbolic keeps as it is): the
-    same nodes as later releases, plus that ``Cast``. The override is removed on exit.
+    * **The output in the query's dtype** (bfloat16, float16): torch's symbolic turns a boolean
+      mask into an additive one with float32 constants; the exporter's type promotion then casts
+      the scores, the values and the result to float32, so a bfloat16 attention returns float32
+      where torch returns bfloat16. Everything after it (the output projection, the residual
+      ``Add``) follows in float32 and the unit's graph ends in a float32 value declared bfloat16:
+      ``onnx.checker`` refuses the model ("Inferred elem type differs"). The symbolic's output
+      gets one ``Cast`` to the query's dtype when that dtype is a 16-bit float; float32 graphs
+      are exported unchanged.
+    * **A given ``scale`` as a value** on
+      :func:`~hyperexport.base.versions.sdpa_symbolic_reads_scale_as_float` releases, whose
+      symbolic turns a constant ``scale`` into a Python float and then uses it as a node input,
+      which fails: the scale is given as a ``Cast`` of the constant to the query's dtype (a value
+      the symbolic keeps as it is), the same nodes as later releases plus that ``Cast``.
     """
-    if not sdpa_symbolic_reads_scale_as_float():
-        yield
-        return
+    import onnx
     import torch
     from torch.onnx import symbolic_helper, symbolic_opset14  # type: ignore[attr-defined]
-    from torch.onnx._type_utils import JitScalarType  # type: ignore[import-not-found]
 
-    original = symbolic_opset14.scaled_dot_product_attention
+    scale_as_value = sdpa_symbolic_reads_scale_as_float()
+    # TorchScript's scalar type names of the 16-bit floats, and their ONNX numbers.
+    low_precision = {"BFloat16": onnx.TensorProto.BFLOAT16, "Half": onnx.TensorProto.FLOAT16}
 
     def symbolic(g: Any, query: Any, key: Any, value: Any, *rest: Any) -> Any:
-        rest_list = list(rest)
-        scale = rest_list[3] if len(rest_list) > 3 else None
-        if scale is not None and not symbolic_helper._is_none(scale):
+        arguments = list(rest)
+        scale = arguments[3] if len(arguments) > 3 else None
+        if scale_as_value and scale is not None and not symbolic_helper._is_none(scale):
             given = symbolic_helper._maybe_get_const(scale, "f")
             if isinstance(given, float):
-                constant = g.op("Constant", value_t=torch.tensor(given, dtype=torch.float64))
-                to = JitScalarType.from_value(query).onnx_type()
-                rest_list[3] = g.op("Cast", constant, to_i=to)
-        return original(g, query, key, value, *rest_list)
+                from torch.onnx._type_utils import JitScalarType  # type: ignore[import-not-found]
 
-    torch.onnx.register_custom_op_symbolic(_SDPA, symbolic, _SDPA_OPSET)
+                constant = g.op("Constant", value_t=torch.tensor(given, dtype=torch.float64))
+                arguments[3] = g.op("Cast", constant, to_i=JitScalarType.from_value(query).onnx_type())
+        output = symbolic_opset14.scaled_dot_product_attention(g, query, key, value, *arguments)
+        to = low_precision.get(query.type().scalarType())
+        return output if to is None else g.op("Cast", output, to_i=to)
+
+    torch.onnx.register_custom_op_symbolic(SDPA_OP, symbolic, _SDPA_SYMBOLIC_OPSET)
     try:
         yield
     finally:
-        torch.onnx.unregister_custom_op_symbolic(_SDPA, _SDPA_OPSET)
+        torch.onnx.unregister_custom_op_symbolic(SDPA_OP, _SDPA_SYMBOLIC_OPSET)

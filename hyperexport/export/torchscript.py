@@ -28,7 +28,8 @@ from hyperexport.export.jobs import UnitJob
 from hyperexport.export.path import ExportPath
 from hyperexport.export.placeholders import Dim, ShapeFunction, replace_children
 from hyperexport.export.torch_exporter import (
-    sdpa_scale_as_value,
+    SDPA_OP,
+    repaired_sdpa_symbolic,
     set_symbolic_output_type,
     weights_out_of_shape_inference,
 )
@@ -88,6 +89,7 @@ class TorchScriptPath(ExportPath):
             with (
                 export_context(model, False, options.attention.implementation),
                 replace_children(modules, job.specs, capture, self.apply_placeholder),
+                _sdpa_symbolic(options.custom_ops),
                 custom_op_symbolics(options.custom_ops),
             ):
                 return export_torchscript(
@@ -169,6 +171,15 @@ def custom_op_symbolics(custom_ops: Sequence[CustomOpSymbolic]) -> Iterator[None
             torch.onnx.unregister_custom_op_symbolic(op.name, op.opset)
 
 
+def _sdpa_symbolic(
+    custom_ops: Sequence[CustomOpSymbolic],
+) -> contextlib.AbstractContextManager[None]:
+    """:func:`repaired_sdpa_symbolic`, unless the user registers their own SDPA symbolic."""
+    if any(op.name == SDPA_OP for op in custom_ops):
+        return contextlib.nullcontext()
+    return repaired_sdpa_symbolic()
+
+
 def export_torchscript(
     module: torch.nn.Module,
     inputs: tuple[torch.Tensor, ...],
@@ -190,7 +201,6 @@ def export_torchscript(
     with (
         quiet_torchscript_exporter(),
         weights_out_of_shape_inference(),
-        sdpa_scale_as_value(),
         torch.no_grad(),
     ):
         torch.onnx.export(

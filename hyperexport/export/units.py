@@ -40,6 +40,7 @@ from hyperexport.export.placeholders import (
     symbolic_output_dims,
 )
 from hyperexport.export.registry import path_for
+from hyperexport.export.streamed import externalize_streamed, one_unit_bound, streamed_export
 from hyperexport.export.unit_graphs import graph_digest
 from hyperexport.export.unit_identity import plan_units
 from hyperexport.export.weights import WEIGHTS_FILE, WeightFile
@@ -144,16 +145,25 @@ def export_units(
             _unit_job(model, modules, capture, unit.name, call, specs, options, names, dynamo)
         )
         entries.append(entry)
-    # Weights go to one external data file, each written once straight from the live model;
-    # the unit files hold only references to it (weights.py).
-    with WeightFile(units_dir / WEIGHTS_FILE) as data_file:
+    # Weights go to one external data file, each written once straight from the live model
+    # (or, streamed, from the checkpoint: streamed.py); the unit files hold only references.
+    paths = {e.name: e.module_path for e in entries}
+    with (
+        WeightFile(units_dir / WEIGHTS_FILE) as data_file,
+        streamed_export(model, record, modules) as streamed,
+    ):
         units = path.export(
             jobs, model=model, modules=modules, capture=capture, opset=opset, options=options
         )
+        if streamed is not None:
+            units = one_unit_bound(units, jobs, streamed)
         merge = _SameGraphs(entries, options.functions == PER_TYPE)
         for name, unit_model in units:
-            if merge.add(name, unit_model):
-                _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
+            if not merge.add(name, unit_model):
+                continue
+            if streamed is not None:
+                externalize_streamed(unit_model.graph, paths[name], streamed, data_file)
+            _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
     entries = merge.entries()
     for entry in entries:
         if entry.split_reason and options.functions == PER_TYPE:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -77,7 +78,8 @@ class WeightFile:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._file: BinaryIO | None = None
-        self._written: dict[_TensorKey, tuple[int, int]] = {}
+        # Where each tensor went, by storage identity (_key) or by the caller's key.
+        self._written: dict[Hashable, tuple[int, int]] = {}
         self._offset = 0
         self.tensors_written = 0
 
@@ -124,7 +126,7 @@ class WeightFile:
         Tensors below :data:`INLINE_LIMIT` bytes are returned as they are. A tensor backed by
         torch storage is written from that storage without a copy, and once per storage view.
         """
-        if tensor.nbytes < INLINE_LIMIT:
+        if tensor.nbytes < INLINE_LIMIT or self._holds(tensor):
             return tensor
         # Any tensor over torch storage: onnx_ir's TorchTensor, or torch.onnx's own subclass.
         raw = getattr(tensor, "raw", None)
@@ -142,6 +144,40 @@ class WeightFile:
             length,
             tensor.dtype,
             shape=ir.Shape(tensor.shape.numpy()),
+            name=name,
+            base_dir=os.fspath(self.path.parent),
+        )
+
+    def _holds(self, tensor: ir.TensorProtocol) -> bool:
+        """Whether ``tensor`` is already a reference into this file."""
+        return (
+            isinstance(tensor, ir.ExternalTensor)
+            and tensor.location == self.path.name
+            and tensor.base_dir == os.fspath(self.path.parent)
+        )
+
+    def reference_keyed(
+        self,
+        key: Hashable,
+        load: Callable[[], torch.Tensor],
+        like: ir.TensorProtocol,
+        name: str,
+    ) -> ir.TensorProtocol:
+        """As :meth:`reference`, for a tensor known by ``key`` rather than by its storage: a
+        streamed weight, whose bytes ``load`` returns only when they are to be written (written
+        once per key; below :data:`INLINE_LIMIT` bytes, returned as a tensor to inline)."""
+        if like.nbytes < INLINE_LIMIT:
+            return TorchTensor(load(), name=name)
+        where = self._written.get(key)
+        if where is None:
+            where = self._written[key] = self._append(_bytes_view(load()))
+        offset, length = where
+        return ir.ExternalTensor(
+            self.path.name,
+            offset,
+            length,
+            like.dtype,
+            shape=ir.Shape(like.shape.numpy()),
             name=name,
             base_dir=os.fspath(self.path.parent),
         )

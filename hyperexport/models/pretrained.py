@@ -87,6 +87,58 @@ def pretrained(
     return model.eval()
 
 
+def pretrained_skeleton(
+    path: str,
+    auto_class: str = "AutoModel",
+    dtype: str = "float32",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> Any:
+    """The model :func:`pretrained` loads, built from the checkpoint's ``config.json`` alone,
+    with every parameter on the meta device (buffers real) and no weight read.
+
+    Takes :func:`pretrained`'s arguments; ``path`` must be a local folder. A streamed build
+    binds the weights from the checkpoint's safetensors files (``capture/streaming.py``).
+
+    Raises:
+        RecipeError: As :func:`pretrained`.
+    """
+    from hyperexport.capture.streaming import parameters_on_meta
+
+    if dtype not in FLOAT_DTYPES:
+        raise RecipeError("", "model.dtype", f"must be one of {FLOAT_DTYPES}, got {dtype!r}")
+    if not _local_checkpoint(path, revision, trust_remote_code):
+        raise RecipeError("", "model.path", f"{path}: streamed weights need a local folder")
+    auto = _auto_class(auto_class)
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        path, trust_remote_code=bool(trust_remote_code), local_files_only=True
+    )
+    kwargs: dict[str, Any] = {
+        "dtype": getattr(torch, dtype),
+        "trust_remote_code": bool(trust_remote_code),
+    }
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    log.info("Building %s from %s's config (%s, parameters on meta)", auto_class, path, dtype)
+    try:
+        with parameters_on_meta():
+            model = auto.from_config(config, **kwargs)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise RecipeError(
+                "", "model.auto_class", f"{auto_class} does not fit this checkpoint: {_first(e)}"
+            ) from e
+        raise RecipeError("", "model.path", f"{path}: {_first(e)}") from e
+    for sub in _configs(model.config):
+        if hasattr(sub, "use_cache"):
+            sub.use_cache = False
+    return model.eval()
+
+
 def _configs(config: Any) -> list[Any]:
     """A config and its sub-configs (a vision-language model's ``text_config`` holds the
     ``use_cache`` its language model reads)."""

@@ -94,6 +94,10 @@ SPEECH_RECOGNITION = "automatic-speech-recognition"
 #: Their graphs, in the order they run: the stages keep each graph's files in a folder of this
 #: name and publish ``<graph>_model.onnx``; the report reads ``<graph>_manifest``/``_capture``.
 SEQ2SEQ_GRAPHS = ("encoder", "decoder")
+#: ``weights`` values: load the model whole, stream its weights from the checkpoint's
+#: safetensors files one hiera module at a time (``docs/streaming.md``), or ``auto``: stream
+#: only when loading would not fit.
+WEIGHTS_MODES = (AUTO, WEIGHTS_LOAD, WEIGHTS_STREAM) = (AUTO, "load", "stream")
 #: ``rewrite.fuse`` (``RewriteOptions.fuse``) that fuses nothing, and the one that makes ONNX's own
 #: fused ops (opset 24); the value set is ``options.Fusion``.
 NO_FUSION = "none"

@@ -24,6 +24,7 @@ from hyperexport.base.contracts.names import (
     FORWARD,
     NO_QUANTIZATION,
     TRACE,
+    WEIGHTS_MODES,
 )
 from hyperexport.base.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.base.contracts.names import OPSET_RANGES as OPSET_RANGES
@@ -518,6 +519,10 @@ class RecipeConfig(Section):
     # What the model reads besides its arguments: the values of these variables enter the keys
     # of the stages that run it (builds/fingerprint.py, model fingerprint), as digests.
     env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
+    # Where the weights come from: the model loaded whole (load), or its safetensors
+    # checkpoint mapped and bound one hiera module at a time (stream, docs/streaming.md); auto
+    # streams only where loading would not fit. The stages that run the model read it.
+    weights: str = option(AUTO, readers=MODEL_STAGES, choices=WEIGHTS_MODES)
     # What of the model is exported; the generation task also decodes in evaluate and check.
     # rewrite: which model files it writes (one, or one per graph) follows from it; quantize:
     # whether it writes a genai_config.json.

@@ -61,6 +61,7 @@ from hyperexport.product.config.schema import (
     _outputs_root,
 )
 from hyperexport.product.config.task_inference import TaskNotInferable, infer_task
+from hyperexport.product.config.weights_source import refusal, weights_source
 from hyperexport.tasks.registry import TASKS
 
 log = logging.getLogger(__name__)
@@ -244,6 +245,14 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
         if not checkpoint.exists():
             check.fail("checkpoint", f"{checkpoint} does not exist")
         _check_checkpoint(check, checkpoint)
+    refused = refusal(
+        config.weights,
+        weights_source(
+            config.model, checkpoint, recipe_file, config.task, config.dynamo, config.fallback
+        ),
+    )
+    if refused is not None:
+        check.fail("weights", refused)
     return Recipe(name=config.name, file=recipe_file, data=to_json(config), checkpoint=checkpoint)
 
 

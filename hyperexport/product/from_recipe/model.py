@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hyperexport.base.contracts.names import SAFETENSORS
-from hyperexport.base.errors import HieraError, RecipeError, relayed
-from hyperexport.product.config.hydra import recipe_file_of
+from hyperexport.base.errors import HieraError, RecipeError
 from hyperexport.product.config.imports import split_import_path
+from hyperexport.product.from_recipe.instantiate import instantiate_model
 
 if TYPE_CHECKING:
     from hyperexport.product.config.schema import Recipe
@@ -22,6 +22,20 @@ def model_loader(recipe: Recipe) -> Callable[[], Any]:
     """A callable that instantiates the recipe's model (and loads its checkpoint, if any)."""
 
     def load() -> Any:
+        from hyperexport.product.from_recipe.weights import load_streamed, streaming_source
+
+        config = recipe.config
+        streamed = streaming_source(
+            config.weights,
+            config.model,
+            recipe.checkpoint,
+            recipe.file,
+            config.task,
+            dynamo=config.dynamo,
+            fallback=config.fallback,
+        )
+        if streamed is not None:
+            return load_streamed(*streamed, recipe.data["model"], recipe.file)
         return load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
 
     return load
@@ -33,18 +47,7 @@ def load_model(model_cfg: Mapping[str, Any], checkpoint: Path | None, recipe_fil
     A checkpoint is a ``.safetensors`` file, a directory of them, or a torch state dict file
     loaded with ``weights_only=True`` (no arbitrary unpickling).
     """
-    from hydra.utils import instantiate
-
-    log.info("Instantiating model <%s>", model_cfg["_target_"])
-    try:
-        model = instantiate(dict(model_cfg), _convert_="all")
-    except Exception as e:
-        file = recipe_file or recipe_file_of(None)
-        if isinstance(e.__cause__, RecipeError):  # the factory named the field (model.path, ...)
-            raise RecipeError(file, e.__cause__.field, e.__cause__.reason) from e
-        raise RecipeError(
-            file, "model", f"cannot instantiate: {relayed(e, with_type=False)}"
-        ) from e
+    model = instantiate_model(model_cfg, recipe_file)
     if checkpoint is not None:
         log.info("Loading checkpoint %s", checkpoint)
         model.load_state_dict(_read_state_dict(checkpoint), strict=True)

@@ -66,19 +66,24 @@ class TraceStage(RecipeStage):
 
     def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.capture_model import capture_model
+        from hyperexport.capture.streaming import streamed_run
         from hyperexport.product.from_recipe.capture_spec import capture_spec, example_inputs
         from hyperexport.product.from_recipe.model import resolve_classes
 
         # auto resolved once, here; the export stage captures again from this record only.
         spec = capture_spec(recipe, model, inputs.source, out_dir)
         spec.save(out_dir)
-        capture = capture_model(
-            model,
-            (),
-            example_inputs(spec),
-            hiera=resolve_classes(list(spec.hiera), inputs.source),
-            dynamo=spec.dynamo,
-            strict_hiera=str(inputs.source),  # a build: a hiera class never run is exit 2
-            **spec.capture_settings(),
-        )
+        hiera = resolve_classes(list(spec.hiera), inputs.source)
+        # A streamed model (weights: stream) binds each hiera call's weights around it; its
+        # hooks go in before the capture's. A loaded model runs as it is.
+        with streamed_run(model, hiera):
+            capture = capture_model(
+                model,
+                (),
+                example_inputs(spec),
+                hiera=hiera,
+                dynamo=spec.dynamo,
+                strict_hiera=str(inputs.source),  # a build: a hiera class never run is exit 2
+                **spec.capture_settings(),
+            )
         capture.save(out_dir)
