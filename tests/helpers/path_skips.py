@@ -1,6 +1,12 @@
-"""Collection-wide: the dynamo cases of tests parametrized over both export paths skip, naming
+"""A pytest plugin (``-p tests.helpers.path_skips`` in pyproject's ``addopts``), collection-wide:
+the dynamo cases of tests parametrized over both export paths skip, naming
 why, where the installed torch cannot take the dynamo path (``versions.unsupported``: torch below
-``DYNAMO_PATH_FROM_TORCH``, the TorchScript-only legs of noxfile.py)."""
+``DYNAMO_PATH_FROM_TORCH``, the TorchScript-only legs of noxfile.py).
+
+A plugin, not the root ``conftest.py``: pytest imports a root conftest of the rootless ``tests``
+folder as the top-level module ``conftest``, which every build run inside the tests then records
+as model code (engine/discovered.py), and which ``cache status`` in another process resolves to
+another folder's ``conftest.py`` on ``sys.path``: the trace looked changed."""
 
 from __future__ import annotations
 
