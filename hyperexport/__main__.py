@@ -14,7 +14,7 @@ Subcommands (``python -m hyperexport <command> ...``) that are not builds:
 
     python -m hyperexport cache status|ls|show|verify|gc|clean ...   # hyperexport.product.cli.cache
     python -m hyperexport show model.onnx                            # hyperexport.product.cli.show
-    python -m hyperexport lock [--build]                             # hyperexport.product.cli.lock
+    python -m hyperexport lock [--build]                             # hyperexport.product.cli.lock_command
     python -m hyperexport --version
     python -m hyperexport --help        # this front door (hyperexport.product.cli.help); --hydra-help: Hydra's
 
@@ -40,7 +40,7 @@ log = logging.getLogger("hyperexport")
 SUBCOMMANDS = {
     "cache": "hyperexport.product.cli.cache",
     "show": "hyperexport.product.cli.show",
-    "lock": "hyperexport.product.cli.lock",
+    "lock": "hyperexport.product.cli.lock_command",
 }
 #: The one line printed on Ctrl-C.
 INTERRUPTED_MESSAGE = "interrupted (Ctrl-C): stopped; nothing half-written was published"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hyperexport import lazy_attributes
-from hyperexport.check.report import (
+from hyperexport.check.results import (
     CheckFailure,
     CheckReport,
     FunctionResult,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hyperexport.check.report import TensorResult
+from hyperexport.check.results import TensorResult
 from hyperexport.check.settings import Tolerance
 
 

@@ -25,7 +25,7 @@ from hyperexport.base.contracts.arrays import load_arrays, save_arrays
 from hyperexport.base.contracts.names import EVALUATION_ARRAYS as EVALUATION_ARRAYS
 from hyperexport.base.contracts.names import EVALUATION_JSON as EVALUATION_JSON
 from hyperexport.base.errors import CheckError
-from hyperexport.check.report import StructuralResult
+from hyperexport.check.results import StructuralResult
 
 #: Suffix of the probe run's output names (the second shape, for dynamic axes).
 SECOND_SHAPE = "@second_shape"

@@ -20,14 +20,14 @@ from google.protobuf.message import DecodeError
 from hyperexport.base.contracts.manifest import ExportManifest
 from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.base.errors import CheckError
+from hyperexport.check.call_plan import select_calls
 from hyperexport.check.evaluation import Evaluation, FunctionRun, OutputRun
-from hyperexport.check.function_parity import select_calls
 from hyperexport.check.function_runs import FunctionRunner
 from hyperexport.check.memory import end_to_end_skip_reason
-from hyperexport.check.parity import run_end_to_end
 from hyperexport.check.settings import CheckSettings
 from hyperexport.check.structure import check_structure
 from hyperexport.check.tensors import CapturedArrays
+from hyperexport.check.whole_model_runs import run_end_to_end
 
 logger = logging.getLogger(__name__)
 

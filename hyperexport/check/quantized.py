@@ -89,8 +89,8 @@ def compare_quantized(
             compared with the very outputs the check compares with torch.
     """
     from hyperexport.check.model_evaluator import ModelEvaluator
-    from hyperexport.check.parity import run_end_to_end
     from hyperexport.check.tensors import CapturedArrays
+    from hyperexport.check.whole_model_runs import run_end_to_end
 
     captured = CapturedArrays(record, arrays)
     evaluators, ends, calls_run = [], [], []

@@ -12,7 +12,7 @@ from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.check.evaluation import FunctionRun
 from hyperexport.check.judge import judge
 from hyperexport.check.model_evaluator import ModelEvaluator
-from hyperexport.check.report import CheckReport
+from hyperexport.check.results import CheckReport
 from hyperexport.check.settings import CheckSettings
 from hyperexport.check.tensors import CapturedArrays
 

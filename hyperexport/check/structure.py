@@ -17,7 +17,7 @@ from hyperexport.base.contracts.manifest import (
     ExportManifest,
 )
 from hyperexport.base.contracts.names import op_id
-from hyperexport.check.report import StructuralResult
+from hyperexport.check.results import StructuralResult
 from hyperexport.check.settings import CheckSettings
 
 logger = logging.getLogger(__name__)

@@ -232,7 +232,9 @@ def read_package(root: Path, memo: ImportMemo | None = None) -> dict[str, Module
 _READ: dict[Path, dict[str, ModuleSource]] = {}
 
 
-def package_sources(package: CodePackage, memo: ImportMemo | None = None) -> dict[str, ModuleSource]:
+def package_sources(
+    package: CodePackage, memo: ImportMemo | None = None
+) -> dict[str, ModuleSource]:
     """:func:`read_package` of ``package``, once per process: the code a process runs cannot
     change while it runs."""
     if package.root not in _READ:

@@ -17,7 +17,7 @@ Order of removal, safe while builds run on the same cache:
    makes a build look at sets that hit nothing. A record of a newer format stays.
 4. Temporary files of killed writes older than the grace period go too, and so do the scratch
    folders of dead builds, by the build's own rule
-   (:func:`~.locks.remove_dead_scratch`: a folder whose lock is free).
+   (:func:`~.process_locks.remove_dead_scratch`: a folder whose lock is free).
 
 No lock is needed for this: every file is *retired* by renaming it out of place first, then its
 time is read again; if a build used it meanwhile, it is put back. A build's hit
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import locks
+from . import process_locks
 from .discovered import recorded_keys
 from .inventory import (
     TEMP_SUFFIX,
@@ -262,14 +262,14 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
 
 def _collect_scratch(store: CacheStore, options: GcOptions, result: GcResult) -> None:
     """Remove (in a dry run: count) the scratch folders of dead builds."""
-    base = store.root / locks.SCRATCH_DIR
+    base = store.root / process_locks.SCRATCH_DIR
     folders = sorted(base.iterdir()) if base.is_dir() else []
     if options.dry_run:
-        dead = [p for p in folders if not locks.scratch_is_live(store.root, p)]
+        dead = [p for p in folders if not process_locks.scratch_is_live(store.root, p)]
         result.scratch_bytes = sum(disk_usage(p) for p in dead)
     else:
         sizes = {p: disk_usage(p) for p in folders}
-        dead = locks.remove_dead_scratch(store.root)
+        dead = process_locks.remove_dead_scratch(store.root)
         result.scratch_bytes = sum(sizes.get(p, 0) for p in dead)
     result.scratch = len(dead)
 

@@ -122,6 +122,22 @@ def _path_entries() -> list[Path]:
     )
 
 
+@functools.lru_cache(maxsize=16384)
+def _relative_label(name: str, file: Path, entries: tuple[Path, ...]) -> str | None:
+    """:func:`_relative_file`, remembered: a snapshot names every loaded module (thousands),
+    each build takes several, and a module's name, file and ``sys.path`` rarely change between
+    them (pure path arithmetic, no filesystem access: nothing can go stale)."""
+    return _relative_file(name, file, list(entries))
+
+
+@functools.lru_cache(maxsize=16384)
+def _module_realpath(file: Path) -> str:
+    """The resolved path of a loaded module's file, remembered per process: a module's file is
+    not moved under a running interpreter; it only tells opened files that are module files
+    (keyed as modules already) from others."""
+    return os.path.realpath(file)
+
+
 def _relative_file(name: str, file: Path, entries: list[Path]) -> str | None:
     """The file relative to the ``sys.path`` folder (``entries``) holding it, else to the
     folder its top-level package sits in.
@@ -182,6 +198,7 @@ def snapshot(
     owners_of: dict[str, list[str] | None] = {}
     module_files: set[str] = set()
     entries = _path_entries()
+    entries_key = tuple(entries)
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
         if (
@@ -211,7 +228,7 @@ def snapshot(
             continue
         if name in modules:
             continue
-        rel = _relative_file(name, file, entries)
+        rel = _relative_label(name, file, entries_key)
         if rel is None:
             log.warning(
                 "module %s (%s) cannot be named relative to its package; the cache keys it "
@@ -225,7 +242,7 @@ def snapshot(
             # (keyed_imports.py); else the file as it is now.
             ran = compiled_digest(str(file)) or index.digest_at(str(file))
             modules[name] = [rel, ran]
-            module_files.add(os.path.realpath(file))
+            module_files.add(_module_realpath(file))
         except OSError as e:  # deleted since it was imported: nothing to validate it against
             log.warning("module %s: cannot hash %s (%s); not recorded", name, file, e)
     files: dict[str, str] = {}

@@ -10,7 +10,7 @@ Layout under the cache root::
     index/record-secret          keys the digests of env values in runs/ (``record_secret.py``)
     tmp/<name>/                  scratch folders of running builds (same filesystem: a stage's
                                  output files are moved into blobs/, not copied)
-    locks/                       per-key and per-scratch lock files (see ``locks.py``)
+    locks/                       per-key and per-scratch lock files (see ``process_locks.py``)
 
 Rules the maintenance (``inventory.py``, ``collector.py``, ``verify.py``, ``sync.py``) and
 other tools rely on:
@@ -25,7 +25,7 @@ other tools rely on:
   A bad entry or blob is a WARNING and a miss, and is removed; nothing is unpickled, imported
   or called by a name the cache holds.
 * A scratch folder belongs to a live build while its lock is held
-  (:func:`~.locks.scratch_is_live`).
+  (:func:`~.process_locks.scratch_is_live`).
 
 A cache the process cannot write to still serves hits (:func:`open_store`); a stage that must
 run then fails with :class:`~.errors.CacheUnavailableError`.
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from . import locks
+from . import process_locks
 from .entries import ActionEntry, OutputFile
 from .errors import CacheUnavailableError
 from .files import clone_or_copy
@@ -135,7 +135,7 @@ def open_store(
         log.warning("cache %s is not writable (%s): serving hits only", root, reason)
         return CacheStore(root, read_only=True, unwritable=reason, writable_hint=writable_hint)
     store = CacheStore(root, remote=remote, writable_hint=writable_hint)
-    locks.remove_dead_scratch(root)
+    process_locks.remove_dead_scratch(root)
     return store
 
 
@@ -258,20 +258,20 @@ class CacheStore:
         """A fresh directory on the cache's filesystem, removed on exit.
 
         It is tied to a lock held while the block runs, so a later build (or the collector) can
-        tell it from the scratch of a dead build (:func:`locks.remove_dead_scratch`).
+        tell it from the scratch of a dead build (:func:`process_locks.remove_dead_scratch`).
         """
         if self.read_only:
             raise RuntimeError("a read-only cache has no scratch space")
-        with locks.scratch_dir(self.root, prefix) as path:
+        with process_locks.scratch_dir(self.root, prefix) as path:
             yield path
 
     @contextlib.contextmanager
     def single_flight(self, key: str, what: str) -> Iterator[None]:
-        """Hold the lock of ``key`` while computing its entry (see :func:`locks.single_flight`)."""
+        """Hold the lock of ``key`` while computing its entry (see :func:`process_locks.single_flight`)."""
         if self.read_only:
             yield
             return
-        with locks.single_flight(self.root, key, what):
+        with process_locks.single_flight(self.root, key, what):
             yield
 
     def commit(

@@ -46,9 +46,7 @@ def local_keys(store: CacheStore, builds: Iterable[str] = ()) -> list[str]:
     """The keys of ``store``'s entries, those computed or used by one of ``builds`` (all when
     empty), sorted."""
     wanted = set(builds)
-    return sorted(
-        e.key for e in scan(store).entries if not wanted or wanted & set(e.builds)
-    )
+    return sorted(e.key for e in scan(store).entries if not wanted or wanted & set(e.builds))
 
 
 def remote_keys(remote: Remote) -> list[str]:
@@ -63,9 +61,7 @@ def remote_keys(remote: Remote) -> list[str]:
 def on_remote(remote: Remote, entry: ActionEntry) -> bool:
     """Whether ``entry`` and every blob it names (by size) are on the remote."""
     found = remote.read_entry(entry.key)
-    return found is not None and all(
-        remote.has_blob(f.digest, f.size) for f in entry.outputs
-    )
+    return found is not None and all(remote.has_blob(f.digest, f.size) for f in entry.outputs)
 
 
 def push(store: CacheStore, remote: Remote, keys: Iterable[str]) -> Iterator[Transfer]:

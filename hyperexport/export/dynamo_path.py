@@ -41,7 +41,7 @@ from hyperexport.base.contracts.names import OPSET_RANGES
 from hyperexport.base.errors import HyperExportError, ModuleExportError, relayed
 from hyperexport.capture.container import Capture
 from hyperexport.capture.model_patches import export_context
-from hyperexport.export.dynamo import (
+from hyperexport.export.dynamo_program import (
     apply_placeholder,
     export_dynamo,
     export_program,

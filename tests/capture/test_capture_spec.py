@@ -57,7 +57,7 @@ def test_a_corrupt_record_is_refused(text: str) -> None:
 def test_the_inputs_made_from_the_record_are_the_recipes() -> None:
     torch = pytest.importorskip("torch")
     from hyperexport.models.inputs import make_inputs
-    from hyperexport.product.from_recipe.capture_spec import example_inputs
+    from hyperexport.product.from_recipe.resolved_capture import example_inputs
 
     made = example_inputs(CaptureSpec.loads(SPEC.dumps()))
     direct = make_inputs(

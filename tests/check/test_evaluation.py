@@ -17,7 +17,7 @@ from hyperexport.check import CheckSettings, Tolerance, run_checks
 from hyperexport.check.evaluation import EVALUATION_JSON, Evaluation, FunctionRun, OutputRun
 from hyperexport.check.judge import judge
 from hyperexport.check.model_evaluator import ModelEvaluator, evaluate_model
-from hyperexport.check.report import StructuralResult
+from hyperexport.check.results import StructuralResult
 from hyperexport.check.tensors import CapturedArrays
 
 FULL = CheckSettings(expected_classes=(BLOCK, LINEAR), expected_opset=18, expected_dynamo=False)

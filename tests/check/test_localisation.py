@@ -5,7 +5,7 @@ from __future__ import annotations
 from check_toys import make_toy
 
 from hyperexport.check import FunctionResult
-from hyperexport.check.function_parity import first_divergent, nested_calls, select_calls
+from hyperexport.check.call_plan import first_divergent, nested_calls, select_calls
 
 
 def result(call_id: str, ok: bool) -> FunctionResult:

@@ -272,6 +272,12 @@ def test_what_the_stage_wrote_itself_is_not_a_dependency(tmp_path: Path) -> None
 
     reads = opened.Reads()
     with opened.recording(reads):
+        # File status times come from the kernel's coarse clock, up to a tick (a few ms) behind
+        # the start's time.time_ns(): a file made within that tick counts as older than the
+        # start, so it is keyed as a dependency (a key too many, the safe side). Made a tick
+        # later, it is the stage's own, which is what this test proves (a fresh clone's run hit
+        # the tick once without this wait).
+        time.sleep(0.02)
         written = tmp_path / "written.onnx"
         written.write_bytes(b"model")
         written.read_bytes()

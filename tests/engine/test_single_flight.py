@@ -17,7 +17,7 @@ from pathlib import Path
 import filelock
 import pytest
 
-from hyperexport.engine import locks
+from hyperexport.engine import process_locks
 from tests.engine.driver import start, wait_for_line
 
 
@@ -54,10 +54,10 @@ def test_a_killed_holder_releases_the_key(tmp_path: Path) -> None:
 
 def test_single_flight_waits_for_the_holder(tmp_path: Path) -> None:
     order: list[str] = []
-    with locks.single_flight(tmp_path, "ab" * 32, "stage x"):
+    with process_locks.single_flight(tmp_path, "ab" * 32, "stage x"):
 
         def other() -> None:
-            with locks.single_flight(tmp_path, "ab" * 32, "stage x"):
+            with process_locks.single_flight(tmp_path, "ab" * 32, "stage x"):
                 order.append("other")
 
         thread = threading.Thread(target=other)
@@ -71,7 +71,7 @@ def test_single_flight_waits_for_the_holder(tmp_path: Path) -> None:
 def test_scratch_is_live_while_its_holder_lives(tmp_path: Path) -> None:
     scratch = tmp_path / "tmp" / "build-x"
     scratch.mkdir(parents=True)
-    lock_path = locks.scratch_lock_path(tmp_path, scratch)
+    lock_path = process_locks.scratch_lock_path(tmp_path, scratch)
     lock_path.parent.mkdir(parents=True)
     code = (
         f"import filelock, time; lock = filelock.FileLock({str(lock_path)!r}); lock.acquire(); "
@@ -82,20 +82,20 @@ def test_scratch_is_live_while_its_holder_lives(tmp_path: Path) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        assert locks.scratch_is_live(tmp_path, scratch)
-        assert locks.remove_dead_scratch(tmp_path) == []
+        assert process_locks.scratch_is_live(tmp_path, scratch)
+        assert process_locks.remove_dead_scratch(tmp_path) == []
         assert scratch.is_dir()
     finally:
         holder.kill()
         holder.wait()
-    assert not locks.scratch_is_live(tmp_path, scratch)
-    assert locks.remove_dead_scratch(tmp_path) == [scratch]
+    assert not process_locks.scratch_is_live(tmp_path, scratch)
+    assert process_locks.remove_dead_scratch(tmp_path) == [scratch]
     assert not scratch.exists() and not lock_path.exists()
 
 
 def test_locks_are_filelock_files_under_the_cache(tmp_path: Path) -> None:
-    with locks.single_flight(tmp_path, "cd" * 32, "stage y"):
-        path = locks.key_lock_path(tmp_path, "cd" * 32)
+    with process_locks.single_flight(tmp_path, "cd" * 32, "stage y"):
+        path = process_locks.key_lock_path(tmp_path, "cd" * 32)
         assert path.is_relative_to(tmp_path / "locks")
         with pytest.raises(filelock.Timeout):
             filelock.FileLock(path).acquire(timeout=0)

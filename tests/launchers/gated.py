@@ -20,7 +20,7 @@ from hyperexport.base.contracts.names import STAGE_NAMES
 from tests.helpers.builds import TOY_SOURCE
 from tests.helpers.cli import TOY_RECIPE
 
-# hyperexport.engine.locks logs this while a build waits for another build's key.
+# hyperexport.engine.process_locks logs this while a build waits for another build's key.
 WAITING = "stage trace: another build is computing it; waiting for its result"
 MARKER_PREFIX = "building."
 

@@ -161,7 +161,7 @@ def cmd_status(args: argparse.Namespace, root: Path) -> int:
     from hyperexport.product.cli.cache_status import plan_recipe, repository_recipes
 
     if args.lock:
-        from hyperexport.product.cli.lock import status_lock
+        from hyperexport.product.cli.lock_command import status_lock
 
         return status_lock()
     known = repository_recipes()

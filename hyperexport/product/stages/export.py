@@ -88,9 +88,9 @@ class ExportStage(RecipeStage):
         from hyperexport.export.fallback import CaptureCall, export_with_fallback
         from hyperexport.export.path import ExportPath
         from hyperexport.export.registry import path_for
-        from hyperexport.product.from_recipe.capture_spec import example_inputs
         from hyperexport.product.from_recipe.export_options import export_options
         from hyperexport.product.from_recipe.model import resolve_classes
+        from hyperexport.product.from_recipe.resolved_capture import example_inputs
 
         trace_dir = inputs.dir("trace") / graph if graph else inputs.dir("trace")
         capture = Capture.load(trace_dir)

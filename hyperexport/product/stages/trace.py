@@ -67,8 +67,8 @@ class TraceStage(RecipeStage):
     def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.capture.capture_model import capture_model
         from hyperexport.capture.streaming import streamed_run
-        from hyperexport.product.from_recipe.capture_spec import capture_spec, example_inputs
         from hyperexport.product.from_recipe.model import resolve_classes
+        from hyperexport.product.from_recipe.resolved_capture import capture_spec, example_inputs
 
         # auto resolved once, here; the export stage captures again from this record only.
         spec = capture_spec(recipe, model, inputs.source, out_dir)

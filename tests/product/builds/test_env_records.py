@@ -44,7 +44,7 @@ def test_no_file_a_build_writes_holds_the_value_or_its_digest(
 
 
 def test_the_lock_keeps_the_names_of_env_values_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hyperexport.product.cli.lockfile import Variant, variant_inputs
+    from hyperexport.product.cli.lock_file import Variant, variant_inputs
 
     variant = Variant("tiny_llama", ("env=[HX_MODEL_FLAG]",))
     monkeypatch.setenv("HX_MODEL_FLAG", VALUE)

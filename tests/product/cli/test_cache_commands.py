@@ -634,7 +634,7 @@ with CacheStore(Path(sys.argv[1])).scratch("build-") as path:
 def test_gc_removes_the_scratch_of_a_killed_build_only(
     tmp_path: Path, store: CacheStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The build's own liveness rule (engine/locks.py): a scratch folder whose lock is held
+    """The build's own liveness rule (engine/process_locks.py): a scratch folder whose lock is held
     belongs to a running build, however old; once its build is killed, gc removes it."""
     build(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hyperexport.engine.environment import environment_fingerprint
-from hyperexport.product.cli import lock, lockfile
+from hyperexport.product.cli import lock_command, lock_file
 
 TWO_VARIANTS = """\
 variants:
@@ -23,12 +23,14 @@ def _lock(tmp_path: Path, *args: str) -> int:
     config = tmp_path / "lock.yaml"
     if not config.exists():
         config.write_text(TWO_VARIANTS)
-    return lock.main(["--lock-file", str(tmp_path / "x.lock"), "--config", str(config), *args])
+    return lock_command.main(
+        ["--lock-file", str(tmp_path / "x.lock"), "--config", str(config), *args]
+    )
 
 
 def _status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     capsys.readouterr()
-    code = lock.status_lock(tmp_path / "x.lock", tmp_path / "lock.yaml")
+    code = lock_command.status_lock(tmp_path / "x.lock", tmp_path / "lock.yaml")
     return code, capsys.readouterr().out
 
 
@@ -50,7 +52,7 @@ def test_constraints_pin_every_version_the_lock_records() -> None:
     """Issue 32: constraints.txt pinned torch only while the lock recorded every library, so
     any new release made the committed lock stale on a fresh machine."""
     pins = _pins()
-    for entry in lockfile.read_lock().values():
+    for entry in lock_file.read_lock().values():
         for name, version in entry.inputs["versions"].items():
             if name != "python":
                 assert pins.get(name) == version, f"constraints.txt: {name}=={version}"
@@ -64,8 +66,8 @@ def test_the_committed_lock_is_fresh(capsys: pytest.CaptureFixture[str]) -> None
     the promise that a machine which installs ``constraints.txt`` rebuilds nothing. The legs of
     the version matrix (``noxfile.py``) deselect it with ``-m "not pinned_stack"``.
     """
-    assert lockfile.LOCK_FILE.is_file()
-    locked = next(iter(lockfile.read_lock().values())).inputs["versions"]
+    assert lock_file.LOCK_FILE.is_file()
+    locked = next(iter(lock_file.read_lock().values())).inputs["versions"]
     current = environment_fingerprint([n for n in locked if n != "python"])
     found = {"python": current["python"], **current["packages"]}
     differ = [f"{n} {locked[n]}→{found[n]}" for n in sorted(locked) if locked[n] != found[n]]
@@ -74,7 +76,7 @@ def test_the_committed_lock_is_fresh(capsys: pytest.CaptureFixture[str]) -> None
         + ", ".join(differ)
         + ' (pip install -c constraints.txt -e ".[dev]")'
     )
-    code = lock.status_lock()
+    code = lock_command.status_lock()
     assert code == 0, capsys.readouterr().out
 
 
@@ -85,7 +87,7 @@ def test_a_stale_lock_names_the_variant_and_the_change(
     text = (tmp_path / "x.lock").read_text()
     data = json.loads(text)
     assert sorted(data["variants"]) == ["tiny_llama/default", "tiny_llama/opset=17"]
-    assert text == lockfile.render_lock(lockfile.read_lock(tmp_path / "x.lock"))  # sorted, stable
+    assert text == lock_file.render_lock(lock_file.read_lock(tmp_path / "x.lock"))  # sorted, stable
     assert data["variants"]["tiny_llama/opset=17"]["fields"]["opset"] == 17
     for path in (Path.home(), tmp_path):  # nothing of the machine: no value names a path there
         assert f'"{path}/' not in text and f'"{path}"' not in text
@@ -101,20 +103,20 @@ def test_a_stale_lock_names_the_variant_and_the_change(
     assert "tiny_llama/opset=16" in out and "not in hyperexport.lock" in out
     assert "tiny_llama/opset=17" in out and "no longer built" in out
 
-    entries = lockfile.read_lock(tmp_path / "x.lock")
+    entries = lock_file.read_lock(tmp_path / "x.lock")
     entries["tiny_llama/default"].inputs["fields"]["opset"] = 19
     entries["tiny_llama/default"].inputs["versions"]["onnx"] = "0.0"
-    lockfile.write_lock(entries, tmp_path / "x.lock")
+    lock_file.write_lock(entries, tmp_path / "x.lock")
     code, out = _status(tmp_path, capsys)
     assert "opset 19→18" in out and "onnx 0.0→" in out
 
     # Reasons name what changed, as a build's do: the source file, the weights' seed.
     assert _lock(tmp_path) == 0
-    entries = lockfile.read_lock(tmp_path / "x.lock")
+    entries = lock_file.read_lock(tmp_path / "x.lock")
     entries["tiny_llama/default"].inputs["sources"]["hyperexport/check/judge.py"] = "0" * 64
     entries["tiny_llama/default"].inputs["stages"]["check"]["code"] = "0" * 64
     entries["tiny_llama/default"].inputs["model"]["weights"]["seed"] = 7
-    lockfile.write_lock(entries, tmp_path / "x.lock")
+    lock_file.write_lock(entries, tmp_path / "x.lock")
     code, out = _status(tmp_path, capsys)
     assert code == 1
     assert "hyperexport code changed (check/judge.py)" in out
@@ -128,7 +130,7 @@ def test_the_fields_are_every_field_any_stage_reads() -> None:
     """Stages read parts of one group: quantize all of ``quantize``, evaluate its method;
     rewrite all of ``rewrite``, check ``rewrite.fuse``. The lock held the last stage's part
     only, so a change of ``quantize.exclude`` or of a rewrite option left it fresh."""
-    fields = lockfile.variant_inputs(lockfile.Variant("tiny_llama"))["fields"]
+    fields = lock_file.variant_inputs(lock_file.Variant("tiny_llama"))["fields"]
     assert {"method", "block_size", "exclude"} <= set(fields["quantize"])
     assert {"fuse", "fold_leftovers", "optimize"} <= set(fields["rewrite"])
     assert set(fields["attention"]) == {"implementation"}
@@ -145,13 +147,13 @@ def test_build_records_the_published_artifacts(tmp_path: Path) -> None:
     (tmp_path / "lock.yaml").write_text("variants:\n  - {recipe: tiny_llama}\n")
     args = ["--build", "--cache-dir", str(tmp_path / "c"), "--outputs-dir", str(tmp_path / "o")]
     assert _lock(tmp_path, *args) == 0
-    entry = lockfile.read_lock(tmp_path / "x.lock")["tiny_llama/default"]
+    entry = lock_file.read_lock(tmp_path / "x.lock")["tiny_llama/default"]
     published = tmp_path / "o" / "tiny_llama" / "default"
     from hyperexport.engine.hashing import sha256_file
 
     assert "model.onnx" in entry.artifacts
     assert entry.artifacts["model.onnx"] == sha256_file(published / "model.onnx")
     assert _lock(tmp_path) == 0  # inputs unchanged: the artifacts are kept without building
-    assert lockfile.read_lock(tmp_path / "x.lock")["tiny_llama/default"].artifacts == (
+    assert lock_file.read_lock(tmp_path / "x.lock")["tiny_llama/default"].artifacts == (
         entry.artifacts
     )

@@ -19,7 +19,7 @@ def _under(files: set[str], *folders: str) -> set[str]:
 def test_check_runs_check_and_contracts_only() -> None:
     files = _files("check")
     # The judge, and the evaluator it loads (inside a function) to localise a failure.
-    assert {"check/report.py", "check/judge.py", "check/model_evaluator.py"} <= files
+    assert {"check/results.py", "check/judge.py", "check/model_evaluator.py"} <= files
     assert "base/contracts/capture_files.py" in files
     assert not _under(files, "capture/", "export/", "passes/", "transformers/", "api.py")
     assert "product/stages/trace.py" not in files  # stages/__init__ loads no sibling stage
@@ -50,4 +50,4 @@ def test_export_and_trace_do_not_run_passes_or_check() -> None:
 def test_digests_follow_file_contents() -> None:
     sources = package_sources(KEYED_PACKAGE)
     files = stage_code("hyperexport.product.stages.check", (), sources)
-    assert files["hyperexport/check/report.py"] == sources["hyperexport.check.report"].digest
+    assert files["hyperexport/check/results.py"] == sources["hyperexport.check.results"].digest

@@ -55,8 +55,11 @@ class TensorResult:
         size: Number of elements compared.
         error: Why the tensors could not be compared element by element, if so.
         vacuous: Why the reference proves nothing (``vacuous.py``: NaN, within the tolerance
-            of zero, constant), if so. Such a result fails unless ``accepted``.
+            of zero, constant), if so. Such a result fails unless ``accepted`` or ``exact``.
         accepted: Whether the settings accept this output's vacuous reference by name.
+        exact: The reference is one value in every element, ONNX Runtime computed exactly the
+            same, and a sibling output (of the same call, or of the graph) proves something:
+            judged by equality, said as such (``vacuous.py``, "constant by design").
     """
 
     name: str
@@ -71,6 +74,7 @@ class TensorResult:
     error: str | None = None
     vacuous: str | None = None
     accepted: bool = False
+    exact: bool = False
 
     @property
     def diverges(self) -> bool:
@@ -83,6 +87,8 @@ class TensorResult:
         verdict = "ok" if self.ok else "FAIL"
         if self.error is not None:
             return f"{label}: {verdict}: {self.error}"
+        if self.exact:
+            return f"{label}: ok: {self.vacuous}"
         if self.vacuous is not None and not self.accepted:
             return (
                 f"{label}: FAIL: the torch reference {self.vacuous}, so comparing with it proves "
@@ -110,6 +116,7 @@ class TensorResult:
             "error": self.error,
             "vacuous": self.vacuous,
             "accepted": self.accepted,
+            "exact": self.exact,
         }
 
 
@@ -161,7 +168,9 @@ class FunctionResult:
         if self.error is not None:
             return f"{head}: FAIL: {self.error}"
         if self.ok:
-            return f"{head}: ok max_abs={_fmt(self.max_abs)}"
+            exact = [o.name for o in self.outputs if o.exact]
+            note = f" ({', '.join(exact)}: constant in torch, equal exactly)" if exact else ""
+            return f"{head}: ok max_abs={_fmt(self.max_abs)}{note}"
         bad = "; ".join(o.describe() for o in self.outputs if not o.ok)
         return f"{head}: FAIL: {bad}"
 

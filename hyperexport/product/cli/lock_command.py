@@ -1,4 +1,4 @@
-"""``python -m hyperexport lock``: write ``hyperexport.lock`` (see :mod:`hyperexport.product.cli.lockfile`).
+"""``python -m hyperexport lock``: write ``hyperexport.lock`` (see :mod:`hyperexport.product.cli.lock_file`).
 
 Usage::
 
@@ -22,7 +22,7 @@ from typing import NoReturn
 
 from hyperexport.base import exit_codes
 from hyperexport.base.errors import RecipeError
-from hyperexport.product.cli.lockfile import (
+from hyperexport.product.cli.lock_file import (
     LOCK_CONFIG,
     LOCK_FILE,
     LockEntry,

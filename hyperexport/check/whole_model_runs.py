@@ -12,6 +12,7 @@ import onnx_ir as ir
 from hyperexport.base.contracts.manifest import ExportManifest
 from hyperexport.base.errors import CheckError
 from hyperexport.check.evaluation import SECOND_SHAPE, OutputRun
+from hyperexport.check.kv_buffer import padded, valid_rows
 from hyperexport.check.ort_session import OrtRunner
 from hyperexport.check.precision import round_to, upcast_feeds
 from hyperexport.check.tensors import CapturedArrays
@@ -73,13 +74,14 @@ def run_end_to_end(
             f"the model has {len(runner.output_names)} outputs {list(runner.output_names)}, "
             f"the manifest lists {len(output_keys)}"
         )
-    feeds = {
-        name: arrays.get(key) for name, key in zip(runner.input_names, input_keys, strict=True)
-    }
+    # Shared KV buffers are fed padded, the presents compared on their valid rows (kv_buffer.py).
+    data = padded([arrays.get(key) for key in input_keys], manifest.buffers_of(""))
+    feeds = dict(zip(runner.input_names, data, strict=True))
     expected = [arrays.get(key) for key in output_keys]
     if upcast:
         feeds = upcast_feeds(feeds)
     actual = runner.run(feeds, [e.shape for e in expected])
+    actual = [valid_rows(a, e) for a, e in zip(actual, expected, strict=True)]
     runs = []
     for a, e, name, key in zip(actual, expected, runner.output_names, output_keys, strict=True):
         label = f"{name}{suffix}"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from hyperexport.base.contracts.manifest import ExportManifest
 from hyperexport.base.contracts.names import ALL_CALLS, NO_CALLS
 from hyperexport.base.contracts.records import CaptureRecord
-from hyperexport.check.report import FunctionResult
+from hyperexport.check.results import FunctionResult
 
 
 def select_calls(manifest: ExportManifest, scope: str) -> list[int]:
