@@ -41,7 +41,9 @@ def test_sweep_reports_every_job_and_exits_with_the_worst_code(toy: Path, tmp_pa
     sweep = sweep_json(tmp_path)
     assert sweep["exit_code"] == 0
     first, second = sweep["jobs"]
-    assert first["exit_code"] == 0 and first["check"] == "passed" and "opset=17" in first["overrides"]
+    assert (
+        first["exit_code"] == 0 and first["check"] == "passed" and "opset=17" in first["overrides"]
+    )
     assert [s["status"] for s in first["stages"]] == ["ran"] * 6
     assert all(len(s["key"]) == 64 for s in first["stages"])
     assert all(isinstance(s["seconds"], float) for s in first["stages"]) and first["seconds"] > 0

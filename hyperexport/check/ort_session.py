@@ -12,6 +12,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from hyperexport.base.errors import CheckError
+from hyperexport.base.thread_budget import thread_budget
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,16 @@ ORT_ERRORS: tuple[type[Exception], ...] = (
 _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 
-def _options(external_data_dir: Path | None) -> ort.SessionOptions:
+def session_options(external_data_dir: Path | None = None) -> ort.SessionOptions:
+    """Options of every session the library opens: deterministic, quiet, and within the
+    process's thread budget (``base/thread_budget.py``) when it was given one."""
     options = ort.SessionOptions()
     options.use_deterministic_compute = True
     options.log_severity_level = 3
+    budget = thread_budget()
+    if budget is not None:
+        options.intra_op_num_threads = budget
+        options.inter_op_num_threads = 1
     if external_data_dir is not None:
         options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_data_dir))
     return options
@@ -54,7 +61,7 @@ class OrtRunner:
         source = str(model) if isinstance(model, Path) else model
         try:
             self._session = ort.InferenceSession(
-                source, _options(external_data_dir), providers=["CPUExecutionProvider"]
+                source, session_options(external_data_dir), providers=["CPUExecutionProvider"]
             )
         except ORT_ERRORS as e:
             raise CheckError(f"ONNX Runtime cannot load the model: {e}") from e

@@ -3,8 +3,10 @@
 torch runs its intra-op work on every core by default; two joblib workers on a 2-core machine
 then fight over the same cores and the sweep is slower than running its jobs one after the
 other. Each worker of a parallel launcher takes ``cores // n_jobs`` threads instead (at least
-one). Where torch is not imported yet the setting goes into ``OMP_NUM_THREADS`` (and MKL's), so
-that a job which never needs torch does not import it for this.
+one). The setting goes into ``OMP_NUM_THREADS`` (and MKL's; ``base/thread_budget.py``), which
+torch reads when it is imported and every ONNX Runtime session of the library reads when it is
+made, and into torch directly when it is imported already: a job which never needs torch does not
+import it for this.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-log = logging.getLogger(__name__)
+from hyperexport.base.thread_budget import give_threads
 
-#: The environment variables torch's thread pools read when it is imported.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+log = logging.getLogger(__name__)
 
 
 def parallel_jobs(launcher: Mapping[str, Any] | None, cores: int) -> int:
@@ -41,12 +42,10 @@ def share_cores(n_jobs: int, cores: int | None = None) -> int:
     if n_jobs <= 1:
         return cores
     threads = max(1, cores // n_jobs)
+    give_threads(threads)  # torch when imported after this, and ONNX Runtime's sessions
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(threads)
-    else:
-        for name in THREAD_VARIABLES:
-            os.environ[name] = str(threads)
     log.info(
         "sweep: %d jobs side by side on %d cores: %d torch threads each", n_jobs, cores, threads
     )

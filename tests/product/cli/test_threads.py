@@ -8,8 +8,8 @@ import types
 
 import pytest
 
+from hyperexport.base.thread_budget import THREAD_VARIABLES
 from hyperexport.product.cli.threads import (
-    THREAD_VARIABLES,
     default_n_jobs,
     parallel_jobs,
     share_cores,
@@ -45,8 +45,11 @@ def test_with_torch_imported_its_pool_is_resized(monkeypatch: pytest.MonkeyPatch
     calls: list[int] = []
     fake = types.SimpleNamespace(set_num_threads=calls.append)
     monkeypatch.setitem(sys.modules, "torch", fake)
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     assert share_cores(3, cores=2) == 1
     assert calls == [1]
+    assert os.environ[THREAD_VARIABLES[0]] == "1"  # and ONNX Runtime's sessions take it too
     assert share_cores(1, cores=2) == 2 and calls == [1]  # one job: untouched
 
 
