@@ -137,6 +137,28 @@ def test_bad_recipe_exits_2_with_one_message(
     assert message in errors[0]
 
 
+def test_a_dynamo_build_below_the_dynamo_floor_exits_2_in_one_line(
+    toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch below versions.DYNAMO_PATH_FROM_TORCH (here 2.2.2, as the torch-2.2.2 leg has it):
+    the recipe's ``dynamo: true`` is refused before anything runs, in one line naming the torch
+    and the lowest that works; the TorchScript path stays open (docs/building.md, exit codes)."""
+    from hyperexport.base import versions
+
+    installed = versions.installed_version
+    monkeypatch.setattr(
+        versions, "installed_version", lambda name: "2.2.2" if name == "torch" else installed(name)
+    )
+    proc = run_here([f"recipe_file={toy}", "dynamo=true"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("[ERROR]")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert errors[0].startswith(f"[ERROR] recipe {toy}: field 'dynamo': torch 2.2.2 ")
+    assert f"torch>={versions.DYNAMO_PATH_FROM_TORCH}" in errors[0]
+    assert not (tmp_path / "outputs" / "toy").exists()
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.onnx"))
+
+
 def test_hiera_typo_exits_2_with_close_match(toy: Path, tmp_path: Path) -> None:
     toy.write_text(toy.read_text().replace("hx_toy.net.Block", "hx_toy.net.Blok"))
     proc = run_here([f"recipe_file={toy}"], tmp_path)

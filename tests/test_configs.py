@@ -175,7 +175,6 @@ BAD = [
     (_with("opst", 17), "opst", "did you mean 'opset'"),
     (_with("check.atl", 1e-3), "check.atl", "did you mean 'atol'"),
     (_with("hiera", None, delete=True), "hiera", "missing required field"),
-    (_with("name", None, delete=True), "name", "missing required field"),
     (_with("opset", 21), "opset", "out of range for dynamo=False"),
     ({**_with("opset", 25), "dynamo": True}, "opset", "out of range for dynamo=True"),
     (
@@ -331,6 +330,21 @@ def test_torch_2_2_refuses_a_torchscript_opset_above_17_naming_torch(
     assert info.value.field == "opset"
     assert "torch 2.2.2" in str(info.value) and "opset=17" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_decoding_task_on_transformers_4_48_is_refused_naming_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyperexport.base import versions
+
+    found = {"transformers": "4.48.3"}
+    monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(_with("task", "text-generation"), "/somewhere/bad.yaml")
+    assert info.value.field == "task" and "\n" not in str(info.value)
+    assert "transformers 4.48.3" in str(info.value)
+    assert f"transformers{versions.DECODING_TASKS_TRANSFORMERS}" in str(info.value)
+    validate_recipe(_base(), "/somewhere/ok.yaml")  # task: forward stays open
 
 
 def test_a_dynamo_recipe_below_the_lowest_working_torch_is_refused_at_validation(

@@ -18,14 +18,14 @@ import numpy as np
 from hyperexport.base.contracts.manifest import ExportManifest
 from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.base.errors import CheckError
+from hyperexport.check.call_plan import class_names, first_divergent, nested_calls
 from hyperexport.check.compare import compare_arrays
 from hyperexport.check.evaluation import SECOND_SHAPE, Evaluation, FunctionRun, OutputRun
-from hyperexport.check.function_parity import class_names, first_divergent, nested_calls
 from hyperexport.check.precision import floored
-from hyperexport.check.report import CheckReport, FunctionResult, TensorResult
+from hyperexport.check.results import CheckReport, FunctionResult, TensorResult
 from hyperexport.check.settings import CheckSettings, Tolerance
 from hyperexport.check.tensors import CapturedArrays
-from hyperexport.check.vacuous import vacuous_reason
+from hyperexport.check.vacuous import exact_constant, vacuous_reason
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,25 @@ class _Judge:
             result, ok=result.ok and accepted, vacuous=reason, accepted=accepted
         )
 
+    def by_equality(
+        self, results: Sequence[TensorResult], runs: Sequence[OutputRun]
+    ) -> tuple[TensorResult, ...]:
+        """``results`` (siblings: one call's outputs, or the graph's) with each refused constant
+        reference judged by equality (``vacuous.py``, "constant by design"), when a sibling
+        proves something."""
+        proven = any(r.ok and r.vacuous is None for r in results)
+        if not proven:
+            return tuple(results)
+        out = []
+        for result, run in zip(results, runs, strict=True):
+            if result.vacuous is not None and not result.ok and not result.diverges:
+                expected = self._reference.get(run.key)
+                exact = exact_constant(expected, self.computed[run.array])
+                if exact is not None:
+                    result = dataclasses.replace(result, ok=True, vacuous=exact, exact=True)
+            out.append(result)
+        return tuple(out)
+
     def function(self, run: FunctionRun) -> FunctionResult:
         sites = self._manifest.calls
         if not 0 <= run.index < len(sites) or sites[run.index].call_id != run.call_id:
@@ -76,7 +95,9 @@ class _Judge:
         error = run.error
         if error is None:
             try:
-                outputs = tuple(self.tensor(o, o.key) for o in run.outputs)
+                outputs = self.by_equality(
+                    [self.tensor(o, o.key) for o in run.outputs], run.outputs
+                )
             except CheckError as e:
                 error = str(e)
         result = FunctionResult(
@@ -120,12 +141,15 @@ def judge(
     start = time.perf_counter()
     j = _Judge(evaluation, manifest, arrays, settings)
     outputs: list[TensorResult] = []
+    judged: list[OutputRun] = []
     error = evaluation.end_to_end_error
     for run in evaluation.outputs:
         try:
             outputs.append(j.tensor(run, run.name.removesuffix(SECOND_SHAPE), run.key))
+            judged.append(run)
         except CheckError as e:
             error = str(e)
+    outputs = list(j.by_equality(outputs, judged))
     results = {r.index: j.function(r) for r in evaluation.functions}
     e2e_failed = (
         evaluation.end_to_end_skipped is not None

@@ -16,6 +16,17 @@ when the reference is
 Only floating outputs are judged so: integer and boolean outputs are compared exactly, and a
 constant mask or index is a real claim. A recipe accepts a vacuous output by name
 (``check.accept_vacuous``).
+
+**Constant by design.** Some outputs are one value whatever the weights and inputs: T5's
+cross-attention position bias is zeros by construction (that attention has no relative bias),
+passed on from the first decoder layer beside its hidden states. Refusing it made every T5
+recipe list it in ``check.accept_vacuous``. Such an output is judged by equality instead
+(:func:`exact_constant`): ONNX Runtime must compute the very same value in every element, not
+merely one within tolerance, and it counts only beside a sibling output that proves something
+(another output of the same call, or another graph output, whose reference is not vacuous and
+which passed). The report says "constant in torch (...), equal exactly in ONNX Runtime": that
+is all it shows. A lone constant output (a model that multiplies by 0, a call whose every output
+is zeros) still fails, and NaN or merely tiny references are never judged so.
 """
 
 from __future__ import annotations
@@ -57,3 +68,30 @@ def _numpy_dtype(array: np.ndarray) -> np.dtype:
     """bfloat16 (an ``ml_dtypes`` type numpy calls 'V') counts as floating."""
     dtype = np.dtype(array.dtype)
     return np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
+
+
+def exact_constant(expected: np.ndarray, computed: np.ndarray) -> str | None:
+    """How a constant reference was judged by equality, or None when it cannot be.
+
+    Args:
+        expected: The torch reference (already found vacuous by :func:`vacuous_reason`).
+        computed: What ONNX Runtime computed for it.
+
+    Returns:
+        ``"constant in torch (every element is 0), equal exactly in ONNX Runtime"`` when every
+        element of ``expected`` is one finite value and ``computed`` has its shape and exactly
+        that value everywhere; None otherwise (NaN, values merely near zero, any difference).
+    """
+    if expected.size == 0 or not np.issubdtype(_numpy_dtype(expected), np.floating):
+        return None
+    e = np.asarray(expected).astype(np.float64)
+    c = np.asarray(computed)
+    if c.shape != e.shape or not np.issubdtype(_numpy_dtype(c), np.floating):
+        return None
+    value = e.flat[0]
+    if not np.isfinite(value) or not bool(np.all(e == value)):
+        return None
+    if not bool(np.all(c.astype(np.float64) == value)):
+        return None
+    shown = 0.0 if value == 0 else float(value)  # -0.0 (a mask's 0 * -inf floor) reads as 0
+    return f"constant in torch (every element is {shown:.6g}), equal exactly in ONNX Runtime"

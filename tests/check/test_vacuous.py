@@ -11,7 +11,11 @@ from check_toys import BLOCK, LINEAR, make_toy, make_weights
 
 from hyperexport.base.errors import CheckError
 from hyperexport.check import CheckSettings, Tolerance, run_checks
-from hyperexport.check.vacuous import vacuous_reason
+from hyperexport.check.evaluation import Evaluation, FunctionRun, OutputRun
+from hyperexport.check.judge import judge
+from hyperexport.check.results import CheckReport
+from hyperexport.check.tensors import CapturedArrays
+from hyperexport.check.vacuous import exact_constant, vacuous_reason
 
 TOL = Tolerance(atol=1e-4, rtol=1e-3)
 
@@ -109,3 +113,88 @@ def test_accepted_vacuous_outputs_pass_and_say_so(save_toy) -> None:
     partly = dataclasses.replace(SETTINGS, accept_vacuous=("y", "z"))  # the functions too
     report = run_checks(save_toy(toy), toy.manifest, toy.capture, toy.arrays, partly)
     assert report.end_to_end_ok and not report.functions_ok
+
+
+# --- constant by design (issue 34: T5's cross-attention position bias, zeros by construction) --
+def _judged(bias_computed: np.ndarray, *, block_ok: bool = True) -> CheckReport:
+    """The toy's ``block#0`` run alone with a second output, a bias of zeros in torch (as T5's
+    first decoder layer passes on), ``bias_computed`` in ONNX Runtime."""
+    toy = make_toy("per_type")
+    bias = np.zeros((2, 3), dtype=np.float32)
+    bias[0, 0] = -0.0  # a mask's 0 * min, as T5's encoder mask adds it: equal to 0
+    reference = {**toy.arrays, "block#0/out.1": bias}
+    computed = {
+        "f.out.0": toy.arrays["block#0/out.0"] + (0.0 if block_ok else 1.0),
+        "f.out.1": bias_computed,
+        "g.y": toy.arrays["out.0"],
+        "g.z": toy.arrays["out.1"],
+    }
+    evaluation = Evaluation(
+        model_path="toy.onnx",
+        structural=(),
+        outputs=(OutputRun("y", "out.0", "g.y"), OutputRun("z", "out.1", "g.z")),
+        end_to_end_error=None,
+        end_to_end_skipped=None,
+        functions=(
+            FunctionRun(
+                0,
+                "block#0",
+                (
+                    OutputRun("output 0", "block#0/out.0", "f.out.0"),
+                    OutputRun("output 1", "block#0/out.1", "f.out.1"),
+                ),
+            ),
+        ),
+        arrays=computed,
+    )
+    return judge(
+        evaluation, toy.manifest, toy.capture, CapturedArrays(toy.capture, reference), SETTINGS
+    )
+
+
+def test_a_constant_output_beside_a_proving_one_is_judged_by_equality_and_says_so() -> None:
+    report = _judged(np.zeros((2, 3), dtype=np.float32))
+    assert report.ok, report.summary_lines()
+    [call] = report.functions
+    bias = call.outputs[1]
+    assert bias.ok and bias.exact and not bias.accepted
+    assert bias.describe() == (
+        "output 1 [block#0/out.1]: ok: constant in torch (every element is 0), equal exactly "
+        "in ONNX Runtime"
+    )
+    assert call.describe().endswith("(output 1: constant in torch, equal exactly)")
+    assert report.to_json()["functions"][0]["outputs"][1]["exact"] is True
+
+
+@pytest.mark.parametrize(
+    "computed",
+    [
+        np.full((2, 3), 1e-9, dtype=np.float32),  # within tolerance, not equal: still refused
+        np.zeros((3, 2), dtype=np.float32),
+    ],
+)
+def test_a_constant_output_not_exactly_equal_is_still_refused(computed: np.ndarray) -> None:
+    report = _judged(computed)
+    bias = report.functions[0].outputs[1]
+    assert not report.ok and not bias.ok and not bias.exact
+
+
+def test_a_constant_output_beside_a_failing_sibling_is_not_judged_by_equality() -> None:
+    report = _judged(np.zeros((2, 3), dtype=np.float32), block_ok=False)
+    bias = report.functions[0].outputs[1]
+    assert not bias.ok and not bias.exact and bias.vacuous is not None
+
+
+@pytest.mark.parametrize(
+    ("expected", "computed", "exact"),
+    [
+        ([0.5, 0.5], [0.5, 0.5], True),
+        ([0.0, -0.0], [0.0, 0.0], True),
+        ([0.5, 0.5], [0.5, 0.50001], False),
+        ([1e-24, 0.0], [1e-24, 0.0], False),  # tiny, not one value
+        ([np.nan, np.nan], [np.nan, np.nan], False),
+    ],
+)
+def test_exact_constant(expected: list[float], computed: list[float], exact: bool) -> None:
+    e, c = np.asarray(expected, np.float32), np.asarray(computed, np.float32)
+    assert (exact_constant(e, c) is not None) is exact

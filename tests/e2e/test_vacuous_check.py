@@ -51,7 +51,7 @@ def test_an_all_zero_output_fails_the_check_then_passes_when_accepted(
         f"output {output['name']} [out.0]: FAIL: the torch reference is within the tolerance "
         "of zero"
     ) in error
-    assert f"""'check.accept_vacuous=["{output['name']}"]'""" in error
+    assert f"""'check.accept_vacuous=["{output["name"]}"]'""" in error
     assert all(f["ok"] for f in refused.report["check"]["functions"])  # the blocks are fine
 
     accepted = build(zero_recipe(zero_package, [output["name"]]), tmp_path)

@@ -312,6 +312,7 @@ def _overview(report: Mapping[str, Any], manifest: Mapping[str, Any] | None, bui
     )
     opset = (manifest or {}).get("opset", recipe.get("opset"))
     fusion = (manifest or {}).get("fusion") or "none"
+    kv_shared = bool((manifest or {}).get("kv_buffers"))
     path = (report.get("export_path") or {}).get("dynamo")
     overrides = report.get("overrides") or []
     env = report.get("environment") or {}
@@ -323,6 +324,8 @@ def _overview(report: Mapping[str, Any], manifest: Mapping[str, Any] | None, bui
         ("opset", f"{opset}"),
         ("export path", "-" if path is None else ("dynamo" if path else "torchscript")),
         *([("fusion", fusion)] if fusion != NO_FUSION else []),
+        # passes/share_kv_buffer.py: the pasts are onnxruntime-genai's shared buffers.
+        *([("KV cache", "shared buffers (past_present_share_buffer)")] if kv_shared else []),
         ("functions", (manifest or {}).get("function_mode") or recipe.get("functions") or "-"),
         ("overrides", " ".join(overrides) if overrides else "none (the recipe as written)"),
         ("model size", size),

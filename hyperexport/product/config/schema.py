@@ -29,6 +29,7 @@ from hyperexport.base.contracts.names import (
 from hyperexport.base.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.base.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.base.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
+from hyperexport.base.versions import torchscript_opset
 from hyperexport.defaults import (
     ACCURACY_LEVELS,
     DECODE_GATES,
@@ -128,6 +129,29 @@ def _name(name: str) -> None:
         raise Invalid(f"{name!r} must not start with '.' (it names a folder of the outputs)")
     if len(name) > MAX_NAME_LENGTH:
         raise Invalid(f"is {len(name)} characters long; at most {MAX_NAME_LENGTH}")
+
+
+#: The suffixes of a recipe file whose stem stands in for a missing ``name``.
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+def name_from_file(recipe_file: str) -> str | None:
+    """The ``name`` a recipe without one takes: its file's stem, or None if ``recipe_file`` is
+    no recipe file (``<command line>``).
+
+    Raises:
+        Invalid: The stem is no safe name (``my model.yaml``); the reason says to set ``name``.
+    """
+    path = Path(recipe_file)
+    if path.suffix not in RECIPE_SUFFIXES:
+        return None
+    try:
+        _name(path.stem)
+    except Invalid as e:
+        raise Invalid(
+            f"missing, and the file's stem cannot stand in for it: {e.reason}; set name:"
+        ) from e
+    return path.stem
 
 
 def _positive(value: float) -> None:
@@ -274,21 +298,28 @@ class InputSpec(Section):
     or by default each dynamic axis grown by a small amount.
     """
 
-    shape: list[int] = option(REQUIRED)
-    dtype: str = option("float32", choices=DTYPES)
-    low: float = option(0.0)
-    high: float = option(1.0)
-    seed: int = option(0)
-    dynamic: dict[int, str] = option(factory=dict)
-    check_shape: list[int] | None = option(None)
+    shape: list[int] = option(REQUIRED, doc="the traced shape")
+    dtype: str = option("float32", choices=DTYPES, doc="the element type")
+    low: float = option(
+        0.0,
+        doc="values are uniform in [low, high) (integers: token ids need high = vocabulary size)",
+    )
+    high: float = option(1.0, doc="upper bound (exclusive) of the values")
+    seed: int = option(0, doc="the seed the values are generated from")
+    dynamic: dict[int, str] = option(
+        factory=dict, doc="axes that stay symbolic in the model: {axis: dim name}"
+    )
+    check_shape: list[int] | None = option(
+        None, doc="the second shape the check compares at (default: each dynamic axis grown)"
+    )
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class ToleranceSpec(Section):
     """A per-output tolerance override; an unset value inherits ``check.atol``/``check.rtol``."""
 
-    atol: float | None = option(None)
-    rtol: float | None = option(None)
+    atol: float | None = option(None, doc="absolute tolerance of this output (unset: check.atol)")
+    rtol: float | None = option(None, doc="relative tolerance of this output (unset: check.rtol)")
 
 
 _CHECK = ("check",)
@@ -315,14 +346,42 @@ class QuantizedCheckSpec(Section):
     there says little; a recipe on random weights says so with ``report``.
     """
 
-    min_cosine: float = option(DEFAULT_MIN_COSINE, readers=_CHECK, check=_fraction)
-    max_rel_error: float = option(DEFAULT_MAX_REL_ERROR, readers=_CHECK, check=_positive)
-    min_top1: float = option(DEFAULT_MIN_TOP1, readers=_CHECK, check=_fraction)
-    min_token_agreement: float = option(
-        DEFAULT_MIN_TOKEN_AGREEMENT, readers=_CHECK, check=_fraction
+    min_cosine: float = option(
+        DEFAULT_MIN_COSINE,
+        readers=_CHECK,
+        check=_fraction,
+        doc="least cosine similarity of each output and call site, quantized vs float",
     )
-    min_decode_cosine: float = option(DEFAULT_MIN_DECODE_COSINE, readers=_CHECK, check=_fraction)
-    decode: str = option(DECODE_GATES[0], readers=_CHECK, choices=DECODE_GATES)
+    max_rel_error: float = option(
+        DEFAULT_MAX_REL_ERROR,
+        readers=_CHECK,
+        check=_positive,
+        doc="largest L2 relative error |q - f| / |f| of each output and call site",
+    )
+    min_top1: float = option(
+        DEFAULT_MIN_TOP1,
+        readers=_CHECK,
+        check=_fraction,
+        doc="least share of positions whose top-1 class agrees (outputs named like logits)",
+    )
+    min_token_agreement: float = option(
+        DEFAULT_MIN_TOKEN_AGREEMENT,
+        readers=_CHECK,
+        check=_fraction,
+        doc="text-generation: least share of decode steps picking the float decode's token",
+    )
+    min_decode_cosine: float = option(
+        DEFAULT_MIN_DECODE_COSINE,
+        readers=_CHECK,
+        check=_fraction,
+        doc="text-generation: least cosine of every decode step's logits with the float model's",
+    )
+    decode: str = option(
+        DECODE_GATES[0],
+        readers=_CHECK,
+        choices=DECODE_GATES,
+        doc="gate: the quantized decode must reach both; report: reported, not gated",
+    )
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -337,7 +396,12 @@ class GenerationCheckSpec(Section):
     decode, at that risk: the tokens and every step's logits are still compared.
     """
 
-    min_distinct: int = option(DEFAULT_MIN_DISTINCT, readers=_CHECK, check=_at_least_one)
+    min_distinct: int = option(
+        DEFAULT_MIN_DISTINCT,
+        readers=_CHECK,
+        check=_at_least_one,
+        doc="fewest distinct token ids a reference decode must hold (1 accepts a decode that repeats one id)",
+    )
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -355,18 +419,48 @@ class CheckSpec(Section):
 
     ``accept_vacuous`` lists graph output names or capture keys (``<call_id>/out.<i>`` for a
     function's output) whose torch reference may prove nothing: NaN, within the tolerance of
-    zero, or constant (``check/vacuous.py``). Any other such output fails the check; a name
-    that is no output or key of the model is refused by the check stage (exit 2).
+    zero, or constant (``check/vacuous.py``). Any other such output fails the check, unless it
+    is constant by design: exactly one value in torch and in ONNX Runtime, beside a sibling
+    output that proves something (judged by equality, and said so). A name that is no output
+    or key of the model is refused by the check stage (exit 2).
     """
 
-    atol: float = option(DEFAULT_ATOL, readers=_CHECK, check=_positive)
-    rtol: float = option(DEFAULT_RTOL, readers=_CHECK, check=_positive)
-    per_output: dict[str, ToleranceSpec] = option(factory=dict, readers=_CHECK, check=_tolerances)
-    function_scope: str = option(
-        DEFAULT_FUNCTION_SCOPE, readers=CHECK_STAGES, choices=FUNCTION_SCOPES
+    atol: float = option(
+        DEFAULT_ATOL,
+        readers=_CHECK,
+        check=_positive,
+        doc="absolute tolerance of every comparison with torch",
     )
-    expect_ops: dict[str, int] = option(factory=dict, readers=CHECK_STAGES, check=_op_counts)
-    accept_vacuous: list[str] = option(factory=list, readers=_CHECK, check=_output_names)
+    rtol: float = option(
+        DEFAULT_RTOL,
+        readers=_CHECK,
+        check=_positive,
+        doc="relative tolerance of every comparison with torch",
+    )
+    per_output: dict[str, ToleranceSpec] = option(
+        factory=dict,
+        readers=_CHECK,
+        check=_tolerances,
+        doc="tolerances by output name or capture key: {name: {atol, rtol}}",
+    )
+    function_scope: str = option(
+        DEFAULT_FUNCTION_SCOPE,
+        readers=CHECK_STAGES,
+        choices=FUNCTION_SCOPES,
+        doc="which call sites run alone against torch: all, the first of each function, none",
+    )
+    expect_ops: dict[str, int] = option(
+        factory=dict,
+        readers=CHECK_STAGES,
+        check=_op_counts,
+        doc="exact executed op counts: {op or domain::op: count}",
+    )
+    accept_vacuous: list[str] = option(
+        factory=list,
+        readers=_CHECK,
+        check=_output_names,
+        doc="outputs or capture keys whose torch reference may prove nothing (NaN, zeros, constant)",
+    )
     quantized: QuantizedCheckSpec = section(QuantizedCheckSpec)
     generation: GenerationCheckSpec = section(GenerationCheckSpec)
 
@@ -381,6 +475,7 @@ class AttentionSpec(Section):
         _library(AttentionOptions, "implementation"),
         readers=(*MODEL_STAGES, "rewrite"),
         check=_not_builtin,
+        doc="the transformers attention entry to export with (hyperexport: one node per attention call)",
     )
 
 
@@ -403,19 +498,38 @@ class RewriteSpec(Section):
     (fusing constants freezes masks and position embeddings at the traced shape; the optimizer
     costs several times the export)."""
 
-    fold_leftovers: bool = option(_library(RewriteOptions, "fold_leftovers"), readers=_REWRITE)
-    fuse_constants: bool = option(_library(RewriteOptions, "fuse_constants"), readers=_REWRITE)
-    optimize: bool = option(_library(RewriteOptions, "optimize"), readers=_REWRITE)
+    fold_leftovers: bool = option(
+        _library(RewriteOptions, "fold_leftovers"),
+        readers=_REWRITE,
+        doc="fold constant subgraphs the export left in the main graph",
+    )
+    fuse_constants: bool = option(
+        _library(RewriteOptions, "fuse_constants"),
+        readers=_REWRITE,
+        doc="fold constants into the functions (freezes masks and positions at the traced shape)",
+    )
+    optimize: bool = option(
+        _library(RewriteOptions, "optimize"),
+        readers=_REWRITE,
+        doc="run the ONNX optimizer (costs several times the export)",
+    )
     #: MatMul weights as main-graph initializers ([K, N]), fed to the functions as inputs, so
     #: that ONNX Runtime's quantizers find them after inlining.
     weights_as_initializers: bool = option(
-        _library(RewriteOptions, "weights_as_initializers"), readers=_REWRITE
+        _library(RewriteOptions, "weights_as_initializers"),
+        readers=_REWRITE,
+        doc="MatMul weights as main-graph initializers fed to the functions (for quantizers)",
     )
     #: Fused kernels inside the functions: ``none``, ``standard`` (ONNX's own fused ops; the
     #: final model is opset 24 whatever ``opset`` says, which is then the export opset) or
-    #: ``onnxruntime`` (ONNX Runtime's contrib kernels). The checks read it for the opset.
+    #: ``onnxruntime`` (ONNX Runtime's contrib kernels; a generation step's pasts become
+    #: onnxruntime-genai's shared buffers, so the trace reads it for ``genai_config.json``).
+    #: The checks read it for the opset.
     fuse: str = option(
-        _library(RewriteOptions, "fuse"), readers=(*_REWRITE, *CHECK_STAGES), choices=FUSIONS
+        _library(RewriteOptions, "fuse"),
+        readers=("trace", *_REWRITE, *CHECK_STAGES),
+        choices=FUSIONS,
+        doc="fused kernels inside the functions: none, standard (ONNX, opset 24), onnxruntime (contrib)",
     )
 
 
@@ -441,20 +555,41 @@ class QuantizeSpec(Section):
 
     # evaluate runs the quantized model (whole and every call site) against the float one.
     method: str = option(
-        NO_QUANTIZATION, readers=(*_QUANTIZE, "evaluate"), choices=QUANTIZE_METHODS
+        NO_QUANTIZATION,
+        readers=(*_QUANTIZE, "evaluate"),
+        choices=QUANTIZE_METHODS,
+        doc="none, int8_dynamic (DynamicQuantizeMatMul) or int4_block (MatMulNBits)",
     )
     block_size: int = option(
-        DEFAULT_BLOCK_SIZE, readers=(*_QUANTIZE, "evaluate"), check=_block_size
+        DEFAULT_BLOCK_SIZE,
+        readers=(*_QUANTIZE, "evaluate"),
+        check=_block_size,
+        doc="int4: K elements per block, a power of two >= 16",
     )
-    exclude: list[str] = option(factory=list, readers=_QUANTIZE, check=_module_names)
-    accuracy_level: int = option(DEFAULT_ACCURACY_LEVEL, readers=_QUANTIZE, choices=ACCURACY_LEVELS)
+    exclude: list[str] = option(
+        factory=list,
+        readers=_QUANTIZE,
+        check=_module_names,
+        doc="module paths or function names whose MatMuls stay in float",
+    )
+    accuracy_level: int = option(
+        DEFAULT_ACCURACY_LEVEL,
+        readers=_QUANTIZE,
+        choices=ACCURACY_LEVELS,
+        doc="int4: MatMulNBits' least activation precision (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8)",
+    )
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class CustomOpSpec(Section):
-    name: str = option(REQUIRED, check=_custom_op_name)
-    symbolic: str = option(REQUIRED)
-    opset: int = option(REQUIRED)
+    """One custom op of ``custom_ops``: the TorchScript symbolic ``symbolic`` registered for op
+    ``name`` at ``opset`` before the export runs (``dynamo: false`` only)."""
+
+    name: str = option(REQUIRED, check=_custom_op_name, doc="the op, as domain::op")
+    symbolic: str = option(
+        REQUIRED, doc="import path of its TorchScript symbolic function (pkg.mod:fn)"
+    )
+    opset: int = option(REQUIRED, doc="the opset version the symbolic is registered for")
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -469,9 +604,51 @@ class GenerationSpec(Section):
     reads the model's config.
     """
 
-    prompts: list[list[int]] = option(factory=list, readers=("trace",), check=_prompts)
-    max_new_tokens: int = option(16, readers=("trace",), check=_at_least_one)
-    padded_batch: bool = option(True, readers=("trace",))
+    prompts: list[list[int]] = option(
+        factory=list,
+        readers=("trace",),
+        check=_prompts,
+        doc="token ids the generation check decodes greedily (no tokenizer needed)",
+    )
+    max_new_tokens: int = option(
+        16, readers=("trace",), check=_at_least_one, doc="greedy tokens decoded per prompt"
+    )
+    padded_batch: bool = option(
+        True, readers=("trace",), doc="also decode the prompts as one left-padded batch"
+    )
+
+
+def _release(release: str | float | None) -> None:
+    if isinstance(release, float):  # YAML and Hydra read 1.16 as a number, and 1.20 as 1.2
+        raise Invalid(
+            f"{release} is a number, not a release (1.20 would read as 1.2): quote it "
+            '("1.16" in YAML, target.onnxruntime=\'"1.16"\' on the command line) or give the '
+            "patch release (1.16.3)"
+        )
+    if release is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", release):
+        raise Invalid(f"{release!r} is not a release (major.minor or major.minor.patch: 1.16)")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class TargetSpec(Section):
+    """``target.*``: where the published model must run. Checked at validation only, before
+    anything runs; no stage reads it, so it enters no key (the model written does not depend on
+    it: every model is written at the lowest IR version that carries its opsets).
+
+    ``onnxruntime``: the ONNX Runtime release the model must load in (``"1.16"``); null, the
+    default, is the installed one, which the evaluate stage runs it in. An opset or IR version
+    that release cannot load (``versions.ONNXRUNTIME_LOADS``, ONNX Runtime's compatibility
+    table: 1.16 loads opset 19 at IR 9, so no ``rewrite.fuse: standard``, whose model is opset
+    24) is refused (exit 2). A release newer than that table, or ONNX Runtime's own kernels
+    (``rewrite.fuse: onnxruntime``, ``quantize.method``) for a release older than the installed
+    one, are not checked: validation says so at WARNING.
+    """
+
+    onnxruntime: str | float | None = option(
+        None,
+        check=_release,
+        doc='the ONNX Runtime release the model must load in ("1.16"); null: the installed one',
+    )
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -486,43 +663,107 @@ class RecipeConfig(Section):
     ``fallback: true`` lets the export stage retry on the other path (``dynamo``) when the chosen
     one fails; it is logged at WARNING and recorded in the model's metadata and the report.
 
-    ``dynamo`` has no default: the export path is always the recipe's explicit choice.
+    ``name`` (the folder under the outputs root) defaults to the recipe file's stem
+    (``my_bert.yaml``: ``my_bert``). ``dynamo`` has no default: the export path is always the
+    recipe's explicit choice.
     """
 
-    name: str = option(REQUIRED, check=_name)
-    model: dict[str, Any] = option(REQUIRED, readers=MODEL_STAGES)
+    name: str = option(
+        REQUIRED,
+        check=_name,
+        doc="the folder under the outputs root (default: the recipe file's stem)",
+    )
+    model: dict[str, Any] = option(
+        REQUIRED,
+        readers=MODEL_STAGES,
+        doc="{_target_: factory import path, **its keyword arguments}",
+    )
     # The checkpoint is keyed by the model's fingerprint (its files' digests), not by its path.
-    checkpoint: str | None = option(None)
-    inputs: dict[str, InputSpec] | Literal["auto"] = option(REQUIRED, readers=MODEL_STAGES)
-    hiera: list[str] | Literal["auto"] = option(REQUIRED, readers=MODEL_STAGES)
-    dynamic: str = option("none", readers=MODEL_STAGES, choices=DYNAMIC_MODES)
-    method: str = option(_library(ExportOptions, "method"), readers=MODEL_STAGES)
-    opset: int = option(DEFAULT_OPSET, readers=("export", *CHECK_STAGES))
-    dynamo: bool = option(REQUIRED, readers=(*MODEL_STAGES, *CHECK_STAGES))
-    fallback: bool = option(_library(ExportOptions, "fallback"), readers=("export", *CHECK_STAGES))
+    checkpoint: str | None = option(
+        None,
+        doc="a local .safetensors file, folder of them, or state dict, relative to the recipe file",
+    )
+    inputs: dict[str, InputSpec] | Literal["auto"] = option(
+        REQUIRED,
+        readers=MODEL_STAGES,
+        doc="example inputs {name: InputSpec}, or auto (from the model's config)",
+    )
+    hiera: list[str] | Literal["auto"] = option(
+        REQUIRED,
+        readers=MODEL_STAGES,
+        doc="module classes whose calls become ONNX functions, or auto (the main repeated stack)",
+    )
+    dynamic: str = option(
+        "none",
+        readers=MODEL_STAGES,
+        choices=DYNAMIC_MODES,
+        doc="auto (with inputs: auto): batch and sequence or image size symbolic",
+    )
+    method: str = option(
+        _library(ExportOptions, "method"), readers=MODEL_STAGES, doc="the model method exported"
+    )
+    # 18, or 17 on torch 2.2, whose TorchScript exporter stops there (versions.torchscript_opset;
+    # that torch refuses the dynamo path, which needs 18).
+    opset: int = option(
+        torchscript_opset(DEFAULT_OPSET),
+        readers=("export", *CHECK_STAGES),
+        doc="the export opset (TorchScript 7..20, dynamo 18..24)",
+    )
+    dynamo: bool = option(
+        REQUIRED,
+        readers=(*MODEL_STAGES, *CHECK_STAGES),
+        doc="the export path: true torch.export, false TorchScript (required, no default)",
+    )
+    fallback: bool = option(
+        _library(ExportOptions, "fallback"),
+        readers=("export", *CHECK_STAGES),
+        doc="retry on the other export path when the chosen one fails (WARNING, recorded)",
+    )
     # The export makes the functions; the rewrite reads the mode from the bundle it composes.
     functions: str = option(
-        _library(ExportOptions, "functions"), readers=("export",), choices=FUNCTION_MODES
+        _library(ExportOptions, "functions"),
+        readers=("export",),
+        choices=FUNCTION_MODES,
+        doc="per_instance (one function per module) or per_type (one per structure, weights as inputs)",
     )
     attention: AttentionSpec = section(AttentionSpec)
     rewrite: RewriteSpec = section(RewriteSpec)
     check: CheckSpec = section(CheckSpec)
     quantize: QuantizeSpec = section(QuantizeSpec)
-    custom_ops: list[CustomOpSpec] = option(factory=list, readers=("export",))
+    custom_ops: list[CustomOpSpec] = option(
+        factory=list,
+        readers=("export",),
+        doc="TorchScript symbolics to register: [{name, symbolic, opset}]",
+    )
     # How the model files are written: by rewrite, and by quantize for the quantized model.
-    external_data: bool = option(False, readers=(*_REWRITE, *_QUANTIZE))
+    external_data: bool = option(
+        False,
+        readers=(*_REWRITE, *_QUANTIZE),
+        doc="write the weights beside the model (.onnx.data)",
+    )
     external_data_threshold: int = option(
         _library(ExportOptions, "external_data_threshold"),
         readers=(*_REWRITE, *_QUANTIZE),
         check=_not_negative,
+        doc="smallest tensor (bytes) written as external data",
     )
     # What the model reads besides its arguments: the values of these variables enter the keys
     # of the stages that run it (builds/fingerprint.py, model fingerprint), as digests.
-    env: list[str] = option(factory=list, readers=MODEL_STAGES, check=_env_names)
+    env: list[str] = option(
+        factory=list,
+        readers=MODEL_STAGES,
+        check=_env_names,
+        doc="environment variables the model reads (their values enter the keys, as digests)",
+    )
     # Where the weights come from: the model loaded whole (load), or its safetensors
     # checkpoint mapped and bound one hiera module at a time (stream, docs/streaming.md); auto
     # streams only where loading would not fit. The stages that run the model read it.
-    weights: str = option(AUTO, readers=MODEL_STAGES, choices=WEIGHTS_MODES)
+    weights: str = option(
+        AUTO,
+        readers=MODEL_STAGES,
+        choices=WEIGHTS_MODES,
+        doc="load the model whole, stream it one hiera module at a time, or auto",
+    )
     # What of the model is exported; the generation task also decodes in evaluate and check.
     # rewrite: which model files it writes (one, or one per graph) follows from it; quantize:
     # whether it writes a genai_config.json.
@@ -531,8 +772,10 @@ class RecipeConfig(Section):
         readers=(*MODEL_STAGES, "rewrite", *_QUANTIZE, *CHECK_STAGES),
         choices=TASKS,
         check=_implemented_task,
+        doc="what is exported: forward, a decoding task, or auto (from the checkpoint's config)",
     )
     generation: GenerationSpec = section(GenerationSpec)
+    target: TargetSpec = section(TargetSpec)
 
 
 @dataclass

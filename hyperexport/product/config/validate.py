@@ -14,16 +14,26 @@ from typing import Any, Literal
 
 from hyperexport.base.contracts.names import (
     CHECKPOINT_SUFFIXES,
+    FUNCTION_DOMAIN,
     NO_FUSION,
     OPSET_RANGES,
+    PROMOTED_OPSET,
+    QUANTIZED_DOMAIN,
     SAFETENSORS,
     STANDARD_FUSION,
     TEXT_GENERATION,
 )
 from hyperexport.base.errors import RecipeError, RecipeErrors, did_you_mean
 from hyperexport.base.versions import (
+    ONNXRUNTIME_LOADS,
     attention_registration_missing,
+    decoding_task_missing,
+    installed_version,
+    lowest_ir_version,
     missing_transformers_class,
+    onnxruntime_beyond_table,
+    onnxruntime_older_than_installed,
+    onnxruntime_refusal,
     torch_version,
     torchscript_opset_cap,
     unsupported,
@@ -59,6 +69,7 @@ from hyperexport.product.config.schema import (
     Recipe,
     RecipeConfig,
     _outputs_root,
+    name_from_file,
 )
 from hyperexport.product.config.task_inference import TaskNotInferable, infer_task
 from hyperexport.product.config.weights_source import refusal, weights_source
@@ -92,6 +103,8 @@ class _Checker:
 
     def __init__(self, recipe_file: str) -> None:
         self.file = recipe_file
+        #: Why a missing field has no stand-in, by path (replaces "missing required field").
+        self.missing: dict[str, str] = {}
 
     def fail(self, where: str, reason: str) -> typing.NoReturn:
         raise RecipeError(self.file, where, reason)
@@ -134,6 +147,8 @@ class _Checker:
     def field_(self, f: Any, tp: Any, data: Mapping[str, Any], path: str) -> None:
         """Field ``f`` (of type ``tp``) of ``data``: present when required, then well-typed."""
         if f.name not in data or data[f.name] == REQUIRED:
+            if path in self.missing:
+                self.fail(path, self.missing[path])
             if is_required(f):
                 hint = f" ({_describe(tp)})" if tp is bool else ""
                 self.fail(path, f"missing required field{hint}")
@@ -210,6 +225,8 @@ def _shape_of(tp: Any, value: Any) -> bool:
         return isinstance(value, list)
     if origin is dict or section_type(tp) is not None:
         return isinstance(value, Mapping)
+    if tp in (str, float):
+        return isinstance(value, tp)
     return False
 
 
@@ -227,6 +244,7 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
         RecipeError: On the first problem found, naming ``recipe_file`` and the field.
     """
     check = _Checker(recipe_file)
+    data = _named(check, data)
     check.each_field(RecipeConfig, data)
     config = from_json(RecipeConfig, data)
     if config.task == AUTO:  # resolved here, from the checkpoint's config.json (data only)
@@ -254,6 +272,22 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
     if refused is not None:
         check.fail("weights", refused)
     return Recipe(name=config.name, file=recipe_file, data=to_json(config), checkpoint=checkpoint)
+
+
+def _named(check: _Checker, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``data`` with ``name`` set to the recipe file's stem when it has none; an unsafe stem
+    is recorded as the reason ``name`` is missing."""
+    if not isinstance(data, Mapping) or data.get("name", REQUIRED) != REQUIRED:
+        return data
+    try:
+        stem = name_from_file(check.file)
+    except Invalid as e:
+        check.missing["name"] = e.reason
+        return data
+    if stem is None:
+        return data
+    log.info("name: %s (the recipe file's stem)", stem)
+    return {**data, "name": stem}
 
 
 def _check_checkpoint(check: _Checker, checkpoint: Path) -> None:
@@ -285,9 +319,12 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
     if not isinstance(target, str) or not target:
         check.fail("model._target_", "missing required field (import path of the model factory)")
     _check_targets(check, "model", r.model)
+    task = TASKS.get(r.task)
+    decoding = r.task == TEXT_GENERATION or (task is not None and bool(task.graphs))
+    if decoding and (missing := decoding_task_missing(r.task)):
+        check.fail("task", missing)
     if r.task == TEXT_GENERATION and not r.generation.prompts:
         check.fail("generation.prompts", f"task {TEXT_GENERATION} needs at least one prompt")
-    task = TASKS.get(r.task)
     if task is not None and task.graphs:  # the encoder-decoders: an encoder and a decoder graph
         if not r.generation.prompts:
             check.fail("generation.prompts", f"task {r.task} needs at least one prompt")
@@ -340,6 +377,59 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
         )
     for i, op in enumerate(r.custom_ops):
         _check_import(check, f"custom_ops[{i}].symbolic", op.symbolic)
+    if r.target.onnxruntime is not None:  # a string: a number is refused by its check
+        _check_target_runtime(check, r, str(r.target.onnxruntime))
+
+
+def written_opsets(r: RecipeConfig) -> dict[str, int]:
+    """The opset imports the recipe's published models carry: the default domain (24 with
+    ``rewrite.fuse: standard``, which re-declares the model), the functions', ONNX Runtime's
+    (its fused kernels, its quantized MatMuls) and each custom op's."""
+    opsets = {
+        "": PROMOTED_OPSET if r.rewrite.fuse == STANDARD_FUSION else r.opset,
+        FUNCTION_DOMAIN: 1,
+    }
+    if r.rewrite.fuse not in (NO_FUSION, STANDARD_FUSION) or r.quantize.method != NO_QUANTIZATION:
+        opsets[QUANTIZED_DOMAIN] = 1
+    for op in r.custom_ops:
+        domain = op.name.partition("::")[0]
+        opsets[domain] = max(op.opset, opsets.get(domain, op.opset))
+    return opsets
+
+
+def _check_target_runtime(check: _Checker, r: RecipeConfig, release: str) -> None:
+    """Refuse what ONNX Runtime ``release`` cannot load (``target.onnxruntime``), before the
+    export; say at WARNING what cannot be told."""
+    opsets = written_opsets(r)
+    ir_version = lowest_ir_version(opsets, functions=True)
+    refused = onnxruntime_refusal(release, opsets[""], ir_version)
+    if refused is not None:
+        why = (
+            " (rewrite.fuse=standard re-declares the model at it)" if opsets[""] != r.opset else ""
+        )
+        check.fail("target.onnxruntime", f"{refused}{why}")
+    if onnxruntime_beyond_table(release):
+        log.warning(
+            "%s: target.onnxruntime=%s is newer than the releases whose limits hyperexport knows "
+            "(up to %s): opset %d at IR %d is not checked against it",
+            check.file,
+            release,
+            ONNXRUNTIME_LOADS[-1].release,
+            opsets[""],
+            ir_version,
+        )
+    if QUANTIZED_DOMAIN in opsets and onnxruntime_older_than_installed(release):
+        log.warning(
+            "%s: target.onnxruntime=%s is older than the installed onnxruntime %s, which chooses "
+            "the ONNX Runtime kernels the build writes (rewrite.fuse=%s, quantize.method=%s) "
+            "and runs them; whether %s has them is not checked",
+            check.file,
+            release,
+            installed_version("onnxruntime"),
+            r.rewrite.fuse,
+            r.quantize.method,
+            release,
+        )
 
 
 #: Keys of a ``_target_`` mapping that Hydra reads itself: not arguments of the target.

@@ -15,9 +15,9 @@ def test_every_missing_unknown_and_invalid_field_is_named_in_one_error() -> None
     with pytest.raises(RecipeErrors) as e:
         validate_recipe(data, "/r/mine.yaml")
     fields = [err.field for err in e.value.errors]
-    assert fields == ["opsett", "name", "inputs", "hiera", "dynamo", "check.atol"]
+    assert fields == ["opsett", "inputs", "hiera", "dynamo", "check.atol"]  # name: the stem
     lines = str(e.value).splitlines()
-    assert lines[0] == "recipe /r/mine.yaml: 6 fields refused:"
+    assert lines[0] == "recipe /r/mine.yaml: 5 fields refused:"
     assert lines[1] == "  field 'opsett': unknown key; did you mean 'opset'?"
     assert "  field 'dynamo': missing required field (true or false)" in lines
     assert e.value.field == "opsett"  # a RecipeError still: the first field, for callers
