@@ -8,8 +8,10 @@ past/present KV, dynamic batch/sequence/past) exported on the TorchScript path:
 * **flat**: a plain ``torch.onnx.export(dynamo=False)`` of the same step model (no functions);
 * **fused** (with ``--fuse``): the hierarchical model with ``attention.implementation:
   hyperexport`` and ``rewrite.fuse: onnxruntime`` (GroupQueryAttention over the past,
-  RotaryEmbedding, SkipSimplifiedLayerNormalization inside the layer function; no shared KV
-  buffer yet);
+  RotaryEmbedding, SkipSimplifiedLayerNormalization inside the layer function; the pasts are
+  onnxruntime-genai's shared buffers, ``past_present_share_buffer: true``), and **fused int4**,
+  that model quantized as ``quantize.method=int4_block`` does (``MatMulNBits`` in the function,
+  blocks of 32, ``accuracy_level`` 4, the builder's CPU settings);
 * **builder fp32 / int4** (with ``--builder fp32 int4``, a reference figure): onnxruntime-genai's
   own model builder (``python -m onnxruntime_genai.models.builder -e cpu``) run on the same
   checkpoint, saved with ``save_pretrained`` and a word-level ``tokenizer.json`` over the
@@ -105,9 +107,13 @@ def export_both(model: Any, folder: Path, fuse: bool = False) -> dict[str, Path]
             attention=AttentionOptions("hyperexport"),
             rewrite=RewriteOptions(fuse="onnxruntime"),
         )
+    # The fused model's pasts are onnxruntime-genai's shared buffers (passes/share_kv_buffer.py).
+    shared = json.loads(json.dumps(genai))
+    shared["search"]["past_present_share_buffer"] = True
     for target in (*variants, flat):
         target.mkdir(parents=True)
-        (target / "genai_config.json").write_text(json.dumps(genai))
+        config = shared if target == fused else genai
+        (target / "genai_config.json").write_text(json.dumps(config))
     with explicit_kv_layers(model):
         for target, options in variants.items():
             export_hyper_onnx(
@@ -137,7 +143,26 @@ def export_both(model: Any, folder: Path, fuse: bool = False) -> dict[str, Path]
         opset_version=18,
         dynamo=False,
     )
-    return {"hierarchical": hier, "flat": flat, **({"fused": fused} if fuse else {})}
+    if not fuse:
+        return {"hierarchical": hier, "flat": flat}
+    fused_int4 = folder / "fused_int4"
+    quantize_fused(fused, fused_int4, shared)
+    return {"hierarchical": hier, "flat": flat, "fused": fused, "fused int4": fused_int4}
+
+
+def quantize_fused(fused: Path, target: Path, genai: dict[str, Any]) -> None:
+    """The fused model quantized as ``quantize.method=int4_block`` does (blocks of 32, the
+    builder's CPU ``accuracy_level`` 4), into ``target`` with the same genai config."""
+    import onnx_ir as ir
+
+    from hyperexport.model_file import save_model
+    from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
+
+    model = ir.load(fused / "model.onnx")
+    QuantizeMatMulsPass("int4_block", 32, (), 4)(model)
+    target.mkdir(parents=True)
+    save_model(model, target / "model.onnx", external_data=True)
+    (target / "genai_config.json").write_text(json.dumps(genai))
 
 
 def write_tokenizer(folder: Path, vocab: int) -> None:

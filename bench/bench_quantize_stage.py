@@ -87,7 +87,7 @@ def main() -> None:
         MatMulNBitsQuantizer,
     )
 
-    from hyperexport.engine.stage import StageInputs, recipe_slice
+    from hyperexport.engine.stage import StageInputs, config_slice
     from hyperexport.product.builds.session import run_build
     from hyperexport.product.config import compose_recipe
     from hyperexport.product.stages import PIPELINE, model_loader
@@ -114,11 +114,11 @@ def main() -> None:
         _flat_export(recipe, flat)
 
         stage = QuantizeStage()
-        params = recipe_slice(recipe.data, stage.reads)
+        params = config_slice(recipe.data, stage.reads)
         inputs = StageInputs(
             upstream={"rewrite": published, "trace": published},
             model=lambda: None,
-            recipe_file=recipe.file,
+            source=recipe.file,
         )
         level = int(recipe.data["quantize"]["accuracy_level"])
         times: dict[str, list[tuple[float, float]]] = {"stage": [], "ort": []}

@@ -29,6 +29,7 @@ from hyperexport.base.contracts.records import (
 from hyperexport.base.errors import RewriteError
 from hyperexport.options import PER_TYPE
 from hyperexport.passes.compose_functions import CHILD_INDEX
+from hyperexport.passes.share_kv_buffer import shared_buffer_inputs
 
 
 def _call_sites(
@@ -129,6 +130,7 @@ def build_manifest(
         if probe
         else (),
         fusion=fusion,
+        kv_buffers=tuple(sorted(shared_buffer_inputs(model).items())),
     )
 
 

@@ -300,9 +300,10 @@ def _to_4d(op, x, heads: int):  # type: ignore[no-untyped-def]
 class CachedAttentionRule(pattern.RewriteRuleClassBase):
     """Attention over ``Concat(past, new)`` keys and values (a decoder layer's step with its KV
     cache, ``transformers/kv_layers.py``) -> GroupQueryAttention taking the past as
-    ``past_key``/``past_value``; its ``present_key``/``present_value`` (past and new, not
-    sharing a buffer: onnxruntime-genai's ``past_present_share_buffer: false``) replace the
-    concatenations wherever they were used (the step's present outputs)."""
+    ``past_key``/``past_value``; its ``present_key``/``present_value`` (past and new) replace the
+    concatenations wherever they were used (the step's present outputs). In onnxruntime-genai's
+    generation step the pasts then become shared buffers (``share_kv_buffer.py``, the next
+    entry of the pass list), which this rule's form already is for a past of exact length."""
 
     def __init__(self, masked: bool) -> None:
         super().__init__(f"CachedAttentionKernel{'Masked' if masked else ''}")

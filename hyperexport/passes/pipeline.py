@@ -22,7 +22,7 @@ from onnx_ir.passes.common import (
 
 from hyperexport.base.contracts.bundle import BUNDLE_JSON, CAPTURE_RECORD, ExportBundle
 from hyperexport.base.contracts.manifest import ExportManifest
-from hyperexport.base.contracts.names import NO_FUSION, UNITS_DIR
+from hyperexport.base.contracts.names import NO_FUSION, ONNXRUNTIME_FUSION, UNITS_DIR
 from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.base.errors import RewriteError
 from hyperexport.options import PER_INSTANCE, ExportOptions
@@ -94,6 +94,13 @@ def _fuse(inputs: PassInputs) -> ir.passes.PassBase:
     return FuseOpsPass(inputs.options.rewrite.fuse)
 
 
+def _share_kv_buffer(inputs: PassInputs) -> ir.passes.PassBase:
+    # A generation step's pasts as onnxruntime-genai's shared buffers; nothing elsewhere.
+    from hyperexport.passes.share_kv_buffer import ShareKVBufferPass
+
+    return ShareKVBufferPass()
+
+
 #: The pipeline, in order.
 PASSES: tuple[PassEntry, ...] = (
     PassEntry(
@@ -125,6 +132,11 @@ PASSES: tuple[PassEntry, ...] = (
         "fuse",
         lambda i: i.options.rewrite.fuse != NO_FUSION,
         _fuse,
+    ),
+    PassEntry(
+        "share_kv_buffer",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _share_kv_buffer,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),

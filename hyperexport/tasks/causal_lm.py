@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.base.contracts.input_specs import input_spec
+from hyperexport.base.contracts.names import HYPEREXPORT_ATTENTION, ONNXRUNTIME_FUSION
 from hyperexport.base.errors import RecipeError
-from hyperexport.tasks.genai_config import context_length, kv_shape
+from hyperexport.tasks.genai_config import SHARE_BUFFER, context_length, kv_shape
 from hyperexport.tasks.kv import KINDS, kv_input, past_name
 from hyperexport.tasks.task import Scoped
 
@@ -151,6 +152,18 @@ def generation_task(
         yield step, step_params(params, config, dtype)
 
 
+def shares_kv_buffer(params: Mapping[str, Any]) -> bool:
+    """Whether the rewrite makes the step's pasts onnxruntime-genai's shared buffers, which the
+    trace reads for ``genai_config.json``'s ``past_present_share_buffer``: with ``rewrite.fuse:
+    onnxruntime`` and each attention call exported as one node (``attention.implementation:
+    hyperexport``), which the fusion makes a GroupQueryAttention over the past and
+    ``passes/share_kv_buffer.py`` gives the buffers (or the rewrite fails, saying why). Without
+    such nodes the attention stays plain ops over concatenated pasts, not shared."""
+    fused = (params.get("rewrite") or {}).get("fuse") == ONNXRUNTIME_FUSION
+    nodes = (params.get("attention") or {}).get("implementation") == HYPEREXPORT_ATTENTION
+    return bool(fused and nodes)
+
+
 class CausalLMModel:
     """``task: text-generation``'s :class:`~hyperexport.tasks.task.TaskModel`: one graph, the
     step model, judged by a decode in onnxruntime-genai."""
@@ -165,6 +178,8 @@ class CausalLMModel:
 
         config = require_causal_lm(model, recipe_file)
         check_prompts(params, config, recipe_file)
+        if shares_kv_buffer(params):
+            config = {**config, SHARE_BUFFER: True}
         write_genai_files(config, params["model"], out_dir, recipe_file)
         record_causal_lm(model, config, params["generation"], out_dir)
 

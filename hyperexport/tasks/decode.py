@@ -71,7 +71,9 @@ def session(path: Path) -> Any:
     """An ONNX Runtime session of the model at ``path`` on the CPU."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    from hyperexport.check.ort_session import session_options
+
+    return ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
 
 
 def empty_past(

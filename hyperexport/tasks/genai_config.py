@@ -37,6 +37,12 @@ GENAI_MODEL_TYPES: Mapping[str, str] = {
 }
 
 
+#: Not a checkpoint key: set (True) in the config handed to :func:`build_genai_config` when the
+#: model's pasts are onnxruntime-genai's shared buffers (``rewrite.fuse: onnxruntime``,
+#: ``passes/share_kv_buffer.py``); absent otherwise, so nothing else changes.
+SHARE_BUFFER = "past_present_share_buffer"
+
+
 #: Every key of a checkpoint's config that :func:`build_genai_config` reads: the trace records
 #: them beside the reference decode (:func:`genai_source`), and the check builds
 #: ``genai_config.json`` again from them to judge the published one.
@@ -54,6 +60,7 @@ GENAI_SOURCE_KEYS = (
     "eos_token_id",
     "bos_token_id",
     "pad_token_id",
+    SHARE_BUFFER,
 )
 
 
@@ -170,7 +177,8 @@ def build_genai_config(
         "no_repeat_ngram_size": 0,
         "num_beams": 1,
         "num_return_sequences": 1,
-        "past_present_share_buffer": False,
+        # One buffer per past and present, max_length long, written in place.
+        "past_present_share_buffer": bool(config.get(SHARE_BUFFER, False)),
         "repetition_penalty": 1.0,
         "temperature": 1.0,
         "top_k": 1,

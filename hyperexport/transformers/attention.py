@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hyperexport.base.contracts.names import BUILTIN_ATTENTION
+from hyperexport.base.contracts.names import BUILTIN_ATTENTION, HYPEREXPORT_ATTENTION
 from hyperexport.base.errors import HyperExportError
 from hyperexport.transformers.attention_onnx import (
     attention_translation_table,
@@ -31,7 +31,7 @@ from hyperexport.transformers.attention_op import attention
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMPLEMENTATION = "hyperexport"
+DEFAULT_IMPLEMENTATION = HYPEREXPORT_ATTENTION
 
 
 def hyperexport_attention_forward(

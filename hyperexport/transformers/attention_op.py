@@ -28,6 +28,8 @@ from collections.abc import Callable
 
 import torch
 
+from hyperexport.base.versions import torch_library_has_custom_op
+
 OP_NAMESPACE = "hyperexport"
 OP_NAME = "attention"
 QUALIFIED_NAME = f"{OP_NAMESPACE}::{OP_NAME}"
@@ -126,7 +128,10 @@ def attention_op() -> Callable[..., torch.Tensor]:
         shape = (*query.shape[:-1], value.shape[-1])
         return query.new_empty(shape, dtype=value.dtype)
 
-    torch.library.register_fake(QUALIFIED_NAME, fake, lib=library)
+    if torch_library_has_custom_op():
+        torch.library.register_fake(QUALIFIED_NAME, fake, lib=library)
+    else:  # torch 2.2 and 2.3: the same registration under its earlier name
+        torch.library.impl_abstract(QUALIFIED_NAME, fake, lib=library)
     _LIBRARIES.append(library)
     return getattr(torch.ops, OP_NAMESPACE).attention.default
 

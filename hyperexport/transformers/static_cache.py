@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyperexport.base.versions import torch_compiler_flags
+
 
 def size_of(count: torch.Tensor, at_most: int) -> int:
     """The integer in 0-d ``count`` as a size: a plain int eagerly, an unbacked size (bounded by
@@ -113,9 +115,22 @@ class ExplicitKVCacheModel(nn.Module):
         return [torch.zeros(batch, heads, 0, head_dim, dtype=dtype)] * (2 * self.num_layers)
 
 
+def _torch_exporting() -> bool:
+    """Whether ``torch.export`` is tracing right now: ``torch.compiler.is_exporting()``; before
+    torch 2.7, ``torch.compiler.is_compiling()``, which ``torch.export`` sets too (hyperexport
+    compiles only through it); False on torch 2.2, which has neither and where the dynamo path
+    is refused (``versions.TORCH_COMPILER_HAS_IS_EXPORTING``)."""
+    has_is_exporting, has_is_compiling = torch_compiler_flags()
+    if has_is_exporting:
+        return bool(torch.compiler.is_exporting())
+    if has_is_compiling:
+        return bool(torch.compiler.is_compiling())
+    return False
+
+
 def _exporting() -> bool:
     """Whether an ONNX export (either path) or ``torch.export`` is tracing right now."""
-    return bool(torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting())
+    return bool(torch.onnx.is_in_onnx_export() or _torch_exporting())
 
 
 class _FixedCacheAPI:
@@ -299,7 +314,7 @@ class StaticCache(_FixedCacheAPI, torch.Tensor):
         The TorchScript tracer takes the subclass itself; ``torch.export`` cannot make a plain
         subclass of its fake tensors, so there the unit gets a :class:`StaticCacheView`.
         """
-        if torch.compiler.is_exporting():
+        if _torch_exporting():
             return StaticCacheView(tensor)
         return tensor.as_subclass(cls)
 

@@ -20,9 +20,13 @@ from hyperexport.passes.ort_kernels import gqa_takes_query_seqlens
 from hyperexport.product.config import compose_recipe, validate_recipe
 from hyperexport.product.config.schema import Recipe
 from tests.helpers.builds import build
+from tests.helpers.release_skips import NEEDS_HYPEREXPORT_ATTENTION, NEEDS_OPSET_18
 
 PATHS = [False, True]
 PATH_IDS = ["torchscript", "dynamo"]
+
+#: Each test fuses attention exported by hyperexport's own attention, at opset 18 or more.
+pytestmark = [NEEDS_HYPEREXPORT_ATTENTION, NEEDS_OPSET_18]
 
 
 def _recipe(overrides: list[str], expect_ops: dict[str, int]) -> Recipe:
@@ -161,8 +165,9 @@ def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
     fusion: str, dynamo: bool, tmp_path: Path
 ) -> None:
     """The decoder layer's step with its KV cache: GroupQueryAttention takes the past as
-    past_key/past_value and gives the presents (no shared buffer), so the step function keeps its
-    inputs and outputs; onnxruntime-genai decodes the published folder token for token as
+    past_key/past_value and gives the presents, in onnxruntime-genai's shared buffer with
+    ``onnxruntime`` (``passes/share_kv_buffer.py``), so the step function keeps its inputs and
+    outputs; onnxruntime-genai decodes the published folder token for token as
     transformers does (the evaluate and check stages), the left-padded batch included."""
     recipe = _recipe(
         [
@@ -194,4 +199,20 @@ def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
     ]  # fmt: skip
     assert len(function.output) == 3
     config = json.loads((outcome.out_dir / "genai_config.json").read_text())
-    assert config["search"]["past_present_share_buffer"] is False
+    # onnxruntime: the pasts are onnxruntime-genai's shared buffers (the decode above ran so),
+    # the check fed them padded (check/kv_buffer.py); standard: concatenated, as before.
+    shared = fusion == "onnxruntime"
+    assert config["search"]["past_present_share_buffer"] is shared
+    assert config["search"]["max_length"] == config["model"]["context_length"]
+    kv = [
+        f"past_key_values.{i}.{k}" for i in range(len(manifest["calls"])) for k in ("key", "value")
+    ]
+    graph_inputs = [i.name for i in model.graph.input]
+    expected = (
+        {"": [graph_inputs.index(name) for name in kv], function.name: [4, 5]} if shared else None
+    )
+    assert manifest.get("kv_buffers") == expected
+    metadata = {p.key: p.value for p in model.metadata_props}
+    assert metadata.get("hyperexport.kv_buffer") == ("shared" if shared else None)
+    html = (outcome.out_dir / "report.html").read_text()
+    assert ("shared buffers (past_present_share_buffer)" in html) is shared

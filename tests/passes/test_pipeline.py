@@ -3,6 +3,7 @@ each one's ``modified`` is honest, and how a failing pass is reported."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +72,16 @@ def test_default_options_run_only_the_passes_every_model_needs(bundle: Bundle) -
 def test_every_option_adds_its_pass_in_the_declared_place(bundle: Bundle) -> None:
     _, inputs = _inputs(bundle, EVERYTHING)
     names = [name for name, _ in selected_passes(inputs)]
-    skipped = set() if bundle[1].function_mode == "per_instance" else {"specialize_instances"}
+    # share_kv_buffer follows fuse only with fuse=onnxruntime (EVERYTHING fuses standard).
+    skipped = {"share_kv_buffer"}
+    if bundle[1].function_mode != "per_instance":
+        skipped.add("specialize_instances")
     assert names == [entry.name for entry in PASSES if entry.name not in skipped]
     assert names.index("optimize") < names.index("fuse_constants") < names.index("fold_leftovers")
+    rewrite = dataclasses.replace(EVERYTHING.rewrite, fuse="onnxruntime")
+    _, inputs = _inputs(bundle, dataclasses.replace(EVERYTHING, rewrite=rewrite))
+    names = [name for name, _ in selected_passes(inputs)]
+    assert names.index("share_kv_buffer") == names.index("fuse") + 1
 
 
 @pytest.mark.parametrize("options", [ExportOptions(), EVERYTHING], ids=["default", "everything"])

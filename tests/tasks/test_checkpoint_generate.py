@@ -12,6 +12,10 @@ import pytest
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS
+
+#: Each test builds or runs a decoding task.
+pytestmark = NEEDS_DECODING_TASKS
 
 PROMPTS = [[17, 93, 41, 8, 120, 66, 5], [71, 30, 99, 12]]
 

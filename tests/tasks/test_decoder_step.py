@@ -13,6 +13,10 @@ import yaml
 from hyperexport.product.config import RECIPES_DIR
 from hyperexport.tasks.steps import DecoderStep
 from hyperexport.zoo import random_transformer
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS
+
+#: Each test builds or runs a decoding task.
+pytestmark = NEEDS_DECODING_TASKS
 
 BATCH, NEW, PAST, ENCODER = 2, 3, 3, 5
 

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from hyperexport.base.errors import RecipeError
+from hyperexport.tasks.causal_lm import shares_kv_buffer
 from hyperexport.tasks.genai_config import (
     GENAI_MODEL_TYPES,
     GENAI_SOURCE_KEYS,
+    SHARE_BUFFER,
     build_genai_config,
     genai_config_problems,
     genai_source,
@@ -43,6 +45,25 @@ def test_the_config_names_the_shapes_tokens_and_io_of_the_export() -> None:
     assert decoder["outputs"]["present_value_names"] == "present.%d.value"
     assert genai["search"]["past_present_share_buffer"] is False
     assert genai["search"]["max_length"] == 96 and genai["search"]["do_sample"] is False
+
+
+def test_a_shared_kv_buffer_is_said_and_recorded_with_the_models_keys() -> None:
+    """The trace sets it (rewrite.fuse: onnxruntime over attention nodes); the recorded
+    source keeps it, so the quantize stage's config and the check's rebuilt one say it too;
+    absent, the config is what it was."""
+    shared = {**LLAMA, SHARE_BUFFER: True}
+    genai = build_genai_config(shared, model_file="model.onnx")
+    assert genai["search"]["past_present_share_buffer"] is True
+    assert genai["search"]["max_length"] == genai["model"]["context_length"] == 96
+    assert genai_source(shared)[SHARE_BUFFER] is True and SHARE_BUFFER not in genai_source(LLAMA)
+    assert build_genai_config(genai_source(shared), model_file="model.onnx") == genai
+    assert shares_kv_buffer(
+        {"rewrite": {"fuse": "onnxruntime"}, "attention": {"implementation": "hyperexport"}}
+    )
+    assert not shares_kv_buffer({"rewrite": {"fuse": "onnxruntime"}, "attention": {}})
+    assert not shares_kv_buffer(
+        {"rewrite": {"fuse": "standard"}, "attention": {"implementation": "hyperexport"}}
+    )
 
 
 def test_an_explicit_head_dim_wins_over_hidden_by_heads() -> None:

@@ -21,6 +21,10 @@ from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import RECIPES_DIR, compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
 from hyperexport.tasks.judge import MIN_DISTINCT
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS
+
+#: Each test builds or runs a decoding task.
+pytestmark = NEEDS_DECODING_TASKS
 
 GENERATE = sorted(p.stem for p in RECIPES_DIR.glob("zoo_*_generate.yaml"))
 FAST = {("zoo_llama_generate", False)}

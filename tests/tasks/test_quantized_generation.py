@@ -17,7 +17,11 @@ from hyperexport.base.errors import RecipeError
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.config import compose_recipe, validate_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS
 from tests.helpers.statuses import statuses
+
+#: Each test builds or runs a decoding task.
+pytestmark = NEEDS_DECODING_TASKS
 
 RECIPE = "zoo_llama_generate"
 #: recipes/base/generate.yaml's prompts.

@@ -88,6 +88,10 @@ class ExportManifest:
             model) or ``onnxruntime`` (ONNX Runtime's contrib kernels: the model runs in ONNX
             Runtime only). ``none`` is absent from the JSON (manifests from before the field
             read as ``none``).
+        kv_buffers: With a generation step's pasts made onnxruntime-genai's shared buffers
+            (``passes/share_kv_buffer.py``): ``(owner, input positions)`` of the buffer inputs,
+            owner ``""`` the main graph, else a function's name. The check feeds them padded
+            (``check/kv_buffer.py``). Empty otherwise, and then absent from the JSON.
     """
 
     dynamo: bool
@@ -101,12 +105,21 @@ class ExportManifest:
     probe_inputs: tuple[str, ...] = ()
     probe_outputs: tuple[str, ...] = ()
     fusion: str = "none"
+    kv_buffers: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def buffers_of(self, owner: str) -> tuple[int, ...]:
+        """The buffer input positions of ``owner`` (``""``: the main graph); empty if none."""
+        return dict(self.kv_buffers).get(owner, ())
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         # Without a fusion the JSON is what it was before the fields existed, byte for byte.
         if self.fusion == NO_FUSION:
             del data["fusion"]
+        if self.kv_buffers:
+            data["kv_buffers"] = {owner: list(inputs) for owner, inputs in self.kv_buffers}
+        else:
+            del data["kv_buffers"]
         for entry in data["functions"]:
             if entry["fused_ops"]:
                 entry["fused_ops"] = dict(entry["fused_ops"])
@@ -149,6 +162,10 @@ class ExportManifest:
             probe_inputs=tuple(data.get("probe_inputs", ())),
             probe_outputs=tuple(data.get("probe_outputs", ())),
             fusion=data.get("fusion", "none"),
+            kv_buffers=tuple(
+                (owner, tuple(int(i) for i in inputs))
+                for owner, inputs in sorted(data.get("kv_buffers", {}).items())
+            ),
         )
 
     def dumps(self) -> str:

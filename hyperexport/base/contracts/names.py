@@ -98,15 +98,19 @@ SEQ2SEQ_GRAPHS = ("encoder", "decoder")
 #: safetensors files one hiera module at a time (``docs/streaming.md``), or ``auto``: stream
 #: only when loading would not fit.
 WEIGHTS_MODES = (AUTO, WEIGHTS_LOAD, WEIGHTS_STREAM) = (AUTO, "load", "stream")
-#: ``rewrite.fuse`` (``RewriteOptions.fuse``) that fuses nothing, and the one that makes ONNX's own
-#: fused ops (opset 24); the value set is ``options.Fusion``.
+#: ``rewrite.fuse`` (``RewriteOptions.fuse``) that fuses nothing, the one that makes ONNX's own
+#: fused ops (opset 24), and ONNX Runtime's contrib kernels; the value set is ``options.Fusion``.
 NO_FUSION = "none"
 STANDARD_FUSION = "standard"
+ONNXRUNTIME_FUSION = "onnxruntime"
 #: ``quantize.method`` that quantizes nothing (the default): the quantize stage writes nothing.
 NO_QUANTIZATION = "none"
 #: transformers' own attention implementations: hyperexport registers its entry under another
 #: name (recipe validation, ``AttentionOptions``, ``transformers/attention.py``).
 BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
+#: ``attention.implementation`` that exports each attention call as one node
+#: (``transformers/attention.py`` registers it; the ONNX Runtime fusion makes it GroupQueryAttention).
+HYPEREXPORT_ATTENTION = "hyperexport"
 
 # -- tensor keys of a capture -------------------------------------------------------------------
 #: Prefix of the tensors recorded by the second run at ``check_shape`` (dynamic axes).

@@ -13,8 +13,6 @@ a record with another model.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,27 +34,13 @@ from hyperexport.tasks.registry import quantize_published, task_named
 log = logging.getLogger(__name__)
 
 
-def _save(model: Any, path: Path, *, external_data: bool, threshold: int) -> None:
-    """Write ``model`` (every tensor it still uses, nothing else) atomically: data, then model."""
-    import onnx_ir as ir
-
-    data_name = f"{path.name}.data"
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        staged = Path(tmp) / path.name
-        if external_data:
-            ir.save(model, staged, external_data=data_name, size_threshold_bytes=threshold)
-            if (Path(tmp) / data_name).exists():
-                os.replace(Path(tmp) / data_name, path.parent / data_name)
-        else:
-            ir.save(model, staged)
-        os.replace(staged, path)
-
-
 class QuantizeStage(RecipeStage):
     """``QuantizeMatMulsPass`` on the rewrite's model (compared with it by ``evaluate``)."""
 
     name: str = "quantize"
-    version: int = 3  # 3: accuracy_level; genai_config.json of text-generation
+    # 3: accuracy_level; genai_config.json of text-generation; 4: written by
+    # model_file.save_compact, at the lowest IR version carrying its opsets
+    version: int = 4
     #: ``trace``: the model config the quantized ``genai_config.json`` is built from.
     upstream: tuple[str, ...] = ("rewrite", "trace")
     #: Derived from the schema: the recipe fields that declare "quantize" among their readers.
@@ -88,6 +72,7 @@ class QuantizeStage(RecipeStage):
         import onnx_ir as ir
 
         from hyperexport.base.contracts.manifest import ExportManifest
+        from hyperexport.model_file import save_compact
         from hyperexport.passes.quantize_manifest import function_inputs, quantized_manifest
         from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
 
@@ -112,7 +97,7 @@ class QuantizeStage(RecipeStage):
             )
         _refuse_unsupported(model, q.method, q.accuracy_level, recipe)
         quantized = quantized_manifest(manifest, before, model)
-        _save(
+        save_compact(
             model,
             out_dir / QUANTIZED_MODEL_FILE,
             external_data=recipe_config.external_data,

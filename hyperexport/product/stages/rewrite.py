@@ -25,8 +25,9 @@ class RewriteStage(RecipeStage):
     """
 
     name: str = "rewrite"
-    # 4: the model records the library versions it was built with; 5: reads task (its graphs)
-    version: int = 5
+    # 4: the model records the library versions it was built with; 5: reads task (its graphs);
+    # 6: the model is written at the lowest IR version carrying its opsets (model_file.py)
+    version: int = 6
     upstream: tuple[str, ...] = ("export",)
     #: Derived from the schema: the recipe fields that declare "rewrite" among their readers.
     reads: tuple[str, ...] = stage_reads(name)

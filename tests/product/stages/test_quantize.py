@@ -23,7 +23,11 @@ from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.config import BuildSettings, Recipe, compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.release_skips import NEEDS_QWEN3
 from tests.helpers.statuses import statuses
+
+#: The tests quantize recipes/zoo_qwen3.yaml.
+pytestmark = NEEDS_QWEN3
 
 RECIPE = ["recipe=zoo_qwen3", "functions=per_type", "dynamic=none"]
 
@@ -249,12 +253,15 @@ def test_evaluate_runs_the_float_model_once_for_both_comparisons(
 ) -> None:
     """The quantized model is compared with the float model's outputs the evaluation computed
     (and judged against torch): the float model is not run a second time."""
-    from hyperexport.check import model_evaluator, parity
+    from hyperexport.check import model_evaluator, whole_model_runs
 
     tmp_path, _ = built
     ran: list[str] = []
     calls: list[str] = []
-    end_to_end, run_functions = parity.run_end_to_end, model_evaluator.ModelEvaluator.run_functions
+    end_to_end, run_functions = (
+        whole_model_runs.run_end_to_end,
+        model_evaluator.ModelEvaluator.run_functions,
+    )
 
     def counting_end_to_end(path: Path, *args: Any, **kwargs: Any) -> Any:
         ran.append(Path(path).name)
@@ -266,7 +273,7 @@ def test_evaluate_runs_the_float_model_once_for_both_comparisons(
         calls.append(f"{self.model_path.name}: {len(self.function_runs()) - before}")
         return runs
 
-    monkeypatch.setattr(parity, "run_end_to_end", counting_end_to_end)
+    monkeypatch.setattr(whole_model_runs, "run_end_to_end", counting_end_to_end)
     monkeypatch.setattr(model_evaluator, "run_end_to_end", counting_end_to_end)
     monkeypatch.setattr(model_evaluator.ModelEvaluator, "run_functions", counting_functions)
     outcome = _build(tmp_path, "quantize.method=int4_block", force=("evaluate",))
