@@ -73,6 +73,19 @@ def _parents() -> dict[int, int]:
     return parents
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and of its waited-for children (0 once gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    rest = stat[stat.rfind(")") + 2 :].split()  # rest[0] is field 3 (state)
+    return sum(int(v) for v in rest[11:15]) / _TICKS  # utime, stime, cutime, cstime
+
+
 def process_tree(root: int) -> list[int]:
     """``root`` and every process below it, now."""
     children: dict[int, list[int]] = {}
@@ -94,11 +107,13 @@ class Sample:
     anon: int
     rss: int
     processes: int
+    cpu: float = 0.0  # CPU seconds of the live tree so far (to attribute CPU to a build's stages)
 
 
 def sample(root: int, started: float) -> Sample:
     """Sum ``RssAnon + VmSwap`` and ``VmRSS`` over ``root``'s process tree."""
     anon = rss = count = 0
+    cpu = 0.0
     for pid in process_tree(root):
         status = _status(pid)
         if not status:
@@ -106,7 +121,8 @@ def sample(root: int, started: float) -> Sample:
         count += 1
         anon += status.get("RssAnon", 0) + status.get("VmSwap", 0)
         rss += status.get("VmRSS", 0)
-    return Sample(round(time.monotonic() - started, 3), anon, rss, count)
+        cpu += _cpu_seconds(pid)
+    return Sample(round(time.monotonic() - started, 3), anon, rss, count, round(cpu, 2))
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""Build a model that runs one function alone: inputs, weights as initializers, one call node."""
+"""Build a model that runs one function alone: its data inputs and its weights as graph inputs.
+
+The weights are inputs, not initializers, so that the model holds no tensor and one session
+serves every call of the function (each call fed its own weights, ``check/weight_feeds.py``).
+"""
 
 from __future__ import annotations
 
@@ -35,14 +39,43 @@ def input_signature(arrays: Sequence[np.ndarray]) -> tuple[tuple[str, int], ...]
     return tuple((str(a.dtype), a.ndim) for a in arrays)
 
 
+def weight_signature(model: ir.Model, site: CallSite) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Dtype and shape of each of ``site``'s weights: calls with equal ones share a session.
+
+    Raises:
+        CheckError: When a weight is not a main-graph initializer with a value.
+    """
+    return tuple(
+        (int(tensor.dtype), tuple(tensor.shape.numpy())) for tensor in weight_tensors(model, site)
+    )
+
+
+def weight_tensors(model: ir.Model, site: CallSite) -> list[ir.TensorProtocol]:
+    """The main-graph tensors ``site`` passes as its weights, in order.
+
+    Raises:
+        CheckError: When a weight is not a main-graph initializer with a value.
+    """
+    tensors = []
+    for name in site.weight_inputs:
+        source = model.graph.initializers.get(name)
+        if source is None or source.const_value is None:
+            raise CheckError(
+                f"call {site.call_id}: weight {name!r} is not a main-graph initializer"
+            )
+        tensors.append(source.const_value)
+    return tensors
+
+
 def build_standalone(
     model: ir.Model, site: CallSite, signature: tuple[tuple[str, int], ...]
 ) -> ir.Model:
     """A model whose graph calls ``site``'s function once.
 
     Graph inputs are ``input_<i>`` (one per data input, dtype and rank from ``signature``, every
-    dimension symbolic); the call site's weight inputs become initializers sharing the main
-    graph's tensors; outputs are ``output_<i>``, one per function output.
+    dimension symbolic), then ``weight_<j>`` (one per weight input of the call, with the dtype
+    and shape of ``site``'s weight); outputs are ``output_<i>``, one per function output. Any
+    call of the same function with the same signatures runs on it.
 
     Args:
         model: The final model (its functions and main-graph initializers are reused, not copied).
@@ -71,18 +104,14 @@ def build_standalone(
         )
         for i, (dtype, rank) in enumerate(signature)
     ]
-    weights = []
-    for name in site.weight_inputs:
-        source = model.graph.initializers.get(name)
-        if source is None or source.const_value is None:
-            raise CheckError(
-                f"call {site.call_id}: weight {name!r} is not a main-graph initializer"
-            )
-        weights.append(
-            ir.Value(
-                name=name, type=source.type, shape=source.shape, const_value=source.const_value
-            )
+    weights = [
+        ir.Value(
+            name=f"weight_{j}",
+            type=ir.TensorType(tensor.dtype),
+            shape=ir.Shape(tensor.shape.numpy()),
         )
+        for j, tensor in enumerate(weight_tensors(model, site))
+    ]
     node = ir.Node(
         site.domain, site.name, inputs=[*inputs, *weights], num_outputs=len(function.outputs)
     )
@@ -91,10 +120,9 @@ def build_standalone(
     opsets = dict(model.opset_imports)
     opsets.setdefault(site.domain, 1)
     graph = ir.Graph(
-        inputs,
+        [*inputs, *weights],
         node.outputs,
         nodes=[node],
-        initializers=weights,
         opset_imports=opsets,
         name=f"check_{site.name}",
     )

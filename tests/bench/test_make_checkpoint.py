@@ -12,6 +12,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from hyperexport.base import versions
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -55,7 +57,9 @@ def test_transformers_loads_every_tensor_as_written(checkpoint: Path) -> None:
     import transformers
     from safetensors import safe_open
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        checkpoint, **{versions.dtype_keyword(): torch.bfloat16}
+    )
     config = transformers.AutoConfig.from_pretrained(checkpoint)
     with torch.device("meta"):
         expected = type(model)(config).state_dict()

@@ -107,3 +107,13 @@ def test_the_exit_code_is_the_commands() -> None:
     )
     assert result.returncode == 3
     assert json.loads(result.stdout.strip().splitlines()[-1])["exit"] == 3
+
+
+def test_the_timeline_counts_cpu_seconds(tmp_path: Path) -> None:
+    timeline = tmp_path / "timeline.jsonl"
+    busy = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    figures = _watch(sys.executable, "-c", busy, timeline=timeline)
+    samples = [json.loads(line) for line in timeline.read_text().splitlines()]
+    cpu = [s["cpu"] for s in samples]
+    assert cpu == sorted(cpu)  # cumulative over the tree's life
+    assert 0.3 < cpu[-1] <= figures["cpu_s"] + 0.05

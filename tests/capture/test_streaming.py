@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from hyperexport import zoo
 from hyperexport.api import capture_model
+from hyperexport.base import versions
 from hyperexport.base.contracts.weight_index import read_weight_index
 from hyperexport.capture.container import Capture
 from hyperexport.capture.streaming import (
@@ -65,7 +66,7 @@ def _llama_from(folder: Path, dtype: torch.dtype) -> Callable[[], torch.nn.Modul
     def build() -> torch.nn.Module:
         config = AutoConfig.from_pretrained(folder)
         config.use_cache = False
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return AutoModelForCausalLM.from_config(config, **{versions.dtype_keyword(): dtype})
 
     return build
 
@@ -73,7 +74,7 @@ def _llama_from(folder: Path, dtype: torch.dtype) -> Callable[[], torch.nn.Modul
 def _eager_llama(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, **{versions.dtype_keyword(): dtype})
     model.config.use_cache = False
     return model.eval()
 
