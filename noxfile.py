@@ -297,3 +297,43 @@ def constraints(session: nox.Session) -> None:
     )
     path.write_text("\n".join([*header, *pins]) + "\n")
     session.log(f"wrote {path.relative_to(REPO)} ({len(pins)} pins)")
+
+
+#: The ONNX Runtime a model built here must still load (``target.onnxruntime``), and the numpy it
+#: was built against: the consumer's environment of ``nox -s onnxruntime-1.16``.
+OLD_RUNTIME = {"onnxruntime": "1.16.3", "numpy": "1.26.4"}
+
+
+@nox.session(name="onnxruntime-1.16", python="3.11", reuse_venv=False)
+def old_runtime(session: nox.Session) -> None:
+    """Models built on the pinned stack load in ONNX Runtime 1.16 and match torch there.
+
+    The virtualenv holds onnxruntime 1.16.3 and numpy 1.x only (the model's consumer); the builds
+    run where nox runs, on the pinned stack, and ``tests/e2e/test_old_runtime.py`` runs each
+    model in that virtualenv through a subprocess (``HYPEREXPORT_OLD_ONNXRUNTIME_PYTHON``),
+    against the reference the build captured. The virtualenv is removed afterwards.
+    """
+    import shutil
+
+    session.install(*(f"{name}=={version}" for name, version in OLD_RUNTIME.items()))
+    venv = Path(str(session.virtualenv.location))
+    start = time.monotonic()
+    try:
+        session.run(
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            str(REPO / "tests" / "e2e" / "test_old_runtime.py"),
+            external=True,
+            env={
+                "PYTHONPATH": str(REPO),
+                "HYPEREXPORT_OLD_ONNXRUNTIME_PYTHON": str(venv / "bin" / "python"),
+            },
+        )
+    finally:
+        shutil.rmtree(venv)
+    session.log(f"onnxruntime-1.16: {round(time.monotonic() - start)} s")

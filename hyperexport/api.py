@@ -20,6 +20,7 @@ from hyperexport.base.contracts.capture_spec import CaptureSpec
 from hyperexport.base.contracts.manifest import ExportManifest
 from hyperexport.base.contracts.records import CaptureRecord, tree_tensor_keys
 from hyperexport.base.errors import OptionsError
+from hyperexport.base.versions import torchscript_opset
 from hyperexport.capture.capture_model import capture_model
 from hyperexport.capture.container import Capture
 from hyperexport.capture.hiera_classes import resolve_hiera
@@ -197,7 +198,7 @@ def export_hyper_onnx(
     kwargs: Mapping[str, Any] | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
-    opset_version: int = DEFAULT_OPSET,
+    opset_version: int | None = None,
     dynamo: bool | None = None,
     hiera: Sequence[type | str] | None = None,
     external_data: bool = False,
@@ -218,7 +219,9 @@ def export_hyper_onnx(
         input_names: Names of the flattened graph inputs (default: from the signature).
         output_names: Names of the flattened graph outputs (default: from the output structure).
             Fewer names than outputs name the first ones; the rest are numbered ``output_<i>``.
-        opset_version: Default-domain opset. TorchScript path: up to 20 on torch 2.13.
+        opset_version: Default-domain opset. TorchScript path: up to 20 on torch 2.13. None:
+            18 (``DEFAULT_OPSET``), or on the TorchScript path the highest its exporter gets
+            right where that is lower (17 on torch 2.2; ``versions.torchscript_opset``).
         dynamo: Which torch exporter to use: ``True`` (``torch.export``, the dynamo exporter) or
             ``False`` (the TorchScript exporter). Required: torch's own default changed in 2.9,
             so there is no default here (:mod:`hyperexport.compat.hyperonnx` keeps HyperONNX's).
@@ -250,6 +253,8 @@ def export_hyper_onnx(
             "(the TorchScript exporter); there is no default, torch's own changed in 2.9",
         )
     _check_model_and_hiera(model, hiera)
+    if opset_version is None:
+        opset_version = DEFAULT_OPSET if dynamo else torchscript_opset(DEFAULT_OPSET)
     request = ExportRequest(
         f=f,
         opset_version=opset_version,

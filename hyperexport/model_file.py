@@ -10,6 +10,11 @@ memory, and the protobuf holds only references, so no size limit applies.
 
 Without external data every tensor is read into the protobuf, which cannot exceed 2 GiB: such a
 model is refused before anything is written.
+
+Every model file hyperexport writes (the rewrite's, the quantize stage's, ``export_hyper_onnx``'s)
+is written here, at the lowest IR version that carries its opsets and local functions
+(:func:`stamped_proto`, ``versions.lowest_ir_version``), whatever IR version the exporter
+gave it: older runtimes load what they can run. Nothing else in the file changes.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import onnx_ir as ir
 
 from hyperexport.base.errors import ResourceError
+from hyperexport.base.versions import lowest_ir_version
 from hyperexport.engine.files import clone_or_copy
 from hyperexport.tensor_slots import TensorSlot, tensor_slots
 
@@ -64,8 +70,25 @@ def _swapped(
             slot.put(slot.tensor)
 
 
+def ir_version_to_write(model: ir.Model) -> int:
+    """The lowest IR version that carries ``model``'s opset imports, its functions' and the
+    functions themselves."""
+    opsets = dict(model.opset_imports)
+    for function in model.functions.values():
+        for domain, version in function.opset_imports.items():
+            opsets[domain] = max(version, opsets.get(domain, version))
+    return lowest_ir_version(opsets, functions=bool(model.functions))
+
+
+def stamped_proto(model: ir.Model) -> Any:
+    """``model`` as an ``onnx.ModelProto`` at :func:`ir_version_to_write` (``model`` unchanged)."""
+    proto = ir.to_proto(model)
+    proto.ir_version = ir_version_to_write(model)
+    return proto
+
+
 def _write_proto(model: ir.Model, path: Path) -> None:
-    path.write_bytes(ir.to_proto(model).SerializeToString())
+    path.write_bytes(stamped_proto(model).SerializeToString())
 
 
 def save_external(
@@ -221,7 +244,7 @@ def serialize_inline(model: ir.Model) -> bytes:
     check_inline_size(total)
     replacements = [_inline(s.tensor) if _external_path(s.tensor) else s.tensor for s in slots]
     result: list[bytes] = []
-    _swapped(slots, replacements, lambda: result.append(ir.to_proto(model).SerializeToString()))
+    _swapped(slots, replacements, lambda: result.append(stamped_proto(model).SerializeToString()))
     return result[0]
 
 
@@ -271,3 +294,21 @@ def save_model(
         save_external(model, path, threshold, consume=consume_bundle, link_unchanged=link_unchanged)
     else:
         save_inline(model, path)
+
+
+def save_compact(model: ir.Model, path: Path, *, external_data: bool, threshold: int) -> None:
+    """Write ``model`` with a fresh data file holding only the tensors it still uses (the
+    quantize stage's model, whose float weights are gone), atomically: data, then model. Its
+    IR version is set to :func:`ir_version_to_write` first (``model`` keeps it)."""
+    path = Path(path)
+    model.ir_version = ir_version_to_write(model)
+    data_name = f"{path.name}.data"
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged = Path(tmp) / path.name
+        if external_data:
+            ir.save(model, staged, external_data=data_name, size_threshold_bytes=threshold)
+            if (Path(tmp) / data_name).exists():
+                os.replace(Path(tmp) / data_name, path.parent / data_name)
+        else:
+            ir.save(model, staged)
+        os.replace(staged, path)

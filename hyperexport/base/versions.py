@@ -1,5 +1,5 @@
-"""The version facts: what each release of torch, transformers, onnx and onnxscript has, and
-the one module that compares their versions (``tests/base/test_versions.py``).
+"""The version facts: what each release of torch, transformers, onnx, onnxscript and
+onnxruntime has, and the one module that compares their versions (``tests/base/test_versions.py``).
 
 Everything else in hyperexport asks this module
 
@@ -8,7 +8,10 @@ Everything else in hyperexport asks this module
 * whether they work together (:func:`unsupported`, asked before an export starts: one line
   naming both versions, instead of an import error from deep inside torch);
 * what the installed releases have: where transformers takes the KV cache, whether it builds
-  masks by vmapping, where its export flags live, whether torch's exporter rewrites guard names.
+  masks by vmapping, where its export flags live, whether torch's exporter rewrites guard names;
+* which IR version carries a model's opsets (:func:`lowest_ir_version`, from onnx's own version
+  table: what every saved model is stamped with), and what an ONNX Runtime release loads
+  (:func:`onnxruntime_refusal`, asked at validation for ``target.onnxruntime``).
 
 The shims that act on these facts sit beside what they patch: the mask builder and the
 attention hooks with the transformers patches (``transformers/masks.py``), torch's tracing
@@ -24,6 +27,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata as metadata
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,6 +192,19 @@ def torchscript_opset_cap(torch: str | None = None) -> int | None:
     return next((cap for spec, cap in TORCHSCRIPT_OPSET_CAPS if release_in(found, spec)), None)
 
 
+def torchscript_opset(wanted: int, torch: str | None = None) -> int:
+    """``wanted``, or the torch's TorchScript cap where that is lower (:func:`torchscript_opset_cap`;
+    torch 2.2: 17): the opset of a TorchScript export whose caller named none (the library's
+    ``export_hyper_onnx`` defaults), and of tests where the opset is not what they test.
+
+    Args:
+        wanted: The opset asked for when the torch has no lower cap.
+        torch: A torch release (``"2.2.2"``); the installed one when None.
+    """
+    cap = torchscript_opset_cap(torch)
+    return wanted if cap is None else min(wanted, cap)
+
+
 #: The torch releases with the unsigned dtypes ``torch.uint16``, ``uint32`` and ``uint64`` (2.3).
 #: onnx_ir's ``TorchTensor`` names them when it first converts a dtype, so on torch 2.2 every
 #: ``TorchTensor`` fails (``AttributeError: module 'torch' has no attribute 'uint16'``, onnx-ir
@@ -209,11 +226,80 @@ def torch_lacks_wide_unsigned_dtypes(torch: str | None = None) -> bool:
 SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT = "<2.5"
 
 
+#: The torch releases with ``torch.compiler.is_exporting()`` (true only under ``torch.export``):
+#: absent on 2.2.2 and 2.6.0, present on 2.9.1 and later; 2.7 brought it (2.7 and 2.8 were not
+#: checked). Releases from 2.3 (:data:`TORCH_COMPILER_HAS_IS_COMPILING`) have
+#: ``torch.compiler.is_compiling()``, which ``torch.export`` sets as well; 2.2 has neither, and
+#: there hyperexport's dynamo path is refused. ``transformers/static_cache.py`` bridges it.
+TORCH_COMPILER_HAS_IS_EXPORTING = ">=2.7"
+#: The torch releases with ``torch.compiler.is_compiling()`` (2.3; 2.2.2's ``torch.compiler`` has
+#: no ``is_*`` function).
+TORCH_COMPILER_HAS_IS_COMPILING = ">=2.3"
+
+
+def torch_compiler_flags(torch: str | None = None) -> tuple[bool, bool]:
+    """``(has is_exporting, has is_compiling)`` of ``torch.compiler`` on torch (``torch``, else
+    the installed one): :data:`TORCH_COMPILER_HAS_IS_EXPORTING`,
+    :data:`TORCH_COMPILER_HAS_IS_COMPILING`."""
+    found = torch if torch is not None else torch_version()
+    if found is None:
+        return (False, False)
+    return (
+        release_in(found, TORCH_COMPILER_HAS_IS_EXPORTING),
+        release_in(found, TORCH_COMPILER_HAS_IS_COMPILING),
+    )
+
+
+#: The torch releases whose dynamo exporter builds its torchlib registry for a given opset
+#: (``ONNXRegistry.from_torchlib(opset_version=18)``, seen on 2.9.1 and later); 2.6.0's takes no
+#: argument (one registry). 2.7 and 2.8 were not checked: they count as the newer signature, so
+#: that a wrong guess fails in the open (``TypeError``) rather than exporting at another opset.
+TORCHLIB_REGISTRY_TAKES_OPSET = ">=2.7"
+
+
+def torchlib_registry_takes_opset(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) is one of
+    :data:`TORCHLIB_REGISTRY_TAKES_OPSET`."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and release_in(found, TORCHLIB_REGISTRY_TAKES_OPSET)
+
+
+#: The torch releases whose TorchScript SDPA symbolic refuses an additive mask in bfloat16 (it
+#: takes float32 and float16 ones: ``ValueError: Unsupported type for attn_mask: 15``, torch 2.2.2
+#: exporting a bfloat16 Llama layer); later releases add bfloat16 to the accepted types. Seen on
+#: 2.2.2; the boundary (2.3) is not measured. Not bridged: such an export fails naming its module.
+SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK = "<2.3"
+
+
+def sdpa_symbolic_refuses_bfloat16_mask(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) is one of
+    :data:`SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK`."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and release_in(found, SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK)
+
+
 def sdpa_symbolic_reads_scale_as_float(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT`."""
     found = torch if torch is not None else torch_version()
     return found is not None and release_in(found, SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT)
+
+
+#: The torch releases whose ``torch.library`` has ``custom_op`` (an operator from a decorated
+#: Python function) and ``register_fake`` (its abstract implementation): 2.4 on. torch 2.2 and
+#: 2.3 define an operator with ``torch.library.Library(ns, "DEF").define`` and ``impl``, and
+#: register the abstract one with ``impl_abstract`` (torch 2.2.2: ``AttributeError: module
+#: 'torch.library' has no attribute 'register_fake'``). hyperexport's attention op
+#: (``transformers/attention_op.py``) registers either way; the tests of user symbolics
+#: (``tests/export/test_custom_ops.py``) define theirs either way.
+TORCH_LIBRARY_HAS_CUSTOM_OP = ">=2.4"
+
+
+def torch_library_has_custom_op(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) is one of
+    :data:`TORCH_LIBRARY_HAS_CUSTOM_OP`."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and release_in(found, TORCH_LIBRARY_HAS_CUSTOM_OP)
 
 
 # -- transformers ---------------------------------------------------------------------------------
@@ -266,6 +352,51 @@ def attention_registration_missing(transformers: str | None = None) -> str | Non
         f"transformers {found} cannot register hyperexport's attention: it needs "
         f"transformers{HYPEREXPORT_ATTENTION_TRANSFORMERS} (AttentionInterface and "
         "AttentionMaskInterface); set attention.implementation: null"
+    )
+
+
+#: The transformers releases whose ``from_pretrained`` and ``from_config`` take the weights'
+#: dtype as ``dtype`` (4.56, huggingface/transformers#39782, which deprecates ``torch_dtype``);
+#: earlier ones take ``torch_dtype`` and hand an unknown ``dtype`` to the model's constructor
+#: (4.48.3: ``TypeError: LlamaForCausalLM.__init__() got an unexpected keyword argument
+#: 'dtype'``) or to its config.
+TRANSFORMERS_TAKES_DTYPE_KEYWORD = ">=4.56"
+
+
+def dtype_keyword(transformers: str | None = None) -> str:
+    """The keyword transformers' ``from_pretrained``/``from_config`` take the dtype by:
+    ``dtype`` from :data:`TRANSFORMERS_TAKES_DTYPE_KEYWORD` (and without transformers),
+    ``torch_dtype`` before.
+
+    Args:
+        transformers: A transformers release (``"4.48.3"``); the installed one when None.
+    """
+    found = transformers if transformers is not None else transformers_version()
+    if found is not None and not release_in(found, TRANSFORMERS_TAKES_DTYPE_KEYWORD):
+        return "torch_dtype"
+    return "dtype"
+
+
+#: The transformers releases whose cache and attention modules the decoding tasks' KV layers
+#: (``text-generation`` and the encoder-decoder tasks: ``transformers/kv_layers.py``,
+#: ``seq2seq_layers.py``) are written against: ``DynamicCache.layers``, attention modules that take
+#: ``past_key_values``. 4.57 and 5.x are the releases run; 4.48.3 fails in the trace
+#: (``'DynamicCache' object has no attribute 'layers'``; ``BartAttention.forward() got an
+#: unexpected keyword argument 'past_key_values'``); 4.49 to 4.56 were not run, so they are refused.
+DECODING_TASKS_TRANSFORMERS = ">=4.57"
+
+
+def decoding_task_missing(task: str, transformers: str | None = None) -> str | None:
+    """One line naming the transformers release (``transformers``, else the installed one) and
+    ``task`` when that release cannot serve a decoding task (:data:`DECODING_TASKS_TRANSFORMERS`);
+    None when it can or transformers is not installed."""
+    found = transformers if transformers is not None else transformers_version()
+    if found is None or release_in(found, DECODING_TASKS_TRANSFORMERS):
+        return None
+    return (
+        f"transformers {found} cannot build task {task}: its KV layers need "
+        f"transformers{DECODING_TASKS_TRANSFORMERS} (DynamicCache.layers, attention taking "
+        "past_key_values); task: forward works on this release"
     )
 
 
@@ -339,9 +470,25 @@ def attention_interface_reached(model_class: str) -> bool:
     return since is None or _at_least("transformers", since)
 
 
+#: The transformers releases with ``transformers.masking_utils``, where every model's masks are
+#: made (4.53 on). Earlier releases make them in each model (``_update_causal_mask``, by
+#: broadcasting, which both exporters trace); on 4.48.3: ``ImportError: cannot import name
+#: 'masking_utils' from 'transformers'``.
+TRANSFORMERS_MASKING_UTILS = ">=4.53"
+
+
+def has_masking_utils(transformers: str | None = None) -> bool:
+    """Whether transformers (``transformers``, else the installed one) is one of
+    :data:`TRANSFORMERS_MASKING_UTILS`."""
+    found = transformers if transformers is not None else transformers_version()
+    return found is not None and release_in(found, TRANSFORMERS_MASKING_UTILS)
+
+
 def masks_built_by_vmap(transformers: str | None = None) -> bool:
     """Whether transformers builds SDPA masks with its vmapped builder (4.x's
-    ``sdpa_mask_recent_torch``; 5.x broadcasts index tensors instead).
+    ``sdpa_mask_recent_torch``, in ``masking_utils`` from :data:`TRANSFORMERS_MASKING_UTILS`;
+    5.x broadcasts index tensors instead, and releases before ``masking_utils`` broadcast in each
+    model).
 
     ``torch.jit.trace`` fails on it (``RuntimeError: unordered_map::at``), so a plain TorchScript
     export of a decoder that builds such a mask fails at export; hyperexport swaps in
@@ -351,7 +498,7 @@ def masks_built_by_vmap(transformers: str | None = None) -> bool:
         transformers: A transformers release (``"4.57.6"``); the installed one when None.
     """
     found = transformers if transformers is not None else transformers_version()
-    return found is not None and release_in(found, "<5")
+    return found is not None and has_masking_utils(found) and release_in(found, "<5")
 
 
 def masking_export_flags() -> list[tuple[Any, str]]:
@@ -363,8 +510,11 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     ``modeling_attn_mask_utils`` (the older mask helpers that BERT's SDPA path still uses).
 
     Returns:
-        The pairs; empty when the installed transformers has none of them.
+        The pairs; empty when the installed transformers has none of them (also before
+        :data:`TRANSFORMERS_MASKING_UTILS`).
     """
+    if not has_masking_utils():
+        return []
     from transformers import masking_utils
 
     if callable(getattr(masking_utils, "is_torchdynamo_exporting", None)):
@@ -393,7 +543,10 @@ _SDPA_MASK_PARTS = (
 def vmapped_sdpa_masks() -> Any:
     """transformers' ``masking_utils`` when it builds SDPA masks by vmapping and has the helpers
     a traceable builder needs (4.x: ``sdpa_mask_recent_torch``); None otherwise (5.x broadcasts
-    index tensors, under another signature)."""
+    index tensors, under another signature; releases before :data:`TRANSFORMERS_MASKING_UTILS`
+    have no ``masking_utils``)."""
+    if not has_masking_utils():
+        return None
     # Typed as Any: these are 4.x's helpers and signatures; mypy sees the pinned 5.x.
     masking_utils: Any = importlib.import_module("transformers.masking_utils")
     if not all(callable(getattr(masking_utils, name, None)) for name in _SDPA_MASK_PARTS):
@@ -440,11 +593,141 @@ def export_refuses_one_token_guards() -> bool:
     return not _at_least("torch", "2.11")
 
 
+#: The torch releases whose ``ExportedProgram.module()`` inserts a ``_guards_fn`` (and takes
+#: ``check_guards``): 2.9 on; 2.6.0's takes no ``check_guards`` (``TypeError: ... unexpected
+#: keyword argument 'check_guards'``). 2.7 and 2.8 were not checked.
+EXPORT_INSERTS_GUARDS_FN = ">=2.9"
+
+
 def export_guards_name_dynamo_sources() -> bool:
     """Whether torch's ``ExportedProgram.module()`` inserts a ``_guards_fn`` whose generated code
     names dynamo's ``L[...]`` sources, which ``torch.onnx.export(dynamo=True)`` then fails to run
     while it decomposes (torch 2.9, pytorch/pytorch#172903); later releases rewrite those names
     to the signature's (``_unlift._force_ep_signature_match``, present from 2.11)."""
+    found = torch_version()
+    if found is None or not release_in(found, EXPORT_INSERTS_GUARDS_FN):
+        return False
     from torch.export import _unlift
 
     return not hasattr(_unlift, "_force_ep_signature_match")
+
+
+# -- ONNX IR versions and the ONNX Runtime releases that load them --------------------------------
+
+
+#: The lowest IR version with model-local functions (``ModelProto.functions``, onnx 1.10).
+FUNCTIONS_MIN_IR_VERSION = 8
+
+#: The column of each opset domain in ``onnx.helper.VERSION_TABLE``'s rows (release, IR version,
+#: ai.onnx, ai.onnx.ml, ai.onnx.training). Other domains (``com.microsoft``, hyperexport's own)
+#: are not ONNX's: their versions ask nothing of the IR version.
+_VERSION_TABLE_COLUMNS = {
+    "": 2,
+    "ai.onnx": 2,
+    "ai.onnx.ml": 3,
+    "ai.onnx.training": 4,
+    "ai.onnx.preview.training": 4,
+}
+
+
+def lowest_ir_version(opsets: Mapping[str, int], *, functions: bool) -> int:
+    """The lowest IR version that carries ``opsets`` (``{domain: version}``), and local
+    functions when ``functions``: read from the installed onnx's release table
+    (``onnx.helper.VERSION_TABLE``, as data), whose first release with each opset gives its IR.
+
+    Raises:
+        ValueError: An ONNX opset the installed onnx's table does not reach.
+    """
+    from onnx import helper
+
+    table: list[tuple[Any, ...]] = [tuple(row) for row in helper.VERSION_TABLE]
+    lowest = min(int(row[1]) for row in table)
+    if functions:
+        lowest = max(lowest, FUNCTIONS_MIN_IR_VERSION)
+    for domain, version in opsets.items():
+        column = _VERSION_TABLE_COLUMNS.get(domain)
+        if column is None:
+            continue
+        carrying = [
+            int(row[1]) for row in table if len(row) > column and int(row[column]) >= version
+        ]
+        if not carrying:
+            raise ValueError(
+                f"onnx {installed_version('onnx')} knows no IR version for opset "
+                f"{domain or 'ai.onnx'} {version}"
+            )
+        lowest = max(lowest, min(carrying))
+    return lowest
+
+
+@dataclass(frozen=True)
+class RuntimeLoads:
+    """The highest default-domain opset and IR version an ONNX Runtime release loads.
+
+    Attributes:
+        release: ``major.minor`` (``"1.16"``).
+        max_opset: Its highest ``ai.onnx`` opset.
+        max_ir_version: Its highest IR version.
+    """
+
+    release: str
+    max_opset: int
+    max_ir_version: int
+
+
+#: ONNX Runtime's own compatibility table ("ONNX opset support", onnxruntime.ai/docs/reference/
+#: compatibility.html; microsoft/onnxruntime gh-pages ``docs/reference/compatibility.md`` at
+#: 109c0baa9367): each release from 1.16 on, its ONNX opset and ONNX IR version columns. The
+#: table read ends at 1.20; a later target is not checked (validation says so at WARNING).
+#: 1.16 measured too: 1.16.3 loads an opset-17 and an opset-18 model at IR 8 and refuses IR 10
+#: ("max supported IR version: 9"; ``tests/e2e/test_old_runtime.py``, ``nox -s onnxruntime-1.16``).
+ONNXRUNTIME_LOADS: tuple[RuntimeLoads, ...] = (
+    RuntimeLoads("1.16", 19, 9),
+    RuntimeLoads("1.17", 20, 9),
+    RuntimeLoads("1.18", 21, 10),
+    RuntimeLoads("1.19", 21, 10),
+    RuntimeLoads("1.20", 21, 10),
+)
+
+
+def _minor(release: str) -> Version:
+    """``major.minor`` of a release (``1.16.3`` -> 1.16)."""
+    found = Version(release.split("+")[0])
+    return Version(f"{found.major}.{found.minor}")
+
+
+def onnxruntime_loads(release: str) -> RuntimeLoads | None:
+    """What ONNX Runtime ``release`` (``"1.16"``, ``"1.16.3"``) loads
+    (:data:`ONNXRUNTIME_LOADS`); None for a release newer than the table's last."""
+    wanted = _minor(release)
+    return next((row for row in ONNXRUNTIME_LOADS if Version(row.release) == wanted), None)
+
+
+def onnxruntime_refusal(release: str, opset: int, ir_version: int) -> str | None:
+    """Why ONNX Runtime ``release`` cannot load a model of default-domain ``opset`` at
+    ``ir_version`` (one line naming both), or None when it can or the release is newer than
+    :data:`ONNXRUNTIME_LOADS` knows (:func:`onnxruntime_beyond_table`)."""
+    first = ONNXRUNTIME_LOADS[0].release
+    if _minor(release) < Version(first):
+        return f"onnxruntime {release} is older than the releases hyperexport targets ({first} on)"
+    loads = onnxruntime_loads(release)
+    if loads is None:
+        return None
+    if opset > loads.max_opset or ir_version > loads.max_ir_version:
+        return (
+            f"onnxruntime {release} loads opsets up to {loads.max_opset} at IR versions up to "
+            f"{loads.max_ir_version}; this build writes opset {opset} at IR {ir_version}"
+        )
+    return None
+
+
+def onnxruntime_beyond_table(release: str) -> bool:
+    """Whether ONNX Runtime ``release`` is newer than :data:`ONNXRUNTIME_LOADS`'s last row."""
+    return _minor(release) > Version(ONNXRUNTIME_LOADS[-1].release)
+
+
+def onnxruntime_older_than_installed(release: str) -> bool:
+    """Whether ONNX Runtime ``release`` is an older ``major.minor`` than the installed one
+    (False when none is installed)."""
+    installed = installed_version("onnxruntime")
+    return installed is not None and _minor(release) < _minor(installed)

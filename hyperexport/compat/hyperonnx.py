@@ -42,6 +42,7 @@ import torch
 from hyperexport.api import export_hyper_onnx as _export
 from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.manifest import ExportManifest
+from hyperexport.base.versions import torchscript_opset
 from hyperexport.compat.auto_trace import MethodTracer, trace_method
 from hyperexport.compat.function_names import rename_functions
 from hyperexport.options import ExportOptions, RewriteOptions
@@ -101,7 +102,7 @@ def export_hyper_onnx(
     kwargs: Mapping[str, Any] | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
-    opset_version: int = DEFAULT_OPSET,
+    opset_version: int | None = None,
     dynamo: bool = False,
     external_data: bool = False,
     hiera: Collection[type[torch.nn.Module]] | None = None,
@@ -123,7 +124,9 @@ def export_hyper_onnx(
         kwargs: Example keyword inputs.
         input_names: Names of the graph inputs.
         output_names: Names of the first graph outputs (the rest are numbered).
-        opset_version: Default-domain opset (HyperONNX's default, 19).
+        opset_version: Default-domain opset. None: HyperONNX's default, 19, or on the
+            TorchScript path the highest its exporter gets right where that is lower (17 on
+            torch 2.2; ``versions.torchscript_opset``).
         dynamo: The torch exporter to use. HyperONNX's own default, ``False`` (the TorchScript
             exporter), is kept here so that its users can switch by changing the import;
             hyperexport's :func:`~hyperexport.export_hyper_onnx` has no default and requires it.
@@ -155,6 +158,8 @@ def export_hyper_onnx(
         ),
         method=method,
     )
+    if opset_version is None:
+        opset_version = DEFAULT_OPSET if dynamo else torchscript_opset(DEFAULT_OPSET)
     directory = Path(external_directory) if external_directory is not None else None
     keywords: dict[str, Any] = {
         "kwargs": kwargs,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hyperexport.base.versions import (
     export_guards_name_dynamo_sources,
     sdpa_symbolic_reads_scale_as_float,
+    torchlib_registry_takes_opset,
 )
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def set_symbolic_output_type(value: object, like: torch.Tensor, sizes: list[int 
 
 
 #: torch.onnx's dynamo registries by opset, built once per process (see dynamo_export_caches).
-_ONNX_REGISTRIES: dict[int, object] = {}
+_ONNX_REGISTRIES: dict[int | None, object] = {}
 #: torch.export's set of CompositeImplicitAutograd ops, keyed by the op namespaces it covered.
 _CIA_OPS: dict[frozenset[str], object] = {}
 
@@ -60,13 +61,23 @@ def dynamo_export_caches() -> Iterator[None]:
     from torch.onnx._internal.exporter import _registration
 
     original = _registration.ONNXRegistry.__dict__["from_torchlib"]
-    default_opset = original.__func__.__defaults__[0]
     collect = exported_program._collect_all_valid_cia_ops
+    if torchlib_registry_takes_opset():
+        default_opset = original.__func__.__defaults__[0]
 
-    def from_torchlib(cls: type, opset_version: int = default_opset) -> object:
-        if opset_version not in _ONNX_REGISTRIES:
-            _ONNX_REGISTRIES[opset_version] = original.__func__(cls, opset_version=opset_version)
-        return _ONNX_REGISTRIES[opset_version]
+        def from_torchlib(cls: type, opset_version: int = default_opset) -> object:
+            if opset_version not in _ONNX_REGISTRIES:
+                _ONNX_REGISTRIES[opset_version] = original.__func__(
+                    cls, opset_version=opset_version
+                )
+            return _ONNX_REGISTRIES[opset_version]
+
+    else:  # torch 2.6: one registry, at its own opset (versions.TORCHLIB_REGISTRY_TAKES_OPSET)
+
+        def from_torchlib(cls: type) -> object:  # type: ignore[misc]
+            if None not in _ONNX_REGISTRIES:
+                _ONNX_REGISTRIES[None] = original.__func__(cls)
+            return _ONNX_REGISTRIES[None]
 
     def collect_cia_ops() -> object:
         key = frozenset(torch.ops._dir)
@@ -187,7 +198,9 @@ def repaired_sdpa_symbolic() -> Iterator[None]:
                 from torch.onnx._type_utils import JitScalarType  # type: ignore[import-not-found]
 
                 constant = g.op("Constant", value_t=torch.tensor(given, dtype=torch.float64))
-                arguments[3] = g.op("Cast", constant, to_i=JitScalarType.from_value(query).onnx_type())
+                arguments[3] = g.op(
+                    "Cast", constant, to_i=JitScalarType.from_value(query).onnx_type()
+                )
         output = symbolic_opset14.scaled_dot_product_attention(g, query, key, value, *arguments)
         to = low_precision.get(query.type().scalarType())
         return output if to is None else g.op("Cast", output, to_i=to)

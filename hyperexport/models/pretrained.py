@@ -15,6 +15,7 @@ from typing import Any
 
 from hyperexport.base.contracts.names import CHECKPOINT_CONFIG
 from hyperexport.base.errors import RecipeError
+from hyperexport.base.versions import dtype_keyword
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def pretrained(
     import torch
 
     kwargs: dict[str, Any] = {
-        "dtype": getattr(torch, dtype),
+        dtype_keyword(): getattr(torch, dtype),
         "trust_remote_code": bool(trust_remote_code),
     }
     if attn_implementation is not None:
@@ -75,8 +76,11 @@ def pretrained(
         model = auto.from_pretrained(path, **kwargs)
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
+            fits = _fitting_auto_classes(_local_config(path)) if local else ""
             raise RecipeError(
-                "", "model.auto_class", f"{auto_class} does not fit this checkpoint: {_first(e)}"
+                "",
+                "model.auto_class",
+                f"{auto_class} does not fit this checkpoint: {_first(e)}{fits}",
             ) from e
         raise RecipeError("", "model.path", f"{path}: {_first(e)}") from e
     except OSError as e:
@@ -118,7 +122,7 @@ def pretrained_skeleton(
         path, trust_remote_code=bool(trust_remote_code), local_files_only=True
     )
     kwargs: dict[str, Any] = {
-        "dtype": getattr(torch, dtype),
+        dtype_keyword(): getattr(torch, dtype),
         "trust_remote_code": bool(trust_remote_code),
     }
     if attn_implementation is not None:
@@ -130,7 +134,10 @@ def pretrained_skeleton(
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
             raise RecipeError(
-                "", "model.auto_class", f"{auto_class} does not fit this checkpoint: {_first(e)}"
+                "",
+                "model.auto_class",
+                f"{auto_class} does not fit this checkpoint: {_first(e)}"
+                f"{_fitting_auto_classes(config)}",
             ) from e
         raise RecipeError("", "model.path", f"{path}: {_first(e)}") from e
     for sub in _configs(model.config):
@@ -144,6 +151,29 @@ def _configs(config: Any) -> list[Any]:
     ``use_cache`` its language model reads)."""
     subs = [getattr(config, f"{k}_config", None) for k in ("text", "vision", "audio", "decoder")]
     return [config] + [s for s in subs if s is not None]
+
+
+def _local_config(path: str) -> Any:
+    """The transformers config of the local checkpoint folder ``path``."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, local_files_only=True)
+
+
+def _fitting_auto_classes(config: Any) -> str:
+    """``"; auto classes that fit: AutoModel, ..."``: the transformers auto model classes whose
+    mapping holds ``config``'s class (empty when none does)."""
+    import transformers
+
+    fitting = [
+        name
+        for name in sorted(dir(transformers))
+        if name.startswith("AutoModel")
+        and (mapping := getattr(getattr(transformers, name, None), "_model_mapping", None))
+        is not None
+        and type(config) in mapping
+    ]
+    return f"; auto classes that fit: {', '.join(fitting)}" if fitting else ""
 
 
 def _first(error: BaseException) -> str:

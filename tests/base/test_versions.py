@@ -138,6 +138,10 @@ def test_installed_versions_are_the_recorded_libraries_in_order() -> None:
 
 def test_transformers_hooks_resolve_on_the_installed_release() -> None:
     pytest.importorskip("transformers")
+    if not versions.has_masking_utils():
+        assert versions.masking_export_flags() == []
+        assert versions.vmapped_sdpa_masks() is None
+        pytest.skip(f"transformers {versions.transformers_version()} has no masking_utils")
     from transformers import masking_utils
     from transformers.integrations import sdpa_attention
 
@@ -174,10 +178,18 @@ def test_the_later_classes_exist_where_the_installed_release_has_them() -> None:
 
 def test_the_zoo_release_predicates_name_the_release_of_each_change() -> None:
     assert versions.masks_built_by_vmap("4.57.6") and not versions.masks_built_by_vmap("5.24.0")
+    assert not versions.masks_built_by_vmap("4.48.3")  # no masking_utils: masks per model
 
 
 def test_the_zoo_release_predicates_match_the_installed_transformers() -> None:
     pytest.importorskip("transformers")
+    import importlib.util
+
+    has_module = importlib.util.find_spec("transformers.masking_utils") is not None
+    assert versions.has_masking_utils() == has_module
+    if not has_module:
+        assert not versions.masks_built_by_vmap()
+        return
     from transformers import masking_utils
 
     assert versions.masks_built_by_vmap() == hasattr(masking_utils, "sdpa_mask_recent_torch")
@@ -197,6 +209,27 @@ def test_torch_2_2_caps_the_torchscript_opset_at_17() -> None:
     assert versions.torchscript_opset_cap("2.2.2") == 17
     assert versions.torchscript_opset_cap("2.3.0") is None
     assert versions.torchscript_opset_cap("2.13.0+cpu") is None
+
+
+def test_an_opset_named_by_no_caller_is_lowered_to_the_cap_only_where_torch_has_one() -> None:
+    assert versions.torchscript_opset(18, "2.2.2") == 17
+    assert versions.torchscript_opset(16, "2.2.2") == 16
+    assert versions.torchscript_opset(18, "2.3.0") == 18
+    assert versions.torchscript_opset(20, "2.13.0+cpu") == 20
+
+
+def test_torch_library_defines_operators_from_functions_from_2_4() -> None:
+    assert not versions.torch_library_has_custom_op("2.2.2")
+    assert not versions.torch_library_has_custom_op("2.3.1")
+    assert versions.torch_library_has_custom_op("2.4.1")
+
+
+def test_the_custom_op_fact_matches_the_installed_torch() -> None:
+    import torch
+
+    assert versions.torch_library_has_custom_op() == callable(
+        getattr(torch.library, "custom_op", None)
+    )
 
 
 def test_the_opset_caps_agree_with_the_installed_torchs_own_constant() -> None:
@@ -248,3 +281,45 @@ def test_hyperexport_attention_needs_transformers_4_53() -> None:
     assert "transformers 4.48.3" in problem and ">=4.53" in problem
     assert versions.attention_registration_missing("4.57.6") is None
     assert versions.attention_registration_missing("5.0.0") is None
+
+
+def test_transformers_takes_the_dtype_as_dtype_from_4_56() -> None:
+    assert versions.dtype_keyword("4.48.3") == "torch_dtype"
+    assert versions.dtype_keyword("4.55.4") == "torch_dtype"
+    assert versions.dtype_keyword("4.56.0") == "dtype"
+    assert versions.dtype_keyword("5.24.0") == "dtype"
+
+
+def test_torch_2_2_refuses_a_bfloat16_sdpa_mask_on_the_torchscript_path() -> None:
+    assert versions.sdpa_symbolic_refuses_bfloat16_mask("2.2.2")
+    assert not versions.sdpa_symbolic_refuses_bfloat16_mask("2.13.0+cpu")
+
+
+def test_the_decoding_tasks_are_refused_below_transformers_4_57() -> None:
+    problem = versions.decoding_task_missing("text-generation", "4.48.3")
+    assert problem is not None and "\n" not in problem
+    assert "transformers 4.48.3" in problem and "text-generation" in problem
+    assert versions.decoding_task_missing("text-generation", "4.57.6") is None
+    assert versions.decoding_task_missing("text2text-generation", "5.24.0") is None
+
+
+def test_torch_compiler_flags_by_release() -> None:
+    assert versions.torch_compiler_flags("2.2.2") == (False, False)
+    assert versions.torch_compiler_flags("2.6.0") == (False, True)
+    assert versions.torch_compiler_flags("2.13.0+cpu") == (True, True)
+
+
+def test_the_torch_compiler_flags_match_the_installed_torch() -> None:
+    import torch
+
+    assert versions.torch_compiler_flags() == (
+        hasattr(torch.compiler, "is_exporting"),
+        hasattr(torch.compiler, "is_compiling"),
+    )
+
+
+def test_torch_2_6_builds_one_torchlib_registry_and_inserts_no_guards_fn() -> None:
+    assert not versions.torchlib_registry_takes_opset("2.6.0")
+    assert versions.torchlib_registry_takes_opset("2.9.1")
+    assert not versions.release_in("2.6.0", versions.EXPORT_INSERTS_GUARDS_FN)
+    assert versions.release_in("2.9.1", versions.EXPORT_INSERTS_GUARDS_FN)

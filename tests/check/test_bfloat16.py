@@ -21,6 +21,7 @@ from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, Tensor
 from hyperexport.base.errors import CheckError
 from hyperexport.check import CheckSettings, run_checks
 from hyperexport.check.tensors import CapturedArrays
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 
 TEXT = f"""
 <ir_version: 10, opset_import: ["": 18, "{FN}": 1]>
@@ -132,6 +133,7 @@ def _export_low_precision(tmp_path: Path, dtype: str, mode: str, dynamo: bool = 
     return path, manifest, capture
 
 
+@NEEDS_DYNAMO_PATH  # exported on the dynamo path
 @pytest.mark.parametrize(("dtype", "mode"), LOW_PRECISION_CASES)
 def test_low_precision_exports_are_checked_upcast(tmp_path: Path, dtype: str, mode: str) -> None:
     path, manifest, capture = _export_low_precision(tmp_path, dtype, mode)
@@ -142,6 +144,7 @@ def test_low_precision_exports_are_checked_upcast(tmp_path: Path, dtype: str, mo
     assert len(report.functions) == 2 and all(f.max_abs is not None for f in report.functions)
 
 
+@NEEDS_DYNAMO_PATH  # exported on the dynamo path
 def test_a_broken_bfloat16_weight_is_found_in_its_layer(tmp_path: Path) -> None:
     path, manifest, capture = _export_low_precision(tmp_path, "bfloat16", "per_type")
     model = ir.load(path)
@@ -157,6 +160,7 @@ def test_a_broken_bfloat16_weight_is_found_in_its_layer(tmp_path: Path) -> None:
     assert report.first_divergent_module == manifest.calls[1].module_path
 
 
+@NEEDS_DYNAMO_PATH  # exported on the dynamo path
 def test_without_memory_for_the_whole_model_the_comparison_is_skipped_with_its_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

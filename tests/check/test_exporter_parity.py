@@ -17,6 +17,8 @@ from hyperexport.base.contracts.manifest import ExportManifest  # noqa: E402
 from hyperexport.base.errors import CheckError  # noqa: E402
 from hyperexport.check import CheckReport, CheckSettings, run_checks  # noqa: E402
 from hyperexport.options import ExportOptions  # noqa: E402
+from tests.helpers.opsets import TEST_OPSET  # noqa: E402
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH  # noqa: E402
 
 
 class Lin(nn.Module):
@@ -53,7 +55,9 @@ def qualname(cls: type) -> str:
 
 
 SETTINGS = CheckSettings(
-    expected_classes=(qualname(Block), qualname(Lin)), expected_opset=18, expected_dynamo=False
+    expected_classes=(qualname(Block), qualname(Lin)),
+    expected_opset=TEST_OPSET,
+    expected_dynamo=False,
 )
 
 
@@ -114,6 +118,7 @@ def test_exported_model_with_edited_weight_names_the_module(tmp_path: Path, mode
         report.raise_for_failure()
 
 
+@NEEDS_DYNAMO_PATH
 @pytest.mark.slow
 def test_dynamo_export_passes(tmp_path: Path) -> None:
     path, manifest, capture = export(tmp_path, "per_instance", dynamo=True)

@@ -19,6 +19,7 @@ from tests.helpers.builds import (
     toy_package_in,
     toy_package_recipe,
 )
+from tests.helpers.opsets import TEST_OPSET
 from tests.helpers.rebuilds import reran_from
 from tests.helpers.statuses import statuses
 
@@ -31,6 +32,8 @@ def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 # Build mechanics are under test here, not the optional passes: the helper keeps rewrites minimal.
 toy_recipe = toy_package_recipe
+#: An opset other than the recipe's default (TEST_OPSET, which torch 2.2 lowers to 17).
+LOWER = TEST_OPSET - 1
 
 
 RAN_ALL = {
@@ -83,10 +86,10 @@ def test_opset_change_reruns_export_rewrite_check_not_trace(
     toy_package: Path, tmp_path: Path
 ) -> None:
     build(toy_recipe(toy_package), tmp_path)
-    again = build(toy_recipe(toy_package, opset=17), tmp_path)
+    again = build(toy_recipe(toy_package, opset=LOWER), tmp_path)
     assert statuses(again) == reran_from("export")
-    assert reasons(again)["export"] == "opset 18→17"
-    assert "  export: ran (opset 18→17)" in "\n".join(again.lines)
+    assert reasons(again)["export"] == f"opset {TEST_OPSET}→{LOWER}"
+    assert f"  export: ran (opset {TEST_OPSET}→{LOWER})" in "\n".join(again.lines)
 
 
 def test_source_edit_reruns_the_stages_that_run_it(toy_package: Path, tmp_path: Path) -> None:
@@ -114,15 +117,16 @@ def test_source_edit_reruns_the_stages_that_run_it(toy_package: Path, tmp_path: 
 def test_dry_run_reports_and_writes_nothing(toy_package: Path, tmp_path: Path) -> None:
     build(toy_recipe(toy_package), tmp_path)
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    plan = build(toy_recipe(toy_package, opset=17), tmp_path, dry_run=True)
+    plan = build(toy_recipe(toy_package, opset=LOWER), tmp_path, dry_run=True)
     assert plan.report is None
+    change = f"opset {TEST_OPSET}→{LOWER}"
     assert plan.lines[1:7] == (
         "trace: hit",
-        "export: would run (opset 18→17)",
+        f"export: would run ({change})",
         "rewrite: would run (after export)",
         "quantize: would run (after rewrite)",
-        "evaluate: would run (after export, rewrite, quantize; opset 18→17)",
-        "check: would run (after export, rewrite, quantize, evaluate; opset 18→17)",
+        f"evaluate: would run (after export, rewrite, quantize; {change})",
+        f"check: would run (after export, rewrite, quantize, evaluate; {change})",
     )
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 

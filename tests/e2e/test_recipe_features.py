@@ -17,7 +17,9 @@ import pytest
 
 from hyperexport.product.config import compose_recipe, validate_recipe
 from tests.helpers.builds import blocks_net_source, build, package_in
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 from tests.helpers.rebuilds import reran_from
+from tests.helpers.release_skips import NEEDS_HYPEREXPORT_ATTENTION, NEEDS_OPSET_18
 from tests.helpers.statuses import statuses
 
 
@@ -51,6 +53,7 @@ def fallback_recipe(pkg: Path, *, fallback: bool) -> Any:
     return validate_recipe(data, str(pkg.parent / "fallback.yaml"))
 
 
+@NEEDS_DYNAMO_PATH
 def test_fallback_builds_on_the_other_path_and_is_recorded(
     fallback_package: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -91,6 +94,8 @@ def test_llama_dynamic_recipe_matches_torch_at_both_shapes(tmp_path: Path) -> No
     assert [d.dim_param for d in graph_input.type.tensor_type.shape.dim] == ["batch", "seq"]
 
 
+@NEEDS_HYPEREXPORT_ATTENTION
+@NEEDS_OPSET_18
 def test_attention_promotion_makes_opset24_with_one_attention_per_layer(tmp_path: Path) -> None:
     recipe, _ = compose_recipe(["recipe=llama_attention"])
     outcome = build(recipe, tmp_path)
@@ -112,6 +117,8 @@ def test_attention_promotion_makes_opset24_with_one_attention_per_layer(tmp_path
     assert structural(report_of(again))["opsets"]["detail"].endswith("at opset 24")
 
 
+@NEEDS_HYPEREXPORT_ATTENTION
+@NEEDS_OPSET_18
 def test_expect_ops_mismatch_fails_the_check(tmp_path: Path) -> None:
     recipe, _ = compose_recipe(["recipe=llama_attention", "check.expect_ops.Attention=3"])
     outcome = build(recipe, tmp_path)
@@ -121,6 +128,8 @@ def test_expect_ops_mismatch_fails_the_check(tmp_path: Path) -> None:
     assert structural(report)["op_counts"]["detail"] == "Attention: 4 executed, expected 3"
 
 
+@NEEDS_HYPEREXPORT_ATTENTION
+@NEEDS_OPSET_18
 @pytest.mark.parametrize("name", ["qwen2", "gpt2"])
 def test_other_attention_recipes_pass_the_check(name: str, tmp_path: Path) -> None:
     recipe, _ = compose_recipe([f"recipe={name}"])

@@ -10,8 +10,11 @@ import torch
 from hyperexport import AttentionOptions, ExportOptions, RewriteOptions, zoo
 from tests.helpers.exports import export_bytes
 from tests.helpers.ort import run_ort
+from tests.helpers.release_skips import NEEDS_HYPEREXPORT_ATTENTION, NEEDS_OPSET_18
 
 
+@NEEDS_HYPEREXPORT_ATTENTION
+@NEEDS_OPSET_18
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_llama_gqa_layers_promote_to_opset24_attention(dynamo: bool) -> None:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer

@@ -21,6 +21,7 @@ from hyperexport.base.contracts.manifest import (
 )
 from hyperexport.options import ExportOptions
 from tests.helpers.exports import export_bytes
+from tests.helpers.opsets import TEST_OPSET
 from tests.helpers.ort import assert_outputs_close, run_ort
 
 TOLERANCE = 1e-5
@@ -113,7 +114,7 @@ def export_and_run(
         args,
         hiera=hiera,
         dynamo=dynamo,
-        opset_version=18,
+        opset_version=TEST_OPSET,
         options=ExportOptions(functions=mode),  # type: ignore[arg-type]
     )
     return onnx.load_from_string(data), run_ort(data, [a.numpy() for a in args])

@@ -12,17 +12,27 @@ import torch
 from torch import nn
 
 from hyperexport import CustomOpSymbolic, ExportOptions, ModuleExportError, export_hyper_onnx
+from hyperexport.base import versions
+from tests.helpers.opsets import TEST_OPSET
 from tests.helpers.ort import flat_outputs, run_ort
 
 
-@torch.library.custom_op("hyperexport_test::scaled_add", mutates_args=())
 def scaled_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x + 2 * y
 
 
-@scaled_add.register_fake
-def _(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _scaled_add_fake(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+if versions.torch_library_has_custom_op():
+    _OP = torch.library.custom_op("hyperexport_test::scaled_add", scaled_add, mutates_args=())
+    _OP.register_fake(_scaled_add_fake)
+else:  # torch 2.2 and 2.3 (versions.TORCH_LIBRARY_HAS_CUSTOM_OP)
+    _LIBRARY = torch.library.Library("hyperexport_test", "DEF")
+    _LIBRARY.define("scaled_add(Tensor x, Tensor y) -> Tensor")
+    _LIBRARY.impl("scaled_add", scaled_add, "CompositeExplicitAutograd")
+    torch.library.impl_abstract("hyperexport_test::scaled_add", _scaled_add_fake)
 
 
 def symbolic_scaled_add(g: Any, x: Any, y: Any) -> Any:
@@ -54,7 +64,7 @@ class Net(nn.Module):
 
 
 def _options(symbolic: str) -> ExportOptions:
-    op = CustomOpSymbolic("hyperexport_test::scaled_add", f"{__name__}:{symbolic}", 18)
+    op = CustomOpSymbolic("hyperexport_test::scaled_add", f"{__name__}:{symbolic}", TEST_OPSET)
     return ExportOptions(custom_ops=(op,))
 
 
@@ -96,7 +106,9 @@ def test_a_wrong_symbolic_is_caught_by_the_check_and_blamed_on_its_module(tmp_pa
     model, x = Net().eval(), torch.randn(3, 4)
     options = _options("symbolic_wrong")
     capture = capture_model(model, (x,), hiera=[Mixer])
-    export_units(model, capture, opset=18, dynamo=False, options=options, out_dir=tmp_path / "b")
+    export_units(
+        model, capture, opset=TEST_OPSET, dynamo=False, options=options, out_dir=tmp_path / "b"
+    )
     onnx_model, manifest = compose_model(tmp_path / "b", options=options)
     save_model(onnx_model, tmp_path / "m.onnx", external_data=False)
     report = run_checks(

@@ -12,6 +12,7 @@ from hyperexport import ExportOptions, zoo
 from hyperexport.api import capture_model
 from hyperexport.base import versions
 from tests.helpers.exports import export_bytes
+from tests.helpers.opsets import TEST_OPSET
 from tests.helpers.ort import run_ort
 
 
@@ -67,7 +68,7 @@ def test_torchs_own_dynamo_export_of_llama_with_dynamic_batch_and_sequence(tmp_p
         (ids,),
         tmp_path / "plain.onnx",
         dynamo=True,
-        opset_version=18,
+        opset_version=TEST_OPSET,
         input_names=["input_ids"],
         dynamic_shapes=({0: auto, 1: auto},),
     )
@@ -96,7 +97,9 @@ def test_check_stage_compares_at_the_second_shape(tmp_path) -> None:
         dynamic_axes=axes,
         probe_shapes={"input_ids": (2, 7)},
     )
-    export_units(model, capture, opset=18, dynamo=False, options=options, out_dir=tmp_path / "b")
+    export_units(
+        model, capture, opset=TEST_OPSET, dynamo=False, options=options, out_dir=tmp_path / "b"
+    )
     onnx_model, manifest = compose_model(tmp_path / "b", options=options)
     save_model(onnx_model, tmp_path / "model.onnx", external_data=False)
     report = run_checks(

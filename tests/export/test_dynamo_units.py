@@ -1,4 +1,4 @@
-"""The dynamo path's placeholder ops and unit export (hyperexport.export.dynamo, dynamo_path)."""
+"""The dynamo path's placeholder ops and unit export (hyperexport.export.dynamo_program, dynamo_path)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hyperexport import export_hyper_onnx
 from hyperexport.api import capture_model, export_units
 from hyperexport.base.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.base.errors import InputError, ModuleExportError
-from hyperexport.export import dynamo, dynamo_path
+from hyperexport.export import dynamo_path, dynamo_program
 from hyperexport.options import ExportOptions
 from tests.helpers.ort import run_ort
 
@@ -80,18 +80,18 @@ def _export_bundle(model: nn.Module, x: torch.Tensor, mode: str, out: Path) -> d
 
 def test_apply_placeholder_returns_captured_shapes_and_reuses_the_op() -> None:
     outputs = [torch.zeros(2, 3), torch.zeros(5, dtype=torch.int64)]
-    first = dynamo.apply_placeholder("P1", [torch.randn(2, 4)], outputs)
-    second = dynamo.apply_placeholder("P7", [torch.randn(2, 4)], outputs)
+    first = dynamo_program.apply_placeholder("P1", [torch.randn(2, 4)], outputs)
+    second = dynamo_program.apply_placeholder("P7", [torch.randn(2, 4)], outputs)
     assert [(t.shape, t.dtype) for t in first] == [(o.shape, o.dtype) for o in outputs]
     assert [(t.shape, t.dtype) for t in second] == [(o.shape, o.dtype) for o in outputs]
-    sig = dynamo._signature_of(1, outputs, ())
-    assert dynamo._define(sig) is dynamo._define(sig)  # defined once, idempotent
+    sig = dynamo_program._signature_of(1, outputs, ())
+    assert dynamo_program._define(sig) is dynamo_program._define(sig)  # defined once, idempotent
 
 
 def test_apply_placeholder_computes_dynamic_sizes_from_its_inputs() -> None:
     outputs = [torch.zeros(2, 3)]
     # Output axis 0 follows input 0's axis 0.
-    result = dynamo.apply_placeholder("P2", [torch.randn(6, 4)], outputs, [((0, 0), 3)])
+    result = dynamo_program.apply_placeholder("P2", [torch.randn(6, 4)], outputs, [((0, 0), 3)])
     assert result[0].shape == (6, 3)
 
 
@@ -392,7 +392,7 @@ def test_library_functions_left_by_the_exporter_are_inlined_in_a_unit() -> None:
         opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("pkg.lib", 1)],
         ir_version=10,  # what onnxruntime 1.31, its floor, reads
     )
-    model = dynamo._inline_library_functions(ir.serde.deserialize_model(proto))
+    model = dynamo_program._inline_library_functions(ir.serde.deserialize_model(proto))
     assert not model.functions
     assert [node.op_type for node in model.graph] == ["Add"]
     x = np.arange(2, dtype=np.float32)
@@ -423,5 +423,5 @@ def test_a_clashing_torch_name_is_renamed_the_same_way_in_every_process() -> Non
     graph = ir.Graph([x], [third.outputs[0]], nodes=[first, second, third])
     first.outputs[0].name = "out"
     second.outputs[0].name = "out__0"  # a name the renaming must not take
-    dynamo._free_name(graph, "out", third.outputs[0])
+    dynamo_program._free_name(graph, "out", third.outputs[0])
     assert first.outputs[0].name == "out__1"

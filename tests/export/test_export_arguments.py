@@ -216,6 +216,8 @@ def test_bad_library_input_is_typed_and_refused_before_the_model_runs(
         target = "os:sep" if case == "symbolic_not_callable" else "os:no_such_symbolic"
         options = ExportOptions(custom_ops=(CustomOpSymbolic("my::op", target, 18),))
     with pytest.raises(OptionsError) as raised:
-        export_hyper_onnx(model, (torch.randn(2, 4),), f, hiera=hiera, dynamo=False, options=options)
+        export_hyper_onnx(
+            model, (torch.randn(2, 4),), f, hiera=hiera, dynamo=False, options=options
+        )
     assert raised.value.field == field, raised.value
     assert not _Runs.ran

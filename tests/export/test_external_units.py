@@ -26,6 +26,7 @@ from hyperexport import ExportOptions, export_budget, export_hyper_onnx, model_f
 from hyperexport.api import capture_model, compose_model, export_units, save_model
 from hyperexport.base.errors import ResourceError
 from hyperexport.export.weights import INLINE_LIMIT, WEIGHTS_FILE
+from tests.helpers.opsets import TEST_OPSET
 
 PATHS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
 MODES = ["per_type", "per_instance"]
@@ -73,7 +74,7 @@ def test_units_hold_references_and_each_weight_is_written_once(
     model = _model()
     capture = capture_model(model, (_ids(),), hiera=[LlamaDecoderLayer], dynamo=dynamo)
     options = ExportOptions(functions="per_type")
-    export_units(model, capture, opset=18, dynamo=dynamo, options=options, out_dir=tmp_path)
+    export_units(model, capture, opset=TEST_OPSET, dynamo=dynamo, options=options, out_dir=tmp_path)
     units = tmp_path / "units"
     data = units / WEIGHTS_FILE
     # Every weight once: the layers' weights are inputs of the root's placeholders *and*
@@ -100,7 +101,7 @@ def test_the_final_data_file_is_the_export_weight_file(
     capture = capture_model(model, (ids,), hiera=[LlamaDecoderLayer], dynamo=dynamo)
     options = ExportOptions(functions=mode)  # type: ignore[arg-type]
     bundle = tmp_path / "bundle"
-    export_units(model, capture, opset=18, dynamo=dynamo, options=options, out_dir=bundle)
+    export_units(model, capture, opset=TEST_OPSET, dynamo=dynamo, options=options, out_dir=bundle)
     composed, _ = compose_model(bundle, options=options, record=capture.record)
     out = tmp_path / "out" / "model.onnx"
     save_model(composed, out, external_data=True, threshold=INLINE_LIMIT)

@@ -25,6 +25,10 @@ from hyperexport.export.path import ExportPath
 from hyperexport.export.registry import path_for
 from hyperexport.options import ExportOptions
 from tests.helpers.ort import run_ort
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
+
+#: Each test falls back from or to the dynamo path.
+pytestmark = NEEDS_DYNAMO_PATH
 
 
 class Block(nn.Module):

@@ -20,6 +20,7 @@ from hyperexport.base.contracts.manifest import (
     PLACEHOLDER_DOMAIN,
 )
 from tests.helpers.exports import export_bytes
+from tests.helpers.opsets import TEST_OPSET
 from tests.helpers.ort import assert_outputs_close, run_ort
 
 PATHS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
@@ -40,7 +41,7 @@ def export_and_compare(
         args,
         hiera=hiera,
         dynamo=dynamo,
-        opset_version=18,
+        opset_version=TEST_OPSET,
         options=ExportOptions(functions=mode),  # type: ignore[arg-type]
     )
     proto = onnx.load_from_string(data)

@@ -26,9 +26,12 @@ from hyperexport.export.torchscript import TorchScriptPath
 from hyperexport.export.units import export_units
 from hyperexport.options import ExportOptions
 from hyperexport.product.config import OPSET_RANGES as RECIPE_OPSET_RANGES
+from tests.helpers.opsets import TEST_OPSET
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 from tests.helpers.toys import Leaf, toy_inputs, toy_net
 
 
+@NEEDS_DYNAMO_PATH
 def test_the_flag_selects_one_path_each() -> None:
     assert isinstance(path_for(False), TorchScriptPath)
     assert isinstance(path_for(True), DynamoPath)
@@ -117,7 +120,7 @@ def test_export_units_asks_only_the_registered_path(
             model, capture, opset=19, dynamo=False, options=ExportOptions(), out_dir=tmp_path
         )
     bundle = export_units(
-        model, capture, opset=18, dynamo=False, options=ExportOptions(), out_dir=tmp_path
+        model, capture, opset=TEST_OPSET, dynamo=False, options=ExportOptions(), out_dir=tmp_path
     )
     assert recording.exported == [[u.name for u in bundle.units]]
     assert all((tmp_path / "units" / f"{u.name}.onnx").is_file() for u in bundle.units)
@@ -156,5 +159,13 @@ def test_a_torchscript_export_does_not_load_the_dynamo_paths_libraries(tmp_path:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("LOADED ")]
-    assert line == "LOADED false", line
+    # torch's own ``import torch.onnx`` loads onnxscript on some releases (2.2.2 does): what
+    # hyperexport must not add is measured against that, in a fresh process too.
+    torch_onnx_alone = subprocess.run(
+        [sys.executable, "-c", "import sys, torch.onnx; print('onnxscript' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert line == f"LOADED {torch_onnx_alone.lower()}", line
     assert (tmp_path / "m.onnx").is_file()

@@ -8,6 +8,7 @@ import torch
 
 from hyperexport import ExportOptions, zoo
 from tests.helpers.exports import export_bytes
+from tests.helpers.opsets import TEST_OPSET
 from tests.helpers.ort import run_ort
 
 PER_TYPE = ExportOptions(functions="per_type")
@@ -96,7 +97,9 @@ def test_check_stage_catches_a_wrong_reuse(tmp_path, monkeypatch) -> None:
         return data
 
     monkeypatch.setattr(unit_identity, "_signature_data", ignoring_reads)
-    export_units(model, capture, opset=18, dynamo=False, options=PER_TYPE, out_dir=tmp_path / "b")
+    export_units(
+        model, capture, opset=TEST_OPSET, dynamo=False, options=PER_TYPE, out_dir=tmp_path / "b"
+    )
     onnx_model, manifest = compose_model(tmp_path / "b", options=PER_TYPE)
     assert [f.name for f in manifest.functions] == ["LlamaDecoderLayer"]  # the wrong reuse
     save_model(onnx_model, tmp_path / "m.onnx", external_data=False)

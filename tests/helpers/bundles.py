@@ -12,6 +12,7 @@ from hyperexport.capture.capture_model import capture_model
 from hyperexport.export.units import export_units
 from hyperexport.options import ExportOptions
 from hyperexport.passes.pipeline import load_units
+from tests.helpers.opsets import TEST_OPSET
 from tests.helpers.toys import Block, Leaf, toy_inputs, toy_net
 
 
@@ -20,7 +21,9 @@ def export_toy_bundle(out_dir: Path, mode: str) -> tuple[ExportBundle, CaptureRe
     model, args = toy_net(), toy_inputs()
     capture = capture_model(model, args, hiera=[Block, Leaf])
     options = ExportOptions(functions=mode)  # type: ignore[arg-type]
-    bundle = export_units(model, capture, opset=18, dynamo=False, options=options, out_dir=out_dir)
+    bundle = export_units(
+        model, capture, opset=TEST_OPSET, dynamo=False, options=options, out_dir=out_dir
+    )
     return bundle, capture.record
 
 

@@ -24,7 +24,14 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 #: What a checkout holds that a build reads: the package, and the config roots beside it.
-CHECKOUT_PARTS = ("hyperexport", "conf", "recipes", "pyproject.toml", "constraints.txt", "README.md")
+CHECKOUT_PARTS = (
+    "hyperexport",
+    "conf",
+    "recipes",
+    "pyproject.toml",
+    "constraints.txt",
+    "README.md",
+)
 
 #: Two small distributions: ``hxm-model`` holds the model the recipe names (as transformers
 #: does), and imports ``hxm-shift``. Each installs a console script, whose first line names the

@@ -34,3 +34,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _selects_dynamo(item):
             item.add_marker(skip)
+
+
+#: For a test that needs the dynamo path without being parametrized over the paths (a fallback
+#: between them, the path registry): skipped, naming why, where the installed torch cannot take it.
+NEEDS_DYNAMO_PATH = pytest.mark.skipif(
+    bool(versions.unsupported(True)),
+    reason=f"dynamo path refused here: {(versions.unsupported(True) or [''])[0]}",
+)

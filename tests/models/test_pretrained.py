@@ -95,6 +95,9 @@ def test_bad_checkpoints_name_the_field(llama_checkpoint: Path, tmp_path: Path) 
     assert error.field == "model.path" and "model_type" in error.reason
     mismatch = _error(str(llama_checkpoint), auto_class="AutoModelForImageClassification")
     assert mismatch.field == "model.auto_class" and "does not fit" in mismatch.reason
+    # issue 34: a Whisper checkpoint under AutoModelForSeq2SeqLM; the line names what fits
+    fits = mismatch.reason.split("; auto classes that fit: ")[1].split(", ")
+    assert "AutoModelForCausalLM" in fits and "AutoModelForImageClassification" not in fits
     assert (
         _error(str(llama_checkpoint), auto_class="AutoModelForCasualLM").field == "model.auto_class"
     )
