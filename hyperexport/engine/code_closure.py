@@ -157,23 +157,47 @@ def _parse(data: bytes, path: Path, name: str) -> tuple[list[Import], list[Impor
     return _imports(tree, name, path.name == "__init__.py")
 
 
-class ImportMemo(JsonMemo):
-    """Parsed import statements by file digest, kept in a JSON file (``index/imports.json``).
+#: The import memo's file name: in a cache's ``index/``, or in an outer keyed loader's folder
+#: where every cache shares it.
+IMPORT_MEMO = "imports.json"
+#: At most this many parsed modules in the shared memo (a few versions of a large package).
+SHARED_MEMO_ENTRIES = 4096
 
-    Parsing every package source costs a few hundred milliseconds, a large part of a no-op
-    build; a file whose digest was parsed before is not parsed again. A malformed memo is
-    ignored with a WARNING (it is only a cache of what parsing gives).
+
+class ImportMemo(JsonMemo):
+    """Parsed import statements by file digest, kept in a JSON file (``index/imports.json``,
+    or one shared by every cache beside the command line's compiled files: the runner's
+    ``_share_import_memo``).
+
+    Parsing every package source costs one to two seconds, a large part of a no-op build; a
+    file whose digest was parsed before is not parsed again. A malformed memo is ignored with a
+    WARNING (it is only a cache of what parsing gives).
 
     Args:
         path: The memo file, or None to keep it in memory.
         read_only: Never write the file.
+        bounded: Keep at most :data:`SHARED_MEMO_ENTRIES` (a memo that every cache shares, and
+            that no cache's collector trims).
     """
 
     what = "import memo"
 
+    def __init__(
+        self, path: Path | None, *, read_only: bool = False, bounded: bool = False
+    ) -> None:
+        super().__init__(path, read_only=read_only)
+        self._bounded = bounded
+        self._used: set[str] = set()
+
+    @property
+    def shareable(self) -> bool:
+        """Not yet consulted: another memo can take its place for this build."""
+        return self._entries is None
+
     def get(self, key: str) -> tuple[tuple[list[Import], list[Import]], str] | None:
         """The ``(module-level, function-level)`` imports and the token digest recorded for
         ``key``, if well-formed."""
+        self._used.add(key)
         value: Any = self._load().get(key)
         try:
             imports = _statements(value[0]), _statements(value[1])
@@ -183,10 +207,21 @@ class ImportMemo(JsonMemo):
         return (imports, tokens) if isinstance(tokens, str) else None
 
     def put(self, key: str, imports: tuple[list[Import], list[Import]], tokens: str) -> None:
+        self._used.add(key)
         self._set(key, [*([[b, list(n)] for b, n in part] for part in imports), tokens])
 
     def save(self) -> None:
-        """Write the memo if it changed; a failed write is a WARNING (the next build parses)."""
+        """Write the memo if it changed; a failed write is a WARNING (the next build parses).
+
+        A bounded memo (one shared by every cache) keeps at most :data:`SHARED_MEMO_ENTRIES`:
+        every entry this process used, and others in the file's order up to the bound.
+        """
+        if self._bounded and self._dirty:
+            entries = self._load()
+            if len(entries) > SHARED_MEMO_ENTRIES:
+                others = [k for k in entries if k not in self._used]
+                drop = set(others[: len(entries) - SHARED_MEMO_ENTRIES])
+                self._entries = {k: v for k, v in entries.items() if k not in drop}
         try:
             super().save()
         except OSError as e:  # only a memo: the next build parses again

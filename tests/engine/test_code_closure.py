@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from hyperexport.engine import code_closure
 from hyperexport.engine.code_closure import (
+    IMPORT_MEMO,
     CodePackage,
     ImportMemo,
     closure,
@@ -15,6 +20,9 @@ from hyperexport.engine.code_closure import (
     stage_code,
     token_digest,
 )
+from hyperexport.engine.keyed_imports import keyed_imports
+from hyperexport.engine.runner import BuildRequest, Runner
+from tests.engine.fakes import CONFIG, ENV, MODEL, open_store, pipeline
 
 #: The toy package's name.
 PKG = "toypkg"
@@ -140,3 +148,56 @@ def test_a_comment_in_a_package_module_changes_no_stage_code(tmp_path: Path) -> 
     assert closure(["toypkg.errors"], read_package(root)) == before
     (root / "errors.py").write_text("class E(ValueError):\n    pass\n")
     assert closure(["toypkg.errors"], read_package(root)) != before
+
+
+def test_an_outer_keyed_loader_keeps_one_import_memo_for_every_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line's keyed loader (one folder per user) holds the parsed imports, so a build
+    into a new cache parses nothing its user's earlier builds parsed; the cache's own index
+    holds no memo then."""
+    package = _toy(tmp_path / "src")
+    parsed: list[str] = []
+    real_parse = code_closure._parse
+
+    def counting_parse(data: bytes, path: Path, name: str) -> Any:
+        parsed.append(name)
+        return real_parse(data, path, name)
+
+    monkeypatch.setattr(code_closure, "_parse", counting_parse)
+    outer = tmp_path / "user" / "bytecode"
+    with keyed_imports(outer):
+        for cache in ("one", "two"):
+            monkeypatch.setattr(code_closure, "_READ", {})  # a new process
+            fresh = len(parsed)
+            store = open_store(tmp_path / cache)
+            request = BuildRequest(
+                name="fake", config=CONFIG, source="f.json", stages=pipeline(), env=ENV, model=MODEL
+            )
+            Runner(store, lambda: "model", package=package).run(request)
+            assert not (tmp_path / cache / "index" / "imports.json").exists()
+            if cache == "one":
+                assert len(parsed) - fresh == 5  # every module of the toy package, once
+            else:
+                assert len(parsed) == fresh  # the second cache parsed nothing
+    memo = json.loads((outer / IMPORT_MEMO).read_text())
+    assert sorted(k.partition(":")[0] for k in memo) == sorted(
+        ["toypkg", "toypkg.stages", "toypkg.stages.check", "toypkg.report", "toypkg.judge"]
+    )
+
+
+def test_a_shared_memo_is_bounded_and_keeps_what_this_process_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(code_closure, "SHARED_MEMO_ENTRIES", 2)
+    path = tmp_path / IMPORT_MEMO
+    earlier = ImportMemo(path)  # other versions' entries, written before
+    for name in ("a", "b", "c"):
+        earlier.put(f"{name}:0", ([], []), "t")
+    earlier.save()
+    shared = ImportMemo(path, bounded=True)
+    assert shared.get("b:0") is not None
+    shared.put("d:0", ([], []), "t")
+    shared.save()
+    assert set(json.loads(path.read_text())) == {"b:0", "d:0"}  # the bound holds; used ones stay
+    assert ImportMemo(path, bounded=True).get("b:0") is not None  # and still read back

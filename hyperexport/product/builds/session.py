@@ -17,6 +17,7 @@ from hyperexport.base.cache_dir import ENV_CACHE_DIR, default_cache_dir
 from hyperexport.base.errors import CacheUnavailableError, ForeignPathError
 from hyperexport.engine.environment import environment_fingerprint
 from hyperexport.engine.hashing import FileDigestIndex, sha256_text
+from hyperexport.engine.keyed_imports import default_bytecode_dir, keyed_imports
 from hyperexport.engine.machinery import machinery
 from hyperexport.engine.remote import remote_from_settings
 from hyperexport.engine.runner import DEFAULT_VARIANT, REFUSED, BuildRequest, BuildResult, Runner
@@ -173,7 +174,10 @@ def run_build(
     # Inside the block the last build's checkouts stay, for publishing to take (workspace.py).
     with Runner(store, load_model, package=fingerprint.KEYED_PACKAGE) as runner:
         try:
-            result = runner.run(request)
+            # The user's compiled files and parsed imports, as the command line keeps them
+            # (__main__.py): a build called in process into a new cache compiles nothing again.
+            with keyed_imports(default_bytecode_dir(default_cache_dir())):
+                result = runner.run(request)
         except CacheUnavailableError as e:  # a stage must run and the cache cannot be written
             return _unavailable(e, recipe_dir / variant)
         if settings.dry_run:
