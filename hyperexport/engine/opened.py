@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,10 +136,11 @@ def regular_files(reads: Reads, exclude: tuple[str, ...] = ()) -> list[str]:
     prefixes = tuple(p.rstrip(os.sep) + os.sep for p in excluded) + _SYSTEM_PREFIXES
     exact = set(excluded) | {os.path.realpath(p) for p in reads.written if os.path.isabs(p)}
     found = set()
+    resolve = _resolver()
     for path in reads.read:
         if not os.path.isabs(path) or path.startswith(_SYSTEM_PREFIXES):
             continue
-        real = os.path.realpath(path)
+        real = resolve(path)
         if (
             real in exact
             or (real + os.sep).startswith(prefixes)
@@ -150,6 +151,25 @@ def regular_files(reads: Reads, exclude: tuple[str, ...] = ()) -> list[str]:
             continue
         found.add(real)
     return sorted(found)
+
+
+def _resolver() -> Callable[[str], str]:
+    """``os.path.realpath`` for many files in few folders: each folder is resolved once, then
+    only a file's last part can still be a link (one ``lstat``, where ``realpath`` takes one per
+    part of the path). A build reads thousands of module files from a few hundred folders."""
+    folders: dict[str, str] = {}
+
+    def resolve(path: str) -> str:
+        head, tail = os.path.split(path)
+        if tail in ("", ".", ".."):
+            return os.path.realpath(path)
+        folder = folders.get(head)
+        if folder is None:
+            folder = folders[head] = os.path.realpath(head)
+        joined = os.path.join(folder, tail)
+        return os.path.realpath(joined) if os.path.islink(joined) else joined
+
+    return resolve
 
 
 def _changed_since(path: str, since_ns: int | None) -> bool:

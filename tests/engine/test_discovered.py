@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.engine import opened
 from hyperexport.engine.discovered import (
     DiscoveredDeps,
     changes,
@@ -319,3 +320,34 @@ def test_an_editable_install_finder_is_not_recorded(tmp_path: Path) -> None:
         sys.path.remove(str(folder))
         sys.modules.pop(finder, None)
     assert not [name for name in deps["modules"] if name.startswith("__editable__")]
+
+
+def test_files_read_are_resolved_as_realpath_resolves_them(tmp_path: Path) -> None:
+    """Folders resolved once, then the last part: the same answer as ``os.path.realpath``,
+    through a linked folder, a linked file, a link to a link, ``..`` and a dangling link."""
+    import os
+
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    (real / "sub" / "a.py").write_text("A = 1\n")
+    (real / "b.py").write_text("B = 1\n")
+    (tmp_path / "folder_link").symlink_to(real / "sub")
+    (real / "file_link.py").symlink_to(real / "sub" / "a.py")
+    (real / "link_to_link.py").symlink_to(real / "file_link.py")
+    (real / "dangling.py").symlink_to(real / "gone.py")
+    paths = [
+        str(tmp_path / "folder_link" / "a.py"),
+        str(real / "file_link.py"),
+        str(real / "link_to_link.py"),
+        str(tmp_path / "folder_link" / ".." / "b.py"),
+        str(real / "sub" / ".."),
+        str(real / "dangling.py"),
+        str(real / "b.py"),
+    ]
+    resolve = opened._resolver()
+    assert [resolve(p) for p in paths] == [os.path.realpath(p) for p in paths]
+    reads = opened.Reads()
+    reads.read.update(paths)
+    assert opened.regular_files(reads) == sorted(
+        {os.path.realpath(p) for p in paths if os.path.isfile(os.path.realpath(p))}
+    )
