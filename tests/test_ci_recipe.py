@@ -35,6 +35,10 @@ def statuses(tmp_path: Path) -> dict[str, str]:
     return {s["name"]: s["status"] for s in report(tmp_path)["stages"]}  # type: ignore[attr-defined]
 
 
+# slow: four CLI builds (17 s in one full run); the default run keeps each rebuild rule in process
+# (tests/e2e/test_e2e.py: no-op, an opset change from export; tests/e2e/test_e2e_keys.py: mtimes
+# without content, a check-only code edit) and the CLI's no-op (tests/test_cli.py).
+@pytest.mark.slow
 def test_incremental_rebuild(toy: Path, tmp_path: Path) -> None:
     cold = run([f"recipe_file={toy}"], tmp_path)
     assert cold.returncode == 0, cold.stderr
@@ -75,6 +79,10 @@ def _workflow_step(name: str, path: Path = WORKFLOW) -> dict[str, Any]:
     return next(s for s in job["steps"] if s.get("name") == name)
 
 
+# slow: a dry run of every recipe through the CLI sweep (30 s in one full run); the default run
+# composes and validates every recipe (tests/product/config/test_recipe_fields.py) and keys each
+# variant CI builds (tests/product/cli/test_lock.py::test_the_committed_lock_is_fresh).
+@pytest.mark.slow
 def test_workflow_builds_every_recipe(tmp_path: Path) -> None:
     """The workflow's build command, as a dry run: one job per recipe file, all valid."""
     command = _workflow_step("Build every recipe")["run"]

@@ -147,20 +147,25 @@ def test_cli_exits_2_with_one_line_naming_the_field(llama_checkpoint: Path, tmp_
     assert result.returncode == exit_codes.INVALID, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if "field 'model.path'" in line]
     assert errors and all("no config.json" in line for line in errors), result.stderr[-2000:]
-    # hiera: auto on a model without blocks: a plain module, explicit inputs.
-    blocks = {
-        "name": "noblocks",
-        "model": {"_target_": "torch.nn.Linear", "in_features": 4, "out_features": 2},
-        "inputs": {"input": {"shape": [2, 4]}},
-        "hiera": "auto",
-        "dynamo": False,
-    }
-    result = _cli(blocks, tmp_path)
-    assert result.returncode == exit_codes.INVALID, result.stderr[-2000:]
-    assert any(
-        "field 'hiera'" in line and "no repeated blocks" in line
-        for line in result.stderr.splitlines()
-    ), result.stderr[-2000:]
+
+
+def test_hiera_auto_on_a_model_without_blocks_is_refused_naming_the_field() -> None:
+    """A plain module, explicit inputs: the same RecipeError the command line prints in one line
+    with exit 2 (the test above)."""
+    import torch
+
+    from hyperexport.models.auto import resolve_auto
+    from hyperexport.product.config.fields import to_json
+    from hyperexport.product.config.schema import InputSpec
+
+    with pytest.raises(RecipeError) as info:
+        resolve_auto(
+            {"inputs": {"input": to_json(InputSpec(shape=[2, 4]))}, "hiera": "auto"},
+            torch.nn.Linear(4, 2),
+            "/r/noblocks.yaml",
+        )
+    assert info.value.field == "hiera" and "no repeated blocks" in info.value.reason
+    assert "field 'hiera'" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_replacing_the_weights_reruns_the_stages_that_read_them(

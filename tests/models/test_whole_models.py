@@ -239,7 +239,11 @@ def test_speech_picks_the_encoder_layers_and_says_why() -> None:
 def test_an_input_auto_cannot_make_is_refused_naming_class_and_input() -> None:
     model = random_transformer(
         "Qwen2VLModel",
-        {"text_config": {**TEXT, "num_key_value_heads": 1, "max_position_embeddings": 64}},
+        {
+            "text_config": {**TEXT, "num_key_value_heads": 1, "max_position_embeddings": 64},
+            # The default vision tower is Qwen2-VL's own (32 blocks of 1280): 20 s of random init.
+            "vision_config": {"depth": 1, "embed_dim": 16, "hidden_size": 32, "num_heads": 2},
+        },
     )
     with pytest.raises(RecipeError) as info:
         resolve_auto({"inputs": "auto", "hiera": "auto"}, model, "/r/vl.yaml")
