@@ -322,10 +322,11 @@ def test_sigterm_is_exit_143_with_one_line(tmp_path: Path) -> None:
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 143
-    assert err.strip().splitlines() == [
-        "[ERROR] terminated (SIGTERM): stopped; nothing half-written was published"
-    ]
+    from hyperexport.__main__ import TERMINATED_MESSAGE
+    from hyperexport.base.exit_codes import TERMINATED
+
+    assert proc.returncode == TERMINATED == 143
+    assert err.strip().splitlines() == [f"[ERROR] {TERMINATED_MESSAGE}"]
 
 
 @pytest.mark.parametrize(

@@ -66,12 +66,10 @@ def _blocks(text: str) -> list[tuple[str, str, int]]:
     return out
 
 
-def _tested_elsewhere(text: str, offset: int) -> bool:
-    """Whether the README's text at ``offset`` sits in a section other tests run."""
-    heading = ""
-    for m in re.finditer(r"^## .*$", text[:offset], re.M):
-        heading = m.group(0)
-    return heading.startswith(README_TESTED_ELSEWHERE)
+def _tested_elsewhere(text: str, line: int) -> bool:
+    """Whether the README's ``line`` sits in a section other tests run."""
+    headings = [x for x in text.splitlines()[: line - 1] if x.startswith("## ")]
+    return bool(headings) and headings[-1].startswith(README_TESTED_ELSEWHERE)
 
 
 def _commands(body: str) -> list[tuple[int, list[str]]]:
@@ -103,9 +101,7 @@ def collect() -> tuple[list[Snippet], set[tuple[str, str]], list[str]]:
         for lang, body, start in _blocks(text):
             if lang not in ("bash", "sh", "shell"):
                 continue
-            if doc.name == "README.md" and _tested_elsewhere(
-                text, sum(len(x) + 1 for x in text.splitlines()[: start - 1])
-            ):
+            if doc.name == "README.md" and _tested_elsewhere(text, start):
                 continue
             first = body.splitlines()[0] if body else ""
             if first.startswith(MARKER):
