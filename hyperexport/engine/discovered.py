@@ -33,6 +33,7 @@ holds, the stage reruns, and the reason names what changed (``model code changed
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata as metadata
 import importlib.util
@@ -50,7 +51,7 @@ from typing import Any
 from .environment import SITE_DIRS, distribution_version
 from .hashing import (
     FileDigestIndex,
-    atomic_write_json,
+    atomic_write_canonical_json,
     canonical_json,
     sha256_text,
 )
@@ -122,20 +123,48 @@ def _path_entries() -> list[Path]:
     )
 
 
-@functools.lru_cache(maxsize=16384)
-def _relative_label(name: str, file: Path, entries: tuple[Path, ...]) -> str | None:
-    """:func:`_relative_file`, remembered: a snapshot names every loaded module (thousands),
-    each build takes several, and a module's name, file and ``sys.path`` rarely change between
-    them (pure path arithmetic, no filesystem access: nothing can go stale)."""
-    return _relative_file(name, file, list(entries))
+@dataclasses.dataclass(frozen=True)
+class _Place:
+    """Where a loaded module's file sits, worked out once per process (pure path arithmetic and
+    one ``realpath``): a snapshot names every loaded module (thousands), each build takes
+    several, and a module's name, file and ``sys.path`` rarely change between them. Only the
+    file's content is read again each time (its stat-keyed digest), so nothing can go stale."""
+
+    name: str  # the name it is recorded under: the module's, or its top-level module's
+    file: str
+    site_top: str | None  # its top-level name in site-packages, if installed there
+    in_stdlib: bool
+    label: str  # relative to its sys.path folder or package (absolute when neither holds it)
+    realpath: str
 
 
-@functools.lru_cache(maxsize=16384)
-def _module_realpath(file: Path) -> str:
-    """The resolved path of a loaded module's file, remembered per process: a module's file is
-    not moved under a running interpreter; it only tells opened files that are module files
-    (keyed as modules already) from others."""
-    return os.path.realpath(file)
+#: ``{sys.path folders: {(module name, its __file__): place, or None when not recorded}}``.
+_PLACES: dict[tuple[str, ...], dict[tuple[str, str], _Place | None]] = {}
+
+
+def _place(name: str, file: str, top: str, entries: list[Path]) -> _Place | None:
+    path = Path(file)
+    if not path.is_absolute():
+        # Namespace packages, modules made at run time, and submodules with a relative
+        # __file__ (made by a library at run time): keyed through their top-level module.
+        top_module = sys.modules.get(top)
+        top_path = _module_file(top_module) if top_module is not None else None
+        if top_path is None or not top_path.is_absolute():
+            return None
+        name, path = top, top_path
+    site_top = _site_top(path)
+    in_stdlib = site_top is None and _in_stdlib(path)
+    label = _relative_file(name, path, entries)
+    if label is None and not in_stdlib:
+        log.warning(
+            "module %s (%s) cannot be named relative to its package; the cache keys it "
+            "by its absolute path",
+            name,
+            path,
+        )
+    return _Place(
+        name, str(path), site_top, in_stdlib, label or path.as_posix(), os.path.realpath(path)
+    )
 
 
 def _relative_file(name: str, file: Path, entries: list[Path]) -> str | None:
@@ -198,7 +227,7 @@ def snapshot(
     owners_of: dict[str, list[str] | None] = {}
     module_files: set[str] = set()
     entries = _path_entries()
-    entries_key = tuple(entries)
+    places = _PLACES.setdefault(tuple(map(str, entries)), {})
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
         if (
@@ -208,43 +237,32 @@ def snapshot(
             or not isinstance(module, ModuleType)
         ):
             continue
-        file = _module_file(module)
-        if file is None or not file.is_absolute():
-            # Namespace packages, modules made at run time, and submodules with a relative
-            # __file__ (made by a library at run time): keyed through their top-level module.
-            top_module = sys.modules.get(top)
-            file = _module_file(top_module) if top_module is not None else None
-            if file is None or not file.is_absolute():
-                continue
-            name = top
-        site_top = _site_top(file)
-        if site_top is not None:
-            if site_top not in owners_of:
-                owners_of[site_top] = _distributions_by_top().get(site_top) or None
-            owners = owners_of[site_top]
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str) or not file:
+            file = ""
+        if (name, file) not in places:
+            places[(name, file)] = _place(name, file, top, entries)
+        place = places[(name, file)]
+        if place is None:
+            continue
+        if place.site_top is not None:
+            if place.site_top not in owners_of:
+                owners_of[place.site_top] = _distributions_by_top().get(place.site_top) or None
+            owners = owners_of[place.site_top]
             if owners is not None:  # its version names the change; its files are keyed below
                 dists.update((dist, distribution_version(dist)) for dist in owners)
-        elif _in_stdlib(file):
+        elif place.in_stdlib:
             continue
-        if name in modules:
+        if place.name in modules:
             continue
-        rel = _relative_label(name, file, entries_key)
-        if rel is None:
-            log.warning(
-                "module %s (%s) cannot be named relative to its package; the cache keys it "
-                "by its absolute path",
-                name,
-                file,
-            )
-            rel = file.as_posix()
         try:
             # What ran: the bytes the keyed loader compiled, when it loaded the module
             # (keyed_imports.py); else the file as it is now.
-            ran = compiled_digest(str(file)) or index.digest_at(str(file))
-            modules[name] = [rel, ran]
-            module_files.add(_module_realpath(file))
+            ran = compiled_digest(place.file) or index.digest_at(place.file)
+            modules[place.name] = [place.label, ran]
+            module_files.add(place.realpath)
         except OSError as e:  # deleted since it was imported: nothing to validate it against
-            log.warning("module %s: cannot hash %s (%s); not recorded", name, file, e)
+            log.warning("module %s: cannot hash %s (%s); not recorded", place.name, place.file, e)
     files: dict[str, str] = {}
     for path in opened:
         if path in module_files or _in_stdlib(Path(path)) or Path(path).is_relative_to(_OWN_DIR):
@@ -486,7 +504,7 @@ class DiscoveredDeps:
         if not self.read_only:
             kept = [s for s in self.sets(declared) if set_digest(s) != set_digest(deps)]
             sets = [deps, *kept][:MAX_SETS]
-            atomic_write_json(self.path(declared), {"format": DEPS_FORMAT, "sets": sets})
+            atomic_write_canonical_json(self.path(declared), {"format": DEPS_FORMAT, "sets": sets})
             self._memo[declared] = sets
         return full_key(declared, deps)
 
