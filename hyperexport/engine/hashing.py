@@ -43,6 +43,13 @@ def atomic_write_json(path: Path, value: Any) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_canonical_json(path: Path, value: Any) -> None:
+    """Write ``value`` as :func:`canonical_json` (stable bytes), atomically: for files of
+    thousands of entries that no one reads by eye (dependency sets, the digest index), which
+    json's C encoder serialises only without indentation, several times faster."""
+    atomic_write_bytes(path, canonical_json(value).encode("utf-8"))
+
+
 #: What an index entry keys on besides the path: a file replaced by other bytes changes at least
 #: one of these, even when its size and mtime were restored (``cp -p``, ``rsync -t``): the
 #: inode changes when it is replaced, and ctime, which no user can set back, when it is written.
@@ -51,6 +58,28 @@ _STAT_FIELDS = ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
 
 def _stat_key(st: os.stat_result) -> list[int]:
     return [int(getattr(st, name)) for name in _STAT_FIELDS]
+
+
+#: Digests this process computed, under the same stat-key rule as :class:`FileDigestIndex`:
+#: ``{absolute path: [*stat key, digest]}``. Each cache keeps its own index file, and one
+#: process that builds into several caches (a test run, a sweep's jobs in one worker) would
+#: otherwise hash the thousands of library files a dependency set names once per cache.
+_PROCESS_DIGESTS: dict[str, list[Any]] = {}
+
+
+def _hashed(path: str, stat_key: list[int]) -> tuple[str, bool]:
+    """The sha256 of ``path`` whose stat key is ``stat_key``, and whether it may be remembered
+    under that key: from this process's digests when the key still matches, else read."""
+    known = _PROCESS_DIGESTS.get(path)
+    if known is not None and known[:-1] == stat_key:
+        return str(known[-1]), True
+    value = sha256_file(Path(path))
+    # Stat again after reading: a file written while it was hashed must not be remembered
+    # under the new stat with the old content's digest.
+    stable = _stat_key(os.stat(path)) == stat_key
+    if stable:
+        _PROCESS_DIGESTS[path] = [*stat_key, value]
+    return value, stable
 
 
 class JsonMemo:
@@ -96,9 +125,7 @@ class JsonMemo:
     def save(self) -> None:
         """Write the file if it changed (never for an in-memory or read-only memo)."""
         if self._path is not None and self._dirty and not self._read_only:
-            # compact: thousands of entries no one reads by eye, and json's C encoder only
-            # serialises without indentation (3x faster for the digest index)
-            atomic_write_bytes(self._path, canonical_json(self._load()).encode("utf-8"))
+            atomic_write_canonical_json(self._path, self._load())
             self._dirty = False
 
 
@@ -129,10 +156,8 @@ class FileDigestIndex(JsonMemo):
         known = entries.get(str(path))
         if known is not None and known[:-1] == stat_key:
             return str(known[-1])
-        value = sha256_file(path)
-        # Stat again after reading: a file written while it was hashed must not be remembered
-        # under the new stat with the old content's digest.
-        if _stat_key(path.stat()) == stat_key:
+        value, stable = _hashed(str(path), stat_key)
+        if stable:
             self._set(str(path), [*stat_key, value])
         return value
 
@@ -143,8 +168,8 @@ class FileDigestIndex(JsonMemo):
         known = self._load().get(path)
         if known is not None and known[:-1] == stat_key:
             return str(known[-1])
-        value = sha256_file(Path(path))
-        if _stat_key(os.stat(path)) == stat_key:
+        value, stable = _hashed(path, stat_key)
+        if stable:
             self._set(path, [*stat_key, value])
         return value
 

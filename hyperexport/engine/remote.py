@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from .discovered import DEPS_FORMAT, MAX_SETS, set_digest
 from .entries import ActionEntry
 from .errors import CacheUnavailableError
-from .hashing import atomic_write_json, sha256_file
+from .hashing import atomic_write_canonical_json, sha256_file
 from .settings import READ_WRITE, REMOTE_MODES
 
 
@@ -259,7 +259,7 @@ class Remote:
         merged = _merge(local_sets, remote_sets)
         if len(merged) == len(local_sets):
             return False
-        atomic_write_json(local, {"format": DEPS_FORMAT, "sets": merged})
+        atomic_write_canonical_json(local, {"format": DEPS_FORMAT, "sets": merged})
         return True
 
     def upload_deps(self, declared: str, local: Path) -> None:

@@ -121,9 +121,31 @@ def test_checkpoint_fast_path_skips_unchanged_files(
     hashed: list[Path] = []
     real = hashing.sha256_file
     monkeypatch.setattr(hashing, "sha256_file", lambda p: hashed.append(p) or real(p))
+    monkeypatch.setattr(hashing, "_PROCESS_DIGESTS", {})  # as in a new process
     again = weights_fingerprint(None, ckpt, FileDigestIndex(tmp_path / "index.json"))
     assert again == first
     assert hashed == []  # answered from the persisted index
+
+
+def test_one_process_hashes_a_file_once_for_every_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two caches (two in-memory indexes) in one process: the second asks the process's
+    digests; a file rewritten in place since is read again."""
+    ckpt = tmp_path / "w.safetensors"
+    ckpt.write_bytes(b"a" * 100)
+    monkeypatch.setattr(hashing, "_PROCESS_DIGESTS", {})
+    hashed: list[Path] = []
+    real = hashing.sha256_file
+    monkeypatch.setattr(hashing, "sha256_file", lambda p: hashed.append(p) or real(p))
+    first = FileDigestIndex(None).digest_at(str(ckpt))
+    assert FileDigestIndex(None).digest_at(str(ckpt)) == first
+    assert len(hashed) == 1
+    stat = ckpt.stat()
+    ckpt.write_bytes(b"b" * 100)  # same size; restore the mtime: ctime still moves
+    os.utime(ckpt, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert FileDigestIndex(None).digest_at(str(ckpt)) == real(ckpt) != first
+    assert len(hashed) == 2
 
 
 def test_swapped_checkpoint_with_mtime_restored_is_rehashed(tmp_path: Path) -> None:
