@@ -11,7 +11,7 @@ import pytest
 from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import RECIPES_DIR, compose_recipe, validate_recipe
 from hyperexport.tasks.registry import task_named
-from tests.helpers.recipes import RECIPES, needs_later_transformers
+from tests.helpers.recipes import RECIPES, composed, needs_later_transformers
 
 
 def _refused_here(name: str) -> bool:
@@ -33,7 +33,7 @@ def test_the_expected_recipes_exist() -> None:
 def test_recipe_composes_and_validates(name: str) -> None:
     if _refused_here(name):
         return
-    recipe, build = compose_recipe([f"recipe={name}"])
+    recipe, build = composed(name)
     assert recipe.name == name
     assert recipe.file == str(RECIPES_DIR / f"{name}.yaml")
     assert recipe.data["model"]["_target_"].startswith("hyperexport.zoo.")
@@ -50,7 +50,7 @@ def test_recipe_instantiates(name: str) -> None:
 
     if _refused_here(name):
         return
-    recipe, _ = compose_recipe([f"recipe={name}"])
+    recipe, _ = composed(name)
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
     assert isinstance(model, torch.nn.Module)
     task = task_named(recipe.data["task"])

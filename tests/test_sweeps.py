@@ -1,6 +1,8 @@
 """Sweeps through Hydra's launchers: one record per job, one table, sweep.json, the worst code.
 
-The fast test runs the basic launcher on the toy model; the slow one is the acceptance sweep of
+The fast test runs the basic launcher on the toy model (its builds in this process,
+``run_here``: what a sweep prints and writes does not depend on a fresh interpreter); the slow
+one is the acceptance sweep of
 the tiny Llama recipe through the joblib launcher (parallel worker processes, one cache).
 """
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.cli import run, write_toy
+from tests.helpers.cli import run, run_here, write_toy
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def test_sweep_reports_every_job_and_exits_with_the_worst_code(toy: Path, tmp_pa
     assert "1 of 2 jobs refused; none was run" in proc.stderr
     assert not (tmp_path / "outputs").exists()
     # A valid sweep: one record per job, one table at the end, the worst exit code.
-    proc = run(["-m", f"recipe_file={toy}", "opset=17,18"], tmp_path)
+    proc = run_here(["-m", f"recipe_file={toy}", "opset=17,18"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     sweep = sweep_json(tmp_path)
     assert sweep["exit_code"] == 0
@@ -100,7 +102,7 @@ def test_joblib_sweep_with_an_invalid_job_exits_2(tmp_path: Path) -> None:
 
 def test_submitit_launcher_config_composes(tmp_path: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    proc = run(["--cfg", "hydra", "hydra/launcher=submitit_local"], tmp_path)
+    proc = run_here(["--cfg", "hydra", "hydra/launcher=submitit_local"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "submitit_launcher.LocalLauncher" in proc.stdout
     assert "submitit_folder: ${hydra.sweep.dir}/.submitit/%j" in proc.stdout

@@ -12,7 +12,6 @@ import pytest
 import hyperexport.product.stages as stages_package
 from hyperexport.base.contracts.names import STAGE_NAMES
 from hyperexport.engine.stage import config_slice
-from hyperexport.product.config import compose_recipe
 from hyperexport.product.config.fields import (
     UnreadFieldError,
     defaults_of,
@@ -25,6 +24,7 @@ from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages import PIPELINE
 from hyperexport.product.stages.recipe_stage import RecipeStage
 from tests.helpers.recipes import USABLE
+from tests.helpers.recipes import composed as compose_once
 
 RECIPES = USABLE  # the ones this transformers composes (tests/test_configs.py: the others)
 SECTIONS = {path.split(".")[0] for path, _ in leaves(RecipeConfig) if "." in path}
@@ -32,7 +32,7 @@ SECTIONS = {path.split(".")[0] for path, _ in leaves(RecipeConfig) if "." in pat
 
 @pytest.fixture(scope="module")
 def composed() -> dict[str, Any]:
-    return {name: compose_recipe([f"recipe={name}"])[0] for name in RECIPES}
+    return {name: compose_once(name)[0] for name in RECIPES}
 
 
 def test_every_declared_reader_is_a_stage() -> None:
