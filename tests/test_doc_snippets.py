@@ -27,6 +27,8 @@ import pytest
 import yaml
 
 from tests.helpers.cli import REPO, run_here
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
+from tests.helpers.release_skips import NEEDS_OPSET_18
 
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 #: The marker a block that is not run starts with.
@@ -165,6 +167,18 @@ def every_recipe(args: tuple[str, ...]) -> bool:
     return status or args[:1] == ("lock",)
 
 
+def _release_marks(args: tuple[str, ...]) -> list[pytest.MarkDecorator]:
+    """The skips of a command naming what the installed torch lacks: a TorchScript opset of 18
+    or more (torch 2.2 stops at 17), the dynamo path (refused below torch 2.6)."""
+    values = {a.partition("=")[0]: a.partition("=")[2].split(",") for a in args if "=" in a}
+    marks = []
+    if any(v.isdigit() and int(v) >= 18 for v in values.get("opset", [])):
+        marks.append(NEEDS_OPSET_18)
+    if "true" in values.get("dynamo", []):
+        marks.append(NEEDS_DYNAMO_PATH)
+    return marks
+
+
 def _cases() -> list[object]:
     seen: set[tuple[str, ...]] = set()
     cases: list[object] = []
@@ -173,6 +187,7 @@ def _cases() -> list[object]:
             continue
         seen.add(snippet.args)
         marks = [pytest.mark.slow] if every_recipe(snippet.args) else []
+        marks += _release_marks(snippet.args)
         cases.append(pytest.param(snippet, marks=marks, id=str(snippet)))
     return cases
 

@@ -22,7 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hyperexport.base import versions
+from hyperexport.base.contracts.names import TEXT_GENERATION
+from hyperexport.base.errors import RecipeError
 from hyperexport.product.config.validate import validate_recipe
+from hyperexport.tasks.registry import TASKS
 from tests.helpers.cli import REPO
 
 README = REPO / "README.md"
@@ -245,7 +249,15 @@ def test_each_recipe_validates_as_written(example: Example, tmp_path: Path) -> N
     checkpoint.mkdir()  # validation reads no checkpoint file: task is explicit in each
     recipe = tmp_path / example.file
     recipe.write_text(_with_checkpoint(example, checkpoint))
-    validated = validate_recipe(yaml.safe_load(recipe.read_text()), str(recipe))
+    data = yaml.safe_load(recipe.read_text())
+    task = TASKS.get(data.get("task", ""))
+    decoding = data.get("task") == TEXT_GENERATION or (task is not None and bool(task.graphs))
+    if decoding and (missing := versions.decoding_task_missing(data["task"])):
+        with pytest.raises(RecipeError) as refused:  # one line, on a transformers before 4.57
+            validate_recipe(data, str(recipe))
+        assert (refused.value.field, refused.value.reason) == ("task", missing)
+        return
+    validated = validate_recipe(data, str(recipe))
     assert validated.name == example.name
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.cli import run, run_here, write_toy
+from tests.helpers.release_skips import NEEDS_OPSET_18
 
 
 @pytest.fixture
@@ -30,6 +31,7 @@ def sweep_json(tmp_path: Path) -> dict[str, Any]:
     return data
 
 
+@NEEDS_OPSET_18  # a sweep over opset=17,18
 def test_sweep_reports_every_job_and_exits_with_the_worst_code(toy: Path, tmp_path: Path) -> None:
     # An invalid value refuses the sweep before any job runs, naming the job and the field.
     proc = run(["-m", f"recipe_file={toy}", "opset=17,99"], tmp_path)

@@ -71,15 +71,21 @@ def _seed_tensors(value: Any, memo: dict[int, Any], seen: set[int]) -> None:
         children: Any = list(value.values())
     elif isinstance(value, (list, tuple, set, frozenset)):
         children = list(value)
-    elif isinstance(value, torch.nn.Module):
+    elif isinstance(value, torch.nn.Module) and not _is_transformers_cache(value):
         return  # modules are shared, not copied: deepcopy copies their tensors' values itself
-    else:
+    else:  # a transformers 4.x Cache may be an nn.Module holding tensors in plain lists (4.48.3)
         children = list(getattr(value, "__dict__", {}).values())
         children += [
             getattr(value, s) for s in getattr(type(value), "__slots__", ()) if hasattr(value, s)
         ]
     for child in children:
         _seed_tensors(child, memo, seen)
+
+
+def _is_transformers_cache(value: Any) -> bool:
+    """Whether ``value`` is a transformers KV cache (``transformers.cache_utils``): its tensors
+    are the call's state, and are copied detached even where the class is an ``nn.Module``."""
+    return any(c.__module__ == "transformers.cache_utils" for c in type(value).__mro__)
 
 
 def capture_inner_call(

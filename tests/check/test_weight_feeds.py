@@ -14,6 +14,7 @@ from test_bfloat16 import _export_low_precision
 from hyperexport.check import CheckSettings
 from hyperexport.check.model_evaluator import ModelEvaluator, evaluate_model
 from hyperexport.check.weight_feeds import WeightFeeds
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 
 
 def test_every_bfloat16_converts_exactly_into_the_reused_buffer() -> None:
@@ -40,6 +41,7 @@ def test_float16_converts_and_float32_is_fed_as_it_is() -> None:
     assert kept.dtype == np.float16
 
 
+@NEEDS_DYNAMO_PATH  # a bfloat16 Llama: exported on the dynamo path (tests/check/test_bfloat16.py)
 def test_one_session_serves_every_layer_and_each_call_gets_its_own_weights(
     tmp_path: Path,
 ) -> None:
@@ -65,9 +67,10 @@ def test_one_session_serves_every_layer_and_each_call_gets_its_own_weights(
     )
 
 
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("mode", ["per_type", "per_instance"])
-def test_a_float32_model_checks_every_call(tmp_path: Path, mode: str) -> None:
-    path, manifest, capture = _export_low_precision(tmp_path, "float32", mode)
+def test_a_float32_model_checks_every_call(tmp_path: Path, mode: str, dynamo: bool) -> None:
+    path, manifest, capture = _export_low_precision(tmp_path, "float32", mode, dynamo)
     evaluation = evaluate_model(
         path, manifest, capture.record, capture.arrays, CheckSettings(function_scope="all")
     )

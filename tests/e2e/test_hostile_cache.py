@@ -111,7 +111,7 @@ def test_planted_popen_payload_runs_nothing_and_the_entry_is_rebuilt(
     store = CacheStore(tmp_path / "cache")
     _plant(store, trace_key, _with_popen(marker))
     with caplog.at_level(logging.WARNING):
-        again = build(toy_recipe(toy_package, opset=17), tmp_path)  # export must run
+        again = build(toy_recipe(toy_package, opset=16), tmp_path)  # export must run
     assert not marker.exists(), "the payload ran"
     assert again.exit_code == 0, again.lines
     assert statuses(again) == {
@@ -139,6 +139,6 @@ def test_malformed_capture_with_a_matching_digest_is_rebuilt(
     trace_key = first.result.entries["trace"].key
     store = CacheStore(tmp_path / "cache")
     _plant(store, trace_key, lambda capture: b'{"calls": []}')
-    again = build(toy_recipe(toy_package, opset=17), tmp_path)
+    again = build(toy_recipe(toy_package, opset=16), tmp_path)
     assert again.exit_code == 0, again.lines
     assert statuses(again)["trace"] == "ran"

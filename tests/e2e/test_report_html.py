@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 
+from hyperexport.base import versions
+from hyperexport.defaults import DEFAULT_OPSET
 from hyperexport.product.builds import report_html
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.builds.summary import size_text
 from hyperexport.product.config import BuildSettings, compose_recipe, validate_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS, NEEDS_QWEN3
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -111,6 +114,8 @@ def test_the_screenshot_is_not_blank(build: BuildOutcome, tmp_path: Path) -> Non
 
 
 @needs_chromium
+@NEEDS_DECODING_TASKS  # the quantized fixture: zoo_qwen3_generate
+@NEEDS_QWEN3
 def test_the_screenshot_shows_the_quantized_and_generation_sections(
     quantized: BuildOutcome, tmp_path: Path
 ) -> None:
@@ -142,6 +147,8 @@ def test_the_screenshot_shows_the_quantized_and_generation_sections(
     assert shots[0] != shots[1]
 
 
+@NEEDS_DECODING_TASKS  # the quantized fixture: zoo_qwen3_generate
+@NEEDS_QWEN3
 def test_the_page_lists_both_models_and_the_quantized_ones_size(quantized: BuildOutcome) -> None:
     assert quantized.report is not None
     page = (quantized.out_dir / report_html.REPORT_HTML).read_text()
@@ -159,6 +166,8 @@ def test_the_page_lists_both_models_and_the_quantized_ones_size(quantized: Build
     assert quantized_ops and all(ops.get("MatMulNBits") for ops in quantized_ops.values())
 
 
+@NEEDS_DECODING_TASKS  # the quantized fixture: zoo_qwen3_generate
+@NEEDS_QWEN3
 def test_the_summary_names_both_published_models(quantized: BuildOutcome) -> None:
     lines = (quantized.out_dir / "summary.txt").read_text().splitlines()
     out = quantized.out_dir
@@ -355,7 +364,8 @@ def test_the_page_says_what_was_built_and_with_what(build: BuildOutcome) -> None
     env = build.report["environment"]
     for name, version in env["packages"].items():
         assert f"{name} {version}" in overview
-    assert re.search(r"<th>opset</th><td>18</td>", overview)
+    opset = versions.torchscript_opset(DEFAULT_OPSET)  # the recipe leaves it unset
+    assert re.search(rf"<th>opset</th><td>{opset}</td>", overview)
     assert "none (the recipe as written)" in overview
     assert re.search(r"<th>built</th><td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", overview)
     size = sum(

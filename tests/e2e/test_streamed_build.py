@@ -11,6 +11,7 @@ import torch
 from hyperexport import zoo
 from hyperexport.product.config import validate_recipe
 from tests.helpers.builds import build
+from tests.helpers.release_skips import NEEDS_BFLOAT16_SDPA_MASK
 
 _FILES = ("model.onnx", "model.onnx.data", "manifest.json")
 
@@ -38,6 +39,7 @@ def _published(tmp_path: Path, name: str) -> dict[str, bytes]:
     return {f: (folder / f).read_bytes() for f in _FILES}
 
 
+@NEEDS_BFLOAT16_SDPA_MASK  # a bfloat16 checkpoint, on the TorchScript path
 def test_streamed_build_publishes_the_loaded_builds_bytes(tmp_path: Path) -> None:
     checkpoint = tmp_path / "ckpt"
     # Large enough that the layers' matrices go to the data file (not inlined).

@@ -5,6 +5,7 @@ noxfile.py: torch 2.2 with transformers 4.48). The dynamo path's are in
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -41,3 +42,51 @@ NEEDS_QWEN3 = pytest.mark.skipif(
     importlib.util.find_spec("transformers.models.qwen3") is None,
     reason=f"transformers {versions.transformers_version()} has no Qwen3 (4.51 brought it)",
 )
+
+#: For a test of transformers' ``masking_utils`` (the mask builders hyperexport patches and the
+#: flags that make them build under export): transformers brought it in 4.53
+#: (``versions.TRANSFORMERS_MASKING_UTILS``).
+NEEDS_MASKING_UTILS = pytest.mark.skipif(
+    not versions.has_masking_utils(),
+    reason=(
+        f"transformers {versions.transformers_version()} has no masking_utils "
+        f"(transformers{versions.TRANSFORMERS_MASKING_UTILS})"
+    ),
+)
+
+
+def torchscript_export_arguments(opset: int = 18) -> dict[str, object]:
+    """The keywords of a plain ``torch.onnx.export`` on the TorchScript path where the opset is
+    not what the test tests: ``dynamo=False`` where torch takes the keyword
+    (``versions.torchscript_export_keywords``), and ``opset``, or the installed torch's
+    TorchScript cap where that is lower (``versions.torchscript_opset``; torch 2.2: 17)."""
+    return {
+        **versions.torchscript_export_keywords(),
+        "opset_version": versions.torchscript_opset(opset),
+    }
+
+
+#: For a test that exports a bfloat16 transformers model on the TorchScript path (its additive
+#: attention mask is bfloat16): skipped where torch's SDPA symbolic refuses such a mask
+#: (``versions.SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK``; not bridged, the export fails naming its
+#: module).
+NEEDS_BFLOAT16_SDPA_MASK = pytest.mark.skipif(
+    versions.sdpa_symbolic_refuses_bfloat16_mask(),
+    reason=(
+        f"torch {versions.torch_version()}'s TorchScript SDPA symbolic refuses a bfloat16 "
+        f"attention mask (torch{versions.SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK})"
+    ),
+)
+
+
+def torchscript_repairs() -> contextlib.AbstractContextManager[None]:
+    """What a plain ``torch.onnx.export`` of a transformers attention needs on the TorchScript
+    path of the installed torch, as hyperexport's own export has it: torch's SDPA symbolic with
+    the given ``scale`` as a value where torch reads it as a float
+    (``versions.SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT``: torch 2.2 fails ``z_(): incompatible
+    function arguments``); nothing elsewhere, so the pinned stack's export is torch's own."""
+    if not versions.sdpa_symbolic_reads_scale_as_float():
+        return contextlib.nullcontext()
+    from hyperexport.export.torch_exporter import repaired_sdpa_symbolic
+
+    return repaired_sdpa_symbolic()

@@ -19,6 +19,7 @@ from hyperexport.tasks.genai_config import (
 )
 from hyperexport.tasks.registry import GENAI_CONFIG
 from hyperexport.tasks.registry import GENERATION_REFERENCE_JSON as REFERENCE_JSON
+from tests.helpers.release_skips import NEEDS_QWEN3
 
 LLAMA = {
     "model_type": "llama",
@@ -78,6 +79,7 @@ def test_a_model_type_onnxruntime_genai_does_not_know_is_refused_naming_it() -> 
     assert info.value.field == "task"
 
 
+@NEEDS_QWEN3  # builds a Qwen3Config
 def test_the_recorded_source_keys_build_the_same_config_as_the_whole_config() -> None:
     """The trace records only :data:`GENAI_SOURCE_KEYS` for the check to build the file again:
     every key the builder reads must be among them."""

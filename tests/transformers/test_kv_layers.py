@@ -13,6 +13,7 @@ import torch
 from hyperexport import ExportOptions, export_hyper_onnx, zoo
 from hyperexport.transformers.kv_layers import KVCacheLayer, KVStep, explicit_kv_layers
 from hyperexport.transformers.static_cache import ExplicitKVCacheModel
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS
 
 
 def _step(batch: int, past: int, new: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -24,6 +25,7 @@ def _step(batch: int, past: int, new: int, seed: int) -> tuple[torch.Tensor, ...
     return (ids, mask, positions, *pasts)
 
 
+@NEEDS_DECODING_TASKS  # the KV layers
 @pytest.mark.parametrize(
     ("mode", "dynamo"),
     [("per_type", False), ("per_instance", False), ("per_type", True)],
@@ -100,6 +102,7 @@ def test_swap_is_undone_when_the_export_raises() -> None:
     assert list(model.layers) == originals
 
 
+@NEEDS_DECODING_TASKS  # the KV layers
 def test_a_layer_that_returns_a_tuple_still_gets_one() -> None:
     """transformers 4.57's Gemma2 layers return ``(hidden,)`` and its stack takes ``[0]`` (5.x's
     return the tensor): the step model must decode the same with the layers swapped, across the

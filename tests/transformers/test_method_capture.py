@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -63,6 +65,12 @@ def test_missing_call_and_bad_path_are_input_errors(causal_lm):
         capture_inner_call(causal_lm, "model.nope", lambda: None)
 
 
+def _keys(cache: Any) -> torch.Tensor:
+    """The first layer's keys: ``layers[0].keys`` where the cache has layers (transformers 4.57,
+    5.x), ``key_cache[0]`` in 4.48.3 (whose ``DynamicCache`` is an ``nn.Module``)."""
+    return cache.layers[0].keys if hasattr(cache, "layers") else cache.key_cache[0]
+
+
 def test_arguments_with_autograd_history_are_copied_detached() -> None:
     """Outside no_grad, the inner call's arguments carry autograd history; deepcopy refuses
     those, so they are copied as detached clones (a cache object's tensors included)."""
@@ -80,7 +88,7 @@ def test_arguments_with_autograd_history_are_copied_detached() -> None:
             return self.inner_call(h, cache)
 
         def inner_call(self, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-            return self.inner(h) + cache.layers[0].keys.sum()
+            return self.inner(h) + _keys(cache).sum()
 
     model = Outer()
     x = torch.randn(2, 4)
@@ -88,7 +96,7 @@ def test_arguments_with_autograd_history_are_copied_detached() -> None:
     h, cache = args
     assert h.grad_fn is None and not h.requires_grad
     torch.testing.assert_close(h, model.pre(x).detach())
-    keys = cache.layers[0].keys
+    keys = _keys(cache)
     assert keys.grad_fn is None
     torch.testing.assert_close(keys, h.unsqueeze(1))
     with torch.no_grad():

@@ -19,6 +19,7 @@ from hyperexport.transformers.moe import MOE_FAMILIES, exportable_moe, topk_by_r
 from hyperexport.zoo import MOE_CONFIGS, tiny_moe
 from tests.helpers.models import LastHidden
 from tests.helpers.ort import run_ort
+from tests.helpers.release_skips import torchscript_export_arguments
 
 pytest.importorskip("transformers")
 
@@ -63,16 +64,12 @@ class _TopK(torch.nn.Module):
 def test_topk_by_rank_ties_are_the_same_in_onnx_runtime(dynamo: bool, tmp_path: Path) -> None:
     scores = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.1, 0.4, 0.4, 0.1], [0.7, 0.1, 0.1, 0.1]])
     path = tmp_path / "topk.onnx"
-    torch.onnx.export(
-        _TopK(),
-        (scores,),
-        path,
-        dynamo=dynamo,
-        opset_version=18,
-        input_names=["scores"],
-        dynamic_axes=None if dynamo else {"scores": {0: "tokens"}},
-        dynamic_shapes=({0: torch.export.Dim("tokens")},) if dynamo else None,
+    path_arguments = (
+        {"dynamo": True, "opset_version": 18, "dynamic_shapes": ({0: torch.export.Dim("tokens")},)}
+        if dynamo
+        else {**torchscript_export_arguments(), "dynamic_axes": {"scores": {0: "tokens"}}}
     )
+    torch.onnx.export(_TopK(), (scores,), path, input_names=["scores"], **path_arguments)
     values, indices = run_ort(path, {"scores": scores.numpy()})
     expected_values, expected_indices = topk_by_rank(scores, 2)
     assert np.array_equal(indices, expected_indices.numpy())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import ExitStack
 
@@ -10,11 +11,19 @@ import torch
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
 from hyperexport import zoo
+from hyperexport.base import versions
 from hyperexport.transformers import patches
-from hyperexport.transformers.patches import export_patches, patches_for
+from hyperexport.transformers.patches import PATCHES, export_patches, patches_for
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
+from tests.helpers.release_skips import (
+    NEEDS_MASKING_UTILS,
+    torchscript_export_arguments,
+    torchscript_repairs,
+)
 
 pytest.importorskip("transformers")
 
+_PACKED = next(p for p in PATCHES if p.name == "packed_sequence_without_diff")
 DECODERS = {"llama": zoo.tiny_llama, "qwen2": zoo.tiny_qwen2, "gpt2": zoo.tiny_gpt2}
 ALL_MODELS = {**DECODERS, "bert": zoo.tiny_bert, "vit": zoo.tiny_vit}
 
@@ -29,9 +38,13 @@ def _export(name, dynamo, tmp_path, last_hidden):
     key, x = _example(name)
     wrapper = last_hidden(ALL_MODELS[name](), key).eval()
     path = tmp_path / f"{name}.onnx"
-    torch.onnx.export(
-        wrapper, (x,), path, dynamo=dynamo, opset_version=18, input_names=["x"], output_names=["y"]
+    path_arguments = (
+        {"dynamo": True, "opset_version": 18} if dynamo else torchscript_export_arguments()
     )
+    with contextlib.nullcontext() if dynamo else torchscript_repairs():
+        torch.onnx.export(
+            wrapper, (x,), path, input_names=["x"], output_names=["y"], **path_arguments
+        )
     with torch.no_grad():
         expected = wrapper(x).numpy()
     return path, x, expected
@@ -79,14 +92,14 @@ def _export_at_one_shape_run_at_another(patch_list, tmp_path, last_hidden, ort_r
     with ExitStack() as stack:
         for patch in patch_list:
             stack.enter_context(patch.factory())
+        stack.enter_context(torchscript_repairs())
         torch.onnx.export(
             model,
             (x,),
             path,
-            dynamo=False,
-            opset_version=18,
             input_names=["x"],
             dynamic_axes={"x": {0: "batch", 1: "seq"}},
+            **torchscript_export_arguments(),
         )
     other = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -116,7 +129,10 @@ def test_without_the_traceable_mask_builder_llama_fails_at_another_length(
 def test_torchscript_decoders_export_with_parity(name, tmp_path, last_hidden, ort_run, diff):
     with export_patches(dynamo=False) as applied:
         assert applied == [p.name for p in patches_for(False)]
-        assert "packed_sequence_without_diff" in applied
+        # keyed to transformers 4.54 on (before it, masks are built without find_packed_sequence)
+        assert ("packed_sequence_without_diff" in applied) == versions.release_in(
+            versions.transformers_version() or "0", _PACKED.transformers
+        )
         path, x, expected = _export(name, False, tmp_path, last_hidden)
     assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
 
@@ -138,12 +154,14 @@ def test_dynamo_exports_with_parity(name, tmp_path, last_hidden, ort_run, diff):
     assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
 
 
+@NEEDS_DYNAMO_PATH
 def test_dynamo_llama_exports_with_parity(tmp_path, last_hidden, ort_run, diff):
     with export_patches(dynamo=True):
         path, x, expected = _export("llama", True, tmp_path, last_hidden)
     assert diff(ort_run(path, {"x": x.numpy()})[0], expected) <= 1e-4
 
 
+@NEEDS_MASKING_UTILS
 def test_patched_function_matches_original_in_eager():
     from transformers import masking_utils
 
@@ -160,6 +178,7 @@ def test_patched_function_matches_original_in_eager():
         assert unpacked is None or not unpacked.any()
 
 
+@NEEDS_MASKING_UTILS
 def test_patch_restores_on_exception():
     from transformers import masking_utils
 
@@ -206,6 +225,7 @@ def test_the_dynamo_path_broadcasts_4x_masks_below_torch_2_13():
     ]
 
 
+@NEEDS_MASKING_UTILS
 def test_applied_patches_are_logged_at_debug(caplog):
     with caplog.at_level(logging.DEBUG, logger=patches.__name__), export_patches(dynamo=False):
         pass
@@ -228,6 +248,7 @@ def _layer_mask(model, ids):
     return seen["mask"]
 
 
+@NEEDS_MASKING_UTILS
 def test_dynamo_mask_patch_makes_eager_capture_see_the_export_mask():
     from hyperexport import zoo
     from hyperexport.transformers.patches import masks_as_under_torch_export
@@ -242,6 +263,7 @@ def test_dynamo_mask_patch_makes_eager_capture_see_the_export_mask():
     assert "masks_as_under_torch_export" in [p.name for p in patches_for(dynamo=True)]
 
 
+@NEEDS_MASKING_UTILS
 def test_the_traceable_mask_builder_builds_transformers_masks():
     from transformers import masking_utils
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.base import versions
+from hyperexport.defaults import DEFAULT_OPSET
 from hyperexport.engine.inventory import disk_usage
 from hyperexport.engine.store import CacheStore
 from hyperexport.product.builds.session import BuildOutcome, run_build
@@ -109,7 +111,7 @@ def test_ls_lists_stage_recipe_size_and_last_use_oldest_first(
     tmp_path: Path, store: CacheStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     alpha = keys(build(tmp_path, name="alpha"))
-    beta = keys(build(tmp_path, name="beta", opset=17))  # shares alpha's trace
+    beta = keys(build(tmp_path, name="beta", opset=16))  # shares alpha's trace
     for i, key in enumerate(alpha.values()):
         age(store, key, (10 - i) * HOUR)
     code, lines, _ = run_cache(tmp_path, capsys, "ls")
@@ -251,7 +253,7 @@ def test_gc_older_than_evicts_idle_entries_and_their_blobs(
     tmp_path: Path, store: CacheStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     alpha = keys(build(tmp_path, name="alpha"))
-    beta = keys(build(tmp_path, name="beta", opset=17))
+    beta = keys(build(tmp_path, name="beta", opset=16))
     only_alpha = set(alpha.values()) - set(beta.values())
     for key in only_alpha:
         age(store, key, 8 * 24 * HOUR)
@@ -270,16 +272,16 @@ def test_gc_older_than_evicts_idle_entries_and_their_blobs(
     assert_consistent(store)
     kept = {d for k in beta.values() for d in store.read_entry(k).digests().values()}
     assert {d for d, _ in store.blob_paths()} == kept  # alpha's own blobs are gone
-    assert statuses(build(tmp_path, name="beta", opset=17)) == ["hit"] * 4
+    assert statuses(build(tmp_path, name="beta", opset=16)) == ["hit"] * 4
     assert statuses(build(tmp_path, name="alpha")) == ["hit", "ran", "ran", "ran"]
 
 
 def test_gc_max_size_evicts_least_recently_used_first(
     tmp_path: Path, store: CacheStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    alpha = keys(build(tmp_path, name="alpha", opset=16))
-    beta = keys(build(tmp_path, name="beta", opset=17))
-    gamma = keys(build(tmp_path, name="gamma", opset=18))
+    alpha = keys(build(tmp_path, name="alpha", opset=15))
+    beta = keys(build(tmp_path, name="beta", opset=16))
+    gamma = keys(build(tmp_path, name="gamma", opset=17))
     # alpha was used longest ago, then beta, then gamma (the shared trace: just now)
     for hours, used in ((30, alpha), (20, beta), (10, gamma)):
         for stage, key in used.items():
@@ -293,8 +295,8 @@ def test_gc_max_size_evicts_least_recently_used_first(
     evicted = [line.split()[1] for line in lines if line.startswith("evicted ")]
     assert evicted and set(evicted) <= {k[:12] for k in alpha.values()}
     assert_consistent(store)
-    assert statuses(build(tmp_path, name="gamma", opset=18)) == ["hit"] * 4
-    assert statuses(build(tmp_path, name="beta", opset=17)) == ["hit"] * 4
+    assert statuses(build(tmp_path, name="gamma", opset=17)) == ["hit"] * 4
+    assert statuses(build(tmp_path, name="beta", opset=16)) == ["hit"] * 4
 
 
 def test_gc_never_touches_what_was_used_within_the_grace_period(
@@ -331,7 +333,7 @@ def test_gc_collects_dependency_records_no_entry_uses(
 ) -> None:
     """A record goes with the last entry stored under a key it resolves to (issue 32)."""
     alpha = keys(build(tmp_path, name="alpha"))
-    beta = keys(build(tmp_path, name="beta", opset=17))  # shares alpha's trace
+    beta = keys(build(tmp_path, name="beta", opset=16))  # shares alpha's trace
     deps = store.root / "deps"
     records = sorted(deps.glob("*/*.json"))
     assert len(records) == 3  # the shared trace's, and each export's
@@ -353,7 +355,7 @@ def test_gc_collects_dependency_records_no_entry_uses(
     assert code == 0 and ", 1 dependency records (" in lines[-1]
     left = sorted(deps.glob("*/*.json"))
     assert len(left) == 3 and newer in left  # the trace's and beta's export's stay
-    assert statuses(build(tmp_path, name="beta", opset=17)) == ["hit"] * 4
+    assert statuses(build(tmp_path, name="beta", opset=16)) == ["hit"] * 4
     assert statuses(build(tmp_path, name="alpha")) == ["hit", "ran", "ran", "ran"]
 
     code, lines, _ = run_cache(tmp_path, capsys, "gc", "--max-size", "0", "--grace", "0")
@@ -485,7 +487,12 @@ def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield pkg
 
 
-def toy_recipe(pkg: Path, name: str = "toy", seed: int = 0, opset: int = 18) -> Recipe:
+#: The schema's default opset, which ``TOY_RECIPE`` leaves unset (17 where torch's TorchScript
+#: stops there, versions.torchscript_opset); the tests' other opsets are below it.
+DEFAULT = versions.torchscript_opset(DEFAULT_OPSET)
+
+
+def toy_recipe(pkg: Path, name: str = "toy", seed: int = 0, opset: int = DEFAULT) -> Recipe:
     """The toy recipe; the same fields as ``TOY_RECIPE`` below, so their keys agree."""
     return toy_package_recipe(pkg, name=name, model__seed=seed, opset=opset)
 
@@ -495,7 +502,7 @@ def test_gc_max_size_keeps_the_recently_used_recipe_all_hits(
 ) -> None:
     """Acceptance: two recipes in one cache; gc to a bound that cannot hold both; the recipe
     built last is still all hits, the other one rebuilds."""
-    older = toy_recipe(toy_package, name="toy_a", opset=17)
+    older = toy_recipe(toy_package, name="toy_a", opset=16)
     newer = toy_recipe(toy_package, name="toy_b", seed=1)
     assert real_build(older, tmp_path).exit_code == 0
     assert real_build(newer, tmp_path).exit_code == 0
@@ -530,7 +537,7 @@ def test_status_says_what_would_run_and_why_without_torch(
     cache_dir = ["--cache-dir", str(tmp_path / "cache")]
     runs = [
         ["status", "--recipe-file", str(recipe_file), *cache_dir],
-        ["status", "--recipe-file", str(recipe_file), "--override", "opset=17", *cache_dir],
+        ["status", "--recipe-file", str(recipe_file), "--override", "opset=16", *cache_dir],
         ["status", "tiny_llama", "llama", *cache_dir],
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(toy_package.parent), *sys.path])}
@@ -556,7 +563,7 @@ def test_status_says_what_would_run_and_why_without_torch(
         ["toy", "trace", "hit"],
         ["toy", "export", "would"],
     ]
-    assert tables[1][2].endswith("would run  opset 18→17")
+    assert tables[1][2].endswith(f"would run  opset {DEFAULT}→16")
     assert [line.split()[0] for line in tables[2][1:13]] == ["tiny_llama"] * 6 + ["llama"] * 6
     assert tables[2][1].split()[1:] == ["trace", "would", "run", "no", "previous", "build"]
     assert not (tmp_path / "outputs" / "tiny_llama").exists()

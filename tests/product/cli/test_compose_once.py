@@ -12,6 +12,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from hyperexport.product.cli import build
+from tests.helpers.release_skips import NEEDS_OPSET_18
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -56,6 +57,7 @@ def test_a_single_build_composes_once_into_what_hydra_main_composes(
     assert once["hydra"]["runtime"]["choices"] == twice["hydra"]["runtime"]["choices"]
 
 
+@NEEDS_OPSET_18  # a sweep over opset=17,18
 def test_a_sweep_still_goes_through_hydra_main(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from hyperexport.base import versions
 from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.config.task_inference import task_of
@@ -65,6 +66,12 @@ def test_auto_is_resolved_into_the_validated_recipe(tmp_path: Path) -> None:
     config["architectures"] = ["BartForConditionalGeneration"]
     (folder / "config.json").write_text(json.dumps(config))
     model = {"_target_": "hyperexport.models.pretrained", "path": "ckpt"}
+    if missing := versions.decoding_task_missing("text2text-generation"):
+        # resolved, then refused by name on a transformers before 4.57
+        with pytest.raises(RecipeError) as refused:
+            validate_recipe({**RECIPE, "model": model}, str(tmp_path / "r.yaml"))
+        assert (refused.value.field, refused.value.reason) == ("task", missing)
+        return
     recipe = validate_recipe({**RECIPE, "model": model}, str(tmp_path / "r.yaml"))
     assert recipe.data["task"] == "text2text-generation"  # beside the recipe file
     assert recipe.config.task == "text2text-generation"

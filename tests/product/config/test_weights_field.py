@@ -13,6 +13,7 @@ from safetensors.numpy import save_file
 from hyperexport.base.errors import RecipeError
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.config.schema import stage_reads
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS
 
 _LAYER = "transformers.models.llama.modeling_llama.LlamaDecoderLayer"
 
@@ -59,7 +60,7 @@ def test_a_local_safetensors_checkpoint_streams(tmp_path: Path) -> None:
         ("factory", r"weights come from the factory 'hyperexport.zoo.tiny_llama'"),
         ("bin", r"holds no \.safetensors file"),
         ("quantized", r"quantized checkpoint \(gptq\)"),
-        ("generation", r"only task forward streams"),
+        pytest.param("generation", r"only task forward streams", marks=NEEDS_DECODING_TASKS),
         ("pickle_checkpoint", r"torch pickle"),
         ("dynamo", r"TorchScript path only"),
         ("fallback", r"TorchScript path only"),
