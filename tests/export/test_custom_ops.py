@@ -1,6 +1,9 @@
-"""User symbolics for the TorchScript path, given through ExportOptions.custom_ops."""
+"""User symbolics for the TorchScript path, given through ExportOptions.custom_ops.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: ``torch.library.custom_op`` reads the op's
+schema from ``scaled_add``'s annotations, and torch 2.4 takes them only as types, not as the
+strings that import would make of them ("Parameter x has unsupported type torch.Tensor", the
+torch-2.4.1 leg)."""
 
 import io
 from typing import Any
