@@ -150,16 +150,7 @@ class FileDigestIndex(JsonMemo):
 
     def digest(self, path: Path) -> str:
         """The sha256 of ``path``, from the index when its stat key still matches."""
-        path = path.resolve()
-        stat_key = _stat_key(path.stat())
-        entries = self._load()
-        known = entries.get(str(path))
-        if known is not None and known[:-1] == stat_key:
-            return str(known[-1])
-        value, stable = _hashed(str(path), stat_key)
-        if stable:
-            self._set(str(path), [*stat_key, value])
-        return value
+        return self.digest_at(str(path.resolve()))
 
     def digest_at(self, path: str) -> str:
         """:meth:`digest` of an absolute path as given, not resolved: the fast path for the

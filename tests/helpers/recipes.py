@@ -33,7 +33,11 @@ def needs_later_transformers(name: str) -> str | None:
 
 @functools.cache
 def _composed(name: str) -> dict[str, Any]:
-    """Recipe ``name`` as Hydra composes it (bases and schema defaults), not validated."""
+    """Recipe ``name`` as Hydra composes it (bases and schema defaults), not validated.
+
+    The composing half of ``product/config/hydra.compose_recipe``, which validates too (and so
+    refuses): splitting it there would move the export stage's key (``hydra.py`` is among its
+    keyed sources), so that waits for the next key change."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -104,9 +108,7 @@ def model_missing(name: str) -> str | None:
 #: The recipes usable with the installed releases (all of them on the pinned stack).
 USABLE = [name for name in RECIPES if not release_refusals(name)]
 #: The recipes naming a later transformers' class, with their one-line refusal.
-REFUSED = {
-    name: needs_later_transformers(name) for name in RECIPES if needs_later_transformers(name)
-}
+REFUSED = {name: refusal for name in RECIPES if (refusal := needs_later_transformers(name))}
 
 
 @functools.cache
