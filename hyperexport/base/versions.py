@@ -278,6 +278,22 @@ def sdpa_symbolic_refuses_bfloat16_mask(torch: str | None = None) -> bool:
     return found is not None and release_in(found, SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK)
 
 
+#: The torch releases whose TorchScript SDPA symbolic, given a boolean mask, turns the weights of
+#: a fully masked query row (a left-padded position) into zeros as torch's own SDPA does (its
+#: "safe softmax", eager since 2.5): pytorch/pytorch#159973, first released in 2.9. Before it the
+#: symbolic's ``Softmax`` of a row of ``-inf`` gives NaN, and ONNX Runtime carries the NaN from
+#: the padded positions' keys and values into every later layer (seen on 2.4.1, 2.5.1, 2.6.0 and
+#: 2.8.0: a left-padded generation batch decoded token 0). ``export/torch_exporter.py`` bridges it.
+SDPA_SYMBOLIC_ZEROES_FULLY_MASKED_ROWS = ">=2.9"
+
+
+def sdpa_symbolic_leaves_masked_rows_nan(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) predates
+    :data:`SDPA_SYMBOLIC_ZEROES_FULLY_MASKED_ROWS`."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and not release_in(found, SDPA_SYMBOLIC_ZEROES_FULLY_MASKED_ROWS)
+
+
 def sdpa_symbolic_reads_scale_as_float(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT`."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from hyperexport.base.versions import (
     export_guards_name_dynamo_sources,
+    sdpa_symbolic_leaves_masked_rows_nan,
     sdpa_symbolic_reads_scale_as_float,
     torchlib_registry_takes_opset,
 )
@@ -165,7 +166,7 @@ _SDPA_SYMBOLIC_OPSET = 14
 
 @contextlib.contextmanager
 def repaired_sdpa_symbolic() -> Iterator[None]:
-    """torch's own TorchScript SDPA symbolic, with two repairs; restored on exit.
+    """torch's own TorchScript SDPA symbolic, with three repairs; restored on exit.
 
     * **The output in the query's dtype** (bfloat16, float16): torch's symbolic turns a boolean
       mask into an additive one with float32 constants; the exporter's type promotion then casts
@@ -180,12 +181,21 @@ def repaired_sdpa_symbolic() -> Iterator[None]:
       symbolic turns a constant ``scale`` into a Python float and then uses it as a node input,
       which fails: the scale is given as a ``Cast`` of the constant to the query's dtype (a value
       the symbolic keeps as it is), the same nodes as later releases plus that ``Cast``.
+    * **Zeros for a fully masked row** on
+      :func:`~hyperexport.base.versions.sdpa_symbolic_leaves_masked_rows_nan` releases: given a
+      boolean mask, a query row that may attend to no key (a left-padded position) gets the
+      ``Softmax`` of a row of ``-inf``, NaN in ONNX Runtime, where torch's SDPA returns zeros;
+      the NaN then reaches every later layer through the padded positions' keys and values. The
+      output of such a row is set to zero (``Where`` on "no key attended", from the mask), which
+      is what torch returns and what later releases' symbolic exports. Rows that attend to a key
+      are unchanged.
     """
     import onnx
     import torch
     from torch.onnx import symbolic_helper, symbolic_opset14  # type: ignore[attr-defined]
 
     scale_as_value = sdpa_symbolic_reads_scale_as_float()
+    zero_masked_rows = sdpa_symbolic_leaves_masked_rows_nan()
     # TorchScript's scalar type names of the 16-bit floats, and their ONNX numbers.
     low_precision = {"BFloat16": onnx.TensorProto.BFLOAT16, "Half": onnx.TensorProto.FLOAT16}
 
@@ -203,10 +213,42 @@ def repaired_sdpa_symbolic() -> Iterator[None]:
                 )
         output = symbolic_opset14.scaled_dot_product_attention(g, query, key, value, *arguments)
         to = low_precision.get(query.type().scalarType())
-        return output if to is None else g.op("Cast", output, to_i=to)
+        if to is not None:
+            output = g.op("Cast", output, to_i=to)
+        mask = arguments[0] if arguments else None
+        if zero_masked_rows and _is_boolean(mask):
+            output = _zero_where_no_key_attended(g, mask, query, output)
+        return output
+
+    def _is_boolean(mask: Any) -> bool:
+        if mask is None or symbolic_helper._is_none(mask):
+            return False
+        return bool(mask.type().scalarType() == "Bool")
 
     torch.onnx.register_custom_op_symbolic(SDPA_OP, symbolic, _SDPA_SYMBOLIC_OPSET)
     try:
         yield
     finally:
         torch.onnx.unregister_custom_op_symbolic(SDPA_OP, _SDPA_SYMBOLIC_OPSET)
+
+
+#: The opset from which ONNX's reductions take their axes as an input instead of an attribute.
+_REDUCE_AXES_AS_INPUT_FROM = 18
+
+
+def _zero_where_no_key_attended(g: Any, mask: Any, query: Any, output: Any) -> Any:
+    """``output`` with zeros on every query row whose boolean ``mask`` row attends to no key
+    (see :func:`repaired_sdpa_symbolic`); the zero in the query's dtype, which ``output`` has."""
+    import onnx
+    import torch
+    from torch.onnx._type_utils import JitScalarType  # type: ignore[import-not-found]
+
+    attended = g.op("Cast", mask, to_i=onnx.TensorProto.FLOAT)
+    if g.opset >= _REDUCE_AXES_AS_INPUT_FROM:
+        last_axis = g.op("Constant", value_t=torch.tensor([-1], dtype=torch.int64))
+        any_key = g.op("ReduceMax", attended, last_axis, keepdims_i=1)
+    else:
+        any_key = g.op("ReduceMax", attended, axes_i=[-1], keepdims_i=1)
+    no_key = g.op("Not", g.op("Cast", any_key, to_i=onnx.TensorProto.BOOL))
+    zero = g.op("Constant", value_t=torch.zeros((), dtype=JitScalarType.from_value(query).dtype()))
+    return g.op("Where", no_key, zero, output)

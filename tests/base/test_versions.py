@@ -249,6 +249,12 @@ def test_torch_before_2_5_reads_a_given_sdpa_scale_as_a_float() -> None:
     assert not versions.sdpa_symbolic_reads_scale_as_float("2.5.1")
 
 
+def test_torch_before_2_9_exports_nan_for_a_fully_masked_sdpa_row() -> None:
+    assert versions.sdpa_symbolic_leaves_masked_rows_nan("2.2.2")
+    assert versions.sdpa_symbolic_leaves_masked_rows_nan("2.8.0")
+    assert not versions.sdpa_symbolic_leaves_masked_rows_nan("2.9.1")
+
+
 def test_torch_before_2_3_lacks_the_wide_unsigned_dtypes() -> None:
     assert versions.torch_lacks_wide_unsigned_dtypes("2.2.2")
     assert not versions.torch_lacks_wide_unsigned_dtypes("2.3.0")

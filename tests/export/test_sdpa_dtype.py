@@ -16,7 +16,7 @@ import torch
 
 from hyperexport import ExportOptions, zoo
 from hyperexport.base import versions
-from hyperexport.export import torchscript
+from hyperexport.export import torch_exporter, torchscript
 from hyperexport.models.pretrained import pretrained
 from tests.helpers.exports import export_bytes
 from tests.helpers.opsets import TEST_OPSET
@@ -80,6 +80,9 @@ def test_float32_export_is_unchanged(monkeypatch: pytest.MonkeyPatch, mode: str)
         )
         return data
 
+    # the dtype repair alone: the masked-row repair changes boolean-mask graphs below torch 2.9
+    # on purpose (tests/export/test_sdpa_masked_rows.py)
+    monkeypatch.setattr(torch_exporter, "sdpa_symbolic_leaves_masked_rows_nan", lambda: False)
     wrapped = export()
     monkeypatch.setattr(torchscript, "repaired_sdpa_symbolic", contextlib.nullcontext)
     assert export() == wrapped
