@@ -255,6 +255,11 @@ def test_torch_before_2_9_exports_nan_for_a_fully_masked_sdpa_row() -> None:
     assert not versions.sdpa_symbolic_leaves_masked_rows_nan("2.9.1")
 
 
+def test_torch_before_2_8_fails_the_dynamo_translation_of_an_eval_batch_norm() -> None:
+    assert versions.dynamo_fails_eval_batch_norm("2.6.0")
+    assert not versions.dynamo_fails_eval_batch_norm("2.8.0")
+
+
 def test_torch_before_2_3_lacks_the_wide_unsigned_dtypes() -> None:
     assert versions.torch_lacks_wide_unsigned_dtypes("2.2.2")
     assert not versions.torch_lacks_wide_unsigned_dtypes("2.3.0")

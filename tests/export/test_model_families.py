@@ -6,6 +6,7 @@ torch, and its functions and call sites are asserted by name.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from hyperexport import ExportOptions, zoo
+from hyperexport.base import versions
 from hyperexport.base.contracts.manifest import (
     FUNCTION_DOMAIN,
     META_EXPORT_PATH,
@@ -88,8 +90,41 @@ def test_llama_16_layers(dynamo: bool, mode: str) -> None:
     _llama(16, dynamo, mode)
 
 
+#: The dynamo case of ResNet where torch's own plain export fails too
+#: (:func:`test_torch_plain_dynamo_export_of_resnet_fails_on_those_releases`).
+RESNET_PATHS = [
+    PATHS[0],
+    pytest.param(
+        True,
+        id="dynamo",
+        marks=pytest.mark.xfail(
+            versions.dynamo_fails_eval_batch_norm(),
+            reason=f"torch {versions.torch_version()}'s dynamo exporter cannot translate an "
+            "eval-mode batch norm (versions.DYNAMO_FAILS_EVAL_BATCH_NORM)",
+            strict=True,
+        ),
+    ),
+]
+
+
+@pytest.mark.skipif(
+    not versions.dynamo_fails_eval_batch_norm() or bool(versions.unsupported(True)),
+    reason="torch's dynamo exporter translates ResNet's batch norm here "
+    "(or the dynamo path is refused)",
+)
+def test_torch_plain_dynamo_export_of_resnet_fails_on_those_releases(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="Failed to convert the exported program"):
+        torch.onnx.export(
+            zoo.tiny_resnet().eval(),
+            (torch.randn(1, 3, 32, 32),),
+            str(tmp_path / "plain.onnx"),
+            dynamo=True,
+            opset_version=TEST_OPSET,
+        )
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dynamo", PATHS)
+@pytest.mark.parametrize("dynamo", RESNET_PATHS)
 def test_resnet_stages_and_layers(dynamo: bool, mode: str) -> None:
     from transformers.models.resnet.modeling_resnet import ResNetBasicLayer, ResNetStage
 
