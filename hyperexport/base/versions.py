@@ -613,16 +613,28 @@ def export_fails_on_vmapped_masks() -> bool:
     return installed_version("transformers") is not None and vmapped_sdpa_masks() is not None
 
 
-def export_refuses_one_token_guards() -> bool:
+#: The torch releases whose ``torch.export`` fails a dynamic length that the model compares with
+#: 1 (see :func:`export_refuses_one_token_guards`). Seen refused on 2.6.0 and 2.9.1, kept dynamic
+#: on 2.8.0 and 2.11.0 (the same transformers 5.x); 2.7 and 2.10 were not run and count as their
+#: older neighbour. Either range alone, as one ``SpecifierSet``, would be wrong on a run release.
+EXPORT_REFUSES_ONE_TOKEN_GUARDS = ("<2.8", ">=2.9,<2.11")
+
+
+def export_refuses_one_token_guards(torch: str | None = None) -> bool:
     """Whether ``torch.export`` fails a dynamic length that the model compares with 1.
 
-    transformers' mask and attention code branches on a query length of 1; torch 2.9's
-    ``torch.export`` turns that branch into a guard ``new_len != 1`` and refuses the dynamic
-    dimension (``Constraints violated (new_len)``), where 2.11 keeps it dynamic. Seen on 2.9.1,
-    not on 2.11.0; 2.10 was not run, so it counts as the older behaviour. Tests use it for a
-    strict xfail of torch's own export.
+    transformers' mask and attention code branches on a query length of 1; ``torch.export`` on
+    the releases of :data:`EXPORT_REFUSES_ONE_TOKEN_GUARDS` turns that branch into a guard
+    ``new_len != 1`` and refuses the dynamic dimension (``Constraints violated (new_len)``).
+    Tests use it for a strict xfail of torch's own export.
+
+    Args:
+        torch: A torch release (``"2.9.1"``); the installed one when None.
     """
-    return not _at_least("torch", "2.11")
+    found = torch if torch is not None else torch_version()
+    return found is not None and any(
+        release_in(found, releases) for releases in EXPORT_REFUSES_ONE_TOKEN_GUARDS
+    )
 
 
 #: The torch releases whose ``ExportedProgram.module()`` inserts a ``_guards_fn`` (and takes

@@ -260,6 +260,14 @@ def test_torch_before_2_8_fails_the_dynamo_translation_of_an_eval_batch_norm() -
     assert not versions.dynamo_fails_eval_batch_norm("2.8.0")
 
 
+@pytest.mark.parametrize(
+    ("torch", "refuses"),
+    [("2.6.0", True), ("2.8.0", False), ("2.9.1", True), ("2.11.0", False), ("2.13.0", False)],
+)
+def test_the_releases_whose_export_refuses_the_one_token_guard(torch: str, refuses: bool) -> None:
+    assert versions.export_refuses_one_token_guards(torch) == refuses
+
+
 def test_torch_before_2_3_lacks_the_wide_unsigned_dtypes() -> None:
     assert versions.torch_lacks_wide_unsigned_dtypes("2.2.2")
     assert not versions.torch_lacks_wide_unsigned_dtypes("2.3.0")

@@ -85,8 +85,9 @@ def _export(wrapper, base, path, dynamo: bool, promote: bool) -> None:
             True,
             marks=pytest.mark.xfail(
                 versions.export_refuses_one_token_guards(),
-                reason="torch.export (torch < 2.11) guards new_len != 1 and refuses the dynamic "
-                "length: Constraints violated (new_len); this is torch's own export of the model",
+                reason=f"torch.export (torch {versions.torch_version()}, "
+                "versions.EXPORT_REFUSES_ONE_TOKEN_GUARDS) guards new_len != 1 and refuses the "
+                "dynamic length: Constraints violated (new_len); this is torch's own export",
                 strict=True,
             ),
         ),
