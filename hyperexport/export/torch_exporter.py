@@ -176,11 +176,16 @@ def repaired_sdpa_symbolic() -> Iterator[None]:
       ``onnx.checker`` refuses the model ("Inferred elem type differs"). The symbolic's output
       gets one ``Cast`` to the query's dtype when that dtype is a 16-bit float; float32 graphs
       are exported unchanged.
-    * **A given ``scale`` as a value** on
-      :func:`~hyperexport.base.versions.sdpa_symbolic_reads_scale_as_float` releases, whose
-      symbolic turns a constant ``scale`` into a Python float and then uses it as a node input,
-      which fails: the scale is given as a ``Cast`` of the constant to the query's dtype (a value
-      the symbolic keeps as it is), the same nodes as later releases plus that ``Cast``.
+    * **A given ``scale`` as a value of the query's dtype**, for a 16-bit query on every release
+      and for any query on
+      :func:`~hyperexport.base.versions.sdpa_symbolic_reads_scale_as_float` releases: the
+      constant is given as a ``Cast`` to the query's dtype (a value the symbolic keeps as it
+      is). Those releases' symbolic turns a constant ``scale`` into a Python float and then uses
+      it as a node input, which fails. Given the constant as it is (a double), the symbolic
+      multiplies the 16-bit query by its square root, and the exporter's type promotion casts
+      that double with ``to=15``, torch's number for bfloat16 but ONNX's for complex128: torch
+      2.5's shape inference refuses it ("ScalarType ComplexDouble is an unexpected tensor scalar
+      type"), later ones fold it with a warning ("Casting complex values to real").
     * **Zeros for a fully masked row** on
       :func:`~hyperexport.base.versions.sdpa_symbolic_leaves_masked_rows_nan` releases: given a
       boolean mask, a query row that may attend to no key (a left-padded position) gets the
@@ -202,17 +207,14 @@ def repaired_sdpa_symbolic() -> Iterator[None]:
     def symbolic(g: Any, query: Any, key: Any, value: Any, *rest: Any) -> Any:
         arguments = list(rest)
         scale = arguments[3] if len(arguments) > 3 else None
-        if scale_as_value and scale is not None and not symbolic_helper._is_none(scale):
+        to = low_precision.get(query.type().scalarType())
+        given_scale = scale is not None and not symbolic_helper._is_none(scale)
+        if given_scale and (scale_as_value or to is not None):
             given = symbolic_helper._maybe_get_const(scale, "f")
             if isinstance(given, float):
-                from torch.onnx._type_utils import JitScalarType  # type: ignore[import-not-found]
-
                 constant = g.op("Constant", value_t=torch.tensor(given, dtype=torch.float64))
-                arguments[3] = g.op(
-                    "Cast", constant, to_i=JitScalarType.from_value(query).onnx_type()
-                )
+                arguments[3] = g.op("Cast", constant, to_i=to or _onnx_type(query))
         output = symbolic_opset14.scaled_dot_product_attention(g, query, key, value, *arguments)
-        to = low_precision.get(query.type().scalarType())
         if to is not None:
             output = g.op("Cast", output, to_i=to)
         mask = arguments[0] if arguments else None
@@ -230,6 +232,13 @@ def repaired_sdpa_symbolic() -> Iterator[None]:
         yield
     finally:
         torch.onnx.unregister_custom_op_symbolic(SDPA_OP, _SDPA_SYMBOLIC_OPSET)
+
+
+def _onnx_type(value: Any) -> int:
+    """The ONNX element type of a TorchScript value (torch's private type table)."""
+    from torch.onnx._type_utils import JitScalarType  # type: ignore[import-not-found]
+
+    return int(JitScalarType.from_value(value).onnx_type())
 
 
 #: The opset from which ONNX's reductions take their axes as an input instead of an attribute.
