@@ -516,6 +516,28 @@ def has_masking_utils(transformers: str | None = None) -> bool:
     return found is not None and release_in(found, TRANSFORMERS_MASKING_UTILS)
 
 
+#: The torch releases on which transformers 4.x's ``masking_utils`` builds SDPA masks with its
+#: older builder (``sdpa_mask_older_torch``: 4.57.6 picks it where torch is below 2.6). It vmaps
+#: over the query and key indices only, so it cannot build a mask function that indexes a
+#: tensor (a packed-sequence mask: "vmap: It looks like you're calling .item() on a Tensor",
+#: torch 2.5.1), and transformers applies no packed-sequence mask there: its detection
+#: (``find_packed_sequence_indices``) still runs, unused, so a trace drops it with its
+#: ``aten::diff``. transformers 5.x refuses these releases.
+TRANSFORMERS_OLDER_TORCH_MASKS = "<2.6"
+
+
+def masks_without_packed_sequences(torch: str | None = None) -> bool:
+    """Whether the installed transformers has ``masking_utils`` and builds its masks with the
+    older builder on torch (``torch``, else the installed one), one of
+    :data:`TRANSFORMERS_OLDER_TORCH_MASKS`."""
+    found = torch if torch is not None else torch_version()
+    return (
+        found is not None
+        and has_masking_utils()
+        and release_in(found, TRANSFORMERS_OLDER_TORCH_MASKS)
+    )
+
+
 def masks_built_by_vmap(transformers: str | None = None) -> bool:
     """Whether transformers builds SDPA masks with its vmapped builder (4.x's
     ``sdpa_mask_recent_torch``, in ``masking_utils`` from :data:`TRANSFORMERS_MASKING_UTILS`;

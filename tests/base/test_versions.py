@@ -268,6 +268,12 @@ def test_the_releases_whose_export_refuses_the_one_token_guard(torch: str, refus
     assert versions.export_refuses_one_token_guards(torch) == refuses
 
 
+@pytest.mark.skipif(not versions.has_masking_utils(), reason="no transformers.masking_utils here")
+def test_transformers_builds_masks_without_packed_sequences_below_torch_2_6() -> None:
+    assert versions.masks_without_packed_sequences("2.5.1")
+    assert not versions.masks_without_packed_sequences("2.6.0")
+
+
 def test_torch_before_2_3_lacks_the_wide_unsigned_dtypes() -> None:
     assert versions.torch_lacks_wide_unsigned_dtypes("2.2.2")
     assert not versions.torch_lacks_wide_unsigned_dtypes("2.3.0")
