@@ -76,6 +76,13 @@ LEGS: dict[str, dict[str, str]] = {
     "torch-2.5.1": {"torch": "2.5.1", "transformers": "4.57.6"},
     "torch-2.6.0": {"torch": "2.6.0"},
     "torch-2.8.0": {"torch": "2.8.0"},
+    # transformers from the seed's floor (4.48) to 5.0, the newest patch of each, each with the
+    # newest torch it takes: none of them caps torch, so the pinned stack's. 4.57 is the
+    # transformers-floor leg, the newest is the pinned leg.
+    **{
+        f"transformers-{release}": {"transformers": release}
+        for release in ("4.48.3", "4.51.3", "4.53.3", "4.55.4", "5.0.0")
+    },
 }
 
 #: Test tools of the dev extra that need numpy 2 (onnxifier needs numpy > 2.0): a numpy 1.x leg
