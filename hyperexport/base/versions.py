@@ -538,6 +538,24 @@ def masks_without_packed_sequences(torch: str | None = None) -> bool:
     )
 
 
+#: The torch releases whose SDPA returns NaN for a query row that attends to no key (a
+#: left-padded position); 2.5 brought its "safe softmax" (pytorch/pytorch#133882), zeros. On them
+#: transformers' mask builders let such a row attend to every key instead (``allow_torch_fix``,
+#: which does not change the result at real positions), and so does hyperexport's traceable
+#: builder (``transformers/masks.py``). transformers 4.57.6's own fix is in place on an expanded
+#: mask, which fails for a batch of more than one row without padding ("more than one element
+#: of the written-to tensor refers to a single memory location", torch 2.4.1), and which the
+#: TorchScript exporter cannot convert (``aten::__ior_``).
+TORCH_SDPA_NAN_ON_FULLY_MASKED_ROWS = "<2.5"
+
+
+def sdpa_nan_on_fully_masked_rows(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) is one of
+    :data:`TORCH_SDPA_NAN_ON_FULLY_MASKED_ROWS`."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and release_in(found, TORCH_SDPA_NAN_ON_FULLY_MASKED_ROWS)
+
+
 def masks_built_by_vmap(transformers: str | None = None) -> bool:
     """Whether transformers builds SDPA masks with its vmapped builder (4.x's
     ``sdpa_mask_recent_torch``, in ``masking_utils`` from :data:`TRANSFORMERS_MASKING_UTILS`;

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hyperexport.base.versions import vmapped_sdpa_masks
+from hyperexport.base.versions import sdpa_nan_on_fully_masked_rows, vmapped_sdpa_masks
 
 
 def traceable_sdpa_mask() -> Any:
@@ -24,7 +24,9 @@ def traceable_sdpa_mask() -> Any:
     over (batch, head, query, key), so every size comes from the traced inputs. Same arguments
     and same mask as 4.57's builder (``cache_position`` gives the query indices) for mask
     functions that only index (causal, sliding-window, padding and packed-sequence masks are
-    compared with 4.57's builder in tests/transformers/test_patches.py).
+    compared with 4.57's builder in tests/transformers/test_patches.py), including its
+    ``allow_torch_fix`` where torch's SDPA needs it
+    (:data:`~hyperexport.base.versions.TORCH_SDPA_NAN_ON_FULLY_MASKED_ROWS`).
 
     Returns:
         The builder, or None when the installed transformers is not 4.x-like (no vmapped
@@ -35,6 +37,7 @@ def traceable_sdpa_mask() -> Any:
     masking_utils = vmapped_sdpa_masks()
     if masking_utils is None:
         return None  # 5.x: no vmapped builder to replace, and another signature
+    nan_on_fully_masked_rows = sdpa_nan_on_fully_masked_rows()
 
     def sdpa_mask_by_broadcasting(
         batch_size: int,
@@ -67,7 +70,11 @@ def traceable_sdpa_mask() -> Any:
             cache_position[None, None, :, None],
             kv_index[None, None, None, :],
         )
-        return mask.expand(batch_size, -1, q_length, kv_length)
+        mask = mask.expand(batch_size, -1, q_length, kv_length)
+        if kwargs.get("allow_torch_fix", True) and nan_on_fully_masked_rows:
+            # as transformers does on these releases, but not in place (see the version fact)
+            mask = mask | ~mask.any(dim=-1, keepdim=True)
+        return mask
 
     return sdpa_mask_by_broadcasting
 

@@ -274,6 +274,11 @@ def test_transformers_builds_masks_without_packed_sequences_below_torch_2_6() ->
     assert not versions.masks_without_packed_sequences("2.6.0")
 
 
+def test_torch_before_2_5_gives_nan_for_a_fully_masked_sdpa_row() -> None:
+    assert versions.sdpa_nan_on_fully_masked_rows("2.4.1")
+    assert not versions.sdpa_nan_on_fully_masked_rows("2.5.1")
+
+
 def test_torch_before_2_3_lacks_the_wide_unsigned_dtypes() -> None:
     assert versions.torch_lacks_wide_unsigned_dtypes("2.2.2")
     assert not versions.torch_lacks_wide_unsigned_dtypes("2.3.0")
