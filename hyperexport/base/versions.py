@@ -580,21 +580,26 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     transformers 5.x asks ``masking_utils.is_torchdynamo_exporting()``. 4.57 asks
     ``is_torchdynamo_compiling()`` for the same decision, in ``masking_utils`` (decoders) and in
     ``modeling_attn_mask_utils`` (the older mask helpers that BERT's SDPA path still uses).
+    Releases before :data:`TRANSFORMERS_MASKING_UTILS` ask it in ``modeling_attn_mask_utils``
+    only, for every model (4.51.3; without it, a Llama, GPT-2 or BERT layer had one tensor input
+    fewer at capture than at export).
 
     Returns:
-        The pairs; empty when the installed transformers has none of them (also before
-        :data:`TRANSFORMERS_MASKING_UTILS`).
+        The pairs; empty without transformers, or when it has none of them.
     """
-    if not has_masking_utils():
+    if transformers_version() is None:
         return []
-    from transformers import masking_utils
+    flags: list[tuple[Any, str]] = []
+    if has_masking_utils():
+        from transformers import masking_utils
 
-    if callable(getattr(masking_utils, "is_torchdynamo_exporting", None)):
-        return [(masking_utils, "is_torchdynamo_exporting")]
-    if not callable(getattr(masking_utils, "is_torchdynamo_compiling", None)):
-        return []
-    flags: list[tuple[Any, str]] = [(masking_utils, "is_torchdynamo_compiling")]
-    # 4.x only (typed against the pinned 5.x, which has no such module).
+        if callable(getattr(masking_utils, "is_torchdynamo_exporting", None)):
+            return [(masking_utils, "is_torchdynamo_exporting")]
+        if not callable(getattr(masking_utils, "is_torchdynamo_compiling", None)):
+            return []
+        flags.append((masking_utils, "is_torchdynamo_compiling"))
+    # 4.x only (typed against the pinned 5.x, which has no such module): every model's masks
+    # before masking_utils (4.51.3: AttentionMaskConverter._ignore_causal_mask_sdpa), BERT's after.
     modeling_attn_mask_utils: Any = importlib.import_module("transformers.modeling_attn_mask_utils")
     if callable(getattr(modeling_attn_mask_utils, "is_torchdynamo_compiling", None)):
         flags.append((modeling_attn_mask_utils, "is_torchdynamo_compiling"))

@@ -137,8 +137,8 @@ def masks_as_under_torch_export() -> Iterator[None]:
     """Make transformers build attention masks as it does under ``torch.export``.
 
     Eagerly, transformers skips the SDPA mask (passes ``None``) when nothing is masked; under
-    ``torch.export`` it always builds one (``masking_utils.is_torchdynamo_exporting()``; in 4.57
-    ``is_torchdynamo_compiling()`` in two modules, see
+    ``torch.export`` it always builds one (``masking_utils.is_torchdynamo_exporting()``; in 4.x
+    ``is_torchdynamo_compiling()`` in one or two modules, see
     :func:`~hyperexport.base.versions.masking_export_flags`). The capture runs eagerly for the dynamo
     path, so without this a decoder layer has one tensor input fewer at capture than at export,
     and the placeholder cannot stand in for it.
@@ -146,9 +146,9 @@ def masks_as_under_torch_export() -> Iterator[None]:
     flags = masking_export_flags()
     if not flags:
         raise VersionsError(
-            f"transformers {transformers_version()}: masking_utils has neither "
-            "is_torchdynamo_exporting nor is_torchdynamo_compiling; the dynamo path cannot make "
-            "it build the SDPA mask"
+            f"transformers {transformers_version()}: neither masking_utils nor "
+            "modeling_attn_mask_utils has is_torchdynamo_exporting or is_torchdynamo_compiling; "
+            "the dynamo path cannot make it build the SDPA mask"
         )
     with ExitStack() as stack:
         for owner, name in flags:
@@ -241,7 +241,7 @@ PATCHES: tuple[ExportPatch, ...] = (
     ),
     ExportPatch(
         name="masks_as_under_torch_export",
-        transformers=">=4.54",
+        transformers=">=4.48",
         paths=(DYNAMO,),
         reason="eager capture skips the SDPA mask that torch.export builds",
         factory=masks_as_under_torch_export,

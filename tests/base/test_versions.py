@@ -139,7 +139,11 @@ def test_installed_versions_are_the_recorded_libraries_in_order() -> None:
 def test_transformers_hooks_resolve_on_the_installed_release() -> None:
     pytest.importorskip("transformers")
     if not versions.has_masking_utils():
-        assert versions.masking_export_flags() == []
+        from transformers import modeling_attn_mask_utils
+
+        # the older mask helpers decide alone (every model's masks before masking_utils)
+        flags = [(modeling_attn_mask_utils, "is_torchdynamo_compiling")]
+        assert versions.masking_export_flags() == flags
         assert versions.vmapped_sdpa_masks() is None
         pytest.skip(f"transformers {versions.transformers_version()} has no masking_utils")
     from transformers import masking_utils
