@@ -10,7 +10,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from hyperexport import model_file
+from hyperexport.library import model_file
 from tests.helpers.cli import run_here, write_toy
 
 

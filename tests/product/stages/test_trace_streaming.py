@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from hyperexport import zoo
-from hyperexport.capture.streaming import streamed_checkpoint
 from hyperexport.engine.stage import StageInputs, config_slice
+from hyperexport.library.capture.streaming import streamed_checkpoint
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.config.schema import stage_reads
 from hyperexport.product.from_recipe.model import model_loader
