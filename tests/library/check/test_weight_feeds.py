@@ -41,7 +41,7 @@ def test_float16_converts_and_float32_is_fed_as_it_is() -> None:
     assert kept.dtype == np.float16
 
 
-@NEEDS_DYNAMO_PATH  # a bfloat16 Llama: exported on the dynamo path (tests/check/test_bfloat16.py)
+@NEEDS_DYNAMO_PATH  # a bfloat16 Llama: exported on the dynamo path (tests/library/check/test_bfloat16.py)
 def test_one_session_serves_every_layer_and_each_call_gets_its_own_weights(
     tmp_path: Path,
 ) -> None:

@@ -56,7 +56,7 @@ EXCLUDED: dict[str, str] = {
         "counts 3 function types: HyperONNX also folds the nodes between calls inside a "
         "function body (ModuleLvl1's Conv head) into a function of their own; hyperexport's "
         "fold_leftovers folds the main graph only (the export itself matches ORT: "
-        "tests/compat/test_hyperonnx_api.py)"
+        "tests/library/compat/test_hyperonnx_api.py)"
     ),
     "TestReorderCache::test_reorders_layers_when_data_present": _BEAMS,
     "TestReorderCache::test_identity_reorder_leaves_cache_unchanged": _BEAMS,

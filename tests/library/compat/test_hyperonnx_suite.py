@@ -3,7 +3,7 @@
 Nothing of HyperONNX is copied into this repository: the test fetches HyperONNX's published
 source distribution from the package registry at test time, unpacks it into a temporary
 directory, and runs its test files in a subprocess pytest whose ``hyperonnx`` is an alias of the
-compatibility module (the plugin ``tests/compat/hyperonnx_alias.py`` holds every adaptation and
+compatibility module (the plugin ``tests/library/compat/hyperonnx_alias.py`` holds every adaptation and
 the list of excluded tests with their reasons).
 
 Which tests: ``HYPERONNX_TESTS=<dir>`` names a directory holding HyperONNX's ``tests/`` (e.g. a
@@ -137,7 +137,7 @@ def run_suite(source: Path, out: Path, files: tuple[str, ...]) -> dict[str, list
 
 
 # slow: HyperONNX's own tests in a pytest process of their own (42 s in one full run on a 2-core
-# machine); the default run keeps the compat entry's behaviour (tests/compat/test_hyperonnx_api.py).
+# machine); the default run keeps the compat entry's behaviour (tests/library/compat/test_hyperonnx_api.py).
 @pytest.mark.slow
 def test_fast_part_of_hyperonnx_suite_passes(hyperonnx_tests: Path, tmp_path: Path) -> None:
     outcomes = run_suite(hyperonnx_tests, tmp_path, FAST)
