@@ -41,7 +41,10 @@ def test_forward_of_an_encoder_decoder_runs_without_a_cache(caplog) -> None:
     assert True in before  # the model and its decoder stack; T5's encoder stack has it off
     ids = torch.tensor([[5, 6, 7, 1]])
     scope = model_part(FORWARD).scope(model, {}, "/r.yaml", "")
-    with caplog.at_level(logging.INFO, logger="hyperexport.library.tasks.task"), scope as (scoped, params):
+    with (
+        caplog.at_level(logging.INFO, logger="hyperexport.library.tasks.task"),
+        scope as (scoped, params),
+    ):
         assert scoped is model and params == {}
         assert not any(_use_cache(model))
         out = model(input_ids=ids, decoder_input_ids=ids)
