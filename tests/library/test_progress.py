@@ -14,7 +14,7 @@ import pytest
 
 from hyperexport.library import progress
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

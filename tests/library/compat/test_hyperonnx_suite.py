@@ -44,7 +44,7 @@ FAST = SUITE[1:]
 RELEASES = ("2.0.1", "1.0.3")
 
 PLUGIN_DIR = Path(__file__).parent
-REPO = PLUGIN_DIR.parents[1]
+REPO = PLUGIN_DIR.parents[2]
 
 
 def _download(version: str, archives: Path, into: Path) -> Path | None:

@@ -149,7 +149,7 @@ print("LOADED " + json.dumps("onnxscript" in sys.modules))
 
 def test_a_torchscript_export_does_not_load_the_dynamo_paths_libraries(tmp_path: Path) -> None:
     # onnxscript alone is about 24 MB of RSS; only the dynamo path's export needs it.
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     result = subprocess.run(
         [sys.executable, "-c", _TORCHSCRIPT_ONLY, str(tmp_path)],
         capture_output=True,

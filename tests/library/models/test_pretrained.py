@@ -19,7 +19,7 @@ from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import BuildSettings, validate_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _recipe(path: Path | str, **model: Any) -> dict[str, Any]:

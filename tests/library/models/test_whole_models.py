@@ -323,7 +323,7 @@ def test_the_cli_refuses_an_input_auto_cannot_make_with_exit_2_and_one_line(
     }
     file = tmp_path / "vl.yaml"
     OmegaConf.save(OmegaConf.create(recipe), file)
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     result = subprocess.run(
         [
             sys.executable,

@@ -14,7 +14,7 @@ import pytest
 from hyperexport.zoo import expected_failures
 from tests.helpers.recipes import REFUSED
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _script() -> ModuleType:

@@ -122,7 +122,7 @@ def test_a_stale_lock_names_the_variant_and_the_change(
     lock_file.write_lock(entries, tmp_path / "x.lock")
     code, out = _status(tmp_path, capsys)
     assert code == 1
-    assert "hyperexport code changed (check/judge.py)" in out
+    assert "hyperexport code changed (library/check/judge.py)" in out
     assert "weights.seed 7→" in out
 
     assert _lock(tmp_path) == 0
