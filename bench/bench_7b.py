@@ -36,7 +36,7 @@ def export(out: Path, layers: int, dynamo: bool, functions: str) -> None:
     import torch
 
     from hyperexport import ExportOptions, export_hyper_onnx, zoo
-    from hyperexport.api import capture_model
+    from hyperexport.library.api import capture_model
 
     started = time.perf_counter()
     model = zoo.sized_decoder("llama2_7b", "bfloat16", num_layers=layers)
@@ -120,9 +120,9 @@ def watched(command: list[str], limit_gb: float) -> None:
 
 
 def check(out: Path) -> None:
-    from hyperexport.api import Capture
     from hyperexport.base.contracts.manifest import ExportManifest
-    from hyperexport.check import CheckSettings, run_checks
+    from hyperexport.library.api import Capture
+    from hyperexport.library.check import CheckSettings, run_checks
 
     started = time.perf_counter()
     capture = Capture.load(out / "capture")

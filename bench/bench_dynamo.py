@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from hyperexport import export_hyper_onnx, zoo
-from hyperexport.options import ExportOptions
+from hyperexport.library.options import ExportOptions
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import warnings
 import torch
 
 from hyperexport import ExportOptions, export_hyper_onnx, zoo
-from hyperexport.capture.model_patches import export_context
+from hyperexport.library.capture.model_patches import export_context
 
 
 class _Plain(torch.nn.Module):

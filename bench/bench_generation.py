@@ -74,8 +74,8 @@ def _model(layers: int, hidden: int, vocab: int) -> Any:
 
 
 def _inputs(config: dict[str, Any], dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    from hyperexport.models.inputs import make_inputs
-    from hyperexport.tasks.causal_lm import step_inputs
+    from hyperexport.library.models.inputs import make_inputs
+    from hyperexport.library.tasks.causal_lm import step_inputs
 
     specs = step_inputs(config, dtype)
     return make_inputs(specs), specs
@@ -85,8 +85,8 @@ def export_both(model: Any, folder: Path, fuse: bool = False) -> dict[str, Path]
     """Export the hierarchical and the flat step model into ``folder/hier`` and ``folder/flat``
     (and, with ``fuse``, the fused hierarchical one into ``folder/fused``)."""
     from hyperexport import AttentionOptions, ExportOptions, RewriteOptions, export_hyper_onnx
-    from hyperexport.tasks.genai_config import build_genai_config
-    from hyperexport.tasks.steps import CausalLMStep
+    from hyperexport.library.tasks.genai_config import build_genai_config
+    from hyperexport.library.tasks.steps import CausalLMStep
     from hyperexport.transformers.kv_layers import KVStep, explicit_kv_layers
 
     config = model.config.to_dict()
@@ -155,8 +155,8 @@ def quantize_fused(fused: Path, target: Path, genai: dict[str, Any]) -> None:
     builder's CPU ``accuracy_level`` 4), into ``target`` with the same genai config."""
     import onnx_ir as ir
 
-    from hyperexport.model_file import save_model
-    from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
+    from hyperexport.library.model_file import save_model
+    from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass
 
     model = ir.load(fused / "model.onnx")
     QuantizeMatMulsPass("int4_block", 32, (), 4)(model)

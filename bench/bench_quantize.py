@@ -69,7 +69,7 @@ def make_models(name: str, root: Path, block_size: int) -> dict[str, Path]:
     )
 
     from hyperexport import ExportOptions, export_hyper_onnx
-    from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
+    from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass
 
     model = _model(name)
     ids = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(0))

@@ -103,7 +103,7 @@ def run_one(
     import torch
 
     from hyperexport import ExportOptions, export_hyper_onnx, zoo
-    from hyperexport.capture.model_patches import export_context
+    from hyperexport.library.capture.model_patches import export_context
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)

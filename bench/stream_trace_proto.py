@@ -271,7 +271,7 @@ def _inputs(config: Mapping[str, Any], seq: int) -> torch.Tensor:
 def capture(ckpt: Path, out: Path, mode: str, dynamo: bool, seq: int) -> dict[str, Any]:
     import transformers
 
-    from hyperexport.api import capture_model
+    from hyperexport.library.api import capture_model
 
     config = json.loads((ckpt / "config.json").read_text())
     ids = _inputs(config, seq)
@@ -329,7 +329,7 @@ def streamed_export(streamed: StreamedWeights, counts: dict[str, int]) -> Iterat
     exported; weights left on the meta device (the root's placeholders take every layer's
     weights as inputs) are read from the checkpoint by name. The implementation does this in
     ``export/`` itself (docs/streaming.md)."""
-    from hyperexport.export.torchscript import TorchScriptPath
+    from hyperexport.library.export.torchscript import TorchScriptPath
 
     original = TorchScriptPath._export_one
 
@@ -362,9 +362,9 @@ def export(ckpt: Path, out: Path, dtype: str, seq: int) -> dict[str, Any]:
     import transformers
 
     from hyperexport import ExportOptions
-    from hyperexport.api import capture_model, compose_model, save_model
-    from hyperexport.check import CheckSettings, run_checks
-    from hyperexport.export.units import export_units
+    from hyperexport.library.api import capture_model, compose_model, save_model
+    from hyperexport.library.check import CheckSettings, run_checks
+    from hyperexport.library.export.units import export_units
 
     config = json.loads((ckpt / "config.json").read_text())
     ids = _inputs(config, seq)
@@ -415,7 +415,7 @@ def export(ckpt: Path, out: Path, dtype: str, seq: int) -> dict[str, Any]:
 def compare(out: Path) -> dict[str, Any]:
     import numpy as np
 
-    from hyperexport.capture.container import Capture
+    from hyperexport.library.capture.container import Capture
 
     eager, stream = Capture.load(out / "eager"), Capture.load(out / "stream")
     assert eager.record == stream.record, "the capture records differ"

@@ -120,9 +120,9 @@ def _export_times(recipe: Any, dynamo: bool, repeat: int) -> tuple[float, float]
     import torch
 
     from hyperexport import export_hyper_onnx
-    from hyperexport.capture.model_patches import export_context
-    from hyperexport.models.auto import resolve_auto
-    from hyperexport.models.inputs import make_inputs
+    from hyperexport.library.capture.model_patches import export_context
+    from hyperexport.library.models.auto import resolve_auto
+    from hyperexport.library.models.inputs import make_inputs
     from hyperexport.product.from_recipe.model import load_model, resolve_classes
 
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)

@@ -28,15 +28,14 @@ _PUBLIC = {
     "RecipeError": "hyperexport.base.errors",
     "RewriteError": "hyperexport.base.errors",
     "StageError": "hyperexport.base.errors",
-    "AttentionOptions": "hyperexport.options",
-    "CustomOpSymbolic": "hyperexport.options",
-    "ExportOptions": "hyperexport.options",
-    "RewriteOptions": "hyperexport.options",
-    "export_hyper_onnx": "hyperexport.api",
+    "AttentionOptions": "hyperexport.library.options",
+    "CustomOpSymbolic": "hyperexport.library.options",
+    "ExportOptions": "hyperexport.library.options",
+    "RewriteOptions": "hyperexport.library.options",
+    "export_hyper_onnx": "hyperexport.library.api",
 }
 
 if TYPE_CHECKING:
-    from hyperexport.api import export_hyper_onnx
     from hyperexport.base.errors import (
         CheckError,
         HieraError,
@@ -50,7 +49,8 @@ if TYPE_CHECKING:
         RewriteError,
         StageError,
     )
-    from hyperexport.options import (
+    from hyperexport.library.api import export_hyper_onnx
+    from hyperexport.library.options import (
         AttentionOptions,
         CustomOpSymbolic,
         ExportOptions,

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from hyperexport.base.errors import RecipeError
+from hyperexport.library.tasks.registry import task_named
 from hyperexport.product.config import RECIPES_DIR, compose_recipe, validate_recipe
-from hyperexport.tasks.registry import task_named
 from tests.helpers.recipes import RECIPES, composed, model_missing, release_refusals
 from tests.helpers.release_skips import NEEDS_HYPEREXPORT_ATTENTION, NEEDS_OPSET_18
 
@@ -53,8 +53,8 @@ def test_recipe_composes_and_validates(name: str) -> None:
 def test_recipe_instantiates(name: str) -> None:
     import torch
 
-    from hyperexport.models.auto import resolve_auto
-    from hyperexport.models.inputs import make_inputs
+    from hyperexport.library.models.auto import resolve_auto
+    from hyperexport.library.models.inputs import make_inputs
     from hyperexport.product.from_recipe.model import load_model, resolve_classes
 
     if _refused_here(name):
@@ -66,7 +66,7 @@ def test_recipe_instantiates(name: str) -> None:
     assert isinstance(model, torch.nn.Module)
     task = task_named(recipe.data["task"])
     if task.graphs:  # two graphs, each with the task's own inputs
-        from hyperexport.tasks.models import model_part
+        from hyperexport.library.tasks.models import model_part
 
         for graph in task.graphs:
             scope = model_part(task.name).scope(model, recipe.data, str(recipe.file), graph)

@@ -72,10 +72,19 @@ def _compared(tree: ast.Module) -> Iterator[tuple[int, frozenset[str]]]:
                 yield node.lineno, frozenset(found)
 
 
+def _exports(node: ast.stmt) -> bool:
+    """``__all__ = [...]``: what a module exports, by name, not a value set (a public home
+    repeats its library module's, ``tests/library/test_public_homes.py``)."""
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return any(getattr(t, "id", "") == "__all__" for t in targets)
+
+
 def _value_sets(tree: ast.Module) -> Iterator[frozenset[str]]:
     for node in tree.body:
         values = None
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            if _exports(node):
+                continue
             values = _literals(node.value)
         if values:
             yield values

@@ -9,7 +9,7 @@
     transformers and the ONNX libraries.
 (c) No two files import each other, directly or around a longer loop, at module level, nor
     through imports inside functions (a cycle held apart by a lazy import is still a cycle).
-(d) ``passes/``, ``check/`` and ``contracts/`` import no torch at module level, not even through
+(d) ``library/passes/``, ``library/check/`` and ``base/contracts/`` import no torch at module level, not even through
     another hyperexport module they import at module level.
 """
 
@@ -29,15 +29,31 @@ from hyperexport.engine.code_closure import Import, ModuleSource, _imports, read
 
 PACKAGE = Path(hyperexport.__file__).parent
 ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
-TORCH_FREE = ("hyperexport.passes", "hyperexport.check", "hyperexport.base.contracts")
+TORCH_FREE = (
+    "hyperexport.library.passes",
+    "hyperexport.library.check",
+    "hyperexport.base.contracts",
+)
 #: Sides that never import each other, whatever their rows (importer, imported).
 APART = {("engine", "library")}
 #: The engine stands alone at the bottom of the table (it imports nothing of the package).
 ENGINE = "hyperexport.engine"
 #: The sides whose modules sit in a folder of their own (``__main__`` is the command line's
 #: entry, beside the public names).
-SIDE_FOLDERS = {"product": "hyperexport.product", "engine": ENGINE, "base": "hyperexport.base"}
+SIDE_FOLDERS = {
+    "product": "hyperexport.product",
+    "engine": ENGINE,
+    "library": "hyperexport.library",
+    "base": "hyperexport.base",
+}
 SIDE_FOLDER_EXCEPTIONS = {"hyperexport.__main__"}
+#: The public homes' side: thin modules outside every folder that re-export the library (and,
+#: deprecated, the base), so that the import paths users, recipes and published models name
+#: keep resolving (``tests/library/test_public_homes.py``).
+PUBLIC = "public"
+#: Table names that stand for their ``__init__`` only: the package's and the library folder's
+#: (as prefixes they would hold every module under them, and hide a module no row names).
+EXACT_NAMES = {"hyperexport", "hyperexport.library"}
 #: What the version bridge may import besides the standard library.
 VERSION_BRIDGE = "hyperexport.base.versions"
 VERSION_BRIDGE_MAY_IMPORT = {
@@ -63,7 +79,7 @@ class Row:
 
 
 def _module_of(cell_name: str) -> str:
-    """``cli/`` -> ``hyperexport.product.cli``; ``api.py`` -> ``hyperexport.api``;
+    """``cli/`` -> ``hyperexport.product.cli``; ``api.py`` -> ``hyperexport.library.api``;
     ``__init__.py`` -> ``hyperexport``."""
     name = cell_name.removesuffix("/").removesuffix(".py")
     return "hyperexport" if name == "__init__" else f"hyperexport.{name.replace('/', '.')}"
@@ -96,7 +112,7 @@ def row_of(module: str, layers: list[Row] = LAYERS) -> Row | None:
     best: tuple[int, Row] | None = None
     for row in layers:
         for name in row.names:
-            inside = module == name or module.startswith(f"{name}.")
+            inside = module == name or (name not in EXACT_NAMES and module.startswith(f"{name}."))
             if inside and (best is None or len(name) > best[0]):
                 best = (len(name), row)
     return best[1] if best else None
@@ -148,17 +164,17 @@ def test_the_layer_table_is_read() -> None:
     by_module = {name: row for row in LAYERS for name in row.names}
     assert by_module["hyperexport.product.cli"].floor == 0
     assert by_module["hyperexport.engine"].side == "engine"
-    assert by_module["hyperexport.check"].side == "library"
-    assert by_module["hyperexport.export"].side == "library"
+    assert by_module["hyperexport.library.check"].side == "library"
+    assert by_module["hyperexport.library.export"].side == "library"
     assert by_module[ENGINE].floor == len(LAYERS) - 1
     assert by_module[VERSION_BRIDGE].floor == len(LAYERS) - 2
-    assert {row.side for row in LAYERS} <= {"product", "engine", "library", "base"}
+    assert {row.side for row in LAYERS} <= {*SIDE_FOLDERS, PUBLIC}
 
 
 def test_the_parser_sees_imports_at_both_levels() -> None:
     """The walk is only as good as what it sees: a known module-level and a known lazy import."""
-    assert "hyperexport.export.units" in GRAPH["hyperexport.export.fallback"]
-    lazy = "hyperexport.export.fallback"  # imported inside ExportStage.run
+    assert "hyperexport.library.export.units" in GRAPH["hyperexport.library.export.fallback"]
+    lazy = "hyperexport.library.export.fallback"  # imported inside ExportStage.run
     assert lazy in EVERYTHING["hyperexport.product.stages.export"]
     assert lazy not in GRAPH["hyperexport.product.stages.export"]
 
@@ -168,7 +184,7 @@ def test_an_upward_or_crossing_import_is_found() -> None:
     layers = [
         Row(0, "product", ("hyperexport.product.cli",)),
         Row(1, "engine", ("hyperexport.engine",)),
-        Row(2, "library", ("hyperexport.check",)),
+        Row(2, "library", ("hyperexport.library.check",)),
         Row(3, "base", ("hyperexport.base.errors",)),
     ]
     tree = ast.parse(
@@ -182,22 +198,24 @@ def test_an_upward_or_crossing_import_is_found() -> None:
             "hyperexport.base.errors",
         )
     }
-    module_level, function_level = _imports(tree, "hyperexport.check.x", False)
+    module_level, function_level = _imports(tree, "hyperexport.library.check.x", False)
     graph = {
-        "hyperexport.check.x": edges(
-            (*module_level, *function_level), "hyperexport.check.x", sources
+        "hyperexport.library.check.x": edges(
+            (*module_level, *function_level), "hyperexport.library.check.x", sources
         ),
-        "hyperexport.engine.y": {"hyperexport.check.x"},
-        "hyperexport.product.cli.build": {"hyperexport.engine.y", "hyperexport.check.x"},
+        "hyperexport.engine.y": {"hyperexport.library.check.x"},
+        "hyperexport.product.cli.build": {"hyperexport.engine.y", "hyperexport.library.check.x"},
     }
     assert wrong_imports(graph, layers) == [
-        ("hyperexport.check.x", "hyperexport.product.cli", "upward"),
-        ("hyperexport.check.x", "hyperexport.product.cli.build", "upward"),
-        ("hyperexport.engine.y", "hyperexport.check.x", "engine -> library"),
+        ("hyperexport.engine.y", "hyperexport.library.check.x", "engine -> library"),
+        ("hyperexport.library.check.x", "hyperexport.product.cli", "upward"),
+        ("hyperexport.library.check.x", "hyperexport.product.cli.build", "upward"),
     ]
 
 
 def test_a_side_with_a_folder_holds_its_rows_and_only_them() -> None:
+    """Every side has its folder; the public homes sit outside all of them."""
+    assert set(SIDE_FOLDERS) == {row.side for row in LAYERS} - {PUBLIC}
     misplaced = []
     for module in SOURCES:
         row = row_of(module)

@@ -25,8 +25,8 @@ import yaml
 from hyperexport.base import versions
 from hyperexport.base.contracts.names import TEXT_GENERATION
 from hyperexport.base.errors import RecipeError
+from hyperexport.library.tasks.registry import TASKS
 from hyperexport.product.config.validate import validate_recipe
-from hyperexport.tasks.registry import TASKS
 from tests.helpers.cli import REPO
 
 README = REPO / "README.md"

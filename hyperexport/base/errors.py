@@ -15,7 +15,7 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 _MOE_FIX = (
     "hyperexport exports the MoE blocks of Mixtral, Qwen2-MoE and OLMoE with its exportable_moe "
-    "patch (hyperexport/transformers/moe.py); for another architecture add its router and "
+    "patch (hyperexport/library/transformers/moe.py); for another architecture add its router and "
     "experts classes to MOE_FAMILIES there"
 )
 

@@ -14,9 +14,9 @@ Everything else in hyperexport asks this module
   (:func:`onnxruntime_refusal`, asked at validation for ``target.onnxruntime``).
 
 The shims that act on these facts sit beside what they patch: the mask builder and the
-attention hooks with the transformers patches (``transformers/masks.py``), torch's tracing
-state, dtypes and pytree in the capture (``capture/torch_hooks.py``), the exporters' caches and
-passes in the export (``export/torch_exporter.py``).
+attention hooks with the transformers patches (``library/transformers/masks.py``), torch's tracing
+state, dtypes and pytree in the capture (``library/capture/torch_hooks.py``), the exporters' caches and
+passes in the export (``library/export/torch_exporter.py``).
 
 It sits on the lowest layer: it imports only torch, transformers, onnx and onnxscript (lazily,
 inside functions, so that torch-free layers may read versions through it).
@@ -208,7 +208,7 @@ def torchscript_opset(wanted: int, torch: str | None = None) -> int:
 #: The torch releases with the unsigned dtypes ``torch.uint16``, ``uint32`` and ``uint64`` (2.3).
 #: onnx_ir's ``TorchTensor`` names them when it first converts a dtype, so on torch 2.2 every
 #: ``TorchTensor`` fails (``AttributeError: module 'torch' has no attribute 'uint16'``, onnx-ir
-#: 0.1.16 on torch 2.2.2); ``export/weights.py`` wraps torch tensors itself there.
+#: 0.1.16 on torch 2.2.2); ``library/export/weights.py`` wraps torch tensors itself there.
 TORCH_HAS_WIDE_UNSIGNED_DTYPES = ">=2.3"
 
 
@@ -230,7 +230,7 @@ SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT = "<2.5"
 #: absent on 2.2.2 and 2.6.0, present on 2.9.1 and later; 2.7 brought it (2.7 and 2.8 were not
 #: checked). Releases from 2.3 (:data:`TORCH_COMPILER_HAS_IS_COMPILING`) have
 #: ``torch.compiler.is_compiling()``, which ``torch.export`` sets as well; 2.2 has neither, and
-#: there hyperexport's dynamo path is refused. ``transformers/static_cache.py`` bridges it.
+#: there hyperexport's dynamo path is refused. ``library/transformers/static_cache.py`` bridges it.
 TORCH_COMPILER_HAS_IS_EXPORTING = ">=2.7"
 #: The torch releases with ``torch.compiler.is_compiling()`` (2.3; 2.2.2's ``torch.compiler`` has
 #: no ``is_*`` function).
@@ -322,7 +322,7 @@ def sdpa_symbolic_reads_scale_as_float(torch: str | None = None) -> bool:
 #: 2.3 define an operator with ``torch.library.Library(ns, "DEF").define`` and ``impl``, and
 #: register the abstract one with ``impl_abstract`` (torch 2.2.2: ``AttributeError: module
 #: 'torch.library' has no attribute 'register_fake'``). hyperexport's attention op
-#: (``transformers/attention_op.py``) registers either way; the tests of user symbolics
+#: (``library/transformers/attention_op.py``) registers either way; the tests of user symbolics
 #: (``tests/export/test_custom_ops.py``) define theirs either way.
 TORCH_LIBRARY_HAS_CUSTOM_OP = ">=2.4"
 
@@ -410,7 +410,7 @@ def dtype_keyword(transformers: str | None = None) -> str:
 
 
 #: The transformers releases whose cache and attention modules the decoding tasks' KV layers
-#: (``text-generation`` and the encoder-decoder tasks: ``transformers/kv_layers.py``,
+#: (``text-generation`` and the encoder-decoder tasks: ``library/transformers/kv_layers.py``,
 #: ``seq2seq_layers.py``) are written against: ``DynamicCache.layers``, attention modules that take
 #: ``past_key_values``. 4.57 and 5.x are the releases run; 4.48.3 fails in the trace
 #: (``'DynamicCache' object has no attribute 'layers'``; ``BartAttention.forward() got an
@@ -606,7 +606,7 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     return flags
 
 
-#: What the traceable mask builder (``transformers/masks.py``) builds on: transformers 4.x
+#: What the traceable mask builder (``library/transformers/masks.py``) builds on: transformers 4.x
 #: ``masking_utils`` helpers.
 _SDPA_MASK_PARTS = (
     "prepare_padding_mask",
@@ -635,7 +635,7 @@ def vmapped_sdpa_masks() -> Any:
 
 #: The torch releases whose ``torch.export`` cannot trace transformers 4.x's vmapped SDPA mask
 #: builder at dynamic sizes, so that the dynamo path builds masks with the traceable builder
-#: (``transformers/masks.py``) too. torch 2.9.1 with transformers 4.57.6: torch's own
+#: (``library/transformers/masks.py``) too. torch 2.9.1 with transformers 4.57.6: torch's own
 #: ``torch.onnx.export(dynamo=True, dynamic_shapes=...)`` of a tiny ``LlamaModel`` fails in
 #: ``sdpa_mask_recent_torch`` (the vmapped ``packed_sequence_mask[batch_idx, q_idx]`` under
 #: ``TransformGetItemToIndex``) with ``RuntimeError: 8*s72 is not tracked with proxy for
@@ -651,7 +651,7 @@ def export_fails_on_vmapped_masks() -> bool:
     :func:`vmapped_sdpa_masks` finds what a builder put in its place needs) and torch is one of
     :data:`VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT`. Tests use it for a strict xfail of torch's own
     export; hyperexport's dynamo path bridges it (``broadcast_sdpa_mask_for_torch_export`` in
-    :mod:`hyperexport.transformers.patches`)."""
+    :mod:`hyperexport.library.transformers.patches`)."""
     found = torch_version()
     if found is None or not release_in(found, VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT):
         return False

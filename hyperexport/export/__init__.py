@@ -1,1 +1,4 @@
-"""Exporting captured units to ONNX: one interface, the TorchScript and dynamo paths."""
+"""Where published models find the export's wrapper modules by name (``export.units``,
+``export.dynamo_path``, ``export.placeholders``); the export's code is in
+:mod:`hyperexport.library.export`. Nothing is imported here.
+"""

@@ -1,5 +1,6 @@
-"""Models for recipes: transformers checkpoints by path or hub id (``pretrained``) and the
-resolution of ``hiera: auto`` / ``inputs: auto`` on the live model (``auto``).
+"""Models for recipes, public home: transformers checkpoints by path or hub id
+(``hyperexport.models.pretrained``, the ``model._target_`` recipes name). The code is in
+:mod:`hyperexport.library.models`.
 
 Importing this package does not import torch; :func:`pretrained` imports it when called.
 """

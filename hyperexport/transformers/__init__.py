@@ -1,4 +1,4 @@
-"""transformers support: export patches, the attention op and its registration, static KV cache.
-
-Importing this package has no side effect; every registration and patch is a context manager.
+"""transformers support, public home: ``kv_layers`` and ``static_cache`` (the README's Library
+section), and the names published models record (``seq2seq_layers``). The code is in
+:mod:`hyperexport.library.transformers`. Nothing is imported here.
 """

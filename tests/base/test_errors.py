@@ -45,7 +45,7 @@ def test_histc_becomes_one_line_naming_the_op_and_the_fix() -> None:
     message = str(ModuleExportError("layers.0", False, RuntimeError(text)))
     assert "\n" not in message
     assert "module 'layers.0'" in message and "aten::histc" in message
-    assert "hyperexport/transformers/moe.py" in message
+    assert "hyperexport/library/transformers/moe.py" in message
 
 
 def test_grouped_mm_becomes_one_line_naming_the_op_and_the_fix() -> None:

@@ -18,8 +18,8 @@ import pytest
 import hyperexport
 from hyperexport.base import versions
 from hyperexport.base.errors import VersionsError
-from hyperexport.export.registry import path_for
-from hyperexport.transformers.masks import never_gqa
+from hyperexport.library.export.registry import path_for
+from hyperexport.library.transformers.masks import never_gqa
 
 PACKAGE = Path(hyperexport.__file__).parent
 BRIDGE = PACKAGE / "base" / "versions.py"

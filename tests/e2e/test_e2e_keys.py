@@ -288,13 +288,13 @@ def test_check_code_edit_reruns_only_check(
     model_bytes(build(load(user), cache, outputs))
     tree = tmp_path / "tree" / "hyperexport"
     shutil.copytree(KEYED_PACKAGE.root, tree, ignore=shutil.ignore_patterns("__pycache__"))
-    report = tree / "check" / "judge.py"
+    report = tree / "library" / "check" / "judge.py"
     report.write_text(report.read_text().replace('"""', '"""Edited. ', 1))
     monkeypatch.setitem(code_closure._READ, KEYED_PACKAGE.root, _sources(tree))
     again = build(load(user), cache, outputs)
     assert statuses(again) == reran_from("check")
-    assert reasons(again)["check"] == "hyperexport code changed (check/judge.py)"
-    compose = tree / "passes" / "compose_functions.py"
+    assert reasons(again)["check"] == "hyperexport code changed (library/check/judge.py)"
+    compose = tree / "library" / "passes" / "compose_functions.py"
     compose.write_text(compose.read_text() + "\n# a comment changes no key\n")
     monkeypatch.setitem(code_closure._READ, KEYED_PACKAGE.root, _sources(tree))
     assert statuses(build(load(user), cache, outputs)) == ALL_HIT
@@ -303,7 +303,7 @@ def test_check_code_edit_reruns_only_check(
     third = build(load(user), cache, outputs)
     assert statuses(third)["trace"] == statuses(third)["export"] == "hit"
     assert statuses(third)["rewrite"] == "ran"
-    assert reasons(third)["rewrite"] == "hyperexport code changed (passes/compose_functions.py)"
+    assert reasons(third)["rewrite"] == "hyperexport code changed (library/passes/compose_functions.py)"
 
 
 def _sources(tree: Path) -> dict[str, code_closure.ModuleSource]:

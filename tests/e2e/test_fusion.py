@@ -16,7 +16,7 @@ import pytest
 
 from hyperexport.base.contracts.names import op_id
 from hyperexport.base.versions import attention_interface_reached
-from hyperexport.passes.ort_kernels import gqa_takes_query_seqlens
+from hyperexport.library.passes.ort_kernels import gqa_takes_query_seqlens
 from hyperexport.product.config import compose_recipe, validate_recipe
 from hyperexport.product.config.schema import Recipe
 from tests.helpers.builds import build

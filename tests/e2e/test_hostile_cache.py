@@ -19,8 +19,8 @@ import torch
 
 from hyperexport.base.contracts.records import tree_from_json
 from hyperexport.base.errors import CorruptRecordError
-from hyperexport.capture import tree
 from hyperexport.engine.store import CacheStore
+from hyperexport.library.capture import tree
 from tests.helpers.builds import build, toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
 from tests.helpers.statuses import statuses

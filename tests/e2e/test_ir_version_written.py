@@ -10,7 +10,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from hyperexport import model_file
+from hyperexport.library import model_file
 from tests.helpers.cli import run_here, write_toy
 
 
@@ -18,7 +18,7 @@ def _published(tmp_path: Path) -> bytes:
     return (tmp_path / "outputs" / "toy" / "dynamo=true" / "model.onnx").read_bytes()
 
 
-@pytest.mark.slow  # two builds (about 45 s); tests/test_model_file.py shows it on the save alone
+@pytest.mark.slow  # two builds (about 45 s); tests/library/test_model_file.py shows it on the save alone
 def test_a_dynamo_build_changes_only_the_ir_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

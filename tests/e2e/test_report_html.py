@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hyperexport.base import versions
-from hyperexport.defaults import DEFAULT_OPSET
+from hyperexport.library.defaults import DEFAULT_OPSET
 from hyperexport.product.builds import report_html
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.builds.summary import size_text

@@ -8,10 +8,10 @@ import onnx_ir as ir
 
 from hyperexport.base.contracts.bundle import ExportBundle
 from hyperexport.base.contracts.records import CaptureRecord
-from hyperexport.capture.capture_model import capture_model
-from hyperexport.export.units import export_units
-from hyperexport.options import ExportOptions
-from hyperexport.passes.pipeline import load_units
+from hyperexport.library.capture.capture_model import capture_model
+from hyperexport.library.export.units import export_units
+from hyperexport.library.options import ExportOptions
+from hyperexport.library.passes.pipeline import load_units
 from tests.helpers.opsets import TEST_OPSET
 from tests.helpers.toys import Block, Leaf, toy_inputs, toy_net
 

@@ -1,5 +1,5 @@
 """Small models whose MatMuls read constant weights, in both function modes, for the tests of
-the passes that rewrite MatMul weights (``passes/matmul_weights.py`` and its subclasses)."""
+the passes that rewrite MatMul weights (``library/passes/matmul_weights.py`` and its subclasses)."""
 
 from __future__ import annotations
 

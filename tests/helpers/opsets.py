@@ -10,6 +10,6 @@ promotion's floor of 18) name it themselves, and skip where the torch cannot giv
 from __future__ import annotations
 
 from hyperexport.base import versions
-from hyperexport.defaults import DEFAULT_OPSET
+from hyperexport.library.defaults import DEFAULT_OPSET
 
 TEST_OPSET = versions.torchscript_opset(DEFAULT_OPSET)

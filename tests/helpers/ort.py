@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from hyperexport.capture import tree
+from hyperexport.library.capture import tree
 
 ModelSource = bytes | str | Path | onnx.ModelProto
 Feeds = Mapping[str, np.ndarray] | Sequence[np.ndarray]

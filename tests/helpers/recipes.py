@@ -71,7 +71,7 @@ def release_refusals(name: str) -> dict[str, str]:
         return {"class": later}
     if not _RELEASES_LACK_SOMETHING:
         return {}
-    from hyperexport.tasks.registry import TASKS
+    from hyperexport.library.tasks.registry import TASKS
 
     data = _composed(name)
     found: dict[str, str] = {}

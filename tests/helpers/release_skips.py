@@ -87,6 +87,6 @@ def torchscript_repairs() -> contextlib.AbstractContextManager[None]:
     function arguments``); nothing elsewhere, so the pinned stack's export is torch's own."""
     if not versions.sdpa_symbolic_reads_scale_as_float():
         return contextlib.nullcontext()
-    from hyperexport.export.torch_exporter import repaired_sdpa_symbolic
+    from hyperexport.library.export.torch_exporter import repaired_sdpa_symbolic
 
     return repaired_sdpa_symbolic()

@@ -1,7 +1,7 @@
 """Read a saved capture (record + arrays) without torch: what the rewrite and check stages use.
 
 The trace stage writes ``capture.json`` and ``tensors.npz`` (see
-:meth:`hyperexport.capture.container.Capture.save`); this is their torch-free reader. The arrays are
+:meth:`hyperexport.library.capture.container.Capture.save`); this is their torch-free reader. The arrays are
 loaded with ``allow_pickle=False``: a capture read back from the cache is data.
 """
 

@@ -30,7 +30,7 @@ ProbeShapes = tuple[tuple[str, tuple[int, ...]], ...]
 
 @dataclass(frozen=True)
 class InputEntry:
-    """One example input, generated deterministically (``models/inputs.py``).
+    """One example input, generated deterministically (``library/models/inputs.py``).
 
     Attributes:
         name: Input name (dotted names nest: ``past_key_values.0.key``).
@@ -53,7 +53,7 @@ class InputEntry:
     check_shape: tuple[int, ...] | None = None
 
     def generator(self) -> dict[str, Any]:
-        """The spec in the form :func:`hyperexport.models.inputs.make_inputs` takes."""
+        """The spec in the form :func:`hyperexport.library.models.inputs.make_inputs` takes."""
         return {
             "shape": list(self.shape),
             "dtype": self.dtype,

@@ -89,9 +89,9 @@ class ExportManifest:
             Runtime only). ``none`` is absent from the JSON (manifests from before the field
             read as ``none``).
         kv_buffers: With a generation step's pasts made onnxruntime-genai's shared buffers
-            (``passes/share_kv_buffer.py``): ``(owner, input positions)`` of the buffer inputs,
+            (``library/passes/share_kv_buffer.py``): ``(owner, input positions)`` of the buffer inputs,
             owner ``""`` the main graph, else a function's name. The check feeds them padded
-            (``check/kv_buffer.py``). Empty otherwise, and then absent from the JSON.
+            (``library/check/kv_buffer.py``). Empty otherwise, and then absent from the JSON.
     """
 
     dynamo: bool

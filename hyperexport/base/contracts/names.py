@@ -68,11 +68,11 @@ MANIFEST_JSON = "manifest.json"
 #: ``.data``) beside the float one, and its manifest (per_type weight inputs renamed).
 QUANTIZED_MODEL_FILE = "model.quantized.onnx"
 QUANTIZED_MANIFEST_JSON = "manifest.quantized.json"
-#: The evaluate stage: what ONNX Runtime computed (``check/evaluation.py``) ...
+#: The evaluate stage: what ONNX Runtime computed (``library/check/evaluation.py``) ...
 EVALUATION_JSON = "evaluation.json"
 EVALUATION_ARRAYS = "evaluation.npz"
 #: ... the comparison of the quantized model with the float one, both run there
-#: (``check/quantized_record.py``) ...
+#: (``library/check/quantized_record.py``) ...
 QUANTIZED_JSON = "quantized.json"
 #: ... and the files it ran and decoded with, by digest: what the check vouches for.
 EVALUATED_JSON = "evaluated.json"
@@ -82,9 +82,9 @@ CHECK_SUMMARY = "check.txt"
 
 # -- values several packages accept ------------------------------------------------------------
 #: ``hiera: auto`` / ``inputs: auto`` / ``dynamic: auto``: resolved on the live model
-#: (``models/auto.py``); recipe validation only checks the spelling.
+#: (``library/models/auto.py``); recipe validation only checks the spelling.
 AUTO = "auto"
-#: ``task`` values (``tasks/registry.py``): one forward graph (the default), and the step model
+#: ``task`` values (``library/tasks/registry.py``): one forward graph (the default), and the step model
 #: with past/present KV that onnxruntime-genai decodes with.
 FORWARD = "forward"
 TEXT_GENERATION = "text-generation"
@@ -106,10 +106,10 @@ ONNXRUNTIME_FUSION = "onnxruntime"
 #: ``quantize.method`` that quantizes nothing (the default): the quantize stage writes nothing.
 NO_QUANTIZATION = "none"
 #: transformers' own attention implementations: hyperexport registers its entry under another
-#: name (recipe validation, ``AttentionOptions``, ``transformers/attention.py``).
+#: name (recipe validation, ``AttentionOptions``, ``library/transformers/attention.py``).
 BUILTIN_ATTENTION = ("eager", "sdpa", "flex_attention", "paged_attention")
 #: ``attention.implementation`` that exports each attention call as one node
-#: (``transformers/attention.py`` registers it; the ONNX Runtime fusion makes it GroupQueryAttention).
+#: (``library/transformers/attention.py`` registers it; the ONNX Runtime fusion makes it GroupQueryAttention).
 HYPEREXPORT_ATTENTION = "hyperexport"
 
 # -- tensor keys of a capture -------------------------------------------------------------------
@@ -126,7 +126,7 @@ def probe_key(key: str) -> str:
 FUNCTION_DOMAIN = "hyperexport.fn"
 PLACEHOLDER_DOMAIN = "hyperexport.placeholder"
 ATTENTION_DOMAIN = "hyperexport.attention"
-#: The attributes of its ``Attention`` node (``transformers/attention_onnx.py`` writes them; the
+#: The attributes of its ``Attention`` node (``library/transformers/attention_onnx.py`` writes them; the
 #: passes that turn the node into ONNX or ONNX Runtime attention read them).
 ATTENTION_ATTRIBUTES = (
     "is_causal",
@@ -148,7 +148,7 @@ META_VERSION_PREFIX = "hyperexport.version."
 QUANTIZED_DOMAIN = "com.microsoft"
 QUANTIZED_OP_TYPES = ("MatMulNBits", "DynamicQuantizeMatMul")
 
-#: What each ``rewrite.fuse`` writes (``passes/fuse_ops.py``): op types as ``domain::op``
+#: What each ``rewrite.fuse`` writes (``library/passes/fuse_ops.py``): op types as ``domain::op``
 #: (default-domain ops without a domain). ``show`` and the manifest count them per function.
 FUSED_OPS = {
     "standard": ("Attention", "RMSNormalization", "RotaryEmbedding"),

@@ -18,8 +18,8 @@ from hyperexport.engine import sync
 from hyperexport.engine.remote import Remote
 from hyperexport.engine.settings import READ_ONLY, READ_WRITE
 from hyperexport.engine.store import CacheStore
+from hyperexport.library.progress import track
 from hyperexport.product.cli.usage import UsageError
-from hyperexport.progress import track
 
 log = logging.getLogger(__name__)
 

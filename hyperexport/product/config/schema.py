@@ -30,7 +30,8 @@ from hyperexport.base.contracts.names import FUNCTION_SCOPES as FUNCTION_SCOPES
 from hyperexport.base.contracts.names import OPSET_RANGES as OPSET_RANGES
 from hyperexport.base.contracts.names import PROMOTE_MIN_OPSET as PROMOTE_MIN_OPSET
 from hyperexport.base.versions import torchscript_opset
-from hyperexport.defaults import (
+from hyperexport.engine.settings import REMOTE_MODES as REMOTE_MODES
+from hyperexport.library.defaults import (
     ACCURACY_LEVELS,
     DECODE_GATES,
     DEFAULT_ACCURACY_LEVEL,
@@ -48,14 +49,14 @@ from hyperexport.defaults import (
     QUANTIZE_METHODS,
     block_size_problem,
 )
-from hyperexport.engine.settings import REMOTE_MODES as REMOTE_MODES
-from hyperexport.options import (
+from hyperexport.library.options import (
     FUNCTION_MODES,
     FUSIONS,
     AttentionOptions,
     ExportOptions,
     RewriteOptions,
 )
+from hyperexport.library.tasks.registry import TASKS as REGISTERED_TASKS
 from hyperexport.product.config.fields import (
     REQUIRED,
     Invalid,
@@ -66,7 +67,6 @@ from hyperexport.product.config.fields import (
     section,
 )
 from hyperexport.product.config.paths import DEFAULT_OUTPUTS_DIR
-from hyperexport.tasks.registry import TASKS as REGISTERED_TASKS
 
 __all__ = ["BUILTIN_ATTENTION", "FUNCTION_MODES", "FUNCTION_SCOPES", "REQUIRED"]
 
@@ -85,7 +85,7 @@ DTYPES = (
 
 
 # ``functions`` values and transformers' own attention implementations (hyperexport registers
-# its entry under another name): defined by the library (hyperexport.options);
+# its entry under another name): defined by the library (hyperexport.library.options);
 # ``check.function_scope`` values in hyperexport.base.contracts.names, shared with the check library
 # (the stages that do not check must not load it: their keys would cover it).
 # Default-domain opsets each export path can produce, and the lowest export opset attention
@@ -102,7 +102,7 @@ FORCE_ALL = "all"
 
 DYNAMIC_MODES = ("none", AUTO)
 
-#: The tasks the stages implement (``tasks/registry.py``); a recipe asking for another is
+#: The tasks the stages implement (``library/tasks/registry.py``); a recipe asking for another is
 #: refused (exit 2).
 IMPLEMENTED_TASKS = tuple(REGISTERED_TASKS)
 #: ``task`` values: what of the model is exported (``forward``, the default: one graph of
@@ -419,7 +419,7 @@ class CheckSpec(Section):
 
     ``accept_vacuous`` lists graph output names or capture keys (``<call_id>/out.<i>`` for a
     function's output) whose torch reference may prove nothing: NaN, within the tolerance of
-    zero, or constant (``check/vacuous.py``). Any other such output fails the check, unless it
+    zero, or constant (``library/check/vacuous.py``). Any other such output fails the check, unless it
     is constant by design: exactly one value in torch and in ONNX Runtime, beside a sibling
     output that proves something (judged by equality, and said so). A name that is no output
     or key of the model is refused by the check stage (exit 2).

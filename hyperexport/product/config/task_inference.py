@@ -29,7 +29,7 @@ from hyperexport.base.contracts.names import (
     TEXT_GENERATION,
 )
 
-#: The factory whose ``path`` argument names a checkpoint folder (``models/pretrained.py``).
+#: The factory whose ``path`` argument names a checkpoint folder (``library/models/pretrained.py``).
 PRETRAINED_FACTORY = "hyperexport.models.pretrained"
 
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")

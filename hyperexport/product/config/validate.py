@@ -39,6 +39,7 @@ from hyperexport.base.versions import (
     unsupported,
 )
 from hyperexport.engine.machinery import machinery
+from hyperexport.library.tasks.registry import TASKS
 from hyperexport.product.config.fields import (
     REQUIRED,
     Invalid,
@@ -73,7 +74,6 @@ from hyperexport.product.config.schema import (
 )
 from hyperexport.product.config.task_inference import TaskNotInferable, infer_task
 from hyperexport.product.config.weights_source import refusal, weights_source
-from hyperexport.tasks.registry import TASKS
 
 log = logging.getLogger(__name__)
 

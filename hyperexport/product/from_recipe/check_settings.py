@@ -1,4 +1,4 @@
-"""The check's :class:`~hyperexport.check.CheckSettings` from the typed recipe, in one place.
+"""The check's :class:`~hyperexport.library.check.CheckSettings` from the typed recipe, in one place.
 
 Two stages read them: ``evaluate`` the expectations and the function scope (what to run),
 ``check`` the tolerances as well (how to judge). Each passes its own slice: the tolerances
@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 
 from hyperexport.base.contracts.names import PROMOTED_OPSET, STANDARD_FUSION
-from hyperexport.check.quantized_judge import QuantizedThresholds
-from hyperexport.check.settings import CheckSettings, Tolerance
-from hyperexport.defaults import DECODE_GATES
+from hyperexport.library.check.quantized_judge import QuantizedThresholds
+from hyperexport.library.check.settings import CheckSettings, Tolerance
+from hyperexport.library.defaults import DECODE_GATES
+from hyperexport.library.tasks.task import QuantizedDecodeGates
 from hyperexport.product.config.fields import is_read
 from hyperexport.product.config.schema import RecipeConfig
-from hyperexport.tasks.task import QuantizedDecodeGates
 
 
 def check_settings(

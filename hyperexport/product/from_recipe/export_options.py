@@ -1,4 +1,4 @@
-"""The library's frozen :class:`~hyperexport.options.ExportOptions` from the typed recipe (and,
+"""The library's frozen :class:`~hyperexport.library.options.ExportOptions` from the typed recipe (and,
 for the export stage, the trace's frozen capture specification)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hyperexport.base.contracts.capture_spec import CaptureSpec, DynamicAxes, ProbeShapes
-from hyperexport.options import (
+from hyperexport.library.options import (
     AttentionOptions,
     CustomOpSymbolic,
     ExportOptions,

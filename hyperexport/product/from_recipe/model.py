@@ -71,9 +71,9 @@ def _read_state_dict(checkpoint: Path) -> dict[str, Any]:
 
 def resolve_classes(paths: list[str], recipe_file: str, field: str = "hiera") -> list[type]:
     """Import the classes named by ``paths`` with the library's one hiera resolver
-    (:func:`~hyperexport.capture.hiera_classes.resolve_hiera`); a failure is a RecipeError
+    (:func:`~hyperexport.library.capture.hiera_classes.resolve_hiera`); a failure is a RecipeError
     naming the entry, with a close match."""
-    from hyperexport.capture.hiera_classes import resolve_hiera
+    from hyperexport.library.capture.hiera_classes import resolve_hiera
 
     classes: list[type] = []
     for i, path in enumerate(paths):

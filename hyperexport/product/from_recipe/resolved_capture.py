@@ -23,12 +23,12 @@ def capture_spec(
         model: The live model (as the stage runs it: the step model for text-generation).
         recipe_file: For error messages.
         out_dir: Where ``auto.json`` (what ``auto`` became, and why) is written, if anything
-            was ``auto`` (:func:`hyperexport.models.auto.resolve_auto`).
+            was ``auto`` (:func:`hyperexport.library.models.auto.resolve_auto`).
 
     Raises:
         RecipeError: ``auto`` cannot be resolved on this model (naming the field).
     """
-    from hyperexport.models.auto import resolve_auto
+    from hyperexport.library.models.auto import resolve_auto
 
     data = resolve_auto(to_json(recipe), model, recipe_file, out_dir)
     typed = from_json(RecipeConfig, data, partial=True)
@@ -60,6 +60,6 @@ def _entry(name: str, spec: InputSpec) -> InputEntry:
 
 def example_inputs(spec: CaptureSpec) -> dict[str, Any]:
     """The spec's example inputs as torch tensors (deterministic from each input's seed)."""
-    from hyperexport.models.inputs import make_inputs
+    from hyperexport.library.models.inputs import make_inputs
 
     return make_inputs(spec.generators())

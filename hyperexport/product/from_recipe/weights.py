@@ -2,7 +2,7 @@
 the streamed model's loader (``docs/streaming.md``; torch imported inside the functions).
 
 A streamed model is a *skeleton*: the module tree with every parameter on the meta device,
-the mapped checkpoint attached (``capture/streaming.py`` ``attach_checkpoint``). It costs
+the mapped checkpoint attached (``library/capture/streaming.py`` ``attach_checkpoint``). It costs
 seconds and no weight bytes to build; the stages that run it bind the weights one hiera module
 at a time.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from hyperexport.base.contracts.names import AUTO, WEIGHTS_LOAD, WEIGHTS_STREAM
 from hyperexport.base.contracts.weight_index import WeightIndex, read_weight_index
 from hyperexport.base.errors import CorruptRecordError, RecipeError
-from hyperexport.export_budget import EXPORT_OVERHEAD
-from hyperexport.meminfo import available_memory
+from hyperexport.library.export_budget import EXPORT_OVERHEAD
+from hyperexport.library.meminfo import available_memory
 from hyperexport.product.config.weights_source import WeightsSource, refusal, weights_source
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def load_streamed(
         RecipeError: ``weights``, naming the tensor, when the checkpoint and the model differ
             (a tensor missing, extra or of another shape); or the model's own refusals.
     """
-    from hyperexport.capture.streaming import (
+    from hyperexport.library.capture.streaming import (
         MappedCheckpoint,
         StreamedWeights,
         StreamingError,
@@ -94,7 +94,7 @@ def load_streamed(
     from hyperexport.product.from_recipe.instantiate import instantiate_model
 
     if source.pretrained:
-        from hyperexport.models.pretrained import pretrained_skeleton
+        from hyperexport.library.models.pretrained import pretrained_skeleton
 
         arguments = {k: v for k, v in model_cfg.items() if not k.startswith("_")}
         try:

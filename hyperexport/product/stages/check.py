@@ -1,6 +1,6 @@
 """Stage ``check``: the evaluation judged against the capture, under the recipe's tolerances.
 
-Light: numpy only (``check/judge.py``). ONNX Runtime runs here only to localise a failed
+Light: numpy only (``library/check/judge.py``). ONNX Runtime runs here only to localise a failed
 whole-model comparison, on the call sites ``evaluate`` did not run.
 
 It vouches for files, by digest: ``check.json``'s ``judged`` names every published file the
@@ -21,18 +21,18 @@ from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.names import CHECK_JSON, CHECK_SUMMARY, REFERENCE_DIR
 from hyperexport.base.errors import CheckError
 from hyperexport.engine.stage import StageInputs
+from hyperexport.library.tasks.registry import check_published, task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.judged_files import check_evaluated, judged_files
 from hyperexport.product.stages.recipe_stage import RecipeStage
-from hyperexport.tasks.registry import check_published, task_named
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from hyperexport.check.evaluation import FunctionRun
-    from hyperexport.check.judge import CheckReport
-    from hyperexport.check.model_evaluator import ModelEvaluator
-    from hyperexport.check.quantized_judge import QuantizedVerdict
+    from hyperexport.library.check.evaluation import FunctionRun
+    from hyperexport.library.check.judge import CheckReport
+    from hyperexport.library.check.model_evaluator import ModelEvaluator
+    from hyperexport.library.check.quantized_judge import QuantizedVerdict
 
 
 class CheckStage(RecipeStage):
@@ -81,7 +81,7 @@ class CheckStage(RecipeStage):
             for graph in task.folders()
         ]
         if task.graphs:  # one report of the graphs (names prefixed with the graph)
-            from hyperexport.tasks.judge import merge_reports
+            from hyperexport.library.tasks.judge import merge_reports
 
             data = merge_reports(dict(zip(task.graphs, (r.to_json() for r in reports))))
             lines = [
@@ -104,7 +104,7 @@ class CheckStage(RecipeStage):
         judge = None
         quantized_decode_error: Exception | None = None
         if task.check_files:  # the task judges its decode (and vouches for what it read)
-            from hyperexport.tasks.judge import JUDGES
+            from hyperexport.library.tasks.judge import JUDGES
 
             judge = JUDGES[task.name]
             vouched = judge.vouch(inputs.dir("trace"), inputs.dir("quantize"))
@@ -159,9 +159,9 @@ class CheckStage(RecipeStage):
         added to ``known``)."""
         from hyperexport.base.contracts.capture_files import read_capture
         from hyperexport.base.contracts.manifest import ExportManifest
-        from hyperexport.check.evaluation import SECOND_SHAPE, Evaluation
-        from hyperexport.check.judge import judge
-        from hyperexport.check.tensors import CapturedArrays
+        from hyperexport.library.check.evaluation import SECOND_SHAPE, Evaluation
+        from hyperexport.library.check.judge import judge
+        from hyperexport.library.check.tensors import CapturedArrays
         from hyperexport.product.from_recipe.check_settings import check_settings
 
         capture = read_capture(export_dir / REFERENCE_DIR)
@@ -176,7 +176,7 @@ class CheckStage(RecipeStage):
         def run_more(indices: Sequence[int]) -> tuple[list[FunctionRun], dict[str, np.ndarray]]:
             nonlocal evaluator
             if evaluator is None:  # loaded only when a failed comparison needs localising
-                from hyperexport.check.model_evaluator import ModelEvaluator
+                from hyperexport.library.check.model_evaluator import ModelEvaluator
 
                 evaluator = ModelEvaluator(model, manifest, capture.record, capture.arrays)
             return evaluator.run_functions(indices, "localisation"), evaluator.computed
@@ -205,8 +205,8 @@ def _refuse_unknown_outputs(
 def _quantized_verdict(evaluate_dir: Path, recipe: RecipeConfig) -> QuantizedVerdict | None:
     """``check.quantized.*`` applied to the evaluate stage's comparison of the quantized model
     with the float one (None: not quantized)."""
-    from hyperexport.check.quantized_judge import judge_quantized
-    from hyperexport.check.quantized_record import QuantizedComparison
+    from hyperexport.library.check.quantized_judge import judge_quantized
+    from hyperexport.library.check.quantized_record import QuantizedComparison
     from hyperexport.product.from_recipe.check_settings import quantized_thresholds
 
     comparison = QuantizedComparison.load(evaluate_dir)

@@ -28,18 +28,18 @@ from hyperexport.base.contracts.names import (
     REFERENCE_DIR,
 )
 from hyperexport.engine.stage import StageInputs
+from hyperexport.library.tasks.registry import task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.judged_files import judged_files, write_evaluated
 from hyperexport.product.stages.recipe_stage import RecipeStage
-from hyperexport.tasks.registry import task_named
 
 if TYPE_CHECKING:
-    from hyperexport.check.evaluation import OutputRun
-    from hyperexport.check.model_evaluator import ModelEvaluator
+    from hyperexport.library.check.evaluation import OutputRun
+    from hyperexport.library.check.model_evaluator import ModelEvaluator
 
 
 class EvaluateStage(RecipeStage):
-    """``evaluate_model`` → ``evaluation.json`` + ``evaluation.npz`` (``check/evaluation.py``);
+    """``evaluate_model`` → ``evaluation.json`` + ``evaluation.npz`` (``library/check/evaluation.py``);
     with ``quantize.method``, the quantized model against the float one → ``quantized.json``.
 
     What it finds is judged by the ``check`` stage; a model that runs but is wrong does not fail
@@ -95,7 +95,7 @@ class EvaluateStage(RecipeStage):
         if recipe.quantize.method != NO_QUANTIZATION:
             self._compare_quantized(recipe, inputs, out_dir, evaluated)
         if task.evaluate_files:  # the task's decode of the exported graphs (and quantized)
-            from hyperexport.tasks.decode import DECODES
+            from hyperexport.library.tasks.decode import DECODES
 
             quantized = recipe.quantize.method != NO_QUANTIZATION
             quantize_dir = inputs.dir("quantize") if quantized else None
@@ -115,8 +115,8 @@ class EvaluateStage(RecipeStage):
         shape (for the quantized comparison to reuse)."""
         from hyperexport.base.contracts.capture_files import read_capture
         from hyperexport.base.contracts.manifest import ExportManifest
-        from hyperexport.check.evaluation import SECOND_SHAPE
-        from hyperexport.check.model_evaluator import ModelEvaluator
+        from hyperexport.library.check.evaluation import SECOND_SHAPE
+        from hyperexport.library.check.model_evaluator import ModelEvaluator
         from hyperexport.product.from_recipe.check_settings import check_settings
 
         capture = read_capture(export_dir / REFERENCE_DIR)
@@ -140,7 +140,7 @@ class EvaluateStage(RecipeStage):
         float model's runs are its evaluation's (``evaluated``), not made twice."""
         from hyperexport.base.contracts.capture_files import read_capture
         from hyperexport.base.contracts.manifest import ExportManifest
-        from hyperexport.check.quantized import compare_quantized
+        from hyperexport.library.check.quantized import compare_quantized
 
         def model(folder: Path, name: str, manifest: str) -> tuple[Path, ExportManifest]:
             text = (folder / manifest).read_text(encoding="utf-8")

@@ -16,9 +16,9 @@ from hyperexport.base.contracts.names import (
     WEIGHTS_FILE,
 )
 from hyperexport.engine.stage import StageInputs
+from hyperexport.library.tasks.registry import task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
-from hyperexport.tasks.registry import task_named
 
 
 class ExportStage(RecipeStage):
@@ -60,8 +60,8 @@ class ExportStage(RecipeStage):
         return task_named(recipe.task).per_graph(files)
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.library.tasks.models import model_part
         from hyperexport.product.config.fields import from_json, to_json
-        from hyperexport.tasks.models import model_part
 
         # Each graph as the task scopes it (forward: the model as loaded), from the trace's
         # capture of it, into its own folder when there are several. Loading the model first
@@ -82,12 +82,12 @@ class ExportStage(RecipeStage):
         graph: str = "",
     ) -> None:
         from hyperexport.base.contracts.capture_spec import CaptureSpec
-        from hyperexport.capture.container import Capture
-        from hyperexport.capture.tree import check_rebuildable
         from hyperexport.engine.files import clone_or_copy
-        from hyperexport.export.fallback import CaptureCall, export_with_fallback
-        from hyperexport.export.path import ExportPath
-        from hyperexport.export.registry import path_for
+        from hyperexport.library.capture.container import Capture
+        from hyperexport.library.capture.tree import check_rebuildable
+        from hyperexport.library.export.fallback import CaptureCall, export_with_fallback
+        from hyperexport.library.export.path import ExportPath
+        from hyperexport.library.export.registry import path_for
         from hyperexport.product.from_recipe.export_options import export_options
         from hyperexport.product.from_recipe.model import resolve_classes
         from hyperexport.product.from_recipe.resolved_capture import example_inputs

@@ -18,7 +18,7 @@ from pathlib import Path
 from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.names import EVALUATED_JSON, QUANTIZE, REWRITE, TRACE
 from hyperexport.base.errors import CheckError
-from hyperexport.tasks.task import Task
+from hyperexport.library.tasks.task import Task
 
 #: The stages whose every output is a published model file the evaluate stage runs.
 MODEL_STAGES = (REWRITE, QUANTIZE)

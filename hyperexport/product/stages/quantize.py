@@ -27,9 +27,9 @@ from hyperexport.base.contracts.names import (
 )
 from hyperexport.base.errors import RecipeError
 from hyperexport.engine.stage import StageInputs
+from hyperexport.library.tasks.registry import quantize_published, task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
-from hyperexport.tasks.registry import quantize_published, task_named
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,9 @@ class QuantizeStage(RecipeStage):
         import onnx_ir as ir
 
         from hyperexport.base.contracts.manifest import ExportManifest
-        from hyperexport.model_file import save_compact
-        from hyperexport.passes.quantize_manifest import function_inputs, quantized_manifest
-        from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
+        from hyperexport.library.model_file import save_compact
+        from hyperexport.library.passes.quantize_manifest import function_inputs, quantized_manifest
+        from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
 
         recipe = inputs.source
         rewrite_dir = inputs.dir("rewrite")
@@ -106,15 +106,15 @@ class QuantizeStage(RecipeStage):
         text = quantized.dumps() + "\n"
         atomic_write_bytes(out_dir / QUANTIZED_MANIFEST_JSON, text.encode("utf-8"))
         if task_named(recipe_config.task).quantized_files:  # text-generation
-            from hyperexport.tasks.genai_config import write_quantized_genai_config
+            from hyperexport.library.tasks.genai_config import write_quantized_genai_config
 
             write_quantized_genai_config(inputs.dir("trace"), out_dir)
 
 
 def _refuse_unsupported(model: Any, method: str, accuracy_level: int, recipe: str) -> None:
     """RecipeError naming ``quantize.method`` when ORT's CPU provider cannot run its op here."""
-    from hyperexport.check.quantized_support import unsupported_reason
-    from hyperexport.passes.quantize_matmul import MS_DOMAIN, QUANTIZED_OPS
+    from hyperexport.library.check.quantized_support import unsupported_reason
+    from hyperexport.library.passes.quantize_matmul import MS_DOMAIN, QUANTIZED_OPS
 
     dtypes = set()
     for graph in (model.graph, *(f.graph for f in model.functions.values())):

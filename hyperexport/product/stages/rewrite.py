@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from hyperexport import progress
 from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.names import MANIFEST_JSON, MODEL_FILE
 from hyperexport.engine.stage import StageInputs
+from hyperexport.library import progress
+from hyperexport.library.tasks.registry import TASKS, task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
-from hyperexport.tasks.registry import TASKS, task_named
 
 
 class RewriteStage(RecipeStage):
@@ -64,8 +64,8 @@ class RewriteStage(RecipeStage):
         return {"model": MODEL_FILE, "manifest": MANIFEST_JSON}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.model_file import save_model
-        from hyperexport.passes.pipeline import compose_model
+        from hyperexport.library.model_file import save_model
+        from hyperexport.library.passes.pipeline import compose_model
         from hyperexport.product.from_recipe.export_options import export_options
 
         export_dir = inputs.dir("export")

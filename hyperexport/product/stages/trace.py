@@ -8,9 +8,9 @@ from typing import Any
 
 from hyperexport.base.contracts.names import AUTO_FILE, CAPTURE_JSON, CAPTURE_SPEC_JSON, TENSORS_NPZ
 from hyperexport.engine.stage import StageInputs
+from hyperexport.library.tasks.registry import task_named, trace_published
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
-from hyperexport.tasks.registry import task_named, trace_published
 
 
 class TraceStage(RecipeStage):
@@ -37,7 +37,7 @@ class TraceStage(RecipeStage):
     def recipe_outputs(self, recipe: RecipeConfig) -> Mapping[str, str]:
         """The capture, its tensors and specification, once or per graph folder (the
         encoder-decoder tasks: ``encoder/``, ``decoder/``), and the task's reference decode
-        (:class:`~hyperexport.tasks.task.Task` ``trace_files``). ``auto.json`` and the tokenizer
+        (:class:`~hyperexport.library.tasks.task.Task` ``trace_files``). ``auto.json`` and the tokenizer
         files depend on the recipe's values and the checkpoint's folder, not on a field alone:
         not declared."""
         task = task_named(recipe.task)
@@ -49,8 +49,8 @@ class TraceStage(RecipeStage):
         return {**task.per_graph(capture), **task.trace_files}
 
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
+        from hyperexport.library.tasks.models import model_part
         from hyperexport.product.config.fields import from_json, to_json
-        from hyperexport.tasks.models import model_part
 
         # The task records what its graphs are judged against (a reference decode), on the
         # model as loaded; then each graph runs as the task scopes it (forward: the model and
@@ -65,8 +65,8 @@ class TraceStage(RecipeStage):
                 self._run(scoped[0], typed, inputs, folder)
 
     def _run(self, model: Any, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
-        from hyperexport.capture.capture_model import capture_model
-        from hyperexport.capture.streaming import streamed_run
+        from hyperexport.library.capture.capture_model import capture_model
+        from hyperexport.library.capture.streaming import streamed_run
         from hyperexport.product.from_recipe.model import resolve_classes
         from hyperexport.product.from_recipe.resolved_capture import capture_spec, example_inputs
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hyperexport.base import versions
-from hyperexport.defaults import DEFAULT_OPSET
+from hyperexport.library.defaults import DEFAULT_OPSET
 from hyperexport.product.builds.session import run_build, variant_dir
 from hyperexport.product.config import BuildSettings
 from tests.engine.fakes import FakeStage, StageBoom, pipeline

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hyperexport.base import versions
-from hyperexport.defaults import DEFAULT_OPSET
 from hyperexport.engine.environment import environment_fingerprint
+from hyperexport.library.defaults import DEFAULT_OPSET
 from hyperexport.product.cli import lock_command, lock_file
 
 TWO_VARIANTS = """\
@@ -116,13 +116,13 @@ def test_a_stale_lock_names_the_variant_and_the_change(
     # Reasons name what changed, as a build's do: the source file, the weights' seed.
     assert _lock(tmp_path) == 0
     entries = lock_file.read_lock(tmp_path / "x.lock")
-    entries["tiny_llama/default"].inputs["sources"]["hyperexport/check/judge.py"] = "0" * 64
+    entries["tiny_llama/default"].inputs["sources"]["hyperexport/library/check/judge.py"] = "0" * 64
     entries["tiny_llama/default"].inputs["stages"]["check"]["code"] = "0" * 64
     entries["tiny_llama/default"].inputs["model"]["weights"]["seed"] = 7
     lock_file.write_lock(entries, tmp_path / "x.lock")
     code, out = _status(tmp_path, capsys)
     assert code == 1
-    assert "hyperexport code changed (check/judge.py)" in out
+    assert "hyperexport code changed (library/check/judge.py)" in out
     assert "weights.seed 7→" in out
 
     assert _lock(tmp_path) == 0

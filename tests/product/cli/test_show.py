@@ -114,7 +114,7 @@ def test_a_flat_model_and_bad_paths(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_metadata_keys_agree_with_the_passes() -> None:
-    from hyperexport.passes import compose_functions
+    from hyperexport.library.passes import compose_functions
 
     assert show.META_MODULE_CLASS == compose_functions.META_MODULE_CLASS
     assert show.META_MODULE_PATH == compose_functions.META_MODULE_PATH
@@ -158,7 +158,7 @@ def test_show_counts_quantized_ops_per_function(tmp_path: Path) -> None:
     import numpy as np
     import onnx_ir as ir
 
-    from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
+    from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass
 
     text = """
     <ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>

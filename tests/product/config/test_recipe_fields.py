@@ -125,7 +125,7 @@ def test_no_stage_indexes_params_with_strings() -> None:
 def test_check_defaults_are_the_check_library_s() -> None:
     """The schema cannot import the check library (the stages that do not check would be keyed
     on it), so the two defaults are held together here."""
-    from hyperexport.check.settings import CheckSettings
+    from hyperexport.library.check.settings import CheckSettings
     from hyperexport.product.config.schema import CheckSpec
 
     recipe, library = CheckSpec(), CheckSettings()

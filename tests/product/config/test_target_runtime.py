@@ -12,7 +12,7 @@ import pytest
 
 from hyperexport.base import versions
 from hyperexport.base.errors import RecipeError
-from hyperexport.defaults import DEFAULT_OPSET
+from hyperexport.library.defaults import DEFAULT_OPSET
 from hyperexport.product.config import compose_recipe
 from hyperexport.product.config.validate import written_opsets
 from tests.helpers.release_skips import NEEDS_HYPEREXPORT_ATTENTION, NEEDS_OPSET_18

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from hyperexport import zoo
 from hyperexport.base.errors import RecipeError
-from hyperexport.capture.streaming import streamed_checkpoint
+from hyperexport.library.capture.streaming import streamed_checkpoint
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.from_recipe.model import model_loader
 from hyperexport.product.from_recipe.weights import streaming_source

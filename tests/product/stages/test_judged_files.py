@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hyperexport.library.tasks.registry import FORWARD_TASK, TEXT_GENERATION_TASK
 from hyperexport.product.stages.judged_files import check_evaluated, judged_files, write_evaluated
-from hyperexport.tasks.registry import FORWARD_TASK, TEXT_GENERATION_TASK
 
 DIGESTS = {
     "trace": {"capture.json": "a" * 64, "genai_config.json": "b" * 64},

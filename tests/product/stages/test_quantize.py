@@ -19,7 +19,7 @@ import pytest
 from hyperexport.base.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
 from hyperexport.base.errors import RecipeError
 from hyperexport.engine.store import CacheStore
-from hyperexport.passes.quantize_matmul import QuantizeMatMulsPass
+from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.config import BuildSettings, Recipe, compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
@@ -253,7 +253,7 @@ def test_evaluate_runs_the_float_model_once_for_both_comparisons(
 ) -> None:
     """The quantized model is compared with the float model's outputs the evaluation computed
     (and judged against torch): the float model is not run a second time."""
-    from hyperexport.check import model_evaluator, whole_model_runs
+    from hyperexport.library.check import model_evaluator, whole_model_runs
 
     tmp_path, _ = built
     ran: list[str] = []

@@ -19,35 +19,70 @@ def _under(files: set[str], *folders: str) -> set[str]:
 def test_check_runs_check_and_contracts_only() -> None:
     files = _files("check")
     # The judge, and the evaluator it loads (inside a function) to localise a failure.
-    assert {"check/results.py", "check/judge.py", "check/model_evaluator.py"} <= files
+    assert {
+        "library/check/results.py",
+        "library/check/judge.py",
+        "library/check/model_evaluator.py",
+    } <= files
     assert "base/contracts/capture_files.py" in files
-    assert not _under(files, "capture/", "export/", "passes/", "transformers/", "api.py")
+    assert not _under(
+        files,
+        "library/capture/",
+        "library/export/",
+        "library/passes/",
+        "library/transformers/",
+        "library/api.py",
+    )
     assert "product/stages/trace.py" not in files  # stages/__init__ loads no sibling stage
 
 
 def test_evaluate_runs_the_evaluator_not_the_judge() -> None:
     files = _files("evaluate")
-    assert {"check/model_evaluator.py", "check/function_runs.py", "check/evaluation.py"} <= files
-    assert "check/judge.py" not in files  # a judging change reruns check, not evaluate
-    assert not _under(files, "capture/", "export/", "passes/", "transformers/", "api.py")
+    assert {
+        "library/check/model_evaluator.py",
+        "library/check/function_runs.py",
+        "library/check/evaluation.py",
+    } <= files
+    assert "library/check/judge.py" not in files  # a judging change reruns check, not evaluate
+    assert not _under(
+        files,
+        "library/capture/",
+        "library/export/",
+        "library/passes/",
+        "library/transformers/",
+        "library/api.py",
+    )
 
 
 def test_rewrite_runs_the_passes_not_the_exporter_or_the_check() -> None:
     files = _files("rewrite")
-    assert {"passes/pipeline.py", "passes/promote_attention.py", "model_file.py"} <= files
-    assert not _under(files, "capture/", "export/", "check/", "api.py")
+    assert {
+        "library/passes/pipeline.py",
+        "library/passes/promote_attention.py",
+        "library/model_file.py",
+    } <= files
+    assert not _under(
+        files, "library/capture/", "library/export/", "library/check/", "library/api.py"
+    )
 
 
 def test_export_and_trace_do_not_run_passes_or_check() -> None:
     export, trace = _files("export"), _files("trace")
-    assert {"export/units.py", "export/fallback.py", "capture/hooks.py"} <= export
-    assert "capture/hooks.py" in trace
+    assert {
+        "library/export/units.py",
+        "library/export/fallback.py",
+        "library/capture/hooks.py",
+    } <= export
+    assert "library/capture/hooks.py" in trace
     for files in (export, trace):
-        assert not _under(files, "passes/", "check/")
-    assert not _under(trace, "export/")
+        assert not _under(files, "library/passes/", "library/check/")
+    assert not _under(trace, "library/export/")
 
 
 def test_digests_follow_file_contents() -> None:
     sources = package_sources(KEYED_PACKAGE)
     files = stage_code("hyperexport.product.stages.check", (), sources)
-    assert files["hyperexport/check/results.py"] == sources["hyperexport.check.results"].digest
+    assert (
+        files["hyperexport/library/check/results.py"]
+        == sources["hyperexport.library.check.results"].digest
+    )

@@ -63,9 +63,9 @@ IMPORT_ALL = (
     BLOCK_TORCH
     + """
 import importlib, pkgutil
-import hyperexport.check, hyperexport.base.contracts, hyperexport.passes
-names = ["hyperexport.product.stages.rewrite", "hyperexport.product.stages.check", "hyperexport.model_file"]
-for package in (hyperexport.check, hyperexport.base.contracts, hyperexport.passes):
+import hyperexport.library.check, hyperexport.base.contracts, hyperexport.library.passes
+names = ["hyperexport.product.stages.rewrite", "hyperexport.product.stages.check", "hyperexport.library.model_file"]
+for package in (hyperexport.library.check, hyperexport.base.contracts, hyperexport.library.passes):
     names += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
 for name in names:
     importlib.import_module(name)

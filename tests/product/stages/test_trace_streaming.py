@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from hyperexport import zoo
-from hyperexport.capture.streaming import streamed_checkpoint
 from hyperexport.engine.stage import StageInputs, config_slice
+from hyperexport.library.capture.streaming import streamed_checkpoint
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.config.schema import stage_reads
 from hyperexport.product.from_recipe.model import model_loader
@@ -33,7 +33,7 @@ def _recipe(folder: Path, weights: str, dynamo: bool) -> dict[str, Any]:
     }
 
 
-# The dynamo path captures streamed too (tests/capture/test_streaming.py), but its export does
+# The dynamo path captures streamed too (tests/library/capture/test_streaming.py), but its export does
 # not stream yet, so validation refuses weights: stream with dynamo: true.
 def test_streamed_trace_writes_the_loaded_traces_bytes(
     tmp_path: Path, dynamo: bool = False

@@ -1,0 +1,1 @@
+"""Exporting captured units to ONNX: one interface, the TorchScript and dynamo paths."""

@@ -1,0 +1,90 @@
+"""The export of a streamed model (``weights: stream``, ``docs/streaming.md``): one unit's
+weights bound at a time, every weight written from the checkpoint by name.
+
+The TorchScript path exports one unit per step of its generator. While a body unit is exported
+its one representative instance is bound (its own parameters: views of the mapped checkpoint);
+the parameters outside every hiera instance are bound for the whole export (the root computes
+with them); a placeholder's weights stay on the meta device (they are inputs of the root's
+graph, never computed with). Each unit's weight initializers are then resolved by name: the
+checkpoint's bytes (or a converted copy, one tensor at a time) written once per stored tensor to
+``units/weights.data``, in the order and at the offsets the loaded model's export gives them, so
+a streamed export writes the same bytes as a loaded one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+
+import onnx_ir as ir
+import torch
+
+from hyperexport.base.contracts.records import CaptureRecord
+from hyperexport.library.capture.streaming import StreamedWeights, streamed_checkpoint
+from hyperexport.library.export.jobs import UnitJob
+from hyperexport.library.export.weights import WeightFile
+
+log = logging.getLogger(__name__)
+
+#: The attribute of the unit wrapper (``units._UnitModule``) holding the exported module: the
+#: prefix of every weight name in a unit's graph.
+WRAPPER_PREFIX = "inner."
+
+
+@contextlib.contextmanager
+def streamed_export(
+    model: torch.nn.Module, record: CaptureRecord, modules: Mapping[str, torch.nn.Module]
+) -> Iterator[StreamedWeights | None]:
+    """The streamed weights of ``model`` for the export, the outside parameters bound for the
+    duration; None (and nothing done) for a loaded model."""
+    checkpoint = streamed_checkpoint(model)
+    if checkpoint is None:
+        yield None
+        return
+    hiera = tuple({type(modules[call.path]) for call in record.calls})
+    weights = StreamedWeights(model, checkpoint, hiera)
+    weights.bind_outside()
+    try:
+        yield weights
+    finally:
+        weights.release_outside()
+
+
+def one_unit_bound(
+    units: Iterator[tuple[str, ir.Model]], jobs: Sequence[UnitJob], weights: StreamedWeights
+) -> Iterator[tuple[str, ir.Model]]:
+    """The units of a path that exports one job per step, in job order, each with its module's
+    own weights bound while it is exported."""
+    for job in jobs:
+        with weights.bound_unit(job.module_path):
+            name, unit_model = next(units)
+        if name != job.name:
+            raise RuntimeError(f"the export path yielded unit {name!r} for job {job.name!r}")
+        yield name, unit_model
+
+
+def externalize_streamed(
+    graph: ir.Graph, module_path: str, weights: StreamedWeights, data_file: WeightFile
+) -> int:
+    """Point ``graph``'s initializers at ``data_file``: weights by their stored name (written
+    from the checkpoint once each), everything else as :meth:`WeightFile.externalize` does.
+    Returns how many weights were resolved by name."""
+    prefix = f"{module_path}." if module_path else ""
+    resolved = 0
+    for name, value in graph.initializers.items():
+        if value.const_value is None:
+            continue
+        parameter = prefix + name.removeprefix(WRAPPER_PREFIX)
+        if not weights.is_parameter(parameter):
+            value.const_value = data_file.reference(value.const_value, name)
+            continue
+        stored = weights.stored_name(parameter)
+        key = ("stored", stored, weights.parameter_dtype(parameter))
+        value.const_value = data_file.reference_keyed(
+            key, functools.partial(weights.tensor, parameter), value.const_value, name
+        )
+        weights.checkpoint.release(stored)
+        resolved += 1
+    return resolved

@@ -1,0 +1,252 @@
+"""Unit weights as external data: every distinct weight written once, in one file, in one pass.
+
+The unit export never puts weight bytes into a protobuf. The TorchScript path exports with
+``export_params=False`` (weights are graph inputs without data) and the dynamo path's
+initializers are references to the torch storage (``TorchTensor``); :class:`WeightFile` then
+writes each distinct tensor once, straight from the live model's memory, to ``units/weights.data``
+and points the unit's initializers at it (``ir.ExternalTensor``). Units therefore stay small
+(no 2 GiB protobuf limit), and a weight shared by several units (a layer's weights are inputs of
+the root's placeholder and initializers of the layer's body) is written once.
+
+Offsets are aligned so that ONNX Runtime can map large tensors from the file in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from onnx_ir.tensor_adapters import TorchTensor
+
+from hyperexport.base.contracts.names import WEIGHTS_FILE as WEIGHTS_FILE
+from hyperexport.base.versions import torch_lacks_wide_unsigned_dtypes
+from hyperexport.library.capture.torch_hooks import torch_dtype_name
+
+log = logging.getLogger(__name__)
+
+#: Tensors smaller than this stay inside the unit's protobuf (shape constants, scalars).
+INLINE_LIMIT = 1024
+
+#: Offset alignment of large tensors: 64 KiB, the mapping granularity ONNX Runtime needs to map
+#: a tensor in place rather than copy it (Windows' allocation granularity; a page on Linux).
+ALIGNMENT = 65536
+#: Tensors up to this size are aligned to 64 bytes only (no page-size padding for small ones).
+_ALIGN_ABOVE = 1 << 20
+
+_TensorKey = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype]
+
+
+def _buffer(array: np.ndarray) -> memoryview:
+    return memoryview(array)  # type: ignore[arg-type]
+
+
+def _key(tensor: torch.Tensor) -> _TensorKey:
+    """Identity of a tensor's bytes: the same storage, offset, shape, strides and dtype."""
+    return (
+        tensor.untyped_storage().data_ptr(),
+        int(tensor.storage_offset()),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+
+
+def _bytes_view(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes as a zero-copy view (a copy only if it is not contiguous)."""
+    flat = tensor.detach().reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    return _buffer(flat.view(torch.uint8).numpy())
+
+
+class WeightFile:
+    """Appends tensors to one external-data file and hands out references to them.
+
+    Use as a context manager; the file is flushed and closed on exit.
+
+    Args:
+        path: The data file (created, or truncated).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._file: BinaryIO | None = None
+        # Where each tensor went, by storage identity (_key) or by the caller's key.
+        self._written: dict[Hashable, tuple[int, int]] = {}
+        self._offset = 0
+        self.tensors_written = 0
+
+    def __enter__(self) -> WeightFile:
+        self._file = open(self.path, "wb")  # closed in __exit__
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        log.debug(
+            "wrote %d weight tensors, %d bytes, to %s",
+            self.tensors_written,
+            self._offset,
+            self.path.name,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes written so far (with alignment padding)."""
+        return self._offset
+
+    def _append(self, data: memoryview) -> tuple[int, int]:
+        assert self._file is not None, "WeightFile used outside its context"
+        align = ALIGNMENT if data.nbytes > _ALIGN_ABOVE else 64
+        pad = -self._offset % align
+        if pad:
+            self._file.write(b"\0" * pad)
+        offset = self._offset + pad
+        self._file.write(data)
+        self._offset = offset + data.nbytes
+        self.tensors_written += 1
+        return offset, data.nbytes
+
+    def reference(self, tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
+        """A reference into the file holding ``tensor``'s bytes, written now unless already.
+
+        Tensors below :data:`INLINE_LIMIT` bytes are returned as they are. A tensor backed by
+        torch storage is written from that storage without a copy, and once per storage view.
+        """
+        if tensor.nbytes < INLINE_LIMIT or self._holds(tensor):
+            return tensor
+        # Any tensor over torch storage: onnx_ir's TorchTensor, or torch.onnx's own subclass.
+        raw = getattr(tensor, "raw", None)
+        if isinstance(raw, torch.Tensor):
+            key = _key(raw)
+            where = self._written.get(key)
+            if where is None:
+                where = self._written[key] = self._append(_bytes_view(raw))
+        else:
+            where = self._append(memoryview(tensor.tobytes()))
+        offset, length = where
+        return ir.ExternalTensor(
+            self.path.name,
+            offset,
+            length,
+            tensor.dtype,
+            shape=ir.Shape(tensor.shape.numpy()),
+            name=name,
+            base_dir=os.fspath(self.path.parent),
+        )
+
+    def _holds(self, tensor: ir.TensorProtocol) -> bool:
+        """Whether ``tensor`` is already a reference into this file."""
+        return (
+            isinstance(tensor, ir.ExternalTensor)
+            and tensor.location == self.path.name
+            and tensor.base_dir == os.fspath(self.path.parent)
+        )
+
+    def reference_keyed(
+        self,
+        key: Hashable,
+        load: Callable[[], torch.Tensor],
+        like: ir.TensorProtocol,
+        name: str,
+    ) -> ir.TensorProtocol:
+        """As :meth:`reference`, for a tensor known by ``key`` rather than by its storage: a
+        streamed weight, whose bytes ``load`` returns only when they are to be written (written
+        once per key; below :data:`INLINE_LIMIT` bytes, returned as a tensor to inline)."""
+        if like.nbytes < INLINE_LIMIT:
+            return TorchTensor(load(), name=name)
+        where = self._written.get(key)
+        if where is None:
+            where = self._written[key] = self._append(_bytes_view(load()))
+        offset, length = where
+        return ir.ExternalTensor(
+            self.path.name,
+            offset,
+            length,
+            like.dtype,
+            shape=ir.Shape(like.shape.numpy()),
+            name=name,
+            base_dir=os.fspath(self.path.parent),
+        )
+
+    def externalize(self, graph: ir.Graph) -> None:
+        """Point every large initializer of ``graph`` at its bytes in this file."""
+        for name, value in graph.initializers.items():
+            if value.const_value is not None:
+                value.const_value = self.reference(value.const_value, name)
+
+
+def attach_torch_weights(graph: ir.Graph, tensors: dict[str, torch.Tensor]) -> int:
+    """Give graph inputs named like a weight that weight as their initializer (a reference).
+
+    The TorchScript path exports with ``export_params=False``: weights are graph inputs named by
+    their state-dict name, without data. Returns how many were attached.
+    """
+    attached = 0
+    for value in graph.inputs:
+        name = value.name or ""
+        tensor = tensors.get(name)
+        if tensor is None or name in graph.initializers:
+            continue
+        value.const_value = torch_tensor(tensor.detach(), name)
+        graph.register_initializer(value)
+        attached += 1
+    return attached
+
+
+#: ONNX's data type of each torch dtype a weight may have, by :func:`torch_dtype_name`.
+_ONNX_DATA_TYPES = {
+    "bool": ir.DataType.BOOL,
+    "uint8": ir.DataType.UINT8,
+    "int8": ir.DataType.INT8,
+    "int16": ir.DataType.INT16,
+    "int32": ir.DataType.INT32,
+    "int64": ir.DataType.INT64,
+    "float16": ir.DataType.FLOAT16,
+    "bfloat16": ir.DataType.BFLOAT16,
+    "float32": ir.DataType.FLOAT,
+    "float64": ir.DataType.DOUBLE,
+    "complex64": ir.DataType.COMPLEX64,
+    "complex128": ir.DataType.COMPLEX128,
+    "float8_e4m3fn": ir.DataType.FLOAT8E4M3FN,
+    "float8_e4m3fnuz": ir.DataType.FLOAT8E4M3FNUZ,
+    "float8_e5m2": ir.DataType.FLOAT8E5M2,
+    "float8_e5m2fnuz": ir.DataType.FLOAT8E5M2FNUZ,
+}
+
+
+class _TorchTensorBeforeWideUnsigned(TorchTensor):
+    """onnx_ir's ``TorchTensor`` for torch releases without ``torch.uint16``
+    (:func:`~hyperexport.base.versions.torch_lacks_wide_unsigned_dtypes`): the dtype is converted
+    here, and bfloat16 is read as int16 bits, where onnx_ir names ``torch.uint16``."""
+
+    def __init__(self, tensor: torch.Tensor, name: str | None = None) -> None:
+        dtype = _ONNX_DATA_TYPES.get(torch_dtype_name(tensor.dtype))
+        if dtype is None:
+            raise TypeError(f"weight {name!r}: torch dtype {tensor.dtype} has no ONNX data type")
+        ir.Tensor.__init__(self, tensor, dtype=dtype, name=name)
+
+    def numpy(self) -> np.ndarray:
+        if self.dtype == ir.DataType.BFLOAT16:
+            return self.raw.view(torch.int16).numpy(force=True).view(self.dtype.numpy())
+        return super().numpy()
+
+
+def torch_tensor(tensor: torch.Tensor, name: str) -> TorchTensor:
+    """An ``ir.Tensor`` over ``tensor``'s storage (no copy), named ``name``."""
+    if torch_lacks_wide_unsigned_dtypes():
+        return _TorchTensorBeforeWideUnsigned(tensor, name=name)
+    return TorchTensor(tensor, name=name)

@@ -1,0 +1,314 @@
+"""Write the final model (and its external data) atomically; its tensors once. No torch here.
+
+The composed model's weights are references into the export's ``units/weights.data`` (see
+``weights.py``), in initializers and, per instance, in the ``Constant`` nodes of function bodies.
+Saving with external data therefore does not rewrite the weights: the data file is a clone of
+that file (a reflink where the filesystem has them, else one sequential copy in the kernel),
+every reference keeps its offset, and only tensors that passes made in memory (folded
+constants) at or above the threshold are appended. No weight passes through this process's
+memory, and the protobuf holds only references, so no size limit applies.
+
+Without external data every tensor is read into the protobuf, which cannot exceed 2 GiB: such a
+model is refused before anything is written.
+
+Every model file hyperexport writes (the rewrite's, the quantize stage's, ``export_hyper_onnx``'s)
+is written here, at the lowest IR version that carries its opsets and local functions
+(:func:`stamped_proto`, ``versions.lowest_ir_version``), whatever IR version the exporter
+gave it: older runtimes load what they can run. Nothing else in the file changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import onnx_ir as ir
+
+from hyperexport.base.errors import ResourceError
+from hyperexport.base.versions import lowest_ir_version
+from hyperexport.engine.files import clone_or_copy
+from hyperexport.library.tensor_slots import TensorSlot, tensor_slots
+
+log = logging.getLogger(__name__)
+
+#: The protobuf limit of a model without external data, with room for the graph itself.
+PROTOBUF_LIMIT = 2**31 - (64 << 20)
+
+
+def _external_path(tensor: ir.TensorProtocol) -> str | None:
+    if isinstance(tensor, ir.ExternalTensor):
+        return os.path.realpath(tensor.path)
+    return None
+
+
+def _base_file(slots: list[TensorSlot]) -> str | None:
+    """The external data file that holds the most referenced bytes (the one to clone)."""
+    sizes: dict[str, int] = {}
+    for slot in slots:
+        source = _external_path(slot.tensor)
+        if source is not None:
+            sizes[source] = sizes.get(source, 0) + slot.tensor.nbytes
+    return max(sizes, key=lambda k: sizes[k]) if sizes else None
+
+
+def _swapped(
+    slots: list[TensorSlot], tensors: list[ir.TensorProtocol], write: Callable[[], None]
+) -> None:
+    """Put ``tensors`` into the slots, call ``write``, and put the originals back."""
+    try:
+        for slot, tensor in zip(slots, tensors, strict=True):
+            slot.put(tensor)
+        write()
+    finally:
+        for slot in slots:
+            slot.put(slot.tensor)
+
+
+def ir_version_to_write(model: ir.Model) -> int:
+    """The lowest IR version that carries ``model``'s opset imports, its functions' and the
+    functions themselves."""
+    opsets = dict(model.opset_imports)
+    for function in model.functions.values():
+        for domain, version in function.opset_imports.items():
+            opsets[domain] = max(version, opsets.get(domain, version))
+    return lowest_ir_version(opsets, functions=bool(model.functions))
+
+
+def stamped_proto(model: ir.Model) -> Any:
+    """``model`` as an ``onnx.ModelProto`` at :func:`ir_version_to_write` (``model`` unchanged)."""
+    proto = ir.to_proto(model)
+    proto.ir_version = ir_version_to_write(model)
+    return proto
+
+
+def _write_proto(model: ir.Model, path: Path) -> None:
+    path.write_bytes(stamped_proto(model).SerializeToString())
+
+
+def save_external(
+    model: ir.Model,
+    path: Path,
+    threshold: int,
+    *,
+    consume: bool = False,
+    link_unchanged: bool = False,
+) -> None:
+    """Write ``model`` to ``path`` with its tensors in ``<name>.data`` beside it (atomically).
+
+    Tensors already in an external data file keep their bytes: the largest such file is cloned
+    as the new data file (with ``consume``, moved: for a caller whose bundle is temporary and on
+    the same filesystem, so the weights are written once in all). Tensors in memory of at least
+    ``threshold`` bytes are appended; smaller ones stay in the protobuf. The data file is moved
+    into place first and the model last, so a reader never sees a model without its data.
+    ``model`` is left unchanged (after ``consume`` its references point at the moved file).
+
+    With ``link_unchanged`` and nothing to append, the data file is a symlink to that file (its
+    real path) instead of a clone: for the build's rewrite stage, whose store records such a
+    link under the digest of the checked-out file it names, copying nothing
+    (``engine/workspace.py``). Not for a model handed to a user: onnx, onnx_ir and ONNX Runtime
+    refuse external data through a symlink that leaves the model's folder. When tensors must be
+    appended the file is cloned first (on a filesystem without reflinks, a full copy: logged at
+    INFO with its size).
+    """
+    path = Path(path)
+    data_name = f"{path.name}.data"
+    slots = tensor_slots(model)
+    base = _base_file(slots)
+    to_append, append_bytes = _appends(slots, base, threshold)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged, staged_data = Path(tmp) / path.name, Path(tmp) / data_name
+        if base is None:
+            how = "new"
+        elif link_unchanged and not to_append:
+            os.symlink(base, staged_data)
+            how = "linked"
+        else:
+            how = _take(Path(base), staged_data, consume)
+            if to_append and how == "copy":
+                log.info(
+                    "copied the export's weight file (%.2f GB) to append %d tensors (%d bytes) "
+                    "that passes made",
+                    os.path.getsize(base) / 1e9,
+                    to_append,
+                    append_bytes,
+                )
+        appended: dict[int, tuple[int, int]] = {}
+        replacements: list[ir.TensorProtocol] = []
+        with contextlib.ExitStack() as stack:
+            data = None if how == "linked" else stack.enter_context(open(staged_data, "ab"))
+            for slot in slots:
+                tensor = slot.tensor
+                source = _external_path(tensor)
+                if source is not None and source == base:
+                    offset, length = tensor.offset, tensor.length  # type: ignore[attr-defined]
+                elif tensor.nbytes >= threshold:
+                    assert data is not None, "a linked data file is never appended to"
+                    if id(tensor) not in appended:
+                        appended[id(tensor)] = _append(data, tensor)
+                    offset, length = appended[id(tensor)]
+                else:
+                    replacements.append(_inline(tensor) if source is not None else tensor)
+                    continue
+                replacements.append(
+                    ir.ExternalTensor(
+                        data_name,
+                        offset,
+                        length,
+                        tensor.dtype,
+                        shape=ir.Shape(tensor.shape.numpy()),
+                        name=tensor.name or "",
+                        base_dir=os.fspath(path.parent),
+                    )
+                )
+        _swapped(slots, replacements, lambda: _write_proto(model, staged))
+        if staged_data.is_symlink() or staged_data.stat().st_size:  # else: no data file
+            os.replace(staged_data, path.parent / data_name)
+        os.replace(staged, path)
+    log.info(
+        "saved %s with external data %s (the export's weight file: %s; %d tensors appended)",
+        path.name,
+        data_name,
+        how,
+        len(appended),
+    )
+
+
+def _appends(slots: list[TensorSlot], base: str | None, threshold: int) -> tuple[int, int]:
+    """``(tensors, bytes)`` that saving appends to the data file: those at or over
+    ``threshold`` that are not already in ``base``, each counted once."""
+    seen: dict[int, int] = {}
+    for slot in slots:
+        source = _external_path(slot.tensor)
+        if (source is None or source != base) and slot.tensor.nbytes >= threshold:
+            seen[id(slot.tensor)] = slot.tensor.nbytes
+    return len(seen), sum(seen.values())
+
+
+def _take(base: Path, staged: Path, consume: bool) -> str:
+    """Make ``staged`` hold ``base``'s bytes: moved when ``consume`` allows, else cloned."""
+    if consume:
+        try:
+            os.replace(base, staged)
+            return "moved"
+        except OSError as e:  # another filesystem: clone instead
+            log.debug("cannot move %s (%s); cloning", base, e)
+    return clone_or_copy(base, staged)
+
+
+def _append(out: BinaryIO, tensor: ir.TensorProtocol) -> tuple[int, int]:
+    """Append one tensor's bytes (64-byte aligned); return its offset and length."""
+    offset = out.tell()
+    pad = -offset % 64
+    if pad:
+        out.write(b"\0" * pad)
+        offset += pad
+    raw = tensor.tobytes()
+    out.write(raw)
+    return offset, len(raw)
+
+
+def _inline(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+    """An external tensor read into memory (small ones only, or a model without external data)."""
+    array = tensor.numpy()
+    return ir.Tensor(np.array(array), dtype=tensor.dtype, name=tensor.name)
+
+
+def save_inline(model: ir.Model, path: Path) -> None:
+    """Write ``model`` to ``path`` as one protobuf, every tensor inside it (atomically).
+
+    Raises:
+        ResourceError: The tensors exceed the 2 GiB protobuf limit (before anything is
+            written); names ``external_data``, the option that lifts it.
+    """
+    data = serialize_inline(model)
+    with tempfile.TemporaryDirectory(dir=Path(path).parent, prefix=f".{Path(path).name}.") as tmp:
+        staged = Path(tmp) / Path(path).name
+        staged.write_bytes(data)
+        os.replace(staged, path)
+
+
+def serialize_inline(model: ir.Model) -> bytes:
+    """``model`` as one protobuf with every tensor inside it (external ones read in).
+
+    Raises:
+        ResourceError: The tensors exceed the 2 GiB protobuf limit.
+    """
+    slots = tensor_slots(model)
+    total = sum(slot.tensor.nbytes for slot in {id(s.tensor): s for s in slots}.values())
+    check_inline_size(total)
+    replacements = [_inline(s.tensor) if _external_path(s.tensor) else s.tensor for s in slots]
+    result: list[bytes] = []
+    _swapped(slots, replacements, lambda: result.append(stamped_proto(model).SerializeToString()))
+    return result[0]
+
+
+def check_inline_size(weight_bytes: int) -> None:
+    """Refuse a model without external data whose tensors exceed the protobuf limit.
+
+    Raises:
+        ResourceError: Names the size and ``external_data``.
+    """
+    if weight_bytes > PROTOBUF_LIMIT:
+        raise ResourceError(
+            f"the model's tensors take {weight_bytes / 2**30:.2f} GiB, over the 2 GiB limit of a "
+            "single ONNX protobuf; set external_data=True (recipe: external_data: true) to store "
+            "them in <model>.onnx.data"
+        )
+
+
+def save_model(
+    model: ir.Model,
+    path: Path,
+    *,
+    external_data: bool,
+    threshold: int = 1024,
+    consume_bundle: bool = False,
+    link_unchanged: bool = False,
+) -> None:
+    """Write ``model`` to ``path`` atomically.
+
+    With ``external_data``, every tensor of at least ``threshold`` bytes lives in
+    ``<name>.data`` beside the model: initializers, and also the Constant tensors inside
+    functions (per-instance weights). Weights the export already wrote (``units/weights.data``)
+    are not rewritten: that file is cloned (reflink, else a kernel copy) and the references keep
+    their offsets. The data file is moved into place first and the model last, so a reader never
+    sees a model without its data. ``consume_bundle`` moves that file instead (the bundle is
+    temporary and is discarded after the save); ``link_unchanged`` makes it a symlink to that
+    file when nothing is appended (the build's rewrite stage: see :func:`save_external`).
+    Nothing depends on the working directory, and
+    an earlier export's files at ``path`` are replaced.
+
+    Raises:
+        ResourceError: Without ``external_data``, the tensors exceed the 2 GiB protobuf limit
+            (checked before anything is written).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if external_data:
+        save_external(model, path, threshold, consume=consume_bundle, link_unchanged=link_unchanged)
+    else:
+        save_inline(model, path)
+
+
+def save_compact(model: ir.Model, path: Path, *, external_data: bool, threshold: int) -> None:
+    """Write ``model`` with a fresh data file holding only the tensors it still uses (the
+    quantize stage's model, whose float weights are gone), atomically: data, then model. Its
+    IR version is set to :func:`ir_version_to_write` first (``model`` keeps it)."""
+    path = Path(path)
+    model.ir_version = ir_version_to_write(model)
+    data_name = f"{path.name}.data"
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged = Path(tmp) / path.name
+        if external_data:
+            ir.save(model, staged, external_data=data_name, size_threshold_bytes=threshold)
+            if (Path(tmp) / data_name).exists():
+                os.replace(Path(tmp) / data_name, path.parent / data_name)
+        else:
+            ir.save(model, staged)
+        os.replace(staged, path)

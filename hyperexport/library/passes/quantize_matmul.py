@@ -1,0 +1,134 @@
+"""Quantize the weights of MatMuls where they are, inside local functions included.
+
+Each MatMul with a constant weight (``passes/matmul_weights.py`` says which, and how the
+quantized tensors reach it through functions and call sites) becomes ONNX Runtime's
+``MatMulNBits`` (int4 blocks) or ``DynamicQuantizeMatMul`` (int8 columns), both in
+``com.microsoft``; the numbers are ``passes/quantize_weights.py``'s. A function shared by 16
+layers stays one function with 16 calls, its body holding the quantized op and each call passing
+its layer's quantized weights. Excluded MatMuls (``exclude``) stay in float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+import onnx_ir as ir
+
+from hyperexport.base.contracts.names import META_MODULE_CLASS, META_MODULE_PATH, QUANTIZED_DOMAIN
+from hyperexport.library.defaults import ACCURACY_LEVELS, DEFAULT_ACCURACY_LEVEL
+from hyperexport.library.passes.matmul_weights import (
+    Candidate,
+    MatMulWeightsPass,
+    function_of,
+    under,
+)
+from hyperexport.library.passes.quantize_weights import (
+    INT4_BLOCK,
+    INT8_DYNAMIC,
+    METHODS,
+    check_block_size,
+    quantize_int4_blocks,
+    quantize_int8_columns,
+)
+
+MS_DOMAIN = QUANTIZED_DOMAIN
+#: The op each method makes, in :data:`MS_DOMAIN`.
+QUANTIZED_OPS = {INT4_BLOCK: "MatMulNBits", INT8_DYNAMIC: "DynamicQuantizeMatMul"}
+
+
+class QuantizeMatMulsPass(MatMulWeightsPass):
+    """Replace MatMuls with constant weights by ONNX Runtime's quantized ops (com.microsoft).
+
+    Args:
+        method: ``int4_block`` (``MatMulNBits``, asymmetric uint4 in blocks along K) or
+            ``int8_dynamic`` (``DynamicQuantizeMatMul``, int8 per output column).
+        block_size: Block length along K for ``int4_block`` (a power of two ≥ 16).
+        exclude: Module paths or function names whose MatMuls stay in float.
+        accuracy_level: ``MatMulNBits``' ``accuracy_level``: the least precision of its
+            activations (0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8); 4 is what
+            onnxruntime-genai's builder sets on CPU, where ONNX Runtime then multiplies int8
+            blocks. ``int4_block`` only.
+    """
+
+    label = "quantize"
+
+    def __init__(
+        self,
+        method: str,
+        block_size: int = 32,
+        exclude: Collection[str] = (),
+        accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
+    ) -> None:
+        super().__init__(exclude)
+        if method not in METHODS:
+            raise ValueError(f"quantize method {method!r} is not one of {', '.join(METHODS)}")
+        check_block_size(block_size)
+        if accuracy_level not in ACCURACY_LEVELS:
+            raise ValueError(
+                f"accuracy_level {accuracy_level} is not one of "
+                f"{', '.join(map(str, ACCURACY_LEVELS))}"
+            )
+        self.method = method
+        self.block_size = block_size
+        self.accuracy_level = accuracy_level
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        result = super().call(model)
+        if result.modified:
+            model.opset_imports.setdefault(MS_DOMAIN, 1)
+        return result
+
+    def _tensors(self, tensor: ir.TensorProtocol, transposed: bool) -> list[np.ndarray]:
+        weight = tensor.numpy()
+        if self.method == INT4_BLOCK:
+            q = quantize_int4_blocks(weight if transposed else weight.T, self.block_size)
+            return [q.packed, q.scales, q.zero_points]
+        c = quantize_int8_columns(weight.T if transposed else weight)
+        return [c.weight, c.scales, c.zero_points]
+
+    def _names(self, base: str) -> list[str]:
+        tag = "q4" if self.method == INT4_BLOCK else "q8"
+        return [f"{base}.{tag}", f"{base}.{tag}_scales", f"{base}.{tag}_zero_points"]
+
+    def _replace(self, model: ir.Model, candidate: Candidate, operands: list[ir.Value]) -> None:
+        node = candidate.node
+        shape = candidate.leaves[0].tensor.shape.numpy()
+        n, k = shape if candidate.transposed else shape[::-1]
+        attributes: list[ir.Attr] = []
+        if self.method == INT4_BLOCK:
+            ints = {"K": int(k), "N": int(n), "bits": 4, "block_size": self.block_size}
+            if self.accuracy_level:  # 0: ONNX Runtime's default, the attribute left out
+                ints["accuracy_level"] = self.accuracy_level
+            attributes = [ir.AttrInt64(name, value) for name, value in ints.items()]
+        # ir.Node, not ir.node: no attribute type inference (a tenth of the pass's time).
+        new = ir.Node(
+            MS_DOMAIN,
+            QUANTIZED_OPS[self.method],
+            [node.inputs[0], *operands],
+            attributes,
+            name=f"{node.name}/{QUANTIZED_OPS[self.method]}" if node.name else None,
+        )
+        old = node.outputs[0]
+        name, type_, out_shape = old.name, old.type, old.shape
+        old.replace_all_uses_with(new.outputs[0], replace_graph_outputs=True)
+        old.name = None
+        new.outputs[0].name, new.outputs[0].type, new.outputs[0].shape = name, type_, out_shape
+        new.meta.update(node.meta)
+        new.metadata_props.update(node.metadata_props)
+        candidate.graph.insert_before(node, new)
+        candidate.graph.remove(node, safe=True)
+        if candidate.graph is not model.graph:
+            function = function_of(model)[id(candidate.graph)]
+            function.opset_imports.setdefault(MS_DOMAIN, 1)
+
+
+def names_a_module(model: ir.Model, name: str) -> bool:
+    """Whether ``exclude`` entry ``name`` names something in ``model``: a function (by name or
+    module class), or a module path that a function or a weight lies under."""
+    for function in model.functions.values():
+        short_class = function.metadata_props.get(META_MODULE_CLASS, "").rsplit(".", 1)[-1]
+        path = function.metadata_props.get(META_MODULE_PATH, "")
+        if name in (function.name, short_class) or (path and under(path, name)):
+            return True
+    return any(under(weight, name) for weight in model.graph.initializers)

@@ -1,0 +1,154 @@
+"""The numbers of weight quantization, in numpy: int4 blocks for ``MatMulNBits``, int8 columns
+for ``DynamicQuantizeMatMul`` (both com.microsoft ops that ONNX Runtime's CPU provider runs).
+
+The layouts follow ONNX Runtime's contract for these ops (its ``ContribOperators.md`` and its
+own ``MatMulNBitsQuantizer``), written here without its C++ helpers so that the passes need no
+ONNX Runtime:
+
+* ``MatMulNBits`` with ``bits=4``: the weight ``W`` as torch's ``Linear`` holds it, ``[N, K]``
+  (output features, input features), is cut along K into blocks of ``block_size``. Each block
+  gets an asymmetric uint4 code: ``scale = (max - min) / 15`` over the block with 0 included in
+  the range, ``zero_point = round(-min / scale)``, ``q = clip(round(w / scale) + zero_point)``.
+  ``B`` is ``uint8 [N, k_blocks, block_size / 2]``, two codes per byte, the even element in the
+  low nibble; ``scales`` is ``[N * k_blocks]``; ``zero_points`` is ``uint8 [N * ceil(k_blocks /
+  2)]``, packed the same way along the blocks of one column. K is padded with zeros to a whole
+  number of blocks.
+* ``DynamicQuantizeMatMul``: ``B`` is ``int8 [K, N]`` symmetric per output column, with codes
+  in the reduced range ``[-64, 64]`` (:data:`INT8_CODE_MAX`), ``b_scale`` ``[N]`` (``max |w| / 64``),
+  ``b_zero_point`` ``int8 [N]`` zeros; the activations are quantized to uint8 at run time by the
+  op itself. Why 7 bits: on x86 CPUs without VNNI (SSE4.1, AVX2, AVX-512 without VNNI) ONNX
+  Runtime multiplies uint8 activations by int8 weights with ``pmaddubsw``, which adds two
+  products into a saturating int16: ``2 * 255 * 127`` does not fit, ``2 * 255 * 64`` does. Full
+  8-bit codes give the right answer on VNNI machines and a wrong one elsewhere (measured: 13%
+  relative error on an AVX2 EPYC without VNNI, against 1% with the reduced range). ONNX
+  Runtime's own quantizer calls this ``reduce_range`` ("7-bit" weights for non-VNNI CPUs), and
+  its PR 12088 describes the overflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hyperexport.base.contracts.names import NO_QUANTIZATION
+from hyperexport.library.defaults import (
+    INT4_BLOCK,
+    INT8_DYNAMIC,
+    MIN_BLOCK_SIZE,
+    QUANTIZE_METHODS,
+    block_size_problem,
+)
+
+__all__ = ["INT4_BLOCK", "INT8_DYNAMIC", "METHODS", "MIN_BLOCK_SIZE", "check_block_size"]
+
+#: Every method a quantize pass accepts; ``none`` (no quantization) is the stage's business.
+METHODS = tuple(m for m in QUANTIZE_METHODS if m != NO_QUANTIZATION)
+
+
+def check_block_size(block_size: int) -> None:
+    """Raise ``ValueError`` unless ``block_size`` is a power of two ≥ :data:`MIN_BLOCK_SIZE`."""
+    problem = block_size_problem(block_size)
+    if problem is not None:
+        raise ValueError(f"block size {problem}")
+
+
+@dataclass(frozen=True)
+class Int4Blocks:
+    """One weight in ``MatMulNBits`` form (see the module docstring for the layout)."""
+
+    packed: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray
+    k: int
+    n: int
+    block_size: int
+
+
+def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Pack uint4 codes along the last axis (even length), the even element in the low nibble."""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    out = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=np.uint8)
+    out[..., 0::2] = packed & 0x0F
+    out[..., 1::2] = packed >> 4
+    return out
+
+
+def quantize_int4_blocks(weight_nk: np.ndarray, block_size: int) -> Int4Blocks:
+    """Quantize a ``[N, K]`` float weight into ``MatMulNBits`` blocks along K.
+
+    Args:
+        weight_nk: The weight, output features first (torch ``Linear.weight``).
+        block_size: Elements of K per block (a power of two ≥ 16).
+
+    Returns:
+        The packed codes, scales (the weight's dtype) and packed zero points.
+    """
+    check_block_size(block_size)
+    n, k = weight_nk.shape
+    blocks = -(-k // block_size)
+    w = np.zeros((n, blocks * block_size), dtype=np.float32)
+    w[:, :k] = weight_nk.astype(np.float32)
+    w = w.reshape(n, blocks, block_size)
+    low = np.minimum(w.min(axis=2), 0.0)
+    high = np.maximum(w.max(axis=2), 0.0)
+    scale = (high - low) / 15.0
+    safe = np.where(scale == 0.0, 1.0, scale)
+    zero = np.clip(np.rint(-low / safe), 0, 15)
+    codes = np.clip(np.rint(w / safe[..., None]) + zero[..., None], 0, 15).astype(np.uint8)
+    zero_codes = np.zeros((n, blocks + blocks % 2), dtype=np.uint8)
+    zero_codes[:, :blocks] = zero.astype(np.uint8)
+    return Int4Blocks(
+        packed=_pack_nibbles(codes),
+        scales=scale.astype(weight_nk.dtype).reshape(-1),
+        zero_points=_pack_nibbles(zero_codes).reshape(-1),
+        k=k,
+        n=n,
+        block_size=block_size,
+    )
+
+
+def dequantize_int4_blocks(q: Int4Blocks) -> np.ndarray:
+    """The float ``[N, K]`` weight that ``q`` stands for (what ``MatMulNBits`` multiplies by)."""
+    blocks = q.packed.shape[1]
+    codes = _unpack_nibbles(q.packed).astype(np.float32)
+    zero = _unpack_nibbles(q.zero_points.reshape(q.n, -1))[:, :blocks].astype(np.float32)
+    scale = q.scales.reshape(q.n, blocks).astype(np.float32)
+    w = (codes - zero[..., None]) * scale[..., None]
+    return w.reshape(q.n, -1)[:, : q.k]
+
+
+#: The largest int8 weight code (ONNX Runtime's ``reduce_range``), so that ``uint8 * int8`` pairs never saturate the
+#: int16 sums of x86's ``pmaddubsw`` (see the module docstring).
+INT8_CODE_MAX = 64
+
+
+@dataclass(frozen=True)
+class Int8Columns:
+    """One weight in ``DynamicQuantizeMatMul`` form: ``int8 [K, N]``, per-column scales."""
+
+    weight: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray
+
+
+def quantize_int8_columns(weight_kn: np.ndarray) -> Int8Columns:
+    """Quantize a ``[K, N]`` float weight (the MatMul's own ``B``) symmetrically per column,
+    codes within ``±``:data:`INT8_CODE_MAX`."""
+    w = weight_kn.astype(np.float32)
+    scale = np.abs(w).max(axis=0) / INT8_CODE_MAX
+    safe = np.where(scale == 0.0, 1.0, scale)
+    codes = np.clip(np.rint(w / safe), -INT8_CODE_MAX, INT8_CODE_MAX).astype(np.int8)
+    return Int8Columns(
+        weight=codes,
+        scales=scale.astype(weight_kn.dtype),
+        zero_points=np.zeros(w.shape[1], dtype=np.int8),
+    )
+
+
+def dequantize_int8_columns(q: Int8Columns) -> np.ndarray:
+    """The float ``[K, N]`` weight that ``q`` stands for."""
+    return q.weight.astype(np.float32) * q.scales.astype(np.float32)

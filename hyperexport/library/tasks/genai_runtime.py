@@ -1,0 +1,82 @@
+"""The decode of ``task: text-generation``'s model in onnxruntime-genai, one prompt at a time on
+the folder as published: what a user of the folder runs (evaluate stage, torch-free)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from hyperexport.base.contracts.names import MODEL_FILE
+from hyperexport.library.tasks.registry import GENAI_CONFIG
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def genai_folder(
+    model_dir: Path, genai_config: Path, scratch: Path, model_file: str = MODEL_FILE
+) -> Iterator[Path]:
+    """A folder holding the model ``model_file``, its data file and ``genai_config.json``, as
+    published.
+
+    onnxruntime-genai takes a folder and refuses a model path outside it, so the files are
+    copied into a folder under ``scratch``, removed on exit (a copy of the weights: for a large
+    model, evaluate needs that much disk for the duration). Not hard links: a link changes the input's ctime, and the
+    build then no longer trusts its held copy of the data file (``engine/workspace.py``).
+    Symlinks neither: ONNX Runtime refuses external data that leaves the model's folder.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="genai-", dir=scratch))
+    try:
+        data = sorted(p.name for p in model_dir.iterdir() if p.name.startswith(model_file + "."))
+        names = [model_file, *data]
+        for name in names:
+            shutil.copyfile((model_dir / name).resolve(), folder / name)
+        shutil.copyfile(genai_config, folder / GENAI_CONFIG)
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def genai_decode(folder: Path, prompt: Sequence[int], steps: int) -> tuple[list[int], np.ndarray]:
+    """onnxruntime-genai's greedy decode of ``steps`` tokens: ``(tokens, logits per step)``."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + steps, do_sample=False, batch_size=1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray([prompt], dtype=np.int64))
+    logits: list[np.ndarray] = []
+    while not generator.is_done() and len(logits) < steps:
+        logits.append(np.array(generator.get_logits(), dtype=np.float32).reshape(-1))
+        generator.generate_next_token()
+    tokens = [int(t) for t in generator.get_sequence(0)][len(prompt) :]
+    if len(tokens) == len(logits) - 1:
+        # The search stopped at an end-of-sequence id, which onnxruntime-genai 0.18 leaves out
+        # of the sequence (transformers keeps it): greedy chose it from the last logits.
+        tokens.append(int(np.argmax(logits[-1])))
+    return tokens, np.stack(logits)
+
+
+def genai_forced(folder: Path, prompt: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+    """onnxruntime-genai's logits at each step of ``prompt`` followed by ``tokens`` (fed, not
+    chosen): ``(len(tokens), vocab)``, the logits from which step ``i`` chose ``tokens[i]``."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + len(tokens), do_sample=False, batch_size=1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray([prompt], dtype=np.int64))
+    logits: list[np.ndarray] = []
+    for i, token in enumerate(tokens):
+        logits.append(np.array(generator.get_logits(), dtype=np.float32).reshape(-1))
+        if i + 1 < len(tokens):
+            generator.append_tokens(np.asarray([[token]], dtype=np.int64))
+    return np.stack(logits) if logits else np.zeros((0, 0), dtype=np.float32)

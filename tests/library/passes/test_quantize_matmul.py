@@ -1,0 +1,194 @@
+"""QuantizeMatMulsPass: MatMuls inside functions become ORT's quantized ops; functions stay."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hyperexport.library.passes.quantize_matmul import QUANTIZED_OPS, QuantizeMatMulsPass
+from hyperexport.library.passes.quantize_weights import (
+    INT4_BLOCK,
+    INT8_CODE_MAX,
+    INT8_DYNAMIC,
+    dequantize_int4_blocks,
+    dequantize_int8_columns,
+    quantize_int4_blocks,
+    quantize_int8_columns,
+)
+from tests.helpers.matmul_models import (
+    FN,
+    PER_INSTANCE,
+    PER_TYPE,
+    add_weights,
+    bake,
+    op_counts,
+    run_checked,
+    x_feed,
+)
+from tests.helpers.passes import parse
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _dequantized(method: str, w_nk: np.ndarray) -> np.ndarray:
+    """The [N, K] weight the quantized op stands for (computed independently of the pass)."""
+    if method == INT4_BLOCK:
+        return dequantize_int4_blocks(quantize_int4_blocks(w_nk, 32))
+    return dequantize_int8_columns(quantize_int8_columns(w_nk.T)).T
+
+
+#: Expected relative error against float on standard-normal weights and inputs: 4-bit codes
+#: over a block's range give ~8%; 8-bit per column, weights and activations, ~1%.
+FLOAT_BOUND = {INT4_BLOCK: 0.12, INT8_DYNAMIC: 0.03}
+
+
+@pytest.mark.parametrize("method", [INT4_BLOCK, INT8_DYNAMIC])
+def test_per_type_quantizes_inside_the_shared_body(method: str) -> None:
+    model = parse(PER_TYPE)
+    weights = add_weights(model, ["w0", "w1", "w2"])
+    before = run_checked(model, x_feed())[0]
+    idents = set(model.functions)
+
+    # accuracy_level 0: float activations, so the result is the dequantized weights' product.
+    assert QuantizeMatMulsPass(method, block_size=32, accuracy_level=0)(model).modified
+
+    ops = op_counts(model)
+    op = QUANTIZED_OPS[method]
+    assert set(model.functions) == idents  # functions stay functions, same ids
+    assert ops["Inner"][op] == 1 and ops["Inner"]["MatMul"] == 0 and ops["Inner"]["Transpose"] == 0
+    assert ops["main"]["Outer"] == 3  # still one function, three calls
+    inner = model.functions[(FN, "Inner", "")]
+    assert [v.name for v in inner.inputs][:1] == ["u"] and len(
+        inner.inputs
+    ) == 4  # u, q, scales, zp
+    assert not {"w0", "w1", "w2"} & set(model.graph.initializers)  # float weights are gone
+    after = run_checked(model, x_feed())[0]
+    x = np.maximum(x_feed()["x"], 0)
+    expected = sum(x @ _dequantized(method, w).T for w in weights.values())
+    assert _rel(after, expected) < (1e-5 if method == INT4_BLOCK else 0.01)
+    assert _rel(after, before) < FLOAT_BOUND[method]
+    assert not QuantizeMatMulsPass(method, block_size=32)(model).modified
+
+
+@pytest.mark.parametrize("method", [INT4_BLOCK, INT8_DYNAMIC])
+def test_per_instance_quantizes_baked_weights_and_main_graph(method: str) -> None:
+    model = parse(PER_INSTANCE)
+    head = add_weights(model, ["lm_head.weight"])["lm_head.weight"]
+    baked = bake(model)
+    before = run_checked(model, x_feed())[0]
+
+    assert QuantizeMatMulsPass(method, block_size=32, accuracy_level=0)(model).modified
+
+    ops = op_counts(model)
+    op = QUANTIZED_OPS[method]
+    assert ops["Layer_0"][op] == ops["Layer_1"][op] == ops["main"][op] == 1
+    assert sum(c["MatMul"] for c in ops.values()) == 0
+    assert len(model.functions) == 2 and ops["main"]["Layer_0"] == ops["main"]["Layer_1"] == 1
+    after = run_checked(model, x_feed())[0]
+    h = x_feed()["x"] @ _dequantized(method, baked["Layer_0"]).T  # Transpose of an [N, K] weight
+    h = h @ _dequantized(method, baked["Layer_1"].T).T  # a [K, N] weight as it is
+    expected = h @ _dequantized(method, head).T
+    assert _rel(after, expected) < (1e-5 if method == INT4_BLOCK else 0.02)
+    assert _rel(after, before) < 2 * FLOAT_BOUND[method]
+    assert not QuantizeMatMulsPass(method, block_size=32)(model).modified
+
+
+@pytest.mark.parametrize("level", [4, 0])
+def test_accuracy_level_is_set_on_matmul_nbits(level: int) -> None:
+    """The builder's CPU level by default (int8 activations: a little more error than float
+    activations, which level 0, ONNX Runtime's default, keeps by leaving the attribute out)."""
+    model = parse(PER_TYPE)
+    weights = add_weights(model, ["w0", "w1", "w2"])
+    assert QuantizeMatMulsPass(INT4_BLOCK, 32, accuracy_level=level)(model).modified
+    nbits = [n for n in model.functions[(FN, "Inner", "")].graph if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 1
+    attribute = nbits[0].attributes.get("accuracy_level")
+    assert (attribute.as_int() if attribute is not None else 0) == level
+    assert (attribute is None) == (level == 0)
+    after = run_checked(model, x_feed())[0]
+    x = np.maximum(x_feed()["x"], 0)
+    expected = sum(x @ _dequantized(INT4_BLOCK, w).T for w in weights.values())
+    assert _rel(after, expected) < (0.02 if level else 1e-5)
+
+
+def test_int8_codes_never_saturate_the_int16_pair_sums_of_x86_without_vnni() -> None:
+    """ONNX Runtime multiplies uint8 activations by int8 weights with ``pmaddubsw`` on x86 CPUs
+    without VNNI: two products summed into a saturating int16. Full 8-bit codes overflow it
+    (the per_instance test above was 13% off on an AVX2 EPYC); the reduced range does not."""
+    weight = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    codes = quantize_int8_columns(weight).weight
+    assert int(np.abs(codes).max()) == INT8_CODE_MAX  # each column's largest weight hits the end
+    assert np.iinfo(np.int16).max >= 2 * 255 * INT8_CODE_MAX
+
+
+def test_int8_stays_accurate_on_activations_that_fill_the_uint8_range() -> None:
+    """The worst case of the saturation: activations quantized near 255 at both elements of a
+    pair, weights at the ends of their range. The answer must not depend on the CPU."""
+    model = parse(PER_TYPE)
+    weights = add_weights(model, ["w0", "w1", "w2"])
+    for w in weights.values():  # large positive weights: products that add up in each pair
+        w[...] = np.abs(w) + 1.0
+    assert QuantizeMatMulsPass(INT8_DYNAMIC)(model).modified
+    # Relu keeps what is positive: all activations large and positive, so they quantize to
+    # codes near 255 (the zero point at 0).
+    feed = {"x": np.full((2, 3, 64), 3.0, dtype=np.float32)}
+    feed["x"][..., ::7] = 2.9
+    after = run_checked(model, feed)[0]
+    expected = sum(
+        np.maximum(feed["x"], 0) @ _dequantized(INT8_DYNAMIC, w).T for w in weights.values()
+    )
+    assert _rel(after, expected) < 0.01
+
+
+def test_exclude_by_module_path_and_function_name() -> None:
+    model = parse(PER_INSTANCE)
+    add_weights(model, ["lm_head.weight"])
+    bake(model)
+    before = run_checked(model, x_feed())[0]
+
+    assert QuantizeMatMulsPass(INT4_BLOCK, exclude=("lm_head", "Layer_1"))(model).modified
+    ops = op_counts(model)
+    assert ops["Layer_0"]["MatMulNBits"] == 1
+    assert ops["Layer_1"]["MatMul"] == 1 and ops["main"]["MatMul"] == 1
+    assert "lm_head.weight" in model.graph.initializers
+    assert _rel(run_checked(model, x_feed())[0], before) < FLOAT_BOUND[INT4_BLOCK]
+
+
+def test_exclude_by_module_path_of_a_baked_weight() -> None:
+    model = parse(PER_INSTANCE)
+    add_weights(model, ["lm_head.weight"])
+    bake(model)  # Layer_0's module path is "Layers.0"
+    QuantizeMatMulsPass(INT4_BLOCK, exclude=("Layers.0",))(model)
+    ops = op_counts(model)
+    assert ops["Layer_0"]["MatMul"] == 1 and ops["Layer_1"]["MatMulNBits"] == 1
+
+
+def test_per_type_call_site_excluded_keeps_the_shared_body_float() -> None:
+    model = parse(PER_TYPE)
+    add_weights(model, ["w0", "w1", "w2"])
+    assert not QuantizeMatMulsPass(INT4_BLOCK, exclude=("w1",))(model).modified
+    assert op_counts(model)["Inner"]["MatMul"] == 1
+
+
+def test_weight_that_is_data_at_one_call_site_stays_float() -> None:
+    model = parse(PER_TYPE)
+    add_weights(model, ["w0", "w2"])  # w1 stays a graph input: not a constant
+    assert not QuantizeMatMulsPass(INT4_BLOCK)(model).modified
+    assert op_counts(model)["Inner"]["MatMul"] == 1
+
+
+def test_block_size_must_be_a_power_of_two_from_16() -> None:
+    for bad in (8, 24, 100):
+        with pytest.raises(ValueError, match="power of two"):
+            QuantizeMatMulsPass(INT4_BLOCK, block_size=bad)
+    with pytest.raises(ValueError, match="int4_block"):
+        QuantizeMatMulsPass("int3")
+
+
+def test_block_size_that_does_not_divide_k_pads() -> None:
+    w = np.random.default_rng(3).standard_normal((5, 40)).astype(np.float32)
+    q = quantize_int4_blocks(w, 32)
+    assert q.packed.shape == (5, 2, 16) and q.scales.shape == (10,) and q.zero_points.shape == (5,)
+    assert _rel(dequantize_int4_blocks(q), w) < 0.12

@@ -1,0 +1,53 @@
+"""The zoo table (docs/building.md) is what bench/zoo_table.py renders from the recipes and the last
+measurement (bench/zoo_table.json): adding, removing or changing a zoo recipe without measuring
+again fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from hyperexport.zoo import expected_failures
+from tests.helpers.recipes import REFUSED
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("zoo_table", REPO / "bench" / "zoo_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_zoo_recipe_was_measured_on_both_paths() -> None:
+    table = _script()
+    measured = json.loads(table.RESULTS.read_text())
+    results = measured["recipes"]
+    assert sorted(results) == table.zoo_recipes()
+    # The expected failures of the transformers release the table was measured on.
+    failures = expected_failures(measured["environment"]["transformers"])
+    for name, entry in results.items():
+        for label, dynamo in table.PATHS:
+            result = entry[label]
+            expected = failures.get((name, dynamo))
+            if expected:
+                assert result == {"ok": False, "expected_failure": expected}
+            else:
+                assert result["ok"], (name, label, result)
+                assert result["max_abs"] <= 1e-4, (name, label)
+
+
+def test_the_docs_table_is_up_to_date() -> None:
+    if REFUSED:  # the table composes every zoo recipe; tests/test_configs.py checks the refusal
+        pytest.skip(next(iter(REFUSED.values())) or "")
+    table = _script()
+    results = json.loads(table.RESULTS.read_text())["recipes"]
+    rendered = table.render_table(table.zoo_recipes(), results)
+    current = table.doc_table(table.TABLE_DOC.read_text())
+    assert current == rendered, "run: python bench/zoo_table.py --measure"
