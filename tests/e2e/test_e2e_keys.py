@@ -303,7 +303,10 @@ def test_check_code_edit_reruns_only_check(
     third = build(load(user), cache, outputs)
     assert statuses(third)["trace"] == statuses(third)["export"] == "hit"
     assert statuses(third)["rewrite"] == "ran"
-    assert reasons(third)["rewrite"] == "hyperexport code changed (library/passes/compose_functions.py)"
+    assert (
+        reasons(third)["rewrite"]
+        == "hyperexport code changed (library/passes/compose_functions.py)"
+    )
 
 
 def _sources(tree: Path) -> dict[str, code_closure.ModuleSource]:
