@@ -367,6 +367,20 @@ def missing_transformers_class(path: str) -> str | None:
     return f"transformers {found} has no {name}: it needs transformers>={since[0]} ({since[1]})"
 
 
+#: The transformers releases whose models switch their attention implementation with
+#: ``set_attn_implementation`` (4.57.6 has it, 4.53.3 has not; 4.54 to 4.56 were not run and count
+#: as lacking it). Before, a model reads ``config._attn_implementation`` at each call, and its
+#: submodules share that config, so hyperexport switches the config's attribute there
+#: (``transformers/attention.py``).
+TRANSFORMERS_SET_ATTN_IMPLEMENTATION = ">=4.57"
+
+
+def attention_switched_by_config() -> bool:
+    """Whether the installed transformers predates :data:`TRANSFORMERS_SET_ATTN_IMPLEMENTATION`."""
+    found = transformers_version()
+    return found is not None and not release_in(found, TRANSFORMERS_SET_ATTN_IMPLEMENTATION)
+
+
 #: The transformers releases where hyperexport's own attention can be registered: it goes into
 #: ``AttentionInterface`` (4.51) with transformers' SDPA mask in ``AttentionMaskInterface``
 #: (``masking_utils``, 4.53). On 4.48.3: ``ImportError: cannot import name 'AttentionInterface'``.

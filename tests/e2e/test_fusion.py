@@ -20,7 +20,11 @@ from hyperexport.library.passes.ort_kernels import gqa_takes_query_seqlens
 from hyperexport.product.config import compose_recipe, validate_recipe
 from hyperexport.product.config.schema import Recipe
 from tests.helpers.builds import build
-from tests.helpers.release_skips import NEEDS_HYPEREXPORT_ATTENTION, NEEDS_OPSET_18
+from tests.helpers.release_skips import (
+    NEEDS_DECODING_TASKS,
+    NEEDS_HYPEREXPORT_ATTENTION,
+    NEEDS_OPSET_18,
+)
 
 PATHS = [False, True]
 PATH_IDS = ["torchscript", "dynamo"]
@@ -161,6 +165,7 @@ GENERATION_KERNELS = {
         for d in PATHS
     ],
 )
+@NEEDS_DECODING_TASKS
 def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
     fusion: str, dynamo: bool, tmp_path: Path
 ) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from hyperexport.base.contracts.names import BUILTIN_ATTENTION, HYPEREXPORT_ATTENTION
 from hyperexport.base.errors import HyperExportError
+from hyperexport.base.versions import attention_switched_by_config
 from hyperexport.library.transformers.attention_onnx import (
     attention_translation_table,
     torchscript_attention_symbolic,
@@ -174,7 +175,8 @@ def model_attention_implementation(model: torch.nn.Module, implementation: str) 
     ``model`` may also wrap one (the generation task's step module holds the ``*ForCausalLM``):
     the outermost submodule that is a transformers model is switched.
     """
-    switchable: Any = next((m for m in model.modules() if _settable(m)), None)
+    by_config = attention_switched_by_config()
+    switchable: Any = next((m for m in model.modules() if _settable(m, by_config)), None)
     if switchable is None:
         raise HyperExportError(
             f"{type(model).__name__} is not a transformers model with a settable attention "
@@ -184,7 +186,8 @@ def model_attention_implementation(model: torch.nn.Module, implementation: str) 
     if original == implementation:
         yield
         return
-    switchable.set_attn_implementation(implementation)
+    switch = _by_config(switchable) if by_config else switchable.set_attn_implementation
+    switch(implementation)
     log.debug(
         "set %s attention implementation %r -> %r",
         type(switchable).__name__,
@@ -194,13 +197,25 @@ def model_attention_implementation(model: torch.nn.Module, implementation: str) 
     try:
         yield
     finally:
-        switchable.set_attn_implementation(original)
+        switch(original)
 
 
-def _settable(module: torch.nn.Module) -> bool:
+def _settable(module: torch.nn.Module, by_config: bool) -> bool:
     config = getattr(module, "config", None)
     has_implementation = getattr(config, "_attn_implementation", None) is not None
+    if by_config:  # a transformers model, before set_attn_implementation
+        return has_implementation and hasattr(module, "_supports_sdpa")
     return has_implementation and hasattr(module, "set_attn_implementation")
+
+
+def _by_config(model: Any) -> Callable[[str], None]:
+    """Switch ``model``'s attention through its config (the releases of
+    :data:`~hyperexport.base.versions.TRANSFORMERS_SET_ATTN_IMPLEMENTATION` lack the method)."""
+
+    def switch(implementation: str) -> None:
+        model.config._attn_implementation = implementation
+
+    return switch
 
 
 @contextmanager

@@ -23,6 +23,7 @@ import torch
 
 from hyperexport.base.errors import VersionsError
 from hyperexport.base.versions import (
+    TRANSFORMERS_MASKING_UTILS,
     VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT,
     masking_export_flags,
     release_in,
@@ -197,7 +198,7 @@ def exportable_moe_patch() -> Iterator[None]:
 PATCHES: tuple[ExportPatch, ...] = (
     ExportPatch(
         name="packed_sequence_without_diff",
-        transformers=">=4.54",
+        transformers=TRANSFORMERS_MASKING_UTILS,
         paths=(TORCHSCRIPT,),
         reason="aten::diff and bool CumSum from masking_utils.find_packed_sequence_indices",
         factory=packed_sequence_without_diff,
@@ -213,14 +214,14 @@ PATCHES: tuple[ExportPatch, ...] = (
     ),
     ExportPatch(
         name="traceable_sdpa_mask_builder",
-        transformers=">=4.54,<5",
+        transformers=f"{TRANSFORMERS_MASKING_UTILS},<5",
         paths=(TORCHSCRIPT,),
         reason="4.x's vmapped SDPA mask builder fails under torch.jit.trace (unordered_map::at)",
         factory=traceable_sdpa_mask_builder,
     ),
     ExportPatch(
         name="broadcast_sdpa_mask_for_torch_export",
-        transformers=">=4.54,<5",
+        transformers=f"{TRANSFORMERS_MASKING_UTILS},<5",
         torch_releases=VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT,
         paths=(DYNAMO,),
         reason=(

@@ -12,6 +12,7 @@ import pytest
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 from tests.helpers.release_skips import NEEDS_DECODING_TASKS
 
 #: Each test builds or runs a decoding task.
@@ -90,6 +91,7 @@ def test_the_folder_carries_the_tokenizer_and_its_digest_is_in_the_key(tmp_path:
 
 
 @pytest.mark.zoo
+@NEEDS_DYNAMO_PATH
 def test_a_float16_checkpoint_decodes_in_onnxruntime_genai_as_transformers(
     tmp_path: Path,
 ) -> None:

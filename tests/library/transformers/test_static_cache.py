@@ -187,6 +187,7 @@ def _llama_step(model: torch.nn.Module, cache: StaticCache, ids: torch.Tensor, s
 # Before masking_utils (4.53), a model sizes its mask by the attention mask unless the cache is
 # transformers' own StaticCache; masking_utils asks the cache (get_mask_sizes), as this one answers.
 @NEEDS_MASKING_UTILS
+@NEEDS_DECODING_TASKS  # 4.53.3's layers refuse a cache that is not transformers' Cache
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_decoder_layer_functions_with_a_static_cache_match_torch(dynamo: bool) -> None:
     """hiera=[LlamaAttention, LlamaDecoderLayer] on a model run with a cache object: the cache

@@ -14,6 +14,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 from hyperexport.base import versions
 from hyperexport.library.export.torch_exporter import decomposition_without_input_guards
 from hyperexport.zoo import EXPECTED_FAILURES
+from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 
 #: How a plain TorchScript export of Cohere fails on the installed transformers: 4.x's vmapped
 #: mask builder fails the tracer at export, 5.x's graph fails in ONNX Runtime.
@@ -24,12 +25,13 @@ _COHERE_PLAIN: tuple[type[Exception], tuple[str, ...]] = (
 )
 
 
-def _model_and_inputs(name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def _model_and_inputs(name: str, dynamo: bool) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     from hyperexport.library.models.auto import resolve_auto
     from hyperexport.product.config import compose_recipe
     from hyperexport.product.from_recipe.model import load_model
 
-    recipe, _ = compose_recipe([f"recipe={name}"])
+    # on the path the plain export takes (a dynamo recipe is refused where torch cannot take it)
+    recipe, _ = compose_recipe([f"recipe={name}", f"dynamo={str(dynamo).lower()}"])
     model = load_model(recipe.data["model"], recipe.checkpoint, recipe.file)
     data = resolve_auto(recipe.data, model, recipe.file)
     return model, data["inputs"], data
@@ -57,7 +59,7 @@ def _plain_export_matches_torch(name: str, dynamo: bool) -> None:
 
     from hyperexport.library.models.inputs import make_inputs
 
-    model, specs, _ = _model_and_inputs(name)
+    model, specs, _ = _model_and_inputs(name, dynamo)
     names = list(specs)
     wrapped = _positional(model, names)
     example = make_inputs(specs)
@@ -129,6 +131,7 @@ def test_plain_torchscript_export_of_cohere_with_traceable_masks_runs_in_onnxrun
 
 
 @pytest.mark.zoo
+@NEEDS_DYNAMO_PATH
 def test_plain_dynamo_export_of_swin_with_a_dynamic_batch_runs_in_onnxruntime() -> None:
     """torch's own dynamo export of Swin with a dynamic batch works, on 4.57 (hand-written
     attention) and on 5.x (SDPA), so ``zoo_swin`` has no expected failure. (It had one on 5.x
