@@ -10,31 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from hyperexport.library.compat import hyperonnx as _home
-from hyperexport.library.compat.hyperonnx import (
-    HYPER_DOMAIN,
-    HYPERONNX_ATTN_IMPL,
-    StaticCache,
-    attention_interface,
-    attention_translation_table,
-    auto_trace_method,
-    export_hyper_onnx,
-    patch_transformers,
-    promote_onnx_model_to_opset24,
-    register_attention_opsets,
-)
-
-__all__ = [
-    "HYPERONNX_ATTN_IMPL",
-    "HYPER_DOMAIN",
-    "StaticCache",
-    "attention_interface",
-    "attention_translation_table",
-    "auto_trace_method",
-    "export_hyper_onnx",
-    "patch_transformers",
-    "promote_onnx_model_to_opset24",
-    "register_attention_opsets",
-]
+from hyperexport.library.compat.hyperonnx import *  # noqa: F403  (its __all__, declared there)
+from hyperexport.library.compat.hyperonnx import __all__ as __all__
 
 
 def __getattr__(name: str) -> Any:

@@ -20,6 +20,7 @@ from hyperexport.base import versions
 from hyperexport.base.errors import VersionsError
 from hyperexport.library.export.registry import path_for
 from hyperexport.library.transformers.masks import never_gqa
+from hyperexport.library.transformers.patches import patches_for
 
 PACKAGE = Path(hyperexport.__file__).parent
 BRIDGE = PACKAGE / "base" / "versions.py"
@@ -152,8 +153,8 @@ def test_transformers_hooks_resolve_on_the_installed_release() -> None:
     flags = versions.masking_export_flags()
     assert flags and all(callable(getattr(owner, name)) for owner, name in flags)
     assert flags[0][0] is masking_utils
-    if versions.release_in(versions.transformers_version() or "0", ">=5"):
-        # the hook sdpa_without_enable_gqa replaces (4.53.3 has none: its layers repeat kv)
+    if "sdpa_without_enable_gqa" in [p.name for p in patches_for(False)]:
+        # the hook that patch replaces (4.53.3 has none: its layers repeat key and value)
         assert callable(sdpa_attention.use_gqa_in_sdpa)
     assert never_gqa(None, None) is False
     assert never_gqa(None, None, None) is False

@@ -204,7 +204,9 @@ def _settable(module: torch.nn.Module, by_config: bool) -> bool:
     config = getattr(module, "config", None)
     has_implementation = getattr(config, "_attn_implementation", None) is not None
     if by_config:  # a transformers model, before set_attn_implementation
-        return has_implementation and hasattr(module, "_supports_sdpa")
+        from transformers import PreTrainedModel
+
+        return has_implementation and isinstance(module, PreTrainedModel)
     return has_implementation and hasattr(module, "set_attn_implementation")
 
 
