@@ -306,7 +306,12 @@ def _check_checkpoint(check: _Checker, checkpoint: Path) -> None:
 def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
     """Relations between fields, and what only the environment can tell (importability)."""
     low, high = OPSET_RANGES[r.dynamo]
-    if not low <= r.opset <= high:
+    dynamo_refused = unsupported(True) if r.dynamo else []
+    if dynamo_refused:
+        # the torch (or library) cannot take the dynamo path at all: that is the one line, not
+        # the opset, whose default there is the TorchScript one (17 on torch 2.2)
+        check.fail("dynamo", dynamo_refused[0])
+    elif not low <= r.opset <= high:
         path = "dynamo=True" if r.dynamo else "dynamo=False (TorchScript)"
         check.fail("opset", f"{r.opset} is out of range for {path}: supported {low}..{high}")
     elif not r.dynamo and (cap := torchscript_opset_cap()) is not None and r.opset > cap:
@@ -358,8 +363,6 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
             _check_import(check, f"hiera[{i}]", path)
     if r.attention.implementation is not None and (missing := attention_registration_missing()):
         check.fail("attention.implementation", missing)
-    if r.dynamo and (problems := unsupported(True)):
-        check.fail("dynamo", problems[0])
     fuse = r.rewrite.fuse
     if fuse != NO_FUSION and r.attention.implementation is None:
         log.warning(
@@ -368,7 +371,7 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
             check.file,
             fuse,
         )
-    if fuse == STANDARD_FUSION and r.opset < PROMOTE_MIN_OPSET:
+    if fuse == STANDARD_FUSION and r.opset < PROMOTE_MIN_OPSET and not dynamo_refused:
         check.fail(
             "opset",
             f"{r.opset} is too old for rewrite.fuse=standard: the export opset must be "
