@@ -150,6 +150,24 @@ def unsupported(dynamo: bool) -> list[str]:
     return problems
 
 
+#: The onnxscript releases whose torch_lib translates ``aten.roll`` along a negative dim wrongly:
+#: it takes that dim's size as ``Shape(x, start=dim, end=dim + 1)``, which for ``dims=-1`` is
+#: ``end=0``, an empty shape, and ONNX Runtime then refuses the model (``Slice ...
+#: ShapeInferenceError: Incorrect or missing input value for starts and ends``). Seen on 0.6.2,
+#: 0.7.0 and 0.7.1 with torch 2.13 (torch's own plain dynamo export crashes in 0.6.2's rewriter
+#: instead); 0.7.2 is right. Swin's shifted windows roll along dims 1 and 2, which is why the
+#: zoo's Swin passes. ``library/export/dynamo_program.py`` gives torch's program the dims as
+#: non-negative ones on these releases (``tests/library/export/test_dynamo_roll.py``).
+ONNXSCRIPT_ROLLS_NEGATIVE_DIMS_WRONG = "<0.7.2"
+
+
+def onnxscript_rolls_negative_dims_wrong(onnxscript: str | None = None) -> bool:
+    """Whether onnxscript (``onnxscript``, else the installed one) is among
+    :data:`ONNXSCRIPT_ROLLS_NEGATIVE_DIMS_WRONG`."""
+    found = onnxscript if onnxscript is not None else installed_version("onnxscript")
+    return found is not None and release_in(found, ONNXSCRIPT_ROLLS_NEGATIVE_DIMS_WRONG)
+
+
 # -- torch's TorchScript exporter ----------------------------------------------------------------
 
 

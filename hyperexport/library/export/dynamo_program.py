@@ -39,6 +39,7 @@ from onnx_ir.passes.common import InlinePass
 
 from hyperexport.base.contracts.manifest import PLACEHOLDER_DOMAIN
 from hyperexport.base.errors import InputError
+from hyperexport.base.versions import onnxscript_rolls_negative_dims_wrong
 from hyperexport.library.capture.torch_hooks import torch_dtype, torch_dtype_name
 from hyperexport.library.export.placeholders import Dim, PlaceholderSpec, ShapeFunction
 from hyperexport.library.export.torch_exporter import (
@@ -263,6 +264,8 @@ def _export_program(
 ) -> ir.Model:
     with quiet_exporter(), torch.no_grad():
         program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
+    if onnxscript_rolls_negative_dims_wrong():
+        _roll_dims_made_non_negative(program)
     table = placeholder_translation_table(program)
     table.update(translations or {})
     # torch.onnx's decompositions under no_grad too: with autograd on, 5.x Swin's view of SDPA's
@@ -286,6 +289,32 @@ def _export_program(
     if onnx_program is None:  # only the TorchScript path returns None
         raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
     return _inline_library_functions(onnx_program.model)
+
+
+def _roll_dims_made_non_negative(program: torch.export.ExportedProgram) -> None:
+    """Each ``aten.roll`` of ``program`` given its dims as non-negative ones, in place.
+
+    The onnxscript releases of ``versions.ONNXSCRIPT_ROLLS_NEGATIVE_DIMS_WRONG`` translate a roll
+    along a negative dim into a model ONNX Runtime refuses; the same roll along ``rank + dim``
+    is the same function and translates right.
+    """
+    changed = 0
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.roll.default:
+            continue
+        value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        dims = node.kwargs["dims"] if "dims" in node.kwargs else (list(node.args[2:3]) or [[]])[0]
+        if value is None or not any(dim < 0 for dim in dims):
+            continue
+        positive = [dim % value.dim() for dim in dims]
+        if "dims" in node.kwargs:
+            node.update_kwarg("dims", positive)
+        else:
+            node.update_arg(2, positive)
+        changed += 1
+    if changed:
+        log.debug("aten.roll: %d negative dims made non-negative for onnxscript", changed)
+        program.graph_module.recompile()
 
 
 def _inline_library_functions(model: ir.Model) -> ir.Model:
