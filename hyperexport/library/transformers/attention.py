@@ -73,6 +73,11 @@ def hyperexport_attention_forward(
     # As in transformers' sdpa path: the mask, when present, already encodes causality, and a
     # single query token attends every cached key.
     use_causal = attention_mask is None and bool(causal) and int(query.shape[2]) > 1
+    if attention_mask is not None and attention_mask.shape[-1] > key.shape[-2]:
+        # as transformers' own attention functions do: before masking_utils, a 4.x model given
+        # no attention mask builds one a key longer than the keys (past + length + 1; GPT-2 on
+        # 4.53). Where the lengths agree (every model from masking_utils on) nothing is traced.
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
     output = attention(
         query,
         key,

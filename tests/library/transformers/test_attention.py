@@ -242,3 +242,19 @@ def test_causal_hint_follows_the_module_not_the_masked_call(
     )  # fmt: skip
     assert seen["causal_hint"] is hinted
     assert entry.attention_calls() == calls + 1
+
+
+def test_a_mask_a_key_longer_is_cut_to_the_keys_as_transformers_does():
+    """Before masking_utils, a 4.x model given no attention mask builds one a key longer than
+    the keys (GPT-2 on 4.53: past + length + 1); transformers' own attention functions cut it
+    to the keys, and so does hyperexport's, else the scores and the mask do not add up."""
+    from hyperexport.library.transformers import attention as entry
+
+    q, k, v = _qkv(4, 2, q_len=5, kv_len=5)
+    fitting = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    longer = torch.cat([fitting, torch.zeros(2, 1, 5, 1, dtype=torch.bool)], dim=-1)
+    want, _ = entry.hyperexport_attention_forward(_Module(), q, k, v, fitting)
+    got, _ = entry.hyperexport_attention_forward(_Module(), q, k, v, longer)
+    torch.testing.assert_close(got, want)
+    reference = _sdpa(q, k, v, attn_mask=fitting).transpose(1, 2)
+    torch.testing.assert_close(got, reference)
