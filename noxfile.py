@@ -41,13 +41,13 @@ PINNED_TORCH = "2.13.0"
 
 #: The declared floors (pyproject.toml's lower bounds), as exact releases.
 FLOORS = {
-    "torch": "2.9.1",
-    "transformers": "4.57.6",
-    "onnxscript": "0.6.2",
+    "torch": "2.2.2",
+    "transformers": "4.48.3",
+    "onnxscript": "0.5.7",
     "onnx": "1.19.0",
     "onnx-ir": "0.1.16",
     "onnxruntime": "1.31.0",
-    "numpy": "2.0.1",
+    "numpy": "1.26.4",
 }
 
 #: Every leg: its pins over the pinned stack. The pinned stack itself is the newest release of
@@ -57,33 +57,60 @@ LEGS: dict[str, dict[str, str]] = {
     "pinned": {},
     "torch-2.9.1": {"torch": "2.9.1"},
     "torch-2.11.0": {"torch": "2.11.0"},
-    "torch-2.15.0": {"torch": "2.15.0"},
+    # the newest torch with the newest of everything else (the pinned stack's): the leg that
+    # sees the drift, failing on a deprecation hyperexport's own calls raise (STRICT_WARNINGS)
+    "newest": {"torch": "2.15.0"},
+    # each floor but torch's on the pinned stack (torch's floor is the torch-2.2.2 leg below)
     **{f"{name}-floor": {name: FLOORS[name]} for name in FLOORS if name != "torch"},
-    # transformers 4.57 (the last 4.x; Optimum's exporter still needs < 4.58), the floor, with
-    # onnxscript and onnx at their floors (docs/versions.md).
-    "cheap": {
-        "transformers": FLOORS["transformers"],
-        "onnxscript": FLOORS["onnxscript"],
-        "onnx": FLOORS["onnx"],
-    },
+    # what .ci/run runs after the default suite: transformers 4.57 (the last 4.x; Optimum's
+    # exporter still needs < 4.58), with onnxscript 0.6.2 (the lowest that takes torch 2.13's
+    # dynamo path) and onnx at its floor (docs/versions.md).
+    "cheap": {"transformers": "4.57.6", "onnxscript": "0.6.2", "onnx": FLOORS["onnx"]},
+    # every floor at once: torch 2.2 takes the TorchScript path only (versions.unsupported)
     "floors": dict(FLOORS),
+    # the onnxscript floor where torch's dynamo path can take it (below torch 2.11, which needs
+    # 0.6: versions.REQUIREMENTS)
+    "torch-2.9.1-onnxscript-floor": {"torch": "2.9.1", "onnxscript": FLOORS["onnxscript"]},
     # The TorchScript path below the floors (issue 37): transformers 5 refuses torch below 2.6, so
     # the legs below it run transformers 4.57.6, and 2.2.2 runs 4.48.3 (transformers' lowest
     # supported); torch 2.2 is built against numpy 1.x. The dynamo path is refused below
     # versions.DYNAMO_PATH_FROM_TORCH (2.6), which 2.4.1 and 2.5.1 show and 2.6.0 must disprove.
-    "torch-2.2.2": {"torch": "2.2.2", "transformers": "4.48.3", "numpy": "1.26.4"},
+    "torch-2.2.2": {
+        "torch": FLOORS["torch"],
+        "transformers": FLOORS["transformers"],
+        "numpy": FLOORS["numpy"],
+    },
     "torch-2.4.1": {"torch": "2.4.1", "transformers": "4.57.6"},
     "torch-2.5.1": {"torch": "2.5.1", "transformers": "4.57.6"},
     "torch-2.6.0": {"torch": "2.6.0"},
     "torch-2.8.0": {"torch": "2.8.0"},
-    # transformers from the seed's floor (4.48) to 5.0, the newest patch of each, each with the
-    # newest torch it takes: none of them caps torch, so the pinned stack's. 4.57 is the
+    # transformers from the seed's floor to 5.0, the newest patch of each, each with the newest
+    # torch it takes: none of them caps torch, so the pinned stack's. 4.48 is the
     # transformers-floor leg, the newest is the pinned leg.
     **{
         f"transformers-{release}": {"transformers": release}
-        for release in ("4.48.3", "4.51.3", "4.53.3", "4.55.4", "5.0.0")
+        for release in ("4.51.3", "4.53.3", "4.55.4", "4.57.6", "5.0.0")
     },
 }
+
+#: The legs whose tests fail on a ``DeprecationWarning`` or ``FutureWarning`` that hyperexport's
+#: own code raises (its calls into the libraries); what the libraries raise inside themselves
+#: stays allowed, listed by name in pyproject's ``filterwarnings``.
+STRICT_WARNINGS = ("newest",)
+_WARNINGS_AS_ERRORS = (
+    r"error::DeprecationWarning:hyperexport(\..*)?$",
+    r"error::FutureWarning:hyperexport(\..*)?$",
+)
+
+
+def _strict_warning_filters() -> str:
+    """pyproject's ``filterwarnings`` with :data:`_WARNINGS_AS_ERRORS` last (the last filter
+    wins), as one ``-o`` override (an ini line list is given one per line)."""
+    import tomllib
+
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    return "\n".join([*ini["filterwarnings"], *_WARNINGS_AS_ERRORS])
+
 
 #: Test tools of the dev extra that need numpy 2 (onnxifier needs numpy > 2.0): a numpy 1.x leg
 #: installs without them, and the tests that use them skip there.
@@ -134,15 +161,21 @@ def _below_floors(pins: dict[str, str]) -> list[str]:
     ]
 
 
+def _numpy1(pins: dict[str, str]) -> bool:
+    """Whether the leg pins numpy 1.x (its dev tools of :data:`NUMPY2_TOOLS` cannot install)."""
+    from packaging.version import Version
+
+    return "numpy" in pins and Version(pins["numpy"]) < Version("2")
+
+
 def _requirements_below_floors(pins: dict[str, str]) -> list[str]:
     """pyproject's dependencies and dev extra, each distribution the leg pins as its pin (the
     declared floor dropped), without :data:`NUMPY2_TOOLS` on a numpy 1.x leg."""
     import tomllib
     from packaging.requirements import Requirement
-    from packaging.version import Version
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    numpy1 = Version(pins.get("numpy", FLOORS["numpy"])) < Version("2")
+    numpy1 = _numpy1(pins)
     found = []
     for text in [*project["dependencies"], *project["optional-dependencies"]["dev"]]:
         req = Requirement(text)
@@ -185,9 +218,13 @@ def _counts(junit: Path) -> dict[str, Any]:
 DEFAULT_SELECTION = "not slow and not zoo and not pinned_stack"
 
 
-def _run_pytest(session: nox.Session, marker: str | None, junit: Path) -> dict[str, Any]:
+def _run_pytest(
+    session: nox.Session, marker: str | None, junit: Path, *, strict_warnings: bool = False
+) -> dict[str, Any]:
     args = ["python", "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider"]
     args += ["-m", marker or DEFAULT_SELECTION]
+    if strict_warnings:
+        args += ["-o", f"filterwarnings={_strict_warning_filters()}"]
     start = time.monotonic()
     session.run(*args, f"--junitxml={junit}", success_codes=[0, 1], env={"PYTHONPATH": str(REPO)})
     return {**_counts(junit), "wall_seconds": round(time.monotonic() - start)}
@@ -198,6 +235,7 @@ def _run_pytest(session: nox.Session, marker: str | None, junit: Path) -> dict[s
 def leg(session: nox.Session, leg: str) -> None:
     """Build the leg's environment, run the default tests and the zoo, write its result file."""
     pins = LEGS[leg]
+    strict = leg in STRICT_WARNINGS
     tmp = Path(session.create_tmp())
     constraints = tmp / "constraints.txt"
     constraints.write_text(_constraints(pins))
@@ -213,11 +251,11 @@ def leg(session: nox.Session, leg: str) -> None:
     # first built under other pins keeps them: the onnx-ir-floor leg kept onnxscript 0.6.2)
     install += ["--upgrade", "--upgrade-strategy", "eager"]
     start = time.monotonic()
-    if below := _below_floors(pins):
-        # pyproject's floors refuse this stack: its requirements with the leg's pins in place of
-        # those floors, then hyperexport itself without dependencies (a leg that passes is what
-        # lowers a floor)
-        session.log(f"leg {leg} is below the declared floors of {', '.join(below)}")
+    if (below := _below_floors(pins)) or _numpy1(pins):
+        # pyproject's floors refuse this stack, or the dev extra's numpy-2 tools do: its
+        # requirements with the leg's pins in place of those floors (without those tools), then
+        # hyperexport itself without dependencies (a leg that passes is what lowers a floor)
+        session.log(f"leg {leg}: below the floors of {below}, or numpy 1.x without {NUMPY2_TOOLS}")
         session.install(*install, *_requirements_below_floors(pins), env=env)
         session.install("--no-deps", "-e", str(REPO), env=env)
     else:
@@ -246,10 +284,12 @@ def leg(session: nox.Session, leg: str) -> None:
         "platform": f"{platform.system()} {platform.machine()}",
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "setup_seconds": setup_seconds,
-        "default": _run_pytest(session, None, tmp / "default.xml"),
+        "default": _run_pytest(session, None, tmp / "default.xml", strict_warnings=strict),
     }
+    if strict:
+        result["strict_warnings"] = list(_WARNINGS_AS_ERRORS)
     if "--no-zoo" not in session.posargs:
-        result["zoo"] = _run_pytest(session, "zoo", tmp / "zoo.xml")
+        result["zoo"] = _run_pytest(session, "zoo", tmp / "zoo.xml", strict_warnings=strict)
     if "--no-write" not in session.posargs:
         RESULTS.mkdir(parents=True, exist_ok=True)
         target = RESULTS / f"{leg}.json"
