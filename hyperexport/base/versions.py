@@ -223,6 +223,57 @@ def torchscript_opset(wanted: int, torch: str | None = None) -> int:
     return wanted if cap is None else min(wanted, cap)
 
 
+#: The torch releases whose TorchScript exporter gives ``torch.where(condition, <Python float>,
+#: tensor)`` its scalar as a double constant beside a float tensor, which ONNX's ``Where`` refuses
+#: ("Type parameter (T) of Optype (Where) bound to different types (tensor(double) and
+#: tensor(float))"; torch's own plain export too). Seen on 2.2.2 (transformers 4.48's Gemma2
+#: sliding-window mask, ``zoo_gemma2``); 2.4.1 and 2.5.1 export the constant in the tensor's
+#: type; 2.3 was not checked. ``library/export/torch_exporter.repaired_where_symbolic``.
+TORCHSCRIPT_WHERE_KEEPS_DOUBLE_SCALARS = "<2.4"
+
+
+def torchscript_where_keeps_double_scalars(torch: str | None = None) -> bool:
+    """Whether torch (``torch``, else the installed one) is one of
+    :data:`TORCHSCRIPT_WHERE_KEEPS_DOUBLE_SCALARS`."""
+    found = torch if torch is not None else torch_version()
+    return found is not None and release_in(found, TORCHSCRIPT_WHERE_KEEPS_DOUBLE_SCALARS)
+
+
+#: The transformers releases whose Gemma2 decoder layers take ``last_cache_position``, an int
+#: read off the mask's size (``attention_mask.shape[-1]``), which ``torch.export`` traces as a
+#: ``torch.SymInt`` at a dynamic length. A SymInt cannot cross the ONNX function boundary (its
+#: unit would bake one length in), so there a dynamo build of such a model stops at its first
+#: layer's export in :func:`size_int_refusal`'s line. 4.53 deprecated the argument and no longer
+#: passes it (seen: 4.48.3 refused, 4.53.3 not; 4.51 not checked). The TorchScript path traces
+#: the layer with its captured value, as it does every int.
+TRANSFORMERS_LAYERS_TAKE_LAST_CACHE_POSITION = "<4.53"
+_SIZE_INT_ARGUMENT = "last_cache_position"
+
+
+def size_int_refusal(where: str) -> str:
+    """The one line for a ``torch.SymInt`` met at ``where`` (``input['last_cache_position']``
+    of a layer) where a unit's inputs are flattened on the dynamo path: naming the transformers
+    release and the one that drops the argument where
+    :data:`TRANSFORMERS_LAYERS_TAKE_LAST_CACHE_POSITION` holds."""
+    found = transformers_version()
+    if (
+        f"[{_SIZE_INT_ARGUMENT!r}]" in where
+        and found is not None
+        and release_in(found, TRANSFORMERS_LAYERS_TAKE_LAST_CACHE_POSITION)
+    ):
+        return (
+            f"transformers {found}'s layers take {_SIZE_INT_ARGUMENT}, an int read off the "
+            f"mask's size, which torch {torch_version()}'s torch.export makes a torch.SymInt; "
+            "an int of a dynamic size cannot cross the ONNX function boundary on the dynamo path "
+            "(transformers>=4.53 no longer passes it; dynamo: false traces it)"
+        )
+    return (
+        "a torch.SymInt (an int of a dynamic size under torch.export) cannot cross the ONNX "
+        "function boundary on the dynamo path: pass it as a tensor, make its axis static, or "
+        "use dynamo: false"
+    )
+
+
 #: The torch releases with the unsigned dtypes ``torch.uint16``, ``uint32`` and ``uint64`` (2.3).
 #: onnx_ir's ``TorchTensor`` names them when it first converts a dtype, so on torch 2.2 every
 #: ``TorchTensor`` fails (``AttributeError: module 'torch' has no attribute 'uint16'``, onnx-ir

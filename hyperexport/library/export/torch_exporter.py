@@ -6,7 +6,7 @@ patch is a version fact, :mod:`hyperexport.base.versions`)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from hyperexport.base.versions import (
@@ -14,6 +14,7 @@ from hyperexport.base.versions import (
     sdpa_symbolic_leaves_masked_rows_nan,
     sdpa_symbolic_reads_scale_as_float,
     torchlib_registry_takes_opset,
+    torchscript_where_keeps_double_scalars,
 )
 
 if TYPE_CHECKING:
@@ -232,6 +233,59 @@ def repaired_sdpa_symbolic() -> Iterator[None]:
         yield
     finally:
         torch.onnx.unregister_custom_op_symbolic(SDPA_OP, _SDPA_SYMBOLIC_OPSET)
+
+
+#: The aten op whose TorchScript symbolics :func:`repaired_where_symbolic` wraps.
+WHERE_OP = "aten::where"
+
+
+@contextlib.contextmanager
+def repaired_where_symbolic() -> Iterator[None]:
+    """torch's own TorchScript ``where`` symbolic, whose two branches get one element type, on
+    the releases of :func:`~hyperexport.base.versions.torchscript_where_keeps_double_scalars`;
+    nothing elsewhere.
+
+    There, a Python scalar branch (``torch.where(mask, torch.finfo(x.dtype).min, x)``) reaches
+    ONNX as a double constant beside the tensor, and ``Where`` refuses two types. The constant
+    branch is cast to the other branch's type, which is what torch computes; two branches of one
+    type are exported unchanged.
+    """
+    import torch
+    from torch.onnx import symbolic_opset9, symbolic_opset13  # type: ignore[attr-defined]
+
+    if not torchscript_where_keeps_double_scalars():
+        yield
+        return
+
+    def repaired(original: Callable[..., Any]) -> Callable[..., Any]:
+        def symbolic(
+            g: Any, condition: Any, self: Any = None, other: Any = None, *rest: Any
+        ) -> Any:
+            if self is not None and other is not None:
+                self_type, other_type = self.type().scalarType(), other.type().scalarType()
+                if None not in (self_type, other_type) and self_type != other_type:
+                    if _is_constant(self):
+                        self = g.op("Cast", self, to_i=_onnx_type(other))
+                    elif _is_constant(other):
+                        other = g.op("Cast", other, to_i=_onnx_type(self))
+            return original(g, condition, self, other, *rest)
+
+        return symbolic
+
+    # torch registers where at opsets 9 and 13; each export opset takes the closest below it
+    originals = {9: symbolic_opset9.where, 13: symbolic_opset13.where}
+    for opset, original in originals.items():
+        torch.onnx.register_custom_op_symbolic(WHERE_OP, repaired(original), opset)
+    try:
+        yield
+    finally:
+        for opset in originals:
+            torch.onnx.unregister_custom_op_symbolic(WHERE_OP, opset)
+
+
+def _is_constant(value: Any) -> bool:
+    """Whether a TorchScript value is a constant (a Python scalar the trace recorded)."""
+    return bool(value.node().kind() in ("onnx::Constant", "prim::Constant"))
 
 
 def _onnx_type(value: Any) -> int:

@@ -29,7 +29,9 @@ from hyperexport.library.export.path import ExportPath
 from hyperexport.library.export.placeholders import Dim, ShapeFunction, replace_children
 from hyperexport.library.export.torch_exporter import (
     SDPA_OP,
+    WHERE_OP,
     repaired_sdpa_symbolic,
+    repaired_where_symbolic,
     set_symbolic_output_type,
     weights_out_of_shape_inference,
 )
@@ -90,6 +92,7 @@ class TorchScriptPath(ExportPath):
                 export_context(model, False, options.attention.implementation),
                 replace_children(modules, job.specs, capture, self.apply_placeholder),
                 _sdpa_symbolic(options.custom_ops),
+                _where_symbolic(options.custom_ops),
                 custom_op_symbolics(options.custom_ops),
             ):
                 return export_torchscript(
@@ -178,6 +181,15 @@ def _sdpa_symbolic(
     if any(op.name == SDPA_OP for op in custom_ops):
         return contextlib.nullcontext()
     return repaired_sdpa_symbolic()
+
+
+def _where_symbolic(
+    custom_ops: Sequence[CustomOpSymbolic],
+) -> contextlib.AbstractContextManager[None]:
+    """:func:`repaired_where_symbolic`, unless the user registers their own ``where``."""
+    if any(op.name == WHERE_OP for op in custom_ops):
+        return contextlib.nullcontext()
+    return repaired_where_symbolic()
 
 
 def export_torchscript(

@@ -11,8 +11,12 @@ import torch
 from onnx_ir.tensor_adapters import TorchTensor
 from torch import nn
 
+from hyperexport.base import versions
 from hyperexport.library.export import weights
-from hyperexport.library.export.torch_exporter import repaired_sdpa_symbolic
+from hyperexport.library.export.torch_exporter import (
+    repaired_sdpa_symbolic,
+    repaired_where_symbolic,
+)
 from hyperexport.library.export.torchscript import export_torchscript
 
 
@@ -62,3 +66,47 @@ def test_the_installed_torch_gets_a_working_wrapper() -> None:
     tensor = torch.ones(2, 3, dtype=torch.bfloat16)
     wrapped = weights.torch_tensor(tensor, "w")
     assert wrapped.name == "w" and wrapped.tobytes() == tensor.view(torch.uint8).numpy().tobytes()
+
+
+class SlidingWindowMask(nn.Module):
+    """transformers 4.48's Gemma2 sliding-window mask: ``where`` with a Python float branch."""
+
+    def forward(self, mask: torch.Tensor) -> torch.Tensor:
+        outside = torch.tril(torch.ones_like(mask, dtype=torch.bool), diagonal=-2)
+        return torch.where(outside, torch.finfo(mask.dtype).min, mask)
+
+
+def _export_where(repaired: bool) -> bytes:
+    import contextlib
+
+    import onnx_ir as ir
+
+    mask = torch.zeros(1, 1, 4, 4)
+    with repaired_where_symbolic() if repaired else contextlib.nullcontext():
+        model = export_torchscript(
+            SlidingWindowMask(),
+            (mask,),
+            opset=17,
+            input_names=["mask"],
+            output_names=["y"],
+            weights_as_inputs=False,
+            dynamic_axes=None,
+        )
+    return ir.serde.serialize_model(model).SerializeToString()
+
+
+def test_where_with_a_python_float_branch_exports_and_matches_torch() -> None:
+    mask = torch.zeros(1, 1, 4, 4)
+    session = ort.InferenceSession(_export_where(repaired=True), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"mask": mask.numpy()})
+    np.testing.assert_array_equal(got, SlidingWindowMask()(mask).numpy())
+
+
+@pytest.mark.skipif(
+    not versions.torchscript_where_keeps_double_scalars(),
+    reason=f"torch {versions.torch_version()} exports where's scalar in the tensor's type "
+    "(versions.TORCHSCRIPT_WHERE_KEEPS_DOUBLE_SCALARS)",
+)
+def test_without_the_repair_onnx_runtime_refuses_where_of_two_types() -> None:
+    with pytest.raises(Exception, match="bound to different types"):
+        ort.InferenceSession(_export_where(repaired=False), providers=["CPUExecutionProvider"])
