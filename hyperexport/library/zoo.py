@@ -53,6 +53,12 @@ _COHERE_TORCHSCRIPT_VMAPPED_MASKS = (
     "the Expand of rotary_emb); the dynamo path is fine"
 )
 
+_COHERE_TORCHSCRIPT_MODEL_MASKS = (
+    "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
+    "run on transformers before masking_utils (4.48: 'invalid expand shape' in the Expand of "
+    "rotary_emb); the dynamo path is fine"
+)
+
 
 _RESNET_DYNAMO = (
     "torch.onnx.export(dynamo=True) of ResNet itself fails on this torch, translating an "
@@ -75,11 +81,12 @@ def expected_failures(
         transformers: A transformers release (``"4.57.6"``); the installed one when None.
         torch: A torch release (``"2.6.0"``); the installed one when None.
     """
-    cohere = (
-        _COHERE_TORCHSCRIPT_VMAPPED_MASKS
-        if versions.masks_built_by_vmap(transformers)
-        else _COHERE_TORCHSCRIPT
-    )
+    if not versions.has_masking_utils(transformers):
+        cohere = _COHERE_TORCHSCRIPT_MODEL_MASKS
+    elif versions.masks_built_by_vmap(transformers):
+        cohere = _COHERE_TORCHSCRIPT_VMAPPED_MASKS
+    else:
+        cohere = _COHERE_TORCHSCRIPT
     failures = {("zoo_cohere", False): cohere}
     if versions.dynamo_fails_eval_batch_norm(torch):
         failures[("zoo_resnet", True)] = _RESNET_DYNAMO

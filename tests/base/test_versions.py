@@ -360,3 +360,19 @@ def test_torch_2_6_builds_one_torchlib_registry_and_inserts_no_guards_fn() -> No
     assert versions.torchlib_registry_takes_opset("2.9.1")
     assert not versions.release_in("2.6.0", versions.EXPORT_INSERTS_GUARDS_FN)
     assert versions.release_in("2.9.1", versions.EXPORT_INSERTS_GUARDS_FN)
+
+
+@pytest.mark.parametrize(
+    ("transformers", "names_releases"), [("4.48.3", True), ("4.53.3", False), ("5.24.0", False)]
+)
+def test_a_size_int_is_refused_in_one_line_naming_the_releases_where_layers_take_it(
+    transformers: str, names_releases: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(versions, "transformers_version", lambda: transformers)
+    line = versions.size_int_refusal("input module 'layers.0' input['last_cache_position']")
+    assert ("transformers>=4.53" in line and f"transformers {transformers}'s" in line) is (
+        names_releases
+    )
+    assert "torch.SymInt" in line and "\n" not in line
+    other = versions.size_int_refusal("input module 'layers.0' input['offset']")
+    assert "transformers" not in other and "dynamo: false" in other

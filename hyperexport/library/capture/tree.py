@@ -23,6 +23,7 @@ import torch
 from hyperexport.base.contracts.records import CaptureRecord, Tree
 from hyperexport.base.contracts.records import leaf_names as leaf_names  # moved; re-exported
 from hyperexport.base.errors import CorruptRecordError, InputError
+from hyperexport.base.versions import size_int_refusal
 from hyperexport.library.capture.torch_hooks import pytree_node_types
 
 #: Classes of ``object`` nodes met by :func:`flatten` in this process, by qualified name.
@@ -111,6 +112,8 @@ def flatten(value: Any, where: str, tensors: list[torch.Tensor]) -> Tree:
         )
         register_object_type(type(value))
         return ("object", qualified_name(type(value)), fields)
+    if isinstance(value, torch.SymInt):
+        raise InputError(where, size_int_refusal(where))
     raise InputError(
         where,
         f"a {type(value).__module__}.{type(value).__qualname__} cannot cross the ONNX boundary; "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.base import versions
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import RECIPES_DIR, compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
@@ -91,12 +92,28 @@ def test_zoo_recipe_builds_and_matches_torch(name: str, dynamo: bool, tmp_path: 
         ]
     )
     outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    error = str(outcome.result.error)
+    if dynamo and outcome.exit_code != 0 and "layers take last_cache_position" in error:
+        # transformers before 4.53 (versions.TRANSFORMERS_LAYERS_TAKE_LAST_CACHE_POSITION):
+        # refused in one line naming both releases
+        assert versions.release_in(
+            str(versions.transformers_version()),
+            versions.TRANSFORMERS_LAYERS_TAKE_LAST_CACHE_POSITION,
+        ), error
+        assert f"transformers {versions.transformers_version()}" in error
+        assert f"torch {versions.torch_version()}" in error and "\n" not in error
+        pytest.skip(error)
     assert outcome.exit_code == 0, outcome.result.error
     report = outcome.report
     assert report is not None and report["check"]["ok"]
-    atol = recipe.data["check"]["atol"]
+    check = recipe.data["check"]
     outputs = report["check"]["end_to_end"]["outputs"]
-    assert outputs and all(o["max_abs"] <= max(atol, 1e-4) for o in outputs)
+
+    def atol(output: str) -> float:  # the recipe's, or its per_output one (zoo_t5's encoder)
+        given = check["per_output"].get(output.split("@")[0], {})
+        return float(given.get("atol", check["atol"]))
+
+    assert outputs and all(o["max_abs"] <= max(atol(o["name"]), 1e-4) for o in outputs)
     assert any(o["name"].endswith("@second_shape") for o in outputs)  # dynamic: auto
     assert report["functions"] and all(f["calls"] >= 1 for f in report["functions"])
     assert report["export_path"]["dynamo"] is dynamo
