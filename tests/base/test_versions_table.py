@@ -63,3 +63,14 @@ def test_pyproject_floors_are_the_floors_leg() -> None:
     for name, release in floors.items():
         # the floor leg's release is the declared floor's major.minor (a patch release of it)
         assert release.startswith(declared[name] + ".") or release == declared[name], name
+
+
+def test_every_result_is_of_its_leg_as_noxfile_defines_it_today() -> None:
+    """A leg redefined (its floors lowered) leaves no row of its old stack under its name."""
+    spec = importlib.util.spec_from_file_location("noxfile_legs", REPO / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    for leg, result in _script().load_results().items():
+        assert leg in noxfile.LEGS, f"bench/versions/{leg}.json: no such leg in noxfile.py"
+        assert result["pins"] == noxfile.LEGS[leg], f"{leg}: run again (its pins changed)"
