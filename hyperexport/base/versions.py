@@ -532,13 +532,44 @@ def release_in(version: str, specifier: str) -> bool:
     return SpecifierSet(specifier).contains(Version(version.split("+")[0]), prereleases=True)
 
 
-def cache_keyword() -> str:
-    """The keyword transformers models and their decoder layers take the KV cache by.
+#: The transformers releases that skip the SDPA mask under the TorchScript tracer when nothing is
+#: masked (``masking_utils._ignore_causal_mask_sdpa`` asks ``is_tracing`` only of a padding mask
+#: that exists), so SDPA gets ``enable_gqa``. Before, ``is_tracing()`` answers true under
+#: ``torch.jit.trace`` and the mask is always built (4.x; 5.0 to 5.17, read off each release).
+TRANSFORMERS_SKIPS_MASKS_WHEN_TRACED = ">=5.18"
 
-    ``cache`` from 5.x (where ``past_key_values`` is a deprecated alias, until 5.40);
-    ``past_key_values`` in 4.57, whose layers would take ``cache`` into ``**kwargs`` and ignore it.
-    """
-    return "cache" if _at_least("transformers", "5") else "past_key_values"
+
+#: The transformers releases whose models and decoder layers take the KV cache as ``cache``
+#: (``past_key_values`` stays a deprecated alias, until 5.40). Before, they take
+#: ``past_key_values`` and would take ``cache`` into ``**kwargs`` and ignore it (4.57, and 5.0 to
+#: 5.23: read off each release's ``modeling_llama.py``; the transformers-5.0.0 leg's seq2seq
+#: failures).
+TRANSFORMERS_CACHE_KEYWORD = ">=5.24"
+
+
+def cache_keyword() -> str:
+    """The keyword transformers models and their decoder layers take the KV cache by:
+    ``cache`` on :data:`TRANSFORMERS_CACHE_KEYWORD`, else ``past_key_values``."""
+    found = transformers_version()
+    return (
+        "cache"
+        if found is not None and release_in(found, TRANSFORMERS_CACHE_KEYWORD)
+        else "past_key_values"
+    )
+
+
+#: The transformers releases whose MoE experts modules say what they are (``has_gate``,
+#: ``has_bias``, ``is_transposed``, ``_apply_gate``; 5.3 moved them into ``integrations/moe``).
+#: Before, the 5.x experts of Mixtral, OLMoE and Qwen2-MoE are gated, untransposed and bias-free,
+#: with ``act_fn(gate) * up`` of the halves of ``gate_up_proj`` (read off 5.0.0 to 5.2.0).
+TRANSFORMERS_EXPERTS_DESCRIBE_THEMSELVES = ">=5.3"
+
+
+def experts_describe_themselves() -> bool:
+    """Whether the installed transformers is one of
+    :data:`TRANSFORMERS_EXPERTS_DESCRIBE_THEMSELVES`."""
+    found = transformers_version()
+    return found is not None and release_in(found, TRANSFORMERS_EXPERTS_DESCRIBE_THEMSELVES)
 
 
 def layers_return_tuples() -> bool:
@@ -660,7 +691,8 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     """The functions that tell transformers' mask creation it runs under ``torch.export`` (then
     it always builds the SDPA mask instead of skipping it), as ``(module, name)`` pairs.
 
-    transformers 5.x asks ``masking_utils.is_torchdynamo_exporting()``. 4.57 asks
+    transformers 5.x asks ``masking_utils.is_torchdynamo_exporting()`` (5.24), or only
+    ``is_tracing(tensor)`` there (5.0.0), true under ``torch.export`` too. 4.57 asks
     ``is_torchdynamo_compiling()`` for the same decision, in ``masking_utils`` (decoders) and in
     ``modeling_attn_mask_utils`` (the older mask helpers that BERT's SDPA path still uses).
     Releases before :data:`TRANSFORMERS_MASKING_UTILS` ask it in ``modeling_attn_mask_utils``
@@ -678,6 +710,9 @@ def masking_export_flags() -> list[tuple[Any, str]]:
 
         if callable(getattr(masking_utils, "is_torchdynamo_exporting", None)):
             return [(masking_utils, "is_torchdynamo_exporting")]
+        if callable(getattr(masking_utils, "is_tracing", None)):
+            # 5.0 asks is_tracing(tensor) alone, which is true under torch.export
+            return [(masking_utils, "is_tracing")]
         if not callable(getattr(masking_utils, "is_torchdynamo_compiling", None)):
             return []
         flags.append((masking_utils, "is_torchdynamo_compiling"))

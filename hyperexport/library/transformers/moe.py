@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from hyperexport.base.errors import VersionsError
-from hyperexport.base.versions import missing_transformers_class
+from hyperexport.base.versions import experts_describe_themselves, missing_transformers_class
 
 log = logging.getLogger(__name__)
 
@@ -138,19 +138,34 @@ def dense_experts_forward(
     untransposed, bias-free weights (``gate_up_proj``: ``(experts, 2 * inter, hidden)``,
     ``down_proj``: ``(experts, hidden, inter)``), up to the order of the sum over experts.
     """
-    if self.has_bias or self.is_transposed or not self.has_gate:
-        raise NotImplementedError(
-            f"{type(self).__name__}: the exportable MoE formulation covers gated, untransposed, "
-            "bias-free experts only"
-        )
+    if experts_describe_themselves():
+        if self.has_bias or self.is_transposed or not self.has_gate:
+            raise NotImplementedError(
+                f"{type(self).__name__}: the exportable MoE formulation covers gated, "
+                "untransposed, bias-free experts only"
+            )
+        apply_gate = self._apply_gate
+    else:  # gated, untransposed and bias-free by construction (versions)
+        apply_gate = _gate_of_halves(self.act_fn)
     experts = torch.arange(self.num_experts, device=hidden_states.device)
     routed = top_k_index.unsqueeze(-1) == experts  # [tokens, k, experts]
     weights = (routed.to(top_k_weights.dtype) * top_k_weights.unsqueeze(-1)).sum(dim=1)
     gate_up = torch.matmul(hidden_states.unsqueeze(0), self.gate_up_proj.transpose(1, 2))
-    gated = self._apply_gate(gate_up)  # [experts, tokens, inter]
+    gated = apply_gate(gate_up)  # [experts, tokens, inter]
     out = torch.matmul(gated, self.down_proj.transpose(1, 2))  # [experts, tokens, hidden]
     out = (out * weights.transpose(0, 1).unsqueeze(-1).to(out.dtype)).sum(dim=0)
     return out.to(hidden_states.dtype)
+
+
+def _gate_of_halves(act_fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``act_fn(gate) * up`` of the two halves of ``gate_up``: what the experts of
+    transformers before ``TRANSFORMERS_EXPERTS_DESCRIBE_THEMSELVES`` compute per expert."""
+
+    def apply_gate(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return act_fn(gate) * up
+
+    return apply_gate
 
 
 @contextmanager

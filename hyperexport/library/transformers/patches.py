@@ -24,6 +24,7 @@ import torch
 from hyperexport.base.errors import VersionsError
 from hyperexport.base.versions import (
     TRANSFORMERS_MASKING_UTILS,
+    TRANSFORMERS_SKIPS_MASKS_WHEN_TRACED,
     VMAPPED_MASKS_UNTRACEABLE_BY_EXPORT,
     masking_export_flags,
     release_in,
@@ -153,8 +154,14 @@ def masks_as_under_torch_export() -> Iterator[None]:
         )
     with ExitStack() as stack:
         for owner, name in flags:
-            stack.enter_context(_swapped(owner, name, lambda: True))
+            stack.enter_context(_swapped(owner, name, _always_true))
         yield
+
+
+def _always_true(*args: Any, **kwargs: Any) -> bool:
+    """What each of transformers' "am I exported?" questions answers under ``torch.export``
+    (``is_tracing`` takes the tensor it asks about)."""
+    return True
 
 
 @contextmanager
@@ -205,9 +212,9 @@ PATCHES: tuple[ExportPatch, ...] = (
     ),
     ExportPatch(
         name="sdpa_without_enable_gqa",
-        # 4.x never skips the mask while tracing (_ignore_causal_mask_sdpa), so SDPA always has
-        # one and never gets enable_gqa.
-        transformers=">=5",
+        # before, transformers never skips the mask while tracing, so SDPA always has one and
+        # never gets enable_gqa
+        transformers=TRANSFORMERS_SKIPS_MASKS_WHEN_TRACED,
         paths=(TORCHSCRIPT,),
         reason="SDPA with enable_gqa=True has no TorchScript symbolic",
         factory=sdpa_without_enable_gqa,
