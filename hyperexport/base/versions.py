@@ -33,6 +33,8 @@ from typing import Any
 
 from packaging.version import Version
 
+from hyperexport.base.contracts.names import SPEECH_RECOGNITION, TEXT2TEXT_GENERATION
+
 #: The libraries whose versions a model records (``metadata_props``) and ``hyperexport show``
 #: prints, in this order.
 RECORDED_DISTRIBUTIONS = (
@@ -501,12 +503,32 @@ def dtype_keyword(transformers: str | None = None) -> str:
 DECODING_TASKS_TRANSFORMERS = ">=4.57"
 
 
+#: The transformers releases whose encoder-decoder models the encoder-decoder tasks
+#: (``text2text-generation``, ``automatic-speech-recognition``) cannot export: 5.0 to 5.8. Their
+#: BART and mBART decoders embed positions from the builtin ``input`` (fixed in 5.9), and their
+#: T5, mBART and Whisper decoder steps fail on the TorchScript path (seen: the BART build fails
+#: on 5.0.0, 5.2.0, 5.5.4, 5.7.0 and 5.8.1 and passes on 5.9.0 and 5.10.4; the whole seq2seq zoo
+#: passes on 5.9.0 and 5.24.0).
+ENCODER_DECODER_TASKS_REFUSED = ">=5.0,<5.9"
+#: The task names of the encoder-decoder tasks (``library/tasks/registry.py``'s graph tasks).
+_ENCODER_DECODER_TASKS = (TEXT2TEXT_GENERATION, SPEECH_RECOGNITION)
+
+
 def decoding_task_missing(task: str, transformers: str | None = None) -> str | None:
     """One line naming the transformers release (``transformers``, else the installed one) and
-    ``task`` when that release cannot serve a decoding task (:data:`DECODING_TASKS_TRANSFORMERS`);
-    None when it can or transformers is not installed."""
+    ``task`` when that release cannot serve a decoding task (:data:`DECODING_TASKS_TRANSFORMERS`;
+    the encoder-decoder ones, :data:`ENCODER_DECODER_TASKS_REFUSED`); None when it can or
+    transformers is not installed."""
     found = transformers if transformers is not None else transformers_version()
-    if found is None or release_in(found, DECODING_TASKS_TRANSFORMERS):
+    if found is None:
+        return None
+    if task in _ENCODER_DECODER_TASKS and release_in(found, ENCODER_DECODER_TASKS_REFUSED):
+        return (
+            f"transformers {found} cannot build task {task}: its encoder-decoder models do not "
+            "export from 5.0 to 5.8 (BART's decoder embeds positions from the builtin input); "
+            "transformers>=5.9, or 4.57; task: forward works on this release"
+        )
+    if release_in(found, DECODING_TASKS_TRANSFORMERS):
         return None
     return (
         f"transformers {found} cannot build task {task}: its KV layers need "

@@ -14,7 +14,12 @@ import re
 from typing import Any
 
 from hyperexport.base import versions
-from hyperexport.base.contracts.names import PROMOTE_MIN_OPSET, STANDARD_FUSION, TEXT_GENERATION
+from hyperexport.base.contracts.names import (
+    PROMOTE_MIN_OPSET,
+    STANDARD_FUSION,
+    TEXT2TEXT_GENERATION,
+    TEXT_GENERATION,
+)
 from hyperexport.product.config import RECIPES_DIR, BuildSettings, Recipe, compose_recipe
 
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
@@ -57,6 +62,7 @@ def _composed(name: str) -> dict[str, Any]:
 #: stack, where no recipe needs composing to know it is not refused).
 _RELEASES_LACK_SOMETHING = bool(
     versions.decoding_task_missing(TEXT_GENERATION)
+    or versions.decoding_task_missing(TEXT2TEXT_GENERATION)
     or versions.attention_registration_missing()
     or versions.unsupported(True)
     or versions.torchscript_opset(PROMOTE_MIN_OPSET) < PROMOTE_MIN_OPSET

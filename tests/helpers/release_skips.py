@@ -37,6 +37,13 @@ NEEDS_DECODING_TASKS = pytest.mark.skipif(
     reason=str(versions.decoding_task_missing("text-generation")),
 )
 
+#: For a test of an encoder-decoder task: skipped where transformers cannot serve it either
+#: (``versions.ENCODER_DECODER_TASKS_REFUSED``: 5.0 to 5.8).
+NEEDS_ENCODER_DECODER_TASKS = pytest.mark.skipif(
+    versions.decoding_task_missing("text2text-generation") is not None,
+    reason=str(versions.decoding_task_missing("text2text-generation")),
+)
+
 #: For a test that builds ``recipes/zoo_qwen3.yaml``: Qwen3 arrived in transformers 4.51.
 NEEDS_QWEN3 = pytest.mark.skipif(
     importlib.util.find_spec("transformers.models.qwen3") is None,

@@ -20,10 +20,10 @@ from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import RECIPES_DIR, compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
 from hyperexport.zoo import seq2seq_zoo
-from tests.helpers.release_skips import NEEDS_DECODING_TASKS
+from tests.helpers.release_skips import NEEDS_ENCODER_DECODER_TASKS
 
 #: Each test builds or runs a decoding task.
-pytestmark = NEEDS_DECODING_TASKS
+pytestmark = NEEDS_ENCODER_DECODER_TASKS
 
 
 def _build(tmp_path: Path, *overrides: str) -> Any:
