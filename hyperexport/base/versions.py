@@ -99,11 +99,16 @@ class Requirement:
 REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         when="torch",
-        from_release="2.11",
+        from_release="2.9",
         needs="onnxscript",
-        at_least="0.6.0",
+        at_least="0.6.2",
         paths=("dynamo",),
-        reason="torch's dynamo exporter imports onnxscript._framework_apis.torch_2_11",
+        reason=(
+            "torch 2.9's exporter adds unused Rank/IsScalar functions, which onnxscript's version "
+            "converter refuses before 0.6.1 ('The model contains functions': 0.5.7 on torch "
+            "2.9.1, 0.6.0); 0.6.1's optimizer fails in its InlinePass; torch 2.11's exporter "
+            "imports onnxscript._framework_apis.torch_2_11 (0.6)"
+        ),
     ),
     Requirement(
         when="torch",

@@ -95,7 +95,7 @@ def _installed(monkeypatch: pytest.MonkeyPatch, found: dict[str, str]) -> None:
     monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
 
 
-def test_torch_2_11_with_an_old_onnxscript_is_refused_before_a_dynamo_export(
+def test_torch_2_9_on_with_an_old_onnxscript_is_refused_before_a_dynamo_export(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _installed(monkeypatch, {"torch": "2.13.0+cpu", "onnxscript": "0.5.7"})
@@ -104,7 +104,7 @@ def test_torch_2_11_with_an_old_onnxscript_is_refused_before_a_dynamo_export(
     message = str(caught.value)
     assert "\n" not in message
     assert "torch 2.13.0+cpu" in message and "onnxscript 0.5.7" in message
-    assert "onnxscript>=0.6.0" in message
+    assert "onnxscript>=0.6.2" in message
     assert path_for(False).dynamo is False  # the TorchScript path does not import onnxscript's APIs
 
 
@@ -119,10 +119,14 @@ def test_torch_2_11_with_an_onnx_ir_without_schemas_is_refused_before_a_dynamo_e
 
 
 def test_older_torch_or_newer_onnxscript_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    _installed(monkeypatch, {"torch": "2.9.1", "onnxscript": "0.5.7", "onnx-ir": "0.1.15"})
+    _installed(monkeypatch, {"torch": "2.8.0", "onnxscript": "0.5.7", "onnx-ir": "0.1.15"})
     assert versions.unsupported(True) == []
-    _installed(monkeypatch, {"torch": "2.13.0", "onnxscript": "0.6.0", "onnx-ir": "0.1.16"})
+    _installed(monkeypatch, {"torch": "2.13.0", "onnxscript": "0.6.2", "onnx-ir": "0.1.16"})
     assert versions.unsupported(True) == []
+    # the torch-2.9.1-onnxscript-floor leg: 0.5.7's version converter refuses torch 2.9's model
+    _installed(monkeypatch, {"torch": "2.9.1", "onnxscript": "0.5.7", "onnx-ir": "1.1.0"})
+    [problem] = versions.unsupported(True)
+    assert "onnxscript>=0.6.2" in problem and "The model contains functions" in problem
 
 
 def test_release_in() -> None:
