@@ -380,3 +380,14 @@ def test_a_size_int_is_refused_in_one_line_naming_the_releases_where_layers_take
     assert "torch.SymInt" in line and "\n" not in line
     other = versions.size_int_refusal("input module 'layers.0' input['offset']")
     assert "transformers" not in other and "dynamo: false" in other
+
+
+def test_the_bridge_names_the_encoder_decoder_tasks_the_registry_has() -> None:
+    from hyperexport.library.tasks.registry import TASKS
+
+    graphs = {name for name, task in TASKS.items() if task.graphs}
+    assert set(versions.ENCODER_DECODER_TASKS) == graphs
+    refusal = versions.decoding_task_missing("text2text-generation", "5.5.4")
+    assert refusal and "transformers 5.5.4" in refusal and "transformers>=5.9" in refusal
+    assert versions.decoding_task_missing("text-generation", "5.5.4") is None
+    assert versions.decoding_task_missing("text2text-generation", "5.9.0") is None
