@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata as metadata
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -565,6 +566,21 @@ def release_in(version: str, specifier: str) -> bool:
 TRANSFORMERS_SKIPS_MASKS_WHEN_TRACED = ">=5.18"
 
 
+#: The transformers releases whose Cohere rotary embedding broadcasts the positions against the
+#: inverse frequencies. Before, it expands them to ``position_ids``' batch, which the TorchScript
+#: tracer records as a fixed shape: ONNX Runtime refuses torch's own plain export of Cohere
+#: ("invalid expand shape" in ``rotary_emb``: 4.48.3 and 5.0.0 seen; read off each 5.x release).
+#: ``zoo.expected_failures`` words Cohere's TorchScript expected failure by it.
+TRANSFORMERS_COHERE_ROTARY_BROADCASTS = ">=5.19"
+
+
+def cohere_rotary_expands_to_batch(transformers: str | None = None) -> bool:
+    """Whether transformers (``transformers``, else the installed one) predates
+    :data:`TRANSFORMERS_COHERE_ROTARY_BROADCASTS`."""
+    found = transformers if transformers is not None else transformers_version()
+    return found is not None and not release_in(found, TRANSFORMERS_COHERE_ROTARY_BROADCASTS)
+
+
 #: The transformers releases whose models and decoder layers take the KV cache as ``cache``
 #: (``past_key_values`` stays a deprecated alias, until 5.40). Before, they take
 #: ``past_key_values`` and would take ``cache`` into ``**kwargs`` and ignore it (4.57, and 5.0 to
@@ -718,7 +734,8 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     it always builds the SDPA mask instead of skipping it), as ``(module, name)`` pairs.
 
     transformers 5.x asks ``masking_utils.is_torchdynamo_exporting()`` (5.24), or only
-    ``is_tracing(tensor)`` there (5.0.0), true under ``torch.export`` too. 4.57 asks
+    ``is_tracing(tensor)`` there (5.0 to 5.17), true under ``torch.export`` too; and, while it
+    has them (to 5.23), ``modeling_attn_mask_utils`` asks both in its older helpers. 4.57 asks
     ``is_torchdynamo_compiling()`` for the same decision, in ``masking_utils`` (decoders) and in
     ``modeling_attn_mask_utils`` (the older mask helpers that BERT's SDPA path still uses).
     Releases before :data:`TRANSFORMERS_MASKING_UTILS` ask it in ``modeling_attn_mask_utils``
@@ -734,19 +751,28 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     if has_masking_utils():
         from transformers import masking_utils
 
+        five = _at_least("transformers", "5")
         if callable(getattr(masking_utils, "is_torchdynamo_exporting", None)):
-            return [(masking_utils, "is_torchdynamo_exporting")]
-        if callable(getattr(masking_utils, "is_tracing", None)):
-            # 5.0 asks is_tracing(tensor) alone, which is true under torch.export
-            return [(masking_utils, "is_tracing")]
-        if not callable(getattr(masking_utils, "is_torchdynamo_compiling", None)):
+            flags.append((masking_utils, "is_torchdynamo_exporting"))
+        elif five and callable(getattr(masking_utils, "is_tracing", None)):
+            # 5.0 to 5.17 ask is_tracing(tensor) alone, which is true under torch.export
+            flags.append((masking_utils, "is_tracing"))
+        elif callable(getattr(masking_utils, "is_torchdynamo_compiling", None)):
+            flags.append((masking_utils, "is_torchdynamo_compiling"))
+        else:
             return []
-        flags.append((masking_utils, "is_torchdynamo_compiling"))
-    # 4.x only (typed against the pinned 5.x, which has no such module): every model's masks
-    # before masking_utils (4.51.3: AttentionMaskConverter._ignore_causal_mask_sdpa), BERT's after.
-    modeling_attn_mask_utils: Any = importlib.import_module("transformers.modeling_attn_mask_utils")
-    if callable(getattr(modeling_attn_mask_utils, "is_torchdynamo_compiling", None)):
-        flags.append((modeling_attn_mask_utils, "is_torchdynamo_compiling"))
+    # The older mask helpers, while transformers has them (to 5.23): every 4.x model's masks
+    # before masking_utils (4.51.3: AttentionMaskConverter._ignore_causal_mask_sdpa), BERT's on
+    # 4.57, Falcon's on 5.0 (which asks is_tracing there: the transformers-5.0.0 leg).
+    if importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None:
+        return flags
+    helpers: Any = importlib.import_module("transformers.modeling_attn_mask_utils")
+    names = (
+        ("is_torchdynamo_compiling", "is_tracing")
+        if _at_least("transformers", "5")
+        else ("is_torchdynamo_compiling",)
+    )
+    flags.extend((helpers, name) for name in names if callable(getattr(helpers, name, None)))
     return flags
 
 

@@ -53,10 +53,10 @@ _COHERE_TORCHSCRIPT_VMAPPED_MASKS = (
     "the Expand of rotary_emb); the dynamo path is fine"
 )
 
-_COHERE_TORCHSCRIPT_MODEL_MASKS = (
+_COHERE_TORCHSCRIPT_ROTARY_EXPAND = (
     "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
-    "run on transformers before masking_utils (4.48: 'invalid expand shape' in the Expand of "
-    "rotary_emb); the dynamo path is fine"
+    "run: its rotary embedding expands to the traced batch ('invalid expand shape' in the "
+    "Expand of rotary_emb; transformers before 5.19); the dynamo path is fine"
 )
 
 
@@ -81,10 +81,10 @@ def expected_failures(
         transformers: A transformers release (``"4.57.6"``); the installed one when None.
         torch: A torch release (``"2.6.0"``); the installed one when None.
     """
-    if not versions.has_masking_utils(transformers):
-        cohere = _COHERE_TORCHSCRIPT_MODEL_MASKS
-    elif versions.masks_built_by_vmap(transformers):
+    if versions.masks_built_by_vmap(transformers):
         cohere = _COHERE_TORCHSCRIPT_VMAPPED_MASKS
+    elif versions.cohere_rotary_expands_to_batch(transformers):
+        cohere = _COHERE_TORCHSCRIPT_ROTARY_EXPAND
     else:
         cohere = _COHERE_TORCHSCRIPT
     failures = {("zoo_cohere", False): cohere}

@@ -17,14 +17,14 @@ from hyperexport.library.export.torch_exporter import decomposition_without_inpu
 from hyperexport.zoo import EXPECTED_FAILURES
 from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 
-#: How a plain TorchScript export of Cohere fails on the installed transformers: before
-#: masking_utils (4.48) and on 5.x its graph fails in ONNX Runtime, each its own way; 4.x's
-#: vmapped mask builder fails the tracer at export.
+#: How a plain TorchScript export of Cohere fails on the installed transformers: 4.x's vmapped
+#: mask builder (4.53 to 4.57) fails the tracer at export; otherwise its graph fails in ONNX
+#: Runtime, in the rotary embedding's expand before 5.19, in a reshape of the query after.
 _COHERE_PLAIN: tuple[type[Exception], tuple[str, ...]]
-if not versions.has_masking_utils():
-    _COHERE_PLAIN = (InvalidArgument, ("invalid expand shape", "rotary_emb"))
-elif versions.masks_built_by_vmap():
+if versions.masks_built_by_vmap():
     _COHERE_PLAIN = (RuntimeError, ("unordered_map::at",))
+elif versions.cohere_rotary_expands_to_batch():
+    _COHERE_PLAIN = (InvalidArgument, ("invalid expand shape", "rotary_emb"))
 else:
     _COHERE_PLAIN = (Fail, ("Reshape", "self_attn"))
 
