@@ -56,7 +56,8 @@ _COHERE_TORCHSCRIPT_VMAPPED_MASKS = (
 _COHERE_TORCHSCRIPT_ROTARY_EXPAND = (
     "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
     "run: its rotary embedding expands to the traced batch ('invalid expand shape' in the "
-    "Expand of rotary_emb; transformers before 5.19); the dynamo path is fine"
+    "Expand of rotary_emb; transformers before 5.19; below torch 2.5 it fails earlier, on SDPA's "
+    "scale); the dynamo path is fine"
 )
 
 

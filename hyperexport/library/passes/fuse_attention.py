@@ -297,6 +297,31 @@ def _to_4d(op, x, heads: int):  # type: ignore[no-untyped-def]
     return op.Transpose(op.Reshape(x, op.Constant(value_ints=[0, 0, heads, -1])), perm=[0, 2, 1, 3])
 
 
+#: Why attention over a cache has no kernel in an ONNX Runtime without ``query_seqlens``.
+NO_QUERY_SEQLENS = (
+    "keys from a cache: this ONNX Runtime's GroupQueryAttention takes no query_seqlens, without "
+    "which it runs several new tokens over a past for batch 1 only"
+)
+
+
+def cache_refusal(node: ir.Node) -> str | None:
+    """:data:`NO_QUERY_SEQLENS` when ``node`` attends over ``Concat(past, new)`` keys and values
+    and the installed ONNX Runtime's GroupQueryAttention takes no ``query_seqlens`` (what
+    :class:`CachedAttentionRule` refuses, which the uncached rules then refuse for another
+    reason); None otherwise."""
+    if gqa_takes_query_seqlens() or len(node.inputs) < 3:
+        return None
+    for value in node.inputs[1:3]:
+        producer = value.producer() if value is not None else None
+        if (
+            producer is None
+            or producer.op_type != "Concat"
+            or producer.domain not in ("", "ai.onnx")
+        ):
+            return None
+    return NO_QUERY_SEQLENS
+
+
 class CachedAttentionRule(pattern.RewriteRuleClassBase):
     """Attention over ``Concat(past, new)`` keys and values (a decoder layer's step with its KV
     cache, ``transformers/kv_layers.py``) -> GroupQueryAttention taking the past as
@@ -318,11 +343,7 @@ class CachedAttentionRule(pattern.RewriteRuleClassBase):
 
     def check(self, op, out, k, v, **_):  # type: ignore[no-untyped-def]
         if not gqa_takes_query_seqlens():
-            reason = (
-                "keys from a cache: this ONNX Runtime's GroupQueryAttention takes no "
-                "query_seqlens, without which it runs several new tokens over a past for batch 1 only"
-            )
-            return pattern.MatchResult().fail(reason, out)
+            return pattern.MatchResult().fail(NO_QUERY_SEQLENS, out)
         for value in (k, v):
             axis = value.producer().attributes.get_int("axis", 0)
             if axis not in (2, -2):

@@ -120,6 +120,8 @@ def _refuse_unfused_attention(model: ir.Model) -> int:
                         reason = "no rule matched it"
                     except fuse_attention.AttentionRefusal as e:
                         reason = str(e)
+                    # over a cache, the cached rule's refusal is the one that names the cause
+                    reason = fuse_attention.cache_refusal(node) or reason
                     raise RewriteError(
                         f"rewrite.fuse=onnxruntime: attention node {node.name!r} in function "
                         f"{function.name} has no ONNX Runtime kernel: {reason}"

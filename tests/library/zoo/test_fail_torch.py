@@ -21,7 +21,10 @@ from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 #: mask builder (4.53 to 4.57) fails the tracer at export; otherwise its graph fails in ONNX
 #: Runtime, in the rotary embedding's expand before 5.19, in a reshape of the query after.
 _COHERE_PLAIN: tuple[type[Exception], tuple[str, ...]]
-if versions.masks_built_by_vmap():
+if versions.sdpa_symbolic_reads_scale_as_float():
+    # torch below 2.5: its SDPA symbolic fails on the scale transformers gives, first
+    _COHERE_PLAIN = (TypeError, ("scaled_dot_product_attention",))
+elif versions.masks_built_by_vmap():
     _COHERE_PLAIN = (RuntimeError, ("unordered_map::at",))
 elif versions.cohere_rotary_expands_to_batch():
     _COHERE_PLAIN = (InvalidArgument, ("invalid expand shape", "rotary_emb"))
@@ -86,8 +89,9 @@ def _plain_export_matches_torch(name: str, dynamo: bool) -> None:
                 wrapped,
                 tuple(example[n] for n in names),
                 path,
-                dynamo=dynamo,
-                opset_version=18,
+                # torch below 2.5 has no dynamo keyword (its only exporter is TorchScript)
+                **({"dynamo": True} if dynamo else versions.torchscript_export_keywords()),
+                opset_version=18 if dynamo else versions.torchscript_opset(18),
                 input_names=names,
                 **dims,
             )
