@@ -68,9 +68,6 @@ LEGS: dict[str, dict[str, str]] = {
     "cheap": {"transformers": "4.57.6", "onnxscript": "0.6.2", "onnx": FLOORS["onnx"]},
     # every floor at once: torch 2.2 takes the TorchScript path only (versions.unsupported)
     "floors": dict(FLOORS),
-    # the onnxscript floor where torch's dynamo path can take it (below torch 2.9, whose
-    # exporter needs 0.6.2: versions.REQUIREMENTS)
-    "torch-2.8.0-onnxscript-floor": {"torch": "2.8.0", "onnxscript": FLOORS["onnxscript"]},
     # The TorchScript path below the floors (issue 37): transformers 5 refuses torch below 2.6, so
     # the legs below it run transformers 4.57.6, and 2.2.2 runs 4.48.3 (transformers' lowest
     # supported); torch 2.2 is built against numpy 1.x. The dynamo path is refused below

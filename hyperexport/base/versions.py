@@ -98,15 +98,15 @@ class Requirement:
 REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         when="torch",
-        from_release="2.9",
+        from_release="2.6",
         needs="onnxscript",
         at_least="0.6.2",
         paths=("dynamo",),
         reason=(
-            "torch 2.9's exporter adds unused Rank/IsScalar functions, which onnxscript's version "
+            "torch's exporter adds unused Rank/IsScalar functions, which onnxscript's version "
             "converter refuses before 0.6.1 ('The model contains functions': 0.5.7 on torch "
-            "2.9.1, 0.6.0); 0.6.1's optimizer fails in its InlinePass; torch 2.11's exporter "
-            "imports onnxscript._framework_apis.torch_2_11 (0.6)"
+            "2.6.0, 2.8.0 and 2.9.1; 0.6.0); 0.6.1's optimizer fails in its InlinePass; torch "
+            "2.11's exporter imports onnxscript._framework_apis.torch_2_11 (0.6)"
         ),
     ),
     Requirement(

@@ -119,14 +119,16 @@ def test_torch_2_11_with_an_onnx_ir_without_schemas_is_refused_before_a_dynamo_e
 
 
 def test_older_torch_or_newer_onnxscript_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    _installed(monkeypatch, {"torch": "2.8.0", "onnxscript": "0.5.7", "onnx-ir": "0.1.15"})
+    _installed(monkeypatch, {"torch": "2.8.0", "onnxscript": "0.6.2", "onnx-ir": "0.1.15"})
     assert versions.unsupported(True) == []
     _installed(monkeypatch, {"torch": "2.13.0", "onnxscript": "0.6.2", "onnx-ir": "0.1.16"})
     assert versions.unsupported(True) == []
-    # the torch-2.9.1-onnxscript-floor leg: 0.5.7's version converter refuses torch 2.9's model
-    _installed(monkeypatch, {"torch": "2.9.1", "onnxscript": "0.5.7", "onnx-ir": "1.1.0"})
-    [problem] = versions.unsupported(True)
-    assert "onnxscript>=0.6.2" in problem and "The model contains functions" in problem
+    # 0.5.7's version converter refuses the models of every torch the dynamo path takes (the
+    # torch-2.9.1 and torch-2.8.0 legs with it, and 2.6.0 checked)
+    for torch_release in ("2.6.0", "2.9.1"):
+        _installed(monkeypatch, {"torch": torch_release, "onnxscript": "0.5.7", "onnx-ir": "1.1.0"})
+        [problem] = versions.unsupported(True)
+        assert "onnxscript>=0.6.2" in problem and "The model contains functions" in problem
 
 
 def test_release_in() -> None:
