@@ -28,7 +28,7 @@ import functools
 import importlib
 import importlib.metadata as metadata
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,8 +170,9 @@ ONNXSCRIPT_ROLLS_NEGATIVE_DIMS_WRONG = "<0.7.2"
 def onnxscript_rolls_negative_dims_wrong(onnxscript: str | None = None) -> bool:
     """Whether onnxscript (``onnxscript``, else the installed one) is among
     :data:`ONNXSCRIPT_ROLLS_NEGATIVE_DIMS_WRONG`."""
-    found = onnxscript if onnxscript is not None else installed_version("onnxscript")
-    return found is not None and release_in(found, ONNXSCRIPT_ROLLS_NEGATIVE_DIMS_WRONG)
+    return _given_or_installed_in(
+        onnxscript, ONNXSCRIPT_ROLLS_NEGATIVE_DIMS_WRONG, lambda: installed_version("onnxscript")
+    )
 
 
 # -- torch's TorchScript exporter ----------------------------------------------------------------
@@ -241,8 +242,7 @@ TORCHSCRIPT_WHERE_KEEPS_DOUBLE_SCALARS = "<2.4"
 def torchscript_where_keeps_double_scalars(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`TORCHSCRIPT_WHERE_KEEPS_DOUBLE_SCALARS`."""
-    found = torch if torch is not None else torch_version()
-    return found is not None and release_in(found, TORCHSCRIPT_WHERE_KEEPS_DOUBLE_SCALARS)
+    return _given_or_installed_in(torch, TORCHSCRIPT_WHERE_KEEPS_DOUBLE_SCALARS, torch_version)
 
 
 #: The transformers releases whose Gemma2 decoder layers take ``last_cache_position``, an int
@@ -335,8 +335,7 @@ TORCHLIB_REGISTRY_TAKES_OPSET = ">=2.7"
 def torchlib_registry_takes_opset(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`TORCHLIB_REGISTRY_TAKES_OPSET`."""
-    found = torch if torch is not None else torch_version()
-    return found is not None and release_in(found, TORCHLIB_REGISTRY_TAKES_OPSET)
+    return _given_or_installed_in(torch, TORCHLIB_REGISTRY_TAKES_OPSET, torch_version)
 
 
 #: The torch releases whose TorchScript SDPA symbolic refuses an additive mask in bfloat16 (it
@@ -349,8 +348,7 @@ SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK = "<2.3"
 def sdpa_symbolic_refuses_bfloat16_mask(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK`."""
-    found = torch if torch is not None else torch_version()
-    return found is not None and release_in(found, SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK)
+    return _given_or_installed_in(torch, SDPA_SYMBOLIC_REFUSES_BFLOAT16_MASK, torch_version)
 
 
 #: The torch releases whose TorchScript SDPA symbolic, given a boolean mask, turns the weights of
@@ -381,15 +379,13 @@ DYNAMO_FAILS_EVAL_BATCH_NORM = "<2.8"
 def dynamo_fails_eval_batch_norm(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`DYNAMO_FAILS_EVAL_BATCH_NORM`."""
-    found = torch if torch is not None else torch_version()
-    return found is not None and release_in(found, DYNAMO_FAILS_EVAL_BATCH_NORM)
+    return _given_or_installed_in(torch, DYNAMO_FAILS_EVAL_BATCH_NORM, torch_version)
 
 
 def sdpa_symbolic_reads_scale_as_float(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT`."""
-    found = torch if torch is not None else torch_version()
-    return found is not None and release_in(found, SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT)
+    return _given_or_installed_in(torch, SDPA_SYMBOLIC_READS_SCALE_AS_FLOAT, torch_version)
 
 
 #: The torch releases whose ``torch.library`` has ``custom_op`` (an operator from a decorated
@@ -405,8 +401,7 @@ TORCH_LIBRARY_HAS_CUSTOM_OP = ">=2.4"
 def torch_library_has_custom_op(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`TORCH_LIBRARY_HAS_CUSTOM_OP`."""
-    found = torch if torch is not None else torch_version()
-    return found is not None and release_in(found, TORCH_LIBRARY_HAS_CUSTOM_OP)
+    return _given_or_installed_in(torch, TORCH_LIBRARY_HAS_CUSTOM_OP, torch_version)
 
 
 # -- transformers ---------------------------------------------------------------------------------
@@ -552,6 +547,15 @@ def torch_version() -> str | None:
     return installed_version("torch")
 
 
+def _given_or_installed_in(
+    given: str | None, specifier: str, installed: Callable[[], str | None]
+) -> bool:
+    """Whether release ``given``, else the installed one (``installed()``: None when the
+    library is not installed), satisfies ``specifier``: what every fact's predicate asks."""
+    found = given if given is not None else installed()
+    return found is not None and release_in(found, specifier)
+
+
 def release_in(version: str, specifier: str) -> bool:
     """Whether release ``version`` (``"4.57.6"``) satisfies ``specifier`` (``">=4.54"``)."""
     from packaging.specifiers import SpecifierSet
@@ -592,12 +596,10 @@ TRANSFORMERS_CACHE_KEYWORD = ">=5.24"
 def cache_keyword() -> str:
     """The keyword transformers models and their decoder layers take the KV cache by:
     ``cache`` on :data:`TRANSFORMERS_CACHE_KEYWORD`, else ``past_key_values``."""
-    found = transformers_version()
-    return (
-        "cache"
-        if found is not None and release_in(found, TRANSFORMERS_CACHE_KEYWORD)
-        else "past_key_values"
+    keyword_is_cache = _given_or_installed_in(
+        None, TRANSFORMERS_CACHE_KEYWORD, transformers_version
     )
+    return "cache" if keyword_is_cache else "past_key_values"
 
 
 #: The transformers releases whose MoE experts modules say what they are (``has_gate``,
@@ -610,8 +612,9 @@ TRANSFORMERS_EXPERTS_DESCRIBE_THEMSELVES = ">=5.3"
 def experts_describe_themselves() -> bool:
     """Whether the installed transformers is one of
     :data:`TRANSFORMERS_EXPERTS_DESCRIBE_THEMSELVES`."""
-    found = transformers_version()
-    return found is not None and release_in(found, TRANSFORMERS_EXPERTS_DESCRIBE_THEMSELVES)
+    return _given_or_installed_in(
+        None, TRANSFORMERS_EXPERTS_DESCRIBE_THEMSELVES, transformers_version
+    )
 
 
 def layers_return_tuples() -> bool:
@@ -668,8 +671,7 @@ TRANSFORMERS_MASKING_UTILS = ">=4.53"
 def has_masking_utils(transformers: str | None = None) -> bool:
     """Whether transformers (``transformers``, else the installed one) is one of
     :data:`TRANSFORMERS_MASKING_UTILS`."""
-    found = transformers if transformers is not None else transformers_version()
-    return found is not None and release_in(found, TRANSFORMERS_MASKING_UTILS)
+    return _given_or_installed_in(transformers, TRANSFORMERS_MASKING_UTILS, transformers_version)
 
 
 #: The torch releases on which transformers 4.x's ``masking_utils`` builds SDPA masks with its
@@ -708,8 +710,7 @@ TORCH_SDPA_NAN_ON_FULLY_MASKED_ROWS = "<2.5"
 def sdpa_nan_on_fully_masked_rows(torch: str | None = None) -> bool:
     """Whether torch (``torch``, else the installed one) is one of
     :data:`TORCH_SDPA_NAN_ON_FULLY_MASKED_ROWS`."""
-    found = torch if torch is not None else torch_version()
-    return found is not None and release_in(found, TORCH_SDPA_NAN_ON_FULLY_MASKED_ROWS)
+    return _given_or_installed_in(torch, TORCH_SDPA_NAN_ON_FULLY_MASKED_ROWS, torch_version)
 
 
 def masks_built_by_vmap(transformers: str | None = None) -> bool:
@@ -748,10 +749,10 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     if transformers_version() is None:
         return []
     flags: list[tuple[Any, str]] = []
+    five = _at_least("transformers", "5")
     if has_masking_utils():
         from transformers import masking_utils
 
-        five = _at_least("transformers", "5")
         if callable(getattr(masking_utils, "is_torchdynamo_exporting", None)):
             flags.append((masking_utils, "is_torchdynamo_exporting"))
         elif five and callable(getattr(masking_utils, "is_tracing", None)):
@@ -767,11 +768,7 @@ def masking_export_flags() -> list[tuple[Any, str]]:
     if importlib.util.find_spec("transformers.modeling_attn_mask_utils") is None:
         return flags
     helpers: Any = importlib.import_module("transformers.modeling_attn_mask_utils")
-    names = (
-        ("is_torchdynamo_compiling", "is_tracing")
-        if _at_least("transformers", "5")
-        else ("is_torchdynamo_compiling",)
-    )
+    names = ("is_torchdynamo_compiling", "is_tracing") if five else ("is_torchdynamo_compiling",)
     flags.extend((helpers, name) for name in names if callable(getattr(helpers, name, None)))
     return flags
 

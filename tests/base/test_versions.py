@@ -95,7 +95,7 @@ def _installed(monkeypatch: pytest.MonkeyPatch, found: dict[str, str]) -> None:
     monkeypatch.setattr(versions, "installed_version", lambda name: found.get(name))
 
 
-def test_torch_2_9_on_with_an_old_onnxscript_is_refused_before_a_dynamo_export(
+def test_an_onnxscript_before_0_6_2_is_refused_before_a_dynamo_export(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _installed(monkeypatch, {"torch": "2.13.0+cpu", "onnxscript": "0.5.7"})

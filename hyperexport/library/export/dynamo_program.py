@@ -303,11 +303,12 @@ def _roll_dims_made_non_negative(program: torch.export.ExportedProgram) -> None:
         if node.op != "call_function" or node.target is not torch.ops.aten.roll.default:
             continue
         value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-        dims = node.kwargs["dims"] if "dims" in node.kwargs else (list(node.args[2:3]) or [[]])[0]
+        by_keyword = "dims" in node.kwargs
+        dims = node.kwargs["dims"] if by_keyword else node.args[2] if len(node.args) > 2 else []
         if value is None or not any(dim < 0 for dim in dims):
             continue
         positive = [dim % value.dim() for dim in dims]
-        if "dims" in node.kwargs:
+        if by_keyword:
             node.update_kwarg("dims", positive)
         else:
             node.update_arg(2, positive)

@@ -9,7 +9,7 @@ import contextlib
 import importlib
 import io
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -91,8 +91,8 @@ class TorchScriptPath(ExportPath):
             with (
                 export_context(model, False, options.attention.implementation),
                 replace_children(modules, job.specs, capture, self.apply_placeholder),
-                _sdpa_symbolic(options.custom_ops),
-                _where_symbolic(options.custom_ops),
+                _repaired_symbolic(options.custom_ops, SDPA_OP, repaired_sdpa_symbolic),
+                _repaired_symbolic(options.custom_ops, WHERE_OP, repaired_where_symbolic),
                 custom_op_symbolics(options.custom_ops),
             ):
                 return export_torchscript(
@@ -174,22 +174,16 @@ def custom_op_symbolics(custom_ops: Sequence[CustomOpSymbolic]) -> Iterator[None
             torch.onnx.unregister_custom_op_symbolic(op.name, op.opset)
 
 
-def _sdpa_symbolic(
+def _repaired_symbolic(
     custom_ops: Sequence[CustomOpSymbolic],
+    op_name: str,
+    repaired: Callable[[], contextlib.AbstractContextManager[None]],
 ) -> contextlib.AbstractContextManager[None]:
-    """:func:`repaired_sdpa_symbolic`, unless the user registers their own SDPA symbolic."""
-    if any(op.name == SDPA_OP for op in custom_ops):
+    """``repaired()`` (torch's symbolic of ``op_name`` with hyperexport's repairs), unless the
+    user registers their own symbolic for that op."""
+    if any(op.name == op_name for op in custom_ops):
         return contextlib.nullcontext()
-    return repaired_sdpa_symbolic()
-
-
-def _where_symbolic(
-    custom_ops: Sequence[CustomOpSymbolic],
-) -> contextlib.AbstractContextManager[None]:
-    """:func:`repaired_where_symbolic`, unless the user registers their own ``where``."""
-    if any(op.name == WHERE_OP for op in custom_ops):
-        return contextlib.nullcontext()
-    return repaired_where_symbolic()
+    return repaired()
 
 
 def export_torchscript(

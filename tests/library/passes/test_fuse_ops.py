@@ -402,6 +402,21 @@ def test_attention_over_a_kv_cache_takes_the_past_as_past_key_and_value() -> Non
     np.testing.assert_allclose(out, expected, atol=1e-5)
 
 
+def test_without_query_seqlens_attention_over_a_cache_is_refused_naming_that_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where GroupQueryAttention takes no query_seqlens (ONNX Runtime 1.31), the cached rule
+    refuses the node first and the uncached rules refuse it for a reason of theirs; the refusal
+    names the cause (the floors leg at cd56fb8 named the uncached rule's). Run on every
+    ONNX Runtime by answering for the kernel."""
+    from hyperexport.library.passes import fuse_attention
+
+    monkeypatch.setattr(fuse_attention, "gqa_takes_query_seqlens", lambda: False)
+    with pytest.raises(RewriteError, match="takes no query_seqlens") as caught:
+        FuseOpsPass("onnxruntime")(parse(CACHED))
+    assert "function Step has no ONNX Runtime kernel: keys from a cache" in str(caught.value)
+
+
 # -- GELU --------------------------------------------------------------------------------------
 def _gelu_model(body: str) -> str:
     return (
