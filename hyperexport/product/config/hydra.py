@@ -104,7 +104,13 @@ def register_configs(
     cs.store(name="build_defaults", node={"build": build_defaults()})
     cs.store(name="recipe_defaults", node=recipe_defaults())
     files = recipe_files(extra_recipe)
+    # what an earlier call registered beyond these (another call's extra recipe) is dropped: a
+    # later composition in the same process must not list it (a sweep's glob over the group)
+    _RECIPE_FILES.clear()
     _RECIPE_FILES.update(files)
+    registered = cs.repo.get("recipe", {})
+    for entry in [e for e in registered if e.removesuffix(".yaml") not in files]:
+        del registered[entry]
     chosen = files if only is None else {n: files[n] for n in sorted(only) if n in files}
     nodes = {name: load_recipe_yaml(path) for name, path in chosen.items()}
     for name, node in nodes.items():

@@ -97,3 +97,21 @@ def test_a_defaults_entry_of_another_form_registers_every_base(tmp_path: Path) -
     assert sorted(registration._bases_named([node], bases)) == sorted(bases)
     plain = OmegaConf.create({"defaults": [{"/recipe_base": "vision"}, "_self_"]})
     assert registration._bases_named([plain], bases) == ["vision"]
+
+
+def test_an_extra_recipe_registered_earlier_is_gone_from_a_later_registration(
+    tmp_path: Path,
+) -> None:
+    """In one process, a recipe file outside ``recipes/`` registered for one composition is no
+    option of the next (a sweep's ``glob(*)`` over the group listed it: order-dependent under
+    xdist, after tests/library/tasks/test_checkpoint_generate.py)."""
+    from hydra.core.config_store import ConfigStore
+
+    extra = tmp_path / "an_extra_recipe.yaml"
+    extra.write_text((RECIPES_DIR / f"{DEFAULT_RECIPE}.yaml").read_text())
+    assert "an_extra_recipe" in registration.register_configs(extra)
+    assert "an_extra_recipe.yaml" in ConfigStore.instance().repo["recipe"]
+    files = registration.register_configs(None)
+    assert "an_extra_recipe" not in files
+    assert "an_extra_recipe.yaml" not in ConfigStore.instance().repo["recipe"]
+    assert DEFAULT_RECIPE in files
