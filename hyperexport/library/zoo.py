@@ -40,7 +40,8 @@ def seq2seq_zoo(recipes_dir: Any) -> list[str]:
 
 
 #: Cohere on the TorchScript path, by how transformers builds masks
-#: (:func:`~hyperexport.base.versions.masks_built_by_vmap`): 5.x (broadcast) and 4.x (vmapped).
+#: (:func:`~hyperexport.base.versions.masks_built_by_vmap`): 5.x (broadcast), 4.x (vmapped from
+#: torch 2.6) and 4.x below torch 2.6 or before masking_utils (its rotary embedding's expand).
 _COHERE_TORCHSCRIPT = (
     "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
     "run: with grouped-query attention the query is reshaped to the key's head count "
@@ -56,8 +57,9 @@ _COHERE_TORCHSCRIPT_VMAPPED_MASKS = (
 _COHERE_TORCHSCRIPT_ROTARY_EXPAND = (
     "torch.onnx.export(dynamo=False) of CohereModel itself gives a graph ONNX Runtime cannot "
     "run: its rotary embedding expands to the traced batch ('invalid expand shape' in the "
-    "Expand of rotary_emb; transformers before 5.19; below torch 2.5 it fails earlier, on SDPA's "
-    "scale); the dynamo path is fine"
+    "Expand of rotary_emb; transformers before 5.19; below torch 2.5 it fails earlier, at export: "
+    "on SDPA's scale, or first on transformers' in-place mask fix, aten::__ior_, where "
+    "masking_utils builds the mask); the dynamo path is fine"
 )
 
 
@@ -82,7 +84,10 @@ def expected_failures(
         transformers: A transformers release (``"4.57.6"``); the installed one when None.
         torch: A torch release (``"2.6.0"``); the installed one when None.
     """
-    if versions.masks_built_by_vmap(transformers):
+    # (below torch 2.6, 4.x's masking_utils builds masks without vmap)
+    if versions.masks_built_by_vmap(transformers) and not versions.masks_without_packed_sequences(
+        torch, transformers
+    ):
         cohere = _COHERE_TORCHSCRIPT_VMAPPED_MASKS
     elif versions.cohere_rotary_expands_to_batch(transformers):
         cohere = _COHERE_TORCHSCRIPT_ROTARY_EXPAND

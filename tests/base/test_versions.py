@@ -287,6 +287,15 @@ def test_transformers_builds_masks_without_packed_sequences_below_torch_2_6() ->
     assert not versions.masks_without_packed_sequences("2.6.0")
 
 
+def test_transformers_masks_fix_fully_masked_rows_in_place_below_torch_2_5() -> None:
+    assert versions.masks_fixed_in_place("2.4.1", "4.57.6")
+    assert versions.masks_fixed_in_place("2.4.1", "4.53.3")
+    assert not versions.masks_fixed_in_place("2.5.1", "4.57.6")
+    assert not versions.masks_fixed_in_place("2.4.1", "4.48.3")  # no masking_utils
+    assert versions.masks_without_packed_sequences("2.5.1", "4.57.6")
+    assert not versions.masks_without_packed_sequences("2.5.1", "4.48.3")
+
+
 def test_torch_before_2_5_gives_nan_for_a_fully_masked_sdpa_row() -> None:
     assert versions.sdpa_nan_on_fully_masked_rows("2.4.1")
     assert not versions.sdpa_nan_on_fully_masked_rows("2.5.1")

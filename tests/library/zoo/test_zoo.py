@@ -70,9 +70,14 @@ def test_the_zoo_covers_the_families() -> None:
 
 def test_the_expected_failures_are_those_of_the_transformers_release() -> None:
     assert expected_failures() == EXPECTED_FAILURES
-    old, new = expected_failures("4.57.6"), expected_failures("5.24.0")
+    old, new = expected_failures("4.57.6", "2.13.0"), expected_failures("5.24.0", "2.13.0")
     assert "unordered_map::at" in old[("zoo_cohere", False)]
     assert "Reshape" in new[("zoo_cohere", False)]
+    # below torch 2.6, 4.57's masks are built without vmap: the rotary embedding's expand fails
+    for torch in ("2.5.1", "2.4.1"):
+        older_torch = expected_failures("4.57.6", torch)[("zoo_cohere", False)]
+        assert "invalid expand shape" in older_torch and "unordered_map" not in older_torch
+    assert "aten::__ior_" in older_torch
     assert set(old) | set(new) <= {(n, d) for n in ZOO for d in (False, True)}
 
 
