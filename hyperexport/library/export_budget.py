@@ -1,9 +1,14 @@
 """Refuse an export that cannot fit, before anything runs: the memory it needs beyond the loaded
-model, and the protobuf limit of a model without external data.
+model, the protobuf limit of a model without external data, and what a streamed build keeps
+resident (:func:`streaming_need`, from the checkpoint's headers alone).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
+from hyperexport.base.contracts.weight_index import FLOAT_DTYPE_NAMES, ITEM_SIZES, WeightIndex
 from hyperexport.base.errors import ResourceError
 from hyperexport.library.meminfo import available_memory
 from hyperexport.library.model_file import check_inline_size
@@ -11,6 +16,16 @@ from hyperexport.library.model_file import check_inline_size
 #: Memory an export takes beyond the loaded model, over the weights' bytes (measured, issue 12:
 #: 1.23x peak RSS for per_type/per_instance on both paths, with the model itself at 1.0x).
 EXPORT_OVERHEAD = 0.3
+#: What the interpreter, torch and transformers take before any weight (measured: 0.3 GB).
+BASELINE_BYTES = 512 << 20
+#: A streamed build's anonymous memory beyond the baseline, in float32 copies of its largest
+#: layer's weights: the check feeds each call's weights converted to float32 in two buffer slots
+#: (the next call's converted on a second thread) while ONNX Runtime keeps its own transposed
+#: copies (measured at 8B, docs/streaming.md: 2.14 GB peak with 0.87 GB float32 layers over a
+#: 0.3 GB baseline, 2.1 copies; 2.5 leaves room).
+STREAM_LAYER_COPIES = 2.5
+#: The dotted name of a numbered block (``model.layers.3``): up to its first all-digit part.
+_BLOCK = re.compile(r"^(.*?\.\d+)\.")
 #: Without external data the whole model is also serialized in memory (tensors read in, then
 #: the protobuf): about two more copies.
 INLINE_OVERHEAD = 2.0
@@ -52,3 +67,66 @@ def check_export_budget(
             f"{weight_bytes / 2**30:.1f} GiB model, {available / 2**30:.1f} GiB is available"
             f"{lower or '; free memory, or export on a larger machine'}"
         )
+
+
+@dataclass(frozen=True)
+class StreamingNeed:
+    """What a streamed build keeps in anonymous memory at its peak, estimated from the weight
+    index (no weight bytes read).
+
+    Attributes:
+        total: The estimate in bytes: the baseline plus the larger of the check's need (float32
+            copies of the largest block) and the trace's (converted copies, where the model's
+            dtype is not the stored one, of everything outside the blocks and of one block).
+        block: The largest numbered block (``model.layers.0``; ``"the model"`` without any).
+        block_float32: That block's weights in float32 bytes.
+    """
+
+    total: int
+    block: str
+    block_float32: int
+
+    def refusal(self, available: int) -> str:
+        """The one line that refuses a build which cannot fit in ``available`` bytes."""
+        return (
+            f"a streamed build needs about {self.total / 2**30:.1f} GiB (largest layer "
+            f"{self.block}: {self.block_float32 / 2**30:.1f} GiB in float32 for the check), "
+            f"{available / 2**30:.1f} GiB is available"
+        )
+
+
+def streaming_need(index: WeightIndex, model_dtype: str | None = None) -> StreamingNeed:
+    """The anonymous memory a streamed build of ``index``'s checkpoint needs at its peak.
+
+    Blocks are found by name: the tensors under each ``<prefix>.<number>`` (a decoder layer, an
+    encoder block). A streamed build binds one block at a time and maps the rest.
+
+    Args:
+        index: The checkpoint's weight index.
+        model_dtype: The dtype the model is loaded in (``"bfloat16"``; None: as stored). Stored
+            floating tensors of another dtype are converted copies while they are bound.
+    """
+    target = FLOAT_DTYPE_NAMES.get(model_dtype or "")
+    blocks: dict[str, int] = {}
+    converted: dict[str, int] = {}
+    for name, stored in index.tensors.items():
+        match = _BLOCK.match(name)
+        block = match.group(1) if match else ""
+        elements = stored.nbytes // ITEM_SIZES[stored.dtype]
+        blocks[block] = blocks.get(block, 0) + elements * 4
+        floating = stored.dtype in FLOAT_DTYPE_NAMES.values()
+        if target is not None and floating and stored.dtype != target:
+            converted[block] = converted.get(block, 0) + elements * ITEM_SIZES[target]
+    numbered = {b: n for b, n in blocks.items() if b}
+    if numbered:
+        block = max(sorted(numbered), key=lambda b: numbered[b])
+    else:
+        block = ""
+    block_float32 = blocks.get(block, 0)
+    check = int(block_float32 * STREAM_LAYER_COPIES)
+    trace = converted.get("", 0) + int(max((converted.get(b, 0) for b in numbered), default=0))
+    return StreamingNeed(
+        total=BASELINE_BYTES + max(check, int(trace * (1 + EXPORT_OVERHEAD))),
+        block=block or "the model",
+        block_float32=block_float32,
+    )

@@ -5,9 +5,13 @@ CI, Hydra multirun workers, pytest) a plain INFO line at most every :data:`PERIO
 nothing at all for a step that finishes sooner, so short builds log exactly what they did before.
 ``HYPEREXPORT_PROGRESS=bar|lines|off`` overrides the choice.
 
+A step over layers of a large model can show the process's anonymous memory beside the count
+(``memory=True``: ``RssAnon`` plus swap, what a streamed build bounds).
+
 Usage::
 
-    for job in progress.track(jobs, "exporting units", unit="units"): ...
+    for job in progress.track(jobs, "exporting units", unit="units", memory=True): ...
+    with progress.counting("tracing layers", total=32, unit="layers") as update: update(done)
     with progress.watch_bytes(out_dir, "writing model"): save(...)
 """
 
@@ -23,6 +27,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any, TypeVar
+
+from hyperexport.library.meminfo import anonymous_memory
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +56,16 @@ def mode() -> str:
 class _Lines:
     """Plain progress lines: one at most every PERIOD seconds, none for a short step."""
 
-    def __init__(self, label: str, total: float | None, unit: str, clock: Callable[[], float]):
+    def __init__(
+        self,
+        label: str,
+        total: float | None,
+        unit: str,
+        clock: Callable[[], float],
+        memory: bool = False,
+    ):
         self.label, self.total, self.unit, self.clock = label, total, unit, clock
+        self.memory = memory
         self.started = self.last = clock()
         self.done = 0.0
         self.printed = False
@@ -73,10 +87,16 @@ class _Lines:
     def _amount(self) -> str:
         done = _human(self.done, self.unit)
         if self.total:
-            return (
+            done = (
                 f"{done} of {_human(self.total, self.unit)} ({100 * self.done / self.total:.0f}%)"
             )
-        return done
+        return done + _memory_note(self.memory)
+
+
+def _memory_note(memory: bool) -> str:
+    """``", 1.2 GB anonymous"`` when ``memory`` and the system reports it, else ``""``."""
+    used = anonymous_memory() if memory else None
+    return "" if used is None else f", {_human(used, 'bytes')} anonymous"
 
 
 def _human(value: float, unit: str) -> str:
@@ -96,7 +116,7 @@ class _Bar:
     _progress: Any = None
     _users = 0
 
-    def __init__(self, label: str, total: float | None, unit: str) -> None:
+    def __init__(self, label: str, total: float | None, unit: str, memory: bool = False) -> None:
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -123,9 +143,11 @@ class _Bar:
             _Bar._users += 1
             self.progress = _Bar._progress
             self.task = self.progress.add_task(label, total=total)
+        self.label, self.memory = label, memory
 
     def update(self, done: float) -> None:
-        self.progress.update(self.task, completed=done)
+        note = _memory_note(self.memory)  # in the description: one column set serves every bar
+        self.progress.update(self.task, completed=done, description=self.label + note)
 
     def close(self) -> None:
         with _Bar._lock:
@@ -144,17 +166,44 @@ class _Off:
         pass
 
 
-def _reporter(label: str, total: float | None, unit: str) -> _Lines | _Bar | _Off:
+def _reporter(
+    label: str, total: float | None, unit: str, memory: bool = False
+) -> _Lines | _Bar | _Off:
     chosen = mode()
     if chosen == "bar":
-        return _Bar(label, total, unit)
+        return _Bar(label, total, unit, memory)
     if chosen == "lines":
-        return _Lines(label, total, unit, time.monotonic)
+        return _Lines(label, total, unit, time.monotonic, memory)
     return _Off()
 
 
+@contextlib.contextmanager
+def counting(
+    label: str, *, unit: str = "items", total: float | None = None, memory: bool = False
+) -> Iterator[Callable[[float], None]]:
+    """Report a count that the body advances by calling what this yields with the count done
+    (for steps that are no loop of their own: hooks, callbacks).
+
+    Args:
+        label: What is being done (``"tracing layers"``).
+        unit: What is counted (``"layers"``).
+        total: The count at the end, when known.
+        memory: Show the process's anonymous memory beside the count.
+    """
+    reporter = _reporter(label, total, unit, memory)
+    try:
+        yield reporter.update
+    finally:
+        reporter.close()
+
+
 def track(
-    items: Iterable[T], label: str, *, unit: str = "items", total: int | None = None
+    items: Iterable[T],
+    label: str,
+    *,
+    unit: str = "items",
+    total: int | None = None,
+    memory: bool = False,
 ) -> Iterator[T]:
     """Yield ``items``, reporting how many have been processed.
 
@@ -163,16 +212,14 @@ def track(
         label: What is being done (``"exporting units"``).
         unit: What an item is (``"units"``).
         total: The number of items, when ``items`` has no ``len``.
+        memory: Show the process's anonymous memory beside the count.
     """
     if total is None and isinstance(items, Sized):
         total = len(items)
-    reporter = _reporter(label, total, unit)
-    try:
+    with counting(label, unit=unit, total=total, memory=memory) as update:
         for done, item in enumerate(items, start=1):
             yield item
-            reporter.update(done)
-    finally:
-        reporter.close()
+            update(done)
 
 
 def _size(directory: Path) -> int:

@@ -43,6 +43,39 @@ def test_a_long_step_logs_periodic_lines_and_its_end(
     assert messages[-1].startswith("checking functions: 3 functions of 3 functions (100%), done")
 
 
+def test_a_step_over_layers_shows_the_anonymous_memory_it_holds(
+    lines: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(progress, "PERIOD", 0.0)
+    held = []
+    for _ in progress.track(range(2), "exporting units", unit="units", memory=True):
+        held.append(bytearray(64 << 20))  # 64 MB more anonymous memory each step
+    first, second = (_anonymous_mb(m) for m in _messages(caplog)[:2])
+    assert second - first >= 60  # the second line saw the second step's 64 MB
+
+
+def _anonymous_mb(message: str) -> float:
+    """The memory a progress line shows (``..., 1.2 GB anonymous (0s)``), in MB."""
+    amount, unit = message.split(", ")[1].split()[:2]
+    assert message.split(", ")[1].split()[2] == "anonymous", message
+    return float(amount) * {"MB": 1, "GB": 1024}[unit]
+
+
+def test_a_count_advanced_from_hooks_is_reported(
+    lines: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(progress, "PERIOD", 0.0)
+    with progress.counting("running hiera instances", unit="instances", total=4) as update:
+        update(1)
+        update(4)
+    messages = _messages(caplog)
+    assert messages[0] == "running hiera instances: 1 instances of 4 instances (25%) (0s)"
+    assert messages[-1].startswith("running hiera instances: 4 instances of 4 instances (100%)")
+    assert "anonymous" not in messages[-1]
+
+
 def test_bytes_written_are_reported(
     lines: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

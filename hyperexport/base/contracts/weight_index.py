@@ -32,6 +32,9 @@ MAX_HEADER_BYTES = 100_000_000
 #: The key of a header's free-form metadata (not a tensor).
 _METADATA_KEY = "__metadata__"
 
+#: The floating dtypes a model is loaded in (torch's names) -> safetensors' names.
+FLOAT_DTYPE_NAMES: Mapping[str, str] = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
 #: safetensors dtype names -> bytes per element.
 ITEM_SIZES: Mapping[str, int] = {
     "BOOL": 1,

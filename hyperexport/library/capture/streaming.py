@@ -24,7 +24,7 @@ import contextlib
 import logging
 import mmap
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch
 
 from hyperexport.base.contracts.weight_index import WeightIndex
 from hyperexport.base.errors import HyperExportError
+from hyperexport.library import progress
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,9 @@ class StreamedWeights:
         self.bound_bytes = 0  # stored bytes of hiera parameters bound at this moment
         self.bound_peak = 0
         self.calls = 0
+        self.entered: set[str] = set()  # the instances bound at least once
+        #: Called with ``len(entered)`` when an instance is bound for the first time.
+        self.on_first_entry: Callable[[int], None] | None = None
 
     def _find(self, names: list[str]) -> str:
         stored = next((n for n in names if n in self.checkpoint.index.tensors), None)
@@ -289,6 +293,10 @@ class StreamedWeights:
         self.bound_bytes += sum(self._bind(key) for key in self._own[path])
         self.bound_peak = max(self.bound_peak, self.bound_bytes)
         self.calls += 1
+        if path not in self.entered:
+            self.entered.add(path)
+            if self.on_first_entry is not None:
+                self.on_first_entry(len(self.entered))
 
     def exit(self, path: str) -> None:
         """Undo one :meth:`enter`; the last puts the meta parameters back and drops the pages."""
@@ -384,9 +392,19 @@ def streamed_run(model: torch.nn.Module, hiera: Sequence[type]) -> Iterator[Stre
         outside / 2**30,
     )
     try:
-        with weights.hooks():
+        with (
+            progress.counting(
+                "running hiera instances",
+                unit="instances",
+                total=len(weights.instances),
+                memory=True,
+            ) as update,
+            weights.hooks(),
+        ):
+            weights.on_first_entry = update
             yield weights
     finally:
+        weights.on_first_entry = None
         weights.release_outside()
     log.info(
         "streamed %d hiera calls, at most %.2f GiB of their weights bound at once",

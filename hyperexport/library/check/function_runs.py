@@ -81,7 +81,7 @@ class FunctionRunner:
         groups: dict[SessionKey | None, list[int]] = {}
         for i in todo:
             groups.setdefault(self._key(i), []).append(i)
-        bar = progress.track(range(len(todo)), "checking functions", unit="functions")
+        bar = progress.track(range(len(todo)), "checking functions", unit="functions", memory=True)
         ticks = iter(bar)
         next(ticks, None)  # the bar starts; each later step counts one call done
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights") as pool:

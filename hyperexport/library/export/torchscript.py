@@ -75,7 +75,7 @@ class TorchScriptPath(ExportPath):
         opset: int,
         options: ExportOptions,
     ) -> Iterator[tuple[str, ir.Model]]:
-        for job in progress.track(jobs, "exporting units", unit="units"):
+        for job in progress.track(jobs, "exporting units", unit="units", memory=True):
             yield job.name, self._export_one(job, model, modules, capture, opset, options)
 
     def _export_one(

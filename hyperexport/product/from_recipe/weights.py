@@ -17,14 +17,11 @@ from typing import Any
 from hyperexport.base.contracts.names import AUTO, WEIGHTS_LOAD, WEIGHTS_STREAM
 from hyperexport.base.contracts.weight_index import WeightIndex, read_weight_index
 from hyperexport.base.errors import CorruptRecordError, RecipeError
-from hyperexport.library.export_budget import EXPORT_OVERHEAD
+from hyperexport.library.export_budget import BASELINE_BYTES, EXPORT_OVERHEAD, streaming_need
 from hyperexport.library.meminfo import available_memory
 from hyperexport.product.config.weights_source import WeightsSource, refusal, weights_source
 
 log = logging.getLogger(__name__)
-
-#: What the interpreter, torch and transformers take before any weight (measured: 0.3 GB).
-BASELINE_BYTES = 512 << 20
 
 
 def streaming_source(
@@ -42,10 +39,12 @@ def streaming_source(
 
     ``stream`` streams (validation refused what cannot); ``load`` loads; ``auto`` streams when
     the checkpoint's bytes, with the export's overhead, exceed the available memory (unknown
-    memory: load).
+    memory: load). A build that streams is refused before anything runs when even streaming
+    cannot fit (:func:`~hyperexport.library.export_budget.streaming_need`).
 
     Raises:
-        RecipeError: ``weights`` names a checkpoint whose headers are malformed.
+        RecipeError: ``weights`` names a checkpoint whose headers are malformed, or a streamed
+            build that needs more memory than is available.
     """
     if weights == WEIGHTS_LOAD:
         return None
@@ -60,19 +59,29 @@ def streaming_source(
         index = read_weight_index(source.folder, files=source.files)
     except CorruptRecordError as e:
         raise RecipeError(recipe_file, "weights", str(e)) from e
-    if weights == WEIGHTS_STREAM:
-        return source, index
-    need = int(index.nbytes() * (1 + EXPORT_OVERHEAD)) + BASELINE_BYTES
     free = available_memory() if available is None else available
-    stream = free is not None and need > free
+    if weights != WEIGHTS_STREAM:
+        need = int(index.nbytes() * (1 + EXPORT_OVERHEAD)) + BASELINE_BYTES
+        stream = free is not None and need > free
+        log.info(
+            "weights: %s %s (loading needs about %.1f GiB, %s available)",
+            AUTO,
+            WEIGHTS_STREAM if stream else WEIGHTS_LOAD,
+            need / 2**30,
+            "unknown" if free is None else f"{free / 2**30:.1f} GiB",
+        )
+        if not stream:
+            return None
+    streamed = streaming_need(index, model.get("dtype"))
     log.info(
-        "weights: %s %s (loading needs about %.1f GiB, %s available)",
-        AUTO,
-        WEIGHTS_STREAM if stream else WEIGHTS_LOAD,
-        need / 2**30,
-        "unknown" if free is None else f"{free / 2**30:.1f} GiB",
+        "weights: %s needs about %.1f GiB (largest layer %s)",
+        WEIGHTS_STREAM,
+        streamed.total / 2**30,
+        streamed.block,
     )
-    return (source, index) if stream else None
+    if free is not None and streamed.total > free:
+        raise RecipeError(recipe_file, "weights", streamed.refusal(free))
+    return source, index
 
 
 def load_streamed(

@@ -6,6 +6,7 @@ weights from the mapped checkpoint only while they run (``capture/streaming.py``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,15 +18,18 @@ from safetensors.torch import save_file
 from hyperexport import zoo
 from hyperexport.base import versions
 from hyperexport.base.contracts.weight_index import read_weight_index
+from hyperexport.library import progress
 from hyperexport.library.api import capture_model
 from hyperexport.library.capture.container import Capture
 from hyperexport.library.capture.streaming import (
     MappedCheckpoint,
     StreamedWeights,
     StreamingError,
+    attach_checkpoint,
     is_stand_in,
     parameters_on_meta,
     stand_in,
+    streamed_run,
 )
 
 
@@ -226,3 +230,26 @@ def test_stand_ins_hold_one_element() -> None:
     assert tensor.shape == (128, 64) and tensor.dtype == torch.bfloat16
     assert is_stand_in(tensor) and tensor.untyped_storage().nbytes() == 2
     assert not is_stand_in(torch.zeros(128, 64)) and not is_stand_in(torch.zeros(1).expand(1))
+
+
+def test_a_streamed_run_reports_each_instance_with_the_memory_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _llama_checkpoint(tmp_path, torch.bfloat16)
+    with parameters_on_meta():
+        model = _llama_from(tmp_path, torch.bfloat16)().eval()
+    attach_checkpoint(model, MappedCheckpoint(tmp_path, read_weight_index(tmp_path)))
+    monkeypatch.setenv("HYPEREXPORT_PROGRESS", "lines")
+    monkeypatch.setattr(progress, "PERIOD", 0.0)
+    caplog.set_level(logging.INFO, logger=progress.__name__)
+    with streamed_run(model, [_layer()]), torch.no_grad():
+        model(_ids())
+        model(_ids())  # a second pass binds nothing new
+    lines = [r.getMessage() for r in caplog.records if r.name == progress.__name__]
+    assert [line.split(",")[0] for line in lines[:2]] == [
+        "running hiera instances: 1 instances of 2 instances (50%)",
+        "running hiera instances: 2 instances of 2 instances (100%)",
+    ]
+    assert len(lines) == 3 and all(
+        " MB anonymous" in line or " GB anonymous" in line for line in lines
+    )

@@ -11,8 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 from hyperexport import zoo
+from hyperexport.base.contracts.weight_index import read_weight_index
 from hyperexport.base.errors import RecipeError
 from hyperexport.library.capture.streaming import streamed_checkpoint
+from hyperexport.library.export_budget import BASELINE_BYTES, EXPORT_OVERHEAD, streaming_need
 from hyperexport.product.config import validate_recipe
 from hyperexport.product.from_recipe.model import model_loader
 from hyperexport.product.from_recipe.weights import streaming_source
@@ -77,14 +79,33 @@ def test_a_checkpoint_that_is_not_the_models_is_refused_naming_the_tensor(
         model_loader(recipe)()
 
 
-def test_auto_streams_only_what_does_not_fit(checkpoint: Path) -> None:
-    model = _pretrained(checkpoint)
+def test_auto_streams_only_what_does_not_fit(tmp_path: Path) -> None:
+    # six layers: loading (every weight, with the export's overhead) needs more than streaming
+    # (the largest layer's float32 copies for the check)
+    zoo.tiny_llama(num_layers=6, causal_lm=True).to(torch.bfloat16).save_pretrained(tmp_path)
+    model = _pretrained(tmp_path)
+    index = read_weight_index(tmp_path)
+    loading = int(index.nbytes() * (1 + EXPORT_OVERHEAD)) + BASELINE_BYTES
+    streaming = streaming_need(index, "bfloat16").total
+    assert streaming < loading
     chosen = [
         streaming_source("auto", model, None, "r.yaml", "forward", available=free)
-        for free in (1 << 20, 1 << 40)
+        for free in ((streaming + loading) // 2, 1 << 40)
     ]
-    assert chosen[0] is not None and chosen[0][0].folder == checkpoint
+    assert chosen[0] is not None and chosen[0][0].folder == tmp_path
     assert chosen[1] is None
     factory = {"_target_": "hyperexport.zoo.tiny_llama"}
     assert streaming_source("auto", factory, None, "r.yaml", "forward", available=1) is None
     assert streaming_source("load", model, None, "r.yaml", "forward", available=1) is None
+
+
+def test_a_streamed_build_that_cannot_fit_either_stops_before_anything_runs(
+    checkpoint: Path,
+) -> None:
+    for weights in ("stream", "auto"):
+        with pytest.raises(
+            RecipeError,
+            match=r"field 'weights'.*a streamed build needs about 0\.5 GiB \(largest layer "
+            r"model\.layers\.0: 0\.0 GiB in float32 for the check\), 0\.0 GiB is available",
+        ):
+            streaming_source(weights, _pretrained(checkpoint), None, "r.yaml", "forward", 1 << 20)
