@@ -10,41 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.engine.fakes import build, slow_pipeline
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.driver_process import start_module
 
 
 def start(cache: Path, *extra: str) -> subprocess.Popen[str]:
     """Start the driver on ``cache`` in its own process (pipes: text)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.engine.driver", str(cache), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-
-
-def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> None:
-    """Read ``proc``'s stdout until a line contains ``text``."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if text in line:
-            return
-        if not line and proc.poll() is not None:
-            break
-    raise AssertionError(f"{text!r} never printed")
+    return start_module("tests.engine.driver", str(cache), *extra)
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,44 +22,16 @@ from hyperexport.engine.errors import CacheUnavailableError
 from hyperexport.engine.remote import Remote, remote_from_settings
 from hyperexport.engine.runner import BuildResult
 from tests.engine.fakes import build, slow_pipeline, statuses
+from tests.helpers.s3 import s3_client, s3_options, s3_server
 
-SECRET = "hx-test-secret-never-reported"
 BUCKET = "hx-cache"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """A real S3 endpoint (moto) on loopback, with one empty bucket."""
-    pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    import boto3
-
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        client = boto3.client(
-            "s3",
-            endpoint_url=url,
-            aws_access_key_id="hx",
-            aws_secret_access_key=SECRET,
-            region_name="us-east-1",
-        )
-        client.create_bucket(Bucket=BUCKET)
+    with s3_server(BUCKET) as url:
         yield url
-    finally:
-        server.stop()
-
-
-def _s3_options(endpoint: str) -> dict[str, Any]:
-    return {"key": "hx", "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint}}
 
 
 def _fake_build(
@@ -171,19 +142,11 @@ def test_an_oversized_remote_blob_is_read_only_to_its_declared_size_and_never_de
 
 # -- a real S3 endpoint -------------------------------------------------------------------------
 def test_s3_read_only_mode_fetches_but_never_uploads(s3_endpoint: str, tmp_path: Path) -> None:
-    import boto3
-
     remote = "s3://hx-cache/read-only-test"
-    options = _s3_options(s3_endpoint)
+    options = s3_options(s3_endpoint)
     first = _fake_build(tmp_path, "a", remote, "read_only", **options)
     assert statuses(first) == RAN
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        aws_access_key_id="hx",
-        aws_secret_access_key=SECRET,
-        region_name="us-east-1",
-    )
+    client = s3_client(s3_endpoint)
     listed = client.list_objects_v2(Bucket=BUCKET, Prefix="read-only-test/")
     assert listed.get("KeyCount", 0) == 0
     _fake_build(tmp_path, "b", remote, "read_write", **options)  # fills the remote
@@ -197,21 +160,13 @@ def test_s3_read_only_mode_fetches_but_never_uploads(s3_endpoint: str, tmp_path:
 
 @pytest.mark.slow
 def test_s3_upload_of_a_large_blob_is_multipart(s3_endpoint: str, tmp_path: Path) -> None:
-    import boto3
-
     big = tmp_path / "big.bin"
     with open(big, "wb") as fh:  # over s3fs's 2 x 50 MiB single-put limit
         for _ in range(110):
             fh.write(bytes(range(256)) * 4096)
-    remote = Remote("s3://hx-cache/multipart", storage_options=_s3_options(s3_endpoint))
+    remote = Remote("s3://hx-cache/multipart", storage_options=s3_options(s3_endpoint))
     remote._put_file(big, f"{remote.root}/blobs/xx/big")
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        aws_access_key_id="hx",
-        aws_secret_access_key=SECRET,
-        region_name="us-east-1",
-    )
+    client = s3_client(s3_endpoint)
     head = client.head_object(Bucket=BUCKET, Key="multipart/blobs/xx/big")
     assert head["ContentLength"] == big.stat().st_size
     assert "-" in head["ETag"]  # S3's ETag of a multipart upload: "<md5 of md5s>-<parts>"

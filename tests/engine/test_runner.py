@@ -10,19 +10,8 @@ from hyperexport.engine.errors import StageFailed
 from hyperexport.engine.runner import BuildRequest, BuildResult, Runner
 from hyperexport.engine.stage import config_slice
 from hyperexport.engine.store import CacheStore
-from tests.engine.fakes import FakeStage, StageBoom, pipeline, statuses
-
-RECIPE: dict[str, Any] = {
-    "model": {"_target_": "m.f", "seed": 0},
-    "inputs": {"x": {"shape": [1]}},
-    "hiera": ["m.C"],
-    "opset": 18,
-    "dynamo": False,
-    "rewrite": {"optimize": True},
-    "check": {"atol": 1e-4},
-}
-ENV = {"python": "3.11", "packages": {"torch": "2.13.0"}}
-MODEL = {"code": {"m": {"kind": "local", "digest": "0" * 64}}, "weights": {"seed": 0}}
+from tests.engine.fakes import CONFIG as RECIPE
+from tests.engine.fakes import ENV, MODEL, FakeStage, StageBoom, pipeline, statuses
 
 
 def _build(

@@ -18,7 +18,8 @@ import filelock
 import pytest
 
 from hyperexport.engine import process_locks
-from tests.engine.driver import start, wait_for_line
+from tests.engine.driver import start
+from tests.helpers.driver_process import wait_for_line
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, dict[str, str]]:

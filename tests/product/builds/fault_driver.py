@@ -13,19 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import BuildSettings
 from tests.engine.fakes import SlowStage, slow_pipeline
+from tests.helpers.driver_process import start_module
 from tests.helpers.fake_recipe import recipe
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def stages(delay: float = 0.0, big: int = 0, slow: str | None = None) -> tuple[SlowStage, ...]:
@@ -42,35 +39,7 @@ def settings(cache: Path, outputs: Path, **remote: Any) -> BuildSettings:
 
 def start_driver(cache: Path, outputs: Path, *extra: str) -> subprocess.Popen[str]:
     """Start the driver on ``cache`` and ``outputs`` in its own process (pipes: text)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.product.builds.fault_driver",
-            str(cache),
-            str(outputs),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
-
-
-def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> None:
-    """Read ``proc``'s stdout until a line contains ``text``."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if text in line:
-            return
-        if not line and proc.poll() is not None:
-            break
-    raise AssertionError(f"{text!r} never printed")
+    return start_module("tests.product.builds.fault_driver", str(cache), str(outputs), *extra)
 
 
 def main(argv: list[str]) -> int:

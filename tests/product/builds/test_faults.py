@@ -23,9 +23,10 @@ import pytest
 from hyperexport.base import exit_codes
 from hyperexport.engine.store import VERIFY_LIMIT, CacheStore
 from hyperexport.product.builds.session import BuildOutcome, run_build
+from tests.helpers.driver_process import REPO, driver_env, wait_for_line
 from tests.helpers.fake_recipe import recipe
 from tests.helpers.statuses import statuses
-from tests.product.builds.fault_driver import REPO, settings, stages, start_driver, wait_for_line
+from tests.product.builds.fault_driver import settings, stages, start_driver
 
 BIG = VERIFY_LIMIT + (1 << 20)  # over the lookup's full-verification limit
 
@@ -121,7 +122,7 @@ def _driver_read_only(cache: Path, outputs: Path) -> subprocess.CompletedProcess
         f"touch {cache}/probe 2>/dev/null && echo WRITABLE; "
         f"{sys.executable} -m tests.product.builds.fault_driver {cache} {outputs}"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = driver_env()
     return subprocess.run(
         ["unshare", "-m", "sh", "-c", script],
         capture_output=True,
@@ -343,7 +344,7 @@ def _driver_on_tmpfs(
         ["unshare", "-m", "sh", "-c", script],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=driver_env(),
         cwd=REPO,
         timeout=120,
     )

@@ -8,7 +8,6 @@ talks to it over HTTP as it would to AWS.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from hyperexport.product.config import BuildSettings
 from tests.helpers.builds import toy_package_in
 from tests.helpers.builds import toy_package_recipe as toy_recipe
 from tests.helpers.fake_recipe import recipe
+from tests.helpers.s3 import SECRET, free_port, s3_options, s3_server
 from tests.product.builds.fault_driver import settings, stages
 
 
@@ -32,43 +32,16 @@ def toy_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
-SECRET = "hx-test-secret-never-reported"
 BUCKET = "hx-cache"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """A real S3 endpoint (moto) on loopback, with one empty bucket."""
-    import boto3
-
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        client = boto3.client(
-            "s3",
-            endpoint_url=url,
-            aws_access_key_id="hx",
-            aws_secret_access_key=SECRET,
-            region_name="us-east-1",
-        )
-        client.create_bucket(Bucket=BUCKET)
+    with s3_server(BUCKET) as url:
         yield url
-    finally:
-        server.stop()
-
-
-def _s3_options(endpoint: str) -> dict[str, Any]:
-    return {"key": "hx", "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint}}
 
 
 def _fake_build(
@@ -133,9 +106,7 @@ def test_s3_remote_serves_a_fresh_setup_byte_identical(
 
 def test_unreachable_s3_endpoint_is_exit_3(tmp_path: Path) -> None:
     options = {
-        "key": "hx",
-        "secret": SECRET,
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_free_port()}"},
+        **s3_options(f"http://127.0.0.1:{free_port()}"),
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
     }
     outcome = _fake_build(tmp_path, "a", "s3://hx-cache/x", **options)
@@ -154,7 +125,7 @@ def _real_build(recipe_: Any, setup: Path, remote: str, endpoint: str) -> BuildO
             dry_run=False,
             force=(),
             remote=remote,
-            storage_options=_s3_options(endpoint),
+            storage_options=s3_options(endpoint),
         ),
         stages=PIPELINE,
         load_model=model_loader(recipe_),

@@ -4,7 +4,6 @@ from it; idempotent, verified by digest. Against ``file://`` and moto's S3 serve
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.cli import cache as cache_cli
 from tests.helpers.fake_recipe import recipe
+from tests.helpers.s3 import KEY, SECRET, s3_server
 from tests.product.builds.fault_driver import settings, stages
 
 HITS = ["hit"] * 4
@@ -102,38 +102,15 @@ def test_a_read_only_miss_says_nothing_was_uploaded(
 
 
 # -- S3 (moto's server on loopback) --------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    import boto3
-
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        boto3.client(
-            "s3",
-            endpoint_url=url,
-            aws_access_key_id="hx",
-            aws_secret_access_key="hx-secret",
-            region_name="us-east-1",
-        ).create_bucket(Bucket="hx-sync")
+    with s3_server("hx-sync") as url:
         yield url
-    finally:
-        server.stop()
 
 
 def test_push_then_pull_through_s3(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], s3_endpoint: str
 ) -> None:
-    options = ["key=hx", "secret=hx-secret", f"endpoint_url={s3_endpoint}"]
+    options = [f"key={KEY}", f"secret={SECRET}", f"endpoint_url={s3_endpoint}"]
     extra = [arg for option in options for arg in ("--storage-option", option)]
     _seed_and_fill(tmp_path, capsys, "s3://hx-sync/seeded", *extra)

@@ -1,0 +1,45 @@
+"""A test's build in a process of its own (``python -m <driver module> ...``), for the tests that
+kill or race real builds, and reading that process's output until a line shows up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: The repository: the drivers run from here, importable as ``tests.*``.
+REPO = Path(__file__).resolve().parents[2]
+
+
+def driver_env() -> dict[str, str]:
+    """The environment of a driver process: this one's, with the repository on the path. A test
+    that runs a driver another way gives it this too: the stages that run user code are keyed by
+    the modules they load, so two builds that should hit each other load from the same path."""
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def start_module(module: str, *args: str) -> subprocess.Popen[str]:
+    """Start ``python -m module *args`` from the repository (pipes: text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=driver_env(),
+        cwd=REPO,
+    )
+
+
+def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> None:
+    """Read ``proc``'s stdout until a line contains ``text``."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if text in line:
+            return
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"{text!r} never printed")
