@@ -14,6 +14,7 @@ that is removed, on a ``CumSum`` of a boolean tensor (invalid ONNX). Both come f
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -158,6 +159,36 @@ def masks_as_under_torch_export() -> Iterator[None]:
         yield
 
 
+#: What a transformers model module calls to learn whether it runs under ``torch.export`` (or
+#: ``torch.compile``), imported into the module's namespace from ``transformers.utils``.
+_MODEL_EXPORT_QUESTION = "is_torchdynamo_compiling"
+
+
+@contextmanager
+def model_masks_as_under_torch_export() -> Iterator[None]:
+    """Make transformers' model modules skip, as under ``torch.export``, the all-ones attention
+    mask they make when given none.
+
+    Several models make one eagerly only (``if attention_mask is None and not
+    is_torchdynamo_compiling()``: T5, LongT5 and mT5 on 4.x, BART, mBART, Marian, Pegasus and
+    others on 4.x and 5.x); T5 on 4.57 then gives its blocks a mask eagerly and ``None`` under
+    export. The capture runs eagerly for the dynamo path, so without this a T5 encoder called
+    without a mask had one tensor input fewer at export than at capture. The question is
+    answered in every loaded ``transformers.models.*`` module that imported it (the captured
+    model's modules are loaded by then), for the capture and the export alike.
+    """
+    loaded = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("transformers.models.") and module is not None
+    ]
+    with ExitStack() as stack:
+        for module in loaded:
+            if callable(getattr(module, _MODEL_EXPORT_QUESTION, None)):
+                stack.enter_context(_swapped(module, _MODEL_EXPORT_QUESTION, _always_true))
+        yield
+
+
 def _always_true(*args: Any, **kwargs: Any) -> bool:
     """What each of transformers' "am I exported?" questions answers under ``torch.export``
     (``is_tracing`` takes the tensor it asks about)."""
@@ -253,6 +284,13 @@ PATCHES: tuple[ExportPatch, ...] = (
         paths=(DYNAMO,),
         reason="eager capture skips the SDPA mask that torch.export builds",
         factory=masks_as_under_torch_export,
+    ),
+    ExportPatch(
+        name="model_masks_as_under_torch_export",
+        transformers=">=4.48",
+        paths=(DYNAMO,),
+        reason="eager capture makes the all-ones mask that a model skips under torch.export",
+        factory=model_masks_as_under_torch_export,
     ),
 )
 

@@ -210,6 +210,7 @@ def test_patches_are_keyed_to_version_and_path():
     assert [p.name for p in patches_for(True, "5.24.0", "2.13.0")] == [
         "exportable_moe",
         "masks_as_under_torch_export",
+        "model_masks_as_under_torch_export",
     ]
     assert patches_for(False, "4.40.0", "2.13.0") == []
     assert [p.name for p in patches_for(False, "4.57.6", "2.13.0")] == [
@@ -217,11 +218,13 @@ def test_patches_are_keyed_to_version_and_path():
         "traceable_sdpa_mask_builder",
     ]
     assert [p.name for p in patches_for(True, "4.57.6", "2.13.0")] == [
-        "masks_as_under_torch_export"
+        "masks_as_under_torch_export",
+        "model_masks_as_under_torch_export",
     ]
     # before masking_utils, the older mask helpers decide the same (modeling_attn_mask_utils)
     assert [p.name for p in patches_for(True, "4.51.3", "2.13.0")] == [
-        "masks_as_under_torch_export"
+        "masks_as_under_torch_export",
+        "model_masks_as_under_torch_export",
     ]
 
 
@@ -231,6 +234,7 @@ def test_the_dynamo_path_broadcasts_4x_masks_below_torch_2_13():
         assert [p.name for p in patches_for(True, "4.57.6", torch_release)] == [
             "broadcast_sdpa_mask_for_torch_export",
             "masks_as_under_torch_export",
+            "model_masks_as_under_torch_export",
         ]
     assert "broadcast_sdpa_mask_for_torch_export" not in [
         p.name for p in patches_for(True, "5.24.0", "2.9.1")
@@ -276,6 +280,41 @@ def test_dynamo_mask_patch_makes_eager_capture_see_the_export_mask():
     assert isinstance(mask, torch.Tensor) and mask.shape[-2:] == (6, 6)
     assert _layer_mask(model, ids) is None  # restored
     assert "masks_as_under_torch_export" in [p.name for p in patches_for(dynamo=True)]
+
+
+def test_model_modules_answer_the_export_question_as_under_torch_export():
+    """BART's decoder (4.x and 5.x) makes an all-ones mask eagerly only when given none."""
+    from transformers.models.bart import modeling_bart
+
+    from hyperexport.library.transformers.patches import model_masks_as_under_torch_export
+
+    original = modeling_bart.is_torchdynamo_compiling
+    assert original() is False
+    with model_masks_as_under_torch_export():
+        assert modeling_bart.is_torchdynamo_compiling() is True
+    assert modeling_bart.is_torchdynamo_compiling is original
+
+
+@NEEDS_DYNAMO_PATH
+def test_a_t5_encoder_without_a_mask_exports_on_the_dynamo_path(tmp_path, ort_run):
+    """T5 on 4.x gives its blocks an all-ones mask eagerly and none under torch.export: without
+    model_masks_as_under_torch_export its blocks had 3 tensor inputs at capture, 2 at export."""
+    from transformers import T5Config, T5EncoderModel
+    from transformers.models.t5.modeling_t5 import T5Block
+
+    from hyperexport.library.api import export_hyper_onnx
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+    config._attn_implementation = "eager"
+    model = T5EncoderModel(config).eval()
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "t5.onnx"
+    export_hyper_onnx(model, (ids,), str(path), hiera=[T5Block], dynamo=True)
+    (got,) = ort_run(path, {"input_ids": ids.numpy()})[:1]
+    with torch.no_grad():
+        expected = model(ids).last_hidden_state.numpy()
+    assert abs(got - expected).max() < 1e-4
 
 
 @NEEDS_MASKING_UTILS
