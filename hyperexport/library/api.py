@@ -34,7 +34,7 @@ from hyperexport.library.export.fallback import (
 )
 from hyperexport.library.export.registry import path_for
 from hyperexport.library.export.units import export_units
-from hyperexport.library.export_budget import check_export_budget
+from hyperexport.library.export_budget import check_disk_budget, check_export_budget, state_bytes
 from hyperexport.library.model_file import save_model, serialize_inline
 from hyperexport.library.options import ExportOptions, ExportRequest
 from hyperexport.library.passes.pipeline import compose_model
@@ -267,7 +267,7 @@ def export_hyper_onnx(
     args, kwargs = split_trailing_kwargs(args, kwargs)
     options, keep_units = _hyperonnx_keywords(request.options, hyperonnx)
     _check_symbolics(options)
-    check_export_budget(_state_bytes(model), external_data=external_data)
+    check_export_budget(state_bytes(model), external_data=external_data)
     if dynamic_axes:
         # As with torch.onnx.export, entries may name outputs too; which output dims are dynamic
         # follows from the inputs' (found by the probe run), so only the inputs' entries count.
@@ -307,6 +307,8 @@ def export_hyper_onnx(
             )
         else:
             bundle_dir = keep_units
+        # written once (the units' data file becomes the output's by a rename)
+        check_disk_budget(state_bytes(model), bundle_dir)
         _, capture = export_with_fallback(
             model,
             capture,
@@ -331,10 +333,3 @@ def export_hyper_onnx(
         else:
             f.write(serialize_inline(onnx_model))
     return manifest
-
-
-def _state_bytes(model: Any) -> int:
-    """Bytes of the model's distinct parameters and buffers (0 for a non-module)."""
-    tensors = [*getattr(model, "parameters", list)(), *getattr(model, "buffers", list)()]
-    unique = {t.untyped_storage().data_ptr(): t.numel() * t.element_size() for t in tensors}
-    return sum(unique.values())

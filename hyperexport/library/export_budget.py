@@ -5,17 +5,26 @@ resident (:func:`streaming_need`, from the checkpoint's headers alone).
 
 from __future__ import annotations
 
+import errno
 import re
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from hyperexport.base.contracts.weight_index import FLOAT_DTYPE_NAMES, ITEM_SIZES, WeightIndex
 from hyperexport.base.errors import ResourceError
+from hyperexport.base.sizes import human_size
 from hyperexport.library.meminfo import available_memory
 from hyperexport.library.model_file import check_inline_size
 
 #: Memory an export takes beyond the loaded model, over the weights' bytes (measured, issue 12:
 #: 1.23x peak RSS for per_type/per_instance on both paths, with the model itself at 1.0x).
 EXPORT_OVERHEAD = 0.3
+#: The copies of the weights a build keeps on the cache's disk at its peak: the export's data file
+#: and the build's one checkout of it, moved from stage to stage and handed to the published
+#: folder (measured at 8B: 2.00x the data file, docs/streaming.md).
+DISK_COPIES = 2
 #: What the interpreter, torch and transformers take before any weight (measured: 0.3 GB).
 BASELINE_BYTES = 512 << 20
 #: A streamed build's anonymous memory beyond the baseline, in float32 copies of its largest
@@ -130,3 +139,37 @@ def streaming_need(index: WeightIndex, model_dtype: str | None = None) -> Stream
         block=block or "the model",
         block_float32=block_float32,
     )
+
+
+def state_bytes(model: Any) -> int:
+    """Bytes of ``model``'s distinct parameters and buffers at their dtypes (0 for a
+    non-module); a tensor on the meta device (a streamed model's) counts by identity."""
+    tensors = [*getattr(model, "parameters", list)(), *getattr(model, "buffers", list)()]
+    unique = {
+        (id(t) if t.is_meta else t.untyped_storage().data_ptr()): t.numel() * t.element_size()
+        for t in tensors
+    }
+    return sum(unique.values())
+
+
+def check_disk_budget(
+    weight_bytes: int, directory: Path, copies: int = 1, free: int | None = None
+) -> None:
+    """Refuse, before the first weight is written, an export whose weights the filesystem of
+    ``directory`` cannot hold ``copies`` times (a build keeps :data:`DISK_COPIES`).
+
+    Raises:
+        OSError: ``ENOSPC`` naming ``directory``, with the need and what is free as its reason
+            (in a build, the runner makes it the cache's refusal: exit 3).
+    """
+    if free is None:
+        free = shutil.disk_usage(directory).free
+    need = weight_bytes * copies
+    if need > free:
+        times = "" if copies == 1 else f"{copies} x "
+        raise OSError(
+            errno.ENOSPC,
+            f"the export writes about {human_size(need)} ({times}the {human_size(weight_bytes)} "
+            f"of weights), {human_size(free)} is free",
+            str(directory),
+        )

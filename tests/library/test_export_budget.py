@@ -1,12 +1,23 @@
-"""hyperexport.library.export_budget's streaming estimate: what a streamed build keeps resident,
-from the checkpoint's headers alone."""
+"""hyperexport.library.export_budget: a streamed build's resident estimate from the checkpoint's
+headers alone, and the disk an export needs before its first weight is written."""
 
 from __future__ import annotations
 
+import errno
 import math
+from pathlib import Path
+
+import pytest
 
 from hyperexport.base.contracts.weight_index import StoredTensor, WeightIndex
-from hyperexport.library.export_budget import BASELINE_BYTES, STREAM_LAYER_COPIES, streaming_need
+from hyperexport.library.export_budget import (
+    BASELINE_BYTES,
+    DISK_COPIES,
+    STREAM_LAYER_COPIES,
+    check_disk_budget,
+    state_bytes,
+    streaming_need,
+)
 
 GB = 10**9
 
@@ -75,3 +86,32 @@ def test_the_refusal_is_one_line_with_the_estimate_the_layer_and_what_is_availab
     assert "\n" not in line
     assert line.startswith("a streamed build needs about 2.5 GiB (largest layer model.layers.0: ")
     assert line.endswith("0.8 GiB in float32 for the check), 2.0 GiB is available")
+
+
+def test_an_export_whose_weights_cannot_fit_on_disk_is_refused_naming_the_directory(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(OSError) as refused:
+        check_disk_budget(3 << 20, tmp_path, copies=DISK_COPIES, free=5 << 20)
+    assert refused.value.errno == errno.ENOSPC and refused.value.filename == str(tmp_path)
+    assert refused.value.strerror == (
+        "the export writes about 6.0 MiB (2 x the 3.0 MiB of weights), 5.0 MiB is free"
+    )
+    check_disk_budget(3 << 20, tmp_path, copies=1, free=5 << 20)  # written once: it fits
+    check_disk_budget(1 << 20, tmp_path)  # this machine's disk, as it is
+
+
+def test_a_streamed_skeleton_counts_the_bytes_its_loaded_model_has() -> None:
+    import torch
+
+    from hyperexport import zoo
+    from hyperexport.library.capture.streaming import parameters_on_meta
+
+    loaded = zoo.tiny_llama(num_layers=2, causal_lm=True)
+    with parameters_on_meta():
+        skeleton = zoo.tiny_llama(num_layers=2, causal_lm=True)
+    assert all(p.is_meta for p in skeleton.parameters())
+    assert state_bytes(skeleton) == state_bytes(loaded) > 0
+    tied = torch.nn.Linear(4, 4)
+    shared = torch.nn.Sequential(tied, tied)  # one parameter twice: counted once
+    assert state_bytes(shared) == (16 + 4) * 4

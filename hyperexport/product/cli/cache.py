@@ -30,8 +30,9 @@ from typing import NoReturn
 from hyperexport.base import exit_codes
 from hyperexport.base.cache_dir import default_cache_dir
 from hyperexport.base.errors import CacheUnavailableError
+from hyperexport.base.sizes import human_size
 from hyperexport.engine.store import CacheStore
-from hyperexport.product.cli.quantities import human_age, human_size, parse_age, parse_size
+from hyperexport.product.cli.quantities import human_age, parse_age, parse_size
 from hyperexport.product.cli.table import render_table
 from hyperexport.product.cli.usage import UnusableDirectory, UsageError, check_dir
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperexport.base import exit_codes
+from hyperexport.base.sizes import human_size
 from hyperexport.engine.inventory import disk_usage
 from hyperexport.product.builds.cleanup import is_publication_link, remove_publication
 from hyperexport.product.builds.report import REPORT
-from hyperexport.product.cli.quantities import human_size
 from hyperexport.product.cli.table import render_table
 from hyperexport.product.cli.usage import UsageError, check_dir
 from hyperexport.product.config import DEFAULT_OUTPUTS_DIR, RECIPES_DIR

@@ -1,4 +1,5 @@
-"""Sizes and ages on the command line: parse ``500M`` / ``7d``, print ``1.5 GiB`` / ``3h``.
+"""Sizes and ages on the command line: parse ``500M`` / ``7d``, print ``3h`` (sizes print with
+:func:`hyperexport.base.sizes.human_size`).
 
 Sizes use binary multiples (``K`` = 1024 bytes, ``M`` = 1024², ...), as ``du -h`` does; ``500M``,
 ``500MB``, ``500MiB`` and ``500m`` all mean 500 MiB. Ages are one or more ``<number><unit>``
@@ -40,16 +41,6 @@ def parse_age(text: str) -> float:
     if not _AGE.fullmatch(compact):
         raise ValueError(f"{text!r} is not an age: use e.g. 7d, 12h, 30m, 1d12h or 0s")
     return sum(float(n) * _AGE_UNITS[unit] for n, unit in _AGE_PART.findall(compact))
-
-
-def human_size(size: int) -> str:
-    """``1536`` -> ``"1.5 KiB"``; bytes below 1 KiB are shown exactly (``"512 B"``)."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def human_age(seconds: float) -> str:

@@ -88,10 +88,14 @@ class ExportStage(RecipeStage):
         from hyperexport.library.export.fallback import CaptureCall, export_with_fallback
         from hyperexport.library.export.path import ExportPath
         from hyperexport.library.export.registry import path_for
+        from hyperexport.library.export_budget import DISK_COPIES, check_disk_budget, state_bytes
         from hyperexport.product.from_recipe.export_options import export_options
         from hyperexport.product.from_recipe.model import resolve_classes
         from hyperexport.product.from_recipe.resolved_capture import example_inputs
 
+        # Before the first weight is written: the export's data file and the build's one
+        # checkout of it, in the cache (a full disk is the cache's refusal, exit 3).
+        check_disk_budget(state_bytes(model), out_dir, copies=DISK_COPIES)
         trace_dir = inputs.dir("trace") / graph if graph else inputs.dir("trace")
         capture = Capture.load(trace_dir)
         check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace

@@ -185,6 +185,51 @@ def test_an_export_that_cannot_fit_in_memory_is_refused_first_with_the_option() 
     export_budget.check_export_budget(10 * gib, external_data=True, available=4 * gib)  # fits
 
 
+_EXPORT_ON_A_SMALL_DISK = """
+import errno, sys, torch
+from hyperexport import export_hyper_onnx, zoo
+model = zoo.tiny_llama(num_layers=1, vocab_size=16384)  # 4 MiB of embeddings
+ids = torch.randint(0, 128, (1, 4))
+try:
+    export_hyper_onnx(model, (ids,), sys.argv[1] + "/m.onnx", hiera=[type(model.layers[0])],
+                      dynamo=False, external_data=True)
+except OSError as e:
+    print(e.errno == errno.ENOSPC, e.filename.startswith(sys.argv[1]), e.strerror)
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare is not installed")
+def test_an_export_that_cannot_fit_on_its_disk_is_refused_before_the_first_weight(
+    tmp_path: Path,
+) -> None:
+    """On a real 2 MiB filesystem (tmpfs, in a private mount namespace), 4 MiB of weights."""
+    import subprocess
+    import sys
+
+    from tests.helpers.driver_process import REPO, driver_env
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=2m tmpfs {disk} && "
+        f"{sys.executable} -c '{_EXPORT_ON_A_SMALL_DISK}' {disk} && ls -A {disk}"
+    )
+    run = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env=driver_env(),
+        cwd=REPO,
+        timeout=300,
+    )
+    if "unshare failed" in run.stderr or "Operation not permitted" in run.stderr:
+        pytest.skip(f"unshare -m is not permitted here: {run.stderr.strip()}")
+    lines = run.stdout.splitlines()
+    assert lines == [
+        "True True the export writes about 4.1 MiB (the 4.1 MiB of weights), 2.0 MiB is free"
+    ], run.stdout + run.stderr  # and ls lists nothing: no file was left behind
+
+
 def _weights_model(folder: Path, extra: np.ndarray | None = None) -> ir.Model:
     """``y = x @ W (+ B)``: W in ``folder/weights.data`` (external), B (if given) in memory."""
     w = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)

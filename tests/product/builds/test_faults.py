@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -155,6 +156,41 @@ def test_read_only_cache_serves_hits_and_writes_nothing(tmp_path: Path) -> None:
     assert _tree(cache) == before
     out = outputs / "fake" / "default"
     assert (out / "model.onnx").is_file() and (out / "report.json").is_file()
+
+
+@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+def test_weights_that_cannot_fit_on_the_cache_disk_stop_the_export_before_it_writes_them(
+    tmp_path: Path,
+) -> None:
+    """A real 12 MiB filesystem (tmpfs, in a private mount namespace) holds the trace of a Llama
+    with 8 MiB of embeddings, not the export's data file and the build's copy of it: the export
+    stage refuses before its first weight, in one line, exit 3."""
+    cache, outputs = tmp_path / "cache", tmp_path / "outputs"
+    cache.mkdir()
+    build = (
+        f"{sys.executable} -m hyperexport recipe=llama +model.vocab_size=32768 "
+        f"build.cache_dir={cache} build.outputs_dir={outputs}"
+    )
+    script = f"mount -t tmpfs -o size=12m tmpfs {cache} && {build}; echo rc=$?; du -sk {cache}"
+    run = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env=driver_env(),
+        cwd=REPO,
+        timeout=300,
+    )
+    assert f"rc={exit_codes.UNAVAILABLE}" in run.stdout, run.stdout + run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("[ERROR]")]
+    assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert re.fullmatch(
+        rf"\[ERROR\] cache directory {re.escape(str(cache))}: the export writes about "
+        r"1\d\.\d MiB \(2 x the 8\.\d MiB of weights\), \d+\.\d MiB is free",
+        errors[0],
+    ), errors[0]
+    used_kib = int(run.stdout.split()[-2])
+    assert used_kib < 4 << 10  # the trace only: no weight was written
+    assert not (outputs / "llama").exists()
 
 
 @pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))

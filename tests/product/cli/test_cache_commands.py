@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from hyperexport.base import versions
+from hyperexport.base.sizes import human_size
 from hyperexport.engine.inventory import disk_usage
 from hyperexport.engine.store import CacheStore
 from hyperexport.library.defaults import DEFAULT_OPSET
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.cli import cache as cache_cli
-from hyperexport.product.cli.quantities import human_size
 from hyperexport.product.config import BuildSettings, Recipe
 from tests.engine.fakes import pipeline
 from tests.helpers.builds import build as real_build

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from hyperexport.product.cli.quantities import human_age, human_size, parse_age, parse_size
+from hyperexport.base.sizes import human_size
+from hyperexport.product.cli.quantities import human_age, parse_age, parse_size
 from hyperexport.product.cli.table import render_table
 
 
