@@ -1,9 +1,12 @@
 """A test's build in a process of its own (``python -m <driver module> ...``), for the tests that
-kill or race real builds, and reading that process's output until a line shows up."""
+kill or race real builds, and reading that process's output until a line shows up; whether a
+test may give such a process filesystems of its own (a private mount namespace)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,3 +46,13 @@ def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 60) -
         if not line and proc.poll() is not None:
             break
     raise AssertionError(f"{text!r} never printed")
+
+
+@functools.cache
+def private_mounts_refusal() -> str | None:
+    """Why this machine cannot run a process in a mount namespace of its own (``unshare -m``,
+    where a test mounts a read-only or a small filesystem), or None when it can."""
+    if shutil.which("unshare") is None:
+        return "unshare is not installed"
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"unshare -m is not permitted: {probe.stderr}"

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 from hyperexport.base import exit_codes
 from hyperexport.engine.store import VERIFY_LIMIT, CacheStore
 from hyperexport.product.builds.session import BuildOutcome, run_build
-from tests.helpers.driver_process import REPO, driver_env, wait_for_line
+from tests.helpers.driver_process import REPO, driver_env, private_mounts_refusal, wait_for_line
 from tests.helpers.fake_recipe import recipe
 from tests.helpers.statuses import statuses
 from tests.product.builds.fault_driver import settings, stages, start_driver
@@ -109,13 +108,6 @@ def test_cache_dir_under_a_file_is_exit_3(tmp_path: Path) -> None:
 
 
 # -- read-only caches (a real read-only bind mount, in a private mount namespace) -------------
-def _unshare_works() -> str | None:
-    if shutil.which("unshare") is None:
-        return "unshare is not installed"
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
-    return None if probe.returncode == 0 else f"unshare -m is not permitted: {probe.stderr}"
-
-
 def _driver_read_only(cache: Path, outputs: Path) -> subprocess.CompletedProcess[str]:
     """Run the driver with ``cache`` bind-mounted read-only onto itself (root can't write)."""
     script = (
@@ -138,7 +130,7 @@ def _tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
 
 
-@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+@pytest.mark.skipif(private_mounts_refusal() is not None, reason=str(private_mounts_refusal()))
 def test_read_only_cache_serves_hits_and_writes_nothing(tmp_path: Path) -> None:
     cache, outputs = tmp_path / "cache", tmp_path / "outputs"
     # Primed by a build in a process like the sandboxed one: the stages that run user code are
@@ -158,7 +150,7 @@ def test_read_only_cache_serves_hits_and_writes_nothing(tmp_path: Path) -> None:
     assert (out / "model.onnx").is_file() and (out / "report.json").is_file()
 
 
-@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+@pytest.mark.skipif(private_mounts_refusal() is not None, reason=str(private_mounts_refusal()))
 def test_weights_that_cannot_fit_on_the_cache_disk_stop_the_export_before_it_writes_them(
     tmp_path: Path,
 ) -> None:
@@ -193,7 +185,7 @@ def test_weights_that_cannot_fit_on_the_cache_disk_stop_the_export_before_it_wri
     assert not (outputs / "llama").exists()
 
 
-@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+@pytest.mark.skipif(private_mounts_refusal() is not None, reason=str(private_mounts_refusal()))
 def test_read_only_cache_with_a_miss_fails_with_one_line_and_exit_3(tmp_path: Path) -> None:
     cache, outputs = tmp_path / "cache", tmp_path / "outputs"
     cache.mkdir()
@@ -393,7 +385,7 @@ def _one_error(run: subprocess.CompletedProcess[str]) -> str:
     return errors[0]
 
 
-@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+@pytest.mark.skipif(private_mounts_refusal() is not None, reason=str(private_mounts_refusal()))
 def test_a_really_full_cache_filesystem_is_exit_3_naming_it(tmp_path: Path) -> None:
     """Issue 21, on a real 1 MiB tmpfs (not an injected errno): the export stage's 3 MB file."""
     cache, outputs = tmp_path / "cache", tmp_path / "outputs"
@@ -406,7 +398,7 @@ def test_a_really_full_cache_filesystem_is_exit_3_naming_it(tmp_path: Path) -> N
     assert "PUBLISHED" not in run.stdout
 
 
-@pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+@pytest.mark.skipif(private_mounts_refusal() is not None, reason=str(private_mounts_refusal()))
 def test_a_really_full_outputs_filesystem_is_exit_3_and_keeps_the_users_files(
     tmp_path: Path,
 ) -> None:
