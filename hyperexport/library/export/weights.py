@@ -137,13 +137,20 @@ class WeightFile:
                 where = self._written[key] = self._append(_bytes_view(raw))
         else:
             where = self._append(memoryview(tensor.tobytes()))
+        return self._external(where, tensor, name)
+
+    def _external(
+        self, where: tuple[int, int], like: ir.TensorProtocol, name: str
+    ) -> ir.ExternalTensor:
+        """The reference to the bytes at ``where`` (offset, length), typed and shaped as
+        ``like``."""
         offset, length = where
         return ir.ExternalTensor(
             self.path.name,
             offset,
             length,
-            tensor.dtype,
-            shape=ir.Shape(tensor.shape.numpy()),
+            like.dtype,
+            shape=ir.Shape(like.shape.numpy()),
             name=name,
             base_dir=os.fspath(self.path.parent),
         )
@@ -171,16 +178,7 @@ class WeightFile:
         where = self._written.get(key)
         if where is None:
             where = self._written[key] = self._append(_bytes_view(load()))
-        offset, length = where
-        return ir.ExternalTensor(
-            self.path.name,
-            offset,
-            length,
-            like.dtype,
-            shape=ir.Shape(like.shape.numpy()),
-            name=name,
-            base_dir=os.fspath(self.path.parent),
-        )
+        return self._external(where, like, name)
 
     def externalize(self, graph: ir.Graph) -> None:
         """Point every large initializer of ``graph`` at its bytes in this file."""
