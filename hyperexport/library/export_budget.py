@@ -98,9 +98,9 @@ class StreamingNeed:
     def refusal(self, available: int) -> str:
         """The one line that refuses a build which cannot fit in ``available`` bytes."""
         return (
-            f"a streamed build needs about {self.total / 2**30:.1f} GiB (largest layer "
-            f"{self.block}: {self.block_float32 / 2**30:.1f} GiB in float32 for the check), "
-            f"{available / 2**30:.1f} GiB is available"
+            f"a streamed build needs about {human_size(self.total)} (largest layer "
+            f"{self.block}: {human_size(self.block_float32)} in float32 for the check), "
+            f"{human_size(available)} is available"
         )
 
 
@@ -126,14 +126,11 @@ def streaming_need(index: WeightIndex, model_dtype: str | None = None) -> Stream
         floating = stored.dtype in FLOAT_DTYPE_NAMES.values()
         if target is not None and floating and stored.dtype != target:
             converted[block] = converted.get(block, 0) + elements * ITEM_SIZES[target]
-    numbered = {b: n for b, n in blocks.items() if b}
-    if numbered:
-        block = max(sorted(numbered), key=lambda b: numbered[b])
-    else:
-        block = ""
+    numbered = sorted(b for b in blocks if b)
+    block = max(numbered, key=blocks.__getitem__, default="")  # the first of the largest
     block_float32 = blocks.get(block, 0)
     check = int(block_float32 * STREAM_LAYER_COPIES)
-    trace = converted.get("", 0) + int(max((converted.get(b, 0) for b in numbered), default=0))
+    trace = converted.get("", 0) + max((converted.get(b, 0) for b in numbered), default=0)
     return StreamingNeed(
         total=BASELINE_BYTES + max(check, int(trace * (1 + EXPORT_OVERHEAD))),
         block=block or "the model",

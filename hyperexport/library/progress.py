@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hyperexport.base.sizes import human_size
 from hyperexport.library.meminfo import anonymous_memory
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class _Lines:
 
 
 def _memory_note(memory: bool) -> str:
-    """``", 1.2 GB anonymous"`` when ``memory`` and the system reports it, else ``""``."""
+    """``", 1.2 GiB anonymous"`` when ``memory`` and the system reports it, else ``""``."""
     used = anonymous_memory() if memory else None
     return "" if used is None else f", {_human(used, 'bytes')} anonymous"
 
@@ -102,11 +103,7 @@ def _memory_note(memory: bool) -> str:
 def _human(value: float, unit: str) -> str:
     if unit != "bytes":
         return f"{int(value)} {unit}".strip()
-    for suffix in ("B", "KB", "MB", "GB"):
-        if value < 1024 or suffix == "GB":
-            return f"{value:.0f} {suffix}" if suffix == "B" else f"{value:.1f} {suffix}"
-        value /= 1024
-    return f"{value:.1f} GB"
+    return human_size(int(value))
 
 
 class _Bar:

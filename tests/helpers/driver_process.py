@@ -56,3 +56,16 @@ def private_mounts_refusal() -> str | None:
         return "unshare is not installed"
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
     return None if probe.returncode == 0 else f"unshare -m is not permitted: {probe.stderr}"
+
+
+def run_in_private_mounts(script: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the shell ``script`` in a mount namespace of its own (``unshare -m``: what it mounts is
+    gone when it ends) from the repository, with :func:`driver_env` (pipes: text)."""
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env=driver_env(),
+        cwd=REPO,
+        timeout=timeout,
+    )

@@ -85,7 +85,7 @@ def test_the_refusal_is_one_line_with_the_estimate_the_layer_and_what_is_availab
     line = streaming_need(_llama3_8b(), "bfloat16").refusal(2 * 2**30)
     assert "\n" not in line
     assert line.startswith("a streamed build needs about 2.5 GiB (largest layer model.layers.0: ")
-    assert line.endswith("0.8 GiB in float32 for the check), 2.0 GiB is available")
+    assert line.endswith("832.0 MiB in float32 for the check), 2.0 GiB is available")
 
 
 def test_an_export_whose_weights_cannot_fit_on_disk_is_refused_naming_the_directory(

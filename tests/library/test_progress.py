@@ -56,10 +56,10 @@ def test_a_step_over_layers_shows_the_anonymous_memory_it_holds(
 
 
 def _anonymous_mb(message: str) -> float:
-    """The memory a progress line shows (``..., 1.2 GB anonymous (0s)``), in MB."""
+    """The memory a progress line shows (``..., 1.2 GiB anonymous (0s)``), in MiB."""
     amount, unit = message.split(", ")[1].split()[:2]
     assert message.split(", ")[1].split()[2] == "anonymous", message
-    return float(amount) * {"MB": 1, "GB": 1024}[unit]
+    return float(amount) * {"MiB": 1, "GiB": 1024}[unit]
 
 
 def test_a_count_advanced_from_hooks_is_reported(
@@ -86,7 +86,7 @@ def test_bytes_written_are_reported(
     with progress.watch_bytes(tmp_path, "writing model.onnx"):
         (tmp_path / "model.onnx").write_bytes(b"x" * (3 << 20))
         time.sleep(0.05)
-    assert any("writing model.onnx: 3.0 MB" in m for m in _messages(caplog))
+    assert any("writing model.onnx: 3.0 MiB" in m for m in _messages(caplog))
 
 
 def test_a_symlink_is_not_counted_as_bytes_written(
@@ -105,8 +105,8 @@ def test_a_symlink_is_not_counted_as_bytes_written(
         (out / "model.onnx").write_bytes(b"x" * (1 << 20))
         time.sleep(0.05)
     messages = _messages(caplog)
-    assert any("writing model.onnx: 1.0 MB" in m for m in messages), messages
-    assert not any("6.0 MB" in m for m in messages)
+    assert any("writing model.onnx: 1.0 MiB" in m for m in messages), messages
+    assert not any("6.0 MiB" in m for m in messages)
 
 
 def test_off_is_silent(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -251,5 +251,5 @@ def test_a_streamed_run_reports_each_instance_with_the_memory_in_use(
         "running hiera instances: 2 instances of 2 instances (100%)",
     ]
     assert len(lines) == 3 and all(
-        " MB anonymous" in line or " GB anonymous" in line for line in lines
+        " MiB anonymous" in line or " GiB anonymous" in line for line in lines
     )

@@ -27,7 +27,7 @@ from hyperexport.base.errors import ResourceError
 from hyperexport.library import export_budget, model_file
 from hyperexport.library.api import capture_model, compose_model, export_units, save_model
 from hyperexport.library.export.weights import INLINE_LIMIT, WEIGHTS_FILE
-from tests.helpers.driver_process import REPO, driver_env, private_mounts_refusal
+from tests.helpers.driver_process import private_mounts_refusal, run_in_private_mounts
 from tests.helpers.opsets import TEST_OPSET
 
 PATHS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
@@ -204,7 +204,6 @@ def test_an_export_that_cannot_fit_on_its_disk_is_refused_before_the_first_weigh
     tmp_path: Path,
 ) -> None:
     """On a real 2 MiB filesystem (tmpfs, in a private mount namespace), 4 MiB of weights."""
-    import subprocess
     import sys
 
     disk = tmp_path / "disk"
@@ -213,14 +212,7 @@ def test_an_export_that_cannot_fit_on_its_disk_is_refused_before_the_first_weigh
         f"mount -t tmpfs -o size=2m tmpfs {disk} && "
         f"{sys.executable} -c '{_EXPORT_ON_A_SMALL_DISK}' {disk} && ls -A {disk}"
     )
-    run = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        env=driver_env(),
-        cwd=REPO,
-        timeout=300,
-    )
+    run = run_in_private_mounts(script, timeout=300)
     lines = run.stdout.splitlines()
     assert lines == [
         "True True the export writes about 4.1 MiB (the 4.1 MiB of weights), 2.0 MiB is free"

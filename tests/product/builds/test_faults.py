@@ -23,7 +23,12 @@ import pytest
 from hyperexport.base import exit_codes
 from hyperexport.engine.store import VERIFY_LIMIT, CacheStore
 from hyperexport.product.builds.session import BuildOutcome, run_build
-from tests.helpers.driver_process import REPO, driver_env, private_mounts_refusal, wait_for_line
+from tests.helpers.driver_process import (
+    REPO,
+    private_mounts_refusal,
+    run_in_private_mounts,
+    wait_for_line,
+)
 from tests.helpers.fake_recipe import recipe
 from tests.helpers.statuses import statuses
 from tests.product.builds.fault_driver import settings, stages, start_driver
@@ -115,15 +120,7 @@ def _driver_read_only(cache: Path, outputs: Path) -> subprocess.CompletedProcess
         f"touch {cache}/probe 2>/dev/null && echo WRITABLE; "
         f"{sys.executable} -m tests.product.builds.fault_driver {cache} {outputs}"
     )
-    env = driver_env()
-    return subprocess.run(
-        ["unshare", "-m", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-    )
+    return run_in_private_mounts(script, timeout=120)
 
 
 def _tree(root: Path) -> dict[str, int]:
@@ -164,14 +161,7 @@ def test_weights_that_cannot_fit_on_the_cache_disk_stop_the_export_before_it_wri
         f"build.cache_dir={cache} build.outputs_dir={outputs}"
     )
     script = f"mount -t tmpfs -o size=12m tmpfs {cache} && {build}; echo rc=$?; du -sk {cache}"
-    run = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        env=driver_env(),
-        cwd=REPO,
-        timeout=300,
-    )
+    run = run_in_private_mounts(script, timeout=300)
     assert f"rc={exit_codes.UNAVAILABLE}" in run.stdout, run.stdout + run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("[ERROR]")]
     assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
@@ -368,14 +358,7 @@ def _driver_on_tmpfs(
         f"[ -f {mount}/mine/fill ] && echo USER_FILE_KEPT; "
         f"[ -e {outputs}/fake/default ] && echo PUBLISHED; exit $status"
     )
-    return subprocess.run(
-        ["unshare", "-m", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        env=driver_env(),
-        cwd=REPO,
-        timeout=120,
-    )
+    return run_in_private_mounts(script, timeout=120)
 
 
 def _one_error(run: subprocess.CompletedProcess[str]) -> str:

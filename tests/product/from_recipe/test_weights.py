@@ -105,7 +105,7 @@ def test_a_streamed_build_that_cannot_fit_either_stops_before_anything_runs(
     for weights in ("stream", "auto"):
         with pytest.raises(
             RecipeError,
-            match=r"field 'weights'.*a streamed build needs about 0\.5 GiB \(largest layer "
-            r"model\.layers\.0: 0\.0 GiB in float32 for the check\), 0\.0 GiB is available",
+            match=r"field 'weights'.*a streamed build needs about 512\.\d MiB \(largest layer "
+            r"model\.layers\.0: \d+\.\d KiB in float32 for the check\), 1\.0 MiB is available",
         ):
             streaming_source(weights, _pretrained(checkpoint), None, "r.yaml", "forward", 1 << 20)
