@@ -1,11 +1,13 @@
 """A streamed build (``weights: stream``) publishes the loaded build's files, byte for byte, and
-passes its check; no weight stays bound after the model's stages."""
+passes its check, on both export paths; no weight stays bound after the model's stages."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from hyperexport import zoo
@@ -16,7 +18,7 @@ from tests.helpers.release_skips import NEEDS_BFLOAT16_SDPA_MASK
 _FILES = ("model.onnx", "model.onnx.data", "manifest.json")
 
 
-def _recipe(folder: Path, weights: str, functions: str) -> dict[str, Any]:
+def _recipe(folder: Path, weights: str, functions: str, dynamo: bool) -> dict[str, Any]:
     return {
         "name": f"s_{weights}",
         "model": {
@@ -27,7 +29,7 @@ def _recipe(folder: Path, weights: str, functions: str) -> dict[str, Any]:
         },
         "inputs": {"input_ids": {"shape": [1, 6], "dtype": "int64", "low": 0, "high": 128}},
         "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
-        "dynamo": False,
+        "dynamo": dynamo,
         "functions": functions,
         "external_data": True,
         "weights": weights,
@@ -39,8 +41,15 @@ def _published(tmp_path: Path, name: str) -> dict[str, bytes]:
     return {f: (folder / f).read_bytes() for f in _FILES}
 
 
-@NEEDS_BFLOAT16_SDPA_MASK  # a bfloat16 checkpoint, on the TorchScript path
-def test_streamed_build_publishes_the_loaded_builds_bytes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "dynamo",
+    # a bfloat16 checkpoint: on the TorchScript path, its attention mask is bfloat16
+    [pytest.param(False, marks=NEEDS_BFLOAT16_SDPA_MASK), True],
+    ids=["torchscript", "dynamo"],
+)
+def test_streamed_build_publishes_the_loaded_builds_bytes(
+    tmp_path: Path, dynamo: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     checkpoint = tmp_path / "ckpt"
     # Large enough that the layers' matrices go to the data file (not inlined).
     zoo.tiny_llama(num_layers=3, causal_lm=True, hidden_size=64, intermediate_size=128).to(
@@ -49,8 +58,13 @@ def test_streamed_build_publishes_the_loaded_builds_bytes(tmp_path: Path) -> Non
     for functions in ("per_type", "per_instance"):
         published = {}
         for weights in ("load", "stream"):
-            recipe = validate_recipe(_recipe(checkpoint, weights, functions), "r.yaml")
-            outcome = build(recipe, tmp_path, cache=f"cache_{functions}")
+            recipe = validate_recipe(_recipe(checkpoint, weights, functions, dynamo), "r.yaml")
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="hyperexport"):
+                outcome = build(recipe, tmp_path, cache=f"cache_{functions}")
+            if weights == "stream" and dynamo:
+                # One program, one layer's weights: the body's representative; two stand-ins.
+                assert "streamed export: 1 of 3 hiera instances bound" in caplog.text
             assert outcome.exit_code == 0, outcome.report
             assert outcome.report is not None and outcome.report["check"]["ok"] is True
             published[weights] = _published(tmp_path, recipe.name)

@@ -365,6 +365,36 @@ class StreamedWeights:
         return self._meta[self._key[parameter]].dtype
 
     @contextlib.contextmanager
+    def bound_with_stand_ins(self, paths: Sequence[str]) -> Iterator[None]:
+        """The instances at ``paths`` bound (``""``, the root, binds nothing of its own) and the
+        own parameters of every other hiera instance replaced by :func:`stand_in` tensors, for
+        the duration: what an exporter that traces every unit in one program sees (the dynamo
+        path). Only the units' representative instances hold weights; a stand-in has the shape
+        and dtype of its parameter and two bytes of storage, and the export resolves every
+        weight by name, never from it. The meta parameters are put back on exit."""
+        stood: list[int] = []
+        with contextlib.ExitStack() as bound:
+            for path in dict.fromkeys(p for p in paths if p):
+                bound.enter_context(self.bound(path))
+            try:
+                for path, keys in self._own.items():
+                    if self._depth.get(path):
+                        continue
+                    for key in keys:
+                        meta = self._meta[key]
+                        standing = torch.nn.Parameter(
+                            stand_in(meta.shape, meta.dtype), requires_grad=False
+                        )
+                        for name in self._names[key]:
+                            _set_parameter(self.model, name, standing)
+                        stood.append(key)
+                yield
+            finally:
+                for key in stood:
+                    for name in self._names[key]:
+                        _set_parameter(self.model, name, self._meta[key])
+
+    @contextlib.contextmanager
     def bound_unit(self, path: str) -> Iterator[None]:
         """:meth:`bound` for a hiera instance's path; nothing for the root (``""``)."""
         if not path:

@@ -66,6 +66,7 @@ class DynamoPath(ExportPath):
 
     name = "dynamo"
     dynamo = True
+    one_program = True
     opsets = range(OPSET_RANGES[True][0], OPSET_RANGES[True][1] + 1)
 
     def apply_placeholder(

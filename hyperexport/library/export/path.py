@@ -42,11 +42,14 @@ class ExportPath(abc.ABC):
         name: Short name (``torchscript``, ``dynamo``), as in logs.
         dynamo: The value of the public ``dynamo`` flag that selects this path.
         opsets: The default-domain opsets this path accepts on the installed torch.
+        one_program: Whether :meth:`export` traces every unit in one program (all their
+            modules live at once) rather than one unit per step of its generator.
     """
 
     name: ClassVar[str]
     dynamo: ClassVar[bool]
     opsets: ClassVar[range]
+    one_program: ClassVar[bool]
 
     @property
     def label(self) -> str:

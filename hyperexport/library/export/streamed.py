@@ -5,7 +5,12 @@ The TorchScript path exports one unit per step of its generator. While a body un
 its one representative instance is bound (its own parameters: views of the mapped checkpoint);
 the parameters outside every hiera instance are bound for the whole export (the root computes
 with them); a placeholder's weights stay on the meta device (they are inputs of the root's
-graph, never computed with). Each unit's weight initializers are then resolved by name: the
+graph, never computed with). The dynamo path traces every unit in one program
+(``dynamo_path.py``): every unit's representative instance is bound for that program, and every
+other hiera instance's weights are zero-stride stand-ins (``torch.export`` refuses meta
+parameters beside real inputs; a stand-in is a CPU tensor of the right shape and dtype holding
+one element), so the weights resident at once are those of the distinct unit bodies, not the
+model's. Each unit's weight initializers are then resolved by name: the
 checkpoint's bytes (or a converted copy, one tensor at a time) written once per stored tensor to
 ``units/weights.data``, in the order and at the offsets the loaded model's export gives them, so
 a streamed export writes the same bytes as a loaded one.
@@ -63,6 +68,23 @@ def one_unit_bound(
         if name != job.name:
             raise RuntimeError(f"the export path yielded unit {name!r} for job {job.name!r}")
         yield name, unit_model
+
+
+def one_program_bound(
+    units: Iterator[tuple[str, ir.Model]], jobs: Sequence[UnitJob], weights: StreamedWeights
+) -> Iterator[tuple[str, ir.Model]]:
+    """The units of a path that exports every job in one program (the dynamo path), with every
+    job's representative instance bound and the other hiera instances' weights stand-ins while
+    the program is exported and its units yielded."""
+    with weights.bound_with_stand_ins([job.module_path for job in jobs]):
+        log.info(
+            "streamed export: %d of %d hiera instances bound (the units' representatives), "
+            "%.2f GiB of their weights; the others are stand-ins",
+            len({job.module_path for job in jobs if job.module_path}),
+            len(weights.instances),
+            weights.bound_bytes / 2**30,
+        )
+        yield from units
 
 
 def externalize_streamed(

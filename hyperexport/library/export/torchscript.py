@@ -48,6 +48,7 @@ class TorchScriptPath(ExportPath):
 
     name = "torchscript"
     dynamo = False
+    one_program = False
     #: Up to the installed torch's cap (:func:`~hyperexport.base.versions.torchscript_opset_cap`).
     opsets = range(
         OPSET_RANGES[False][0], min(OPSET_RANGES[False][1], torchscript_opset_cap() or 1 << 30) + 1

@@ -42,6 +42,7 @@ from hyperexport.library.export.placeholders import (
 from hyperexport.library.export.registry import path_for
 from hyperexport.library.export.streamed import (
     externalize_streamed,
+    one_program_bound,
     one_unit_bound,
     streamed_export,
 )
@@ -162,7 +163,8 @@ def export_units(
             jobs, model=model, modules=modules, capture=capture, opset=opset, options=options
         )
         if streamed is not None:
-            units = one_unit_bound(units, jobs, streamed)
+            bind = one_program_bound if path.one_program else one_unit_bound
+            units = bind(units, jobs, streamed)
         merge = _SameGraphs(entries, options.functions == PER_TYPE)
         for name, unit_model in units:
             if not merge.add(name, unit_model):

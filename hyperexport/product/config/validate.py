@@ -265,9 +265,7 @@ def validate_recipe(data: Mapping[str, Any], recipe_file: str) -> Recipe:
         _check_checkpoint(check, checkpoint)
     refused = refusal(
         config.weights,
-        weights_source(
-            config.model, checkpoint, recipe_file, config.task, config.dynamo, config.fallback
-        ),
+        weights_source(config.model, checkpoint, recipe_file, config.task, config.fallback),
     )
     if refused is not None:
         check.fail("weights", refused)

@@ -49,17 +49,14 @@ def weights_source(
     checkpoint: Path | None,
     recipe_file: str,
     task: str,
-    dynamo: bool = False,
     fallback: bool = False,
 ) -> WeightsSource | str:
     """The recipe's streaming source, or one line saying why its weights cannot stream."""
-    if dynamo or fallback:
-        # The dynamo path exports every unit in one program, with every instance's parameters
-        # at once (stand-ins for the unbound ones: not implemented yet); a fallback would
-        # retry on it.
+    if fallback:
+        # A retry on the other path captures the model again, outside the streamed run.
         return (
-            "the streamed export runs on the TorchScript path only in this version "
-            "(set dynamo: false and fallback: false)"
+            "a fallback captures the model again on the other path with every weight loaded; "
+            "set fallback: false to stream"
         )
     if task != FORWARD:
         return (

@@ -31,7 +31,6 @@ def model_loader(recipe: Recipe) -> Callable[[], Any]:
             recipe.checkpoint,
             recipe.file,
             config.task,
-            dynamo=config.dynamo,
             fallback=config.fallback,
         )
         if streamed is not None:

@@ -32,7 +32,6 @@ def streaming_source(
     task: str,
     available: int | None = None,
     *,
-    dynamo: bool = False,
     fallback: bool = False,
 ) -> tuple[WeightsSource, WeightIndex] | None:
     """The source to stream from, or None to load the model whole.
@@ -48,7 +47,7 @@ def streaming_source(
     """
     if weights == WEIGHTS_LOAD:
         return None
-    source = weights_source(model, checkpoint, recipe_file, task, dynamo, fallback)
+    source = weights_source(model, checkpoint, recipe_file, task, fallback)
     refused = refusal(weights, source)
     if refused is not None:
         raise RecipeError(recipe_file, "weights", refused)

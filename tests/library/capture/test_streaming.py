@@ -206,6 +206,28 @@ def test_bound_binds_one_instance_for_the_duration(tmp_path: Path) -> None:
     assert block.out.weight.is_meta
 
 
+def test_one_program_binds_the_units_and_stands_in_for_the_rest(tmp_path: Path) -> None:
+    _nested_checkpoint(tmp_path)
+    model, weights = _streamed(tmp_path, Nested, (Outer, Inner))
+    block_bytes = sum(p.numel() * p.element_size() for p in Outer().parameters())
+    inner_bytes = sum(p.numel() * p.element_size() for p in Inner().parameters())
+    # The units of one program: the root, blocks.0 (its body) and blocks.0.inner (its child's).
+    with weights.bound_with_stand_ins(["", "blocks.0", "blocks.0.inner"]):
+        first, second = model.blocks
+        assert not first.out.weight.is_meta and not is_stand_in(first.out.weight)
+        assert not first.inner.proj.weight.is_meta and not is_stand_in(first.inner.proj.weight)
+        for weight in (second.out.weight, second.norm.weight, second.inner.proj.weight):
+            assert is_stand_in(weight) and not weight.is_meta
+        assert second.out.weight.shape == first.out.weight.shape
+        assert second.out.weight.dtype == first.out.weight.dtype
+        assert weights.bound_bytes == block_bytes  # blocks.0 with its inner: one block's bytes
+        # A stand-in mixes with real inputs (the exporter's need) and computes zeros.
+        assert torch.count_nonzero(second.out(torch.ones(1, 8))) == 0
+    assert all(p.is_meta for p in model.blocks.parameters())
+    assert weights.bound_bytes == 0 and block_bytes > inner_bytes > 0
+    assert not model.embed.weight.is_meta  # outside: bound for the object's life
+
+
 def test_mismatches_are_refused_naming_the_tensor(tmp_path: Path) -> None:
     model = _nested_checkpoint(tmp_path)
     state = model.state_dict()

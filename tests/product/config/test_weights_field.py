@@ -62,8 +62,7 @@ def test_a_local_safetensors_checkpoint_streams(tmp_path: Path) -> None:
         ("quantized", r"quantized checkpoint \(gptq\)"),
         pytest.param("generation", r"only task forward streams", marks=NEEDS_DECODING_TASKS),
         ("pickle_checkpoint", r"torch pickle"),
-        ("dynamo", r"TorchScript path only"),
-        ("fallback", r"TorchScript path only"),
+        ("fallback", r"set fallback: false to stream"),
     ],
 )
 def test_what_cannot_stream_is_refused_naming_weights(
@@ -82,7 +81,7 @@ def test_what_cannot_stream_is_refused_naming_weights(
         model = _pretrained(_folder(sub, quantization_config={"quant_method": "gptq"}))
     elif case == "generation":
         fields.update(task="text-generation", generation={"prompts": [[1, 2]]})
-    elif case in ("dynamo", "fallback"):
+    elif case == "fallback":
         fields[case] = True
     elif case == "pickle_checkpoint":
         model = {"_target_": "hyperexport.zoo.tiny_llama"}
