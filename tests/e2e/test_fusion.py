@@ -100,6 +100,14 @@ def test_a_llama_fuses_inside_its_one_per_type_function(
         assert not any(op.startswith("com.microsoft::") for op in layer)
     else:  # the export opset, ONNX Runtime's kernels
         assert opsets[""] == 18
+        # ... on the projections as they come (fuse_layout): no heads moved there and back,
+        # every Transpose left is of a weight (a function input).
+        [body] = model.functions
+        weights = set(body.input)
+        moved = [
+            n.name for n in body.node if n.op_type == "Transpose" and n.input[0] not in weights
+        ]
+        assert moved == []
 
 
 @pytest.mark.parametrize("dynamo", PATHS, ids=PATH_IDS)

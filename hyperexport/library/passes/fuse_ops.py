@@ -31,11 +31,18 @@ import logging
 from collections.abc import Callable
 
 import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
 from onnxscript.rewriter import pattern
 
 from hyperexport.base.errors import RewriteError
 from hyperexport.library.options import Fusion
-from hyperexport.library.passes import fuse_attention, fuse_gelu, fuse_norms, fuse_rotary
+from hyperexport.library.passes import (
+    fuse_attention,
+    fuse_gelu,
+    fuse_layout,
+    fuse_norms,
+    fuse_rotary,
+)
 from hyperexport.library.passes.fuse_values import annotated, constant_array, dtype
 from hyperexport.library.passes.promote_attention import (
     PromoteAttentionToOpset24Pass,
@@ -109,6 +116,10 @@ def _constant_first(node: ir.Node) -> bool:
     return constant_array(first) is not None and constant_array(second) is None
 
 
+def _remove_unused_nodes(model: ir.Model) -> int:
+    return int(RemoveUnusedNodesPass()(model).modified)
+
+
 def _refuse_unfused_attention(model: ir.Model) -> int:
     """Every exported attention node must have become a kernel: name the first that did not."""
     with annotated(model):
@@ -153,6 +164,9 @@ STEPS: dict[str, tuple[Step, ...]] = {
                 *fuse_gelu.rules(),
             ]
         ),
+        _remove_unused_nodes,  # dead readers of the heads, before fuse_layout counts them
+        fuse_layout.rotary_on_projections,
+        fuse_layout.cancel_round_trips,
         _refuse_unfused_attention,
     ),
 }
