@@ -171,12 +171,17 @@ def _merged(user: ir.Node, x: ir.Value | None = None) -> ir.Value | None:
     if ints(reshape.inputs[1]) == [0, 0, -1]:
         return merged
     shape = _shape_of(x)
-    dims = list(merged.shape) if merged.shape is not None else _target_dims(reshape.inputs[1])
-    if shape is None or dims is None or len(shape) != 3 or len(dims) != 3:
+    if shape is None or len(shape) != 3:
         return None
-    if dims[2] == -1:  # the rest: x's last dimension once the first two are x's
-        dims[2] = shape[2]
-    return merged if all(_same_dim(shape[i], dims[i]) for i in range(3)) else None
+    # Each dimension proved by the inferred shape or by the target's own computation.
+    known = [list(merged.shape)] if merged.shape is not None and rank(merged) == 3 else []
+    target = _target_dims(reshape.inputs[1])
+    if target is not None and len(target) == 3:
+        if target[2] == -1:  # the rest: x's last dimension once the first two are x's
+            target[2] = shape[2] if all(_same_dim(shape[i], target[i]) for i in (0, 1)) else None
+        known.append(target)
+    proved = all(any(_same_dim(shape[i], dims[i]) for dims in known) for i in range(3))
+    return merged if known and proved else None
 
 
 def _target_dims(target: ir.Value | None) -> list[object] | None:
