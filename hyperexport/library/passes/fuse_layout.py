@@ -174,7 +174,9 @@ def _merged(user: ir.Node, x: ir.Value | None = None) -> ir.Value | None:
     if shape is None or len(shape) != 3:
         return None
     # Each dimension proved by the inferred shape or by the target's own computation.
-    known = [list(merged.shape)] if merged.shape is not None and rank(merged) == 3 else []
+    known: list[list[object]] = []
+    if merged.shape is not None and rank(merged) == 3:
+        known.append(list(merged.shape))
     target = _target_dims(reshape.inputs[1])
     if target is not None and len(target) == 3:
         if target[2] == -1:  # the rest: x's last dimension once the first two are x's
