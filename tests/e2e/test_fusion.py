@@ -211,6 +211,17 @@ def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
         "hidden_states", "attention_mask", "cos", "sin", "past_key", "past_value"
     ]  # fmt: skip
     assert len(function.output) == 3
+    if fusion == "onnxruntime":
+        # Sizes and the bias's type are read off the inputs every layer shares
+        # (passes/shared_sizes.py): after inlining, one copy of that arithmetic per step.
+        shared = {"attention_mask", "cos", "sin"}
+        typed = {n.input[1] for n in function.node if n.op_type == "CastLike"}
+        sized = {n.input[0] for n in function.node if n.op_type == "Shape"}
+        assert typed <= shared
+        # the rotary tables' slices of cos and sin are shared values too
+        assert sized - shared <= {
+            n.output[0] for n in function.node if n.op_type == "Slice" and n.input[0] in shared
+        }
     config = json.loads((outcome.out_dir / "genai_config.json").read_text())
     # onnxruntime: the pasts are onnxruntime-genai's shared buffers (the decode above ran so),
     # the check fed them padded (check/kv_buffer.py); standard: concatenated, as before.

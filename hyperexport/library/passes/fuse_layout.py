@@ -123,7 +123,7 @@ def _split(heads: ir.Value | None) -> tuple[ir.Value, ir.Value] | None:
     if not _is(reshape, "Reshape") or four is None or len(four.uses()) != 1:
         return None
     x = reshape.inputs[0]  # type: ignore[union-attr]
-    shape = _shape_of(x)
+    shape = shape_of(x)
     if x is None or shape is None or len(shape) != 3:
         return None
     target = ints(reshape.inputs[1])  # type: ignore[union-attr]
@@ -140,7 +140,7 @@ def _split(heads: ir.Value | None) -> tuple[ir.Value, ir.Value] | None:
     return x, four
 
 
-def _shape_of(x: ir.Value | None) -> ir.Shape | None:
+def shape_of(x: ir.Value | None) -> ir.Shape | None:
     """``x``'s shape: inferred, or for the rotary and attention kernels' first output (which
     ONNX's shape inference, not knowing them, leaves unknown) their first input's."""
     if x is None:
@@ -151,7 +151,7 @@ def _shape_of(x: ir.Value | None) -> ir.Shape | None:
     kernels = (ROTARY_KERNEL, ATTENTION_KERNEL)
     keeps = node is not None and node.op_type in kernels and node.domain == MS_DOMAIN
     if keeps and x is node.outputs[0] and node.inputs[0] is not None:  # type: ignore[union-attr]
-        return _shape_of(node.inputs[0])  # type: ignore[union-attr]
+        return shape_of(node.inputs[0])  # type: ignore[union-attr]
     return None
 
 
@@ -170,7 +170,7 @@ def _merged(user: ir.Node, x: ir.Value | None = None) -> ir.Value | None:
     merged = reshape.outputs[0]
     if ints(reshape.inputs[1]) == [0, 0, -1]:
         return merged
-    shape = _shape_of(x)
+    shape = shape_of(x)
     if shape is None or len(shape) != 3:
         return None
     # Each dimension proved by the inferred shape or by the target's own computation.
@@ -205,7 +205,7 @@ def _target_dims(target: ir.Value | None) -> list[object] | None:
             continue
         shape = node.inputs[0].producer() if _is(node, "Gather") and node.inputs[0] else None  # type: ignore[union-attr]
         axis = ints(node.inputs[1]) if shape is not None else None  # type: ignore[union-attr]
-        source = _shape_of(shape.inputs[0]) if _is(shape, "Shape") else None  # type: ignore[union-attr]
+        source = shape_of(shape.inputs[0]) if _is(shape, "Shape") else None  # type: ignore[union-attr]
         if (
             source is None
             or axis is None

@@ -101,6 +101,13 @@ def _share_kv_buffer(inputs: PassInputs) -> ir.passes.PassBase:
     return ShareKVBufferPass()
 
 
+def _shared_sizes(inputs: PassInputs) -> ir.passes.PassBase:
+    # Sizes the fused kernels and the shared buffer read, off the inputs every call shares.
+    from hyperexport.library.passes.shared_sizes import ReadSharedSizesPass
+
+    return ReadSharedSizesPass()
+
+
 #: The pipeline, in order.
 PASSES: tuple[PassEntry, ...] = (
     PassEntry(
@@ -137,6 +144,11 @@ PASSES: tuple[PassEntry, ...] = (
         "share_kv_buffer",
         lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
         _share_kv_buffer,
+    ),
+    PassEntry(
+        "shared_sizes",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _shared_sizes,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),
