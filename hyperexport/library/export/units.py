@@ -252,9 +252,24 @@ class _SameGraphs:
         return list(result.values())
 
 
+#: Node metadata torch's dynamo exporter writes that names this machine and this process: each
+#: op's stack trace, with the absolute paths of the checkout and of site-packages, and fx's
+#: per-process ``<eval_with_key>.N`` counters. Dropped when a unit is written, so that its bytes
+#: depend on the model and the library versions only (the same build in another clone, on another
+#: machine or after another build in the same process gives the same model); what the exporter
+#: says about the model itself (namespace, class hierarchy, fx node, name scopes) stays.
+MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
+
+
 def _write_unit(unit_model: ir.Model, path: Path, weights: WeightFile) -> None:
-    """Write one unit: its large tensors to the shared weight file, its graph to ``path``."""
+    """Write one unit: its large tensors to the shared weight file, its graph to ``path``,
+    without :data:`MACHINE_METADATA`."""
     weights.externalize(unit_model.graph)
+    owners: list[ir.Graph | ir.Function] = [unit_model.graph, *unit_model.functions.values()]
+    for owner in owners:
+        for node in ir.traversal.RecursiveGraphIterator(owner):
+            for key in MACHINE_METADATA:
+                node.metadata_props.pop(key, None)
     atomic_write_bytes(path, ir.to_proto(unit_model).SerializeToString())
 
 

@@ -425,3 +425,29 @@ def test_a_clashing_torch_name_is_renamed_the_same_way_in_every_process() -> Non
     second.outputs[0].name = "out__0"  # a name the renaming must not take
     dynamo_program._free_name(graph, "out", third.outputs[0])
     assert first.outputs[0].name == "out__1"
+
+
+def test_units_name_neither_this_machine_nor_this_process() -> None:
+    """The dynamo exporter writes each op's stack trace into its node metadata: absolute paths
+    of the checkout and of site-packages, and fx's per-process counters. None of it reaches the
+    units, so the same export in another clone or after another export gives the same bytes."""
+    import hyperexport
+
+    model, x = Net().eval(), torch.randn(2, 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        capture = capture_model(model, (x,), hiera=[Block], dynamo=True)
+        for out in (Path(tmp), Path(tmp) / "again"):
+            export_units(
+                model, capture, opset=18, dynamo=True, options=ExportOptions(), out_dir=out
+            )
+        units = sorted(Path(tmp).glob("units/*.onnx"))
+        assert units
+        checkout = str(Path(hyperexport.__file__).resolve().parent.parent)
+        site = str(Path(torch.__file__).resolve().parent.parent)
+        for unit in units:
+            data = unit.read_bytes()
+            assert checkout.encode() not in data and site.encode() not in data, unit.name
+            assert b"eval_with_key" not in data and b"stack_trace" not in data
+            keys = {p.key for n in onnx.load_from_string(data).graph.node for p in n.metadata_props}
+            assert "namespace" in keys  # what the exporter says about the model stays
+            assert (Path(tmp) / "again" / "units" / unit.name).read_bytes() == data
