@@ -4,7 +4,8 @@
     python bench/versions_table.py      # rewrite the table of docs/versions.md from bench/versions/*.json
 
 Each row is one leg that was really run: the versions it installed, what its default tests and
-its zoo run (``-m zoo``, both export paths) gave, and their wall time. A leg without a result
+its zoo run (``-m zoo``, both export paths) gave, their wall times, and the whole leg's (its
+install included). A leg without a result
 file is not in the table. ``tests/base/test_versions_table.py`` fails when the table in the docs differs
 from what this script renders from the committed results.
 """
@@ -37,6 +38,14 @@ def _outcome(run: dict[str, Any] | None) -> str:
     return ", ".join(parts) + f" ({run['wall_seconds'] // 60} min)"
 
 
+def _leg_wall(result: dict[str, Any]) -> str:
+    """The whole leg: its install, its default tests and its zoo, in minutes."""
+    seconds = result.get("setup_seconds", 0) + sum(
+        (result.get(part) or {}).get("wall_seconds", 0) for part in ("default", "zoo")
+    )
+    return f"{seconds / 60:.0f} min"
+
+
 def _version(result: dict[str, Any], name: str) -> str:
     version = str(result["installed"][name])
     return f"**{version}**" if name in result["pins"] else version
@@ -47,7 +56,7 @@ def render_table(results: dict[str, dict[str, Any]]) -> str:
     legs = [leg for leg in ORDER if leg in results]
     legs += sorted(set(results) - set(ORDER))
     pythons = sorted({results[leg]["python"] for leg in legs})
-    header = ["leg", "commit", *COLUMNS, "default tests", "zoo (`-m zoo`)"]
+    header = ["leg", "commit", *COLUMNS, "default tests", "zoo (`-m zoo`)", "leg wall"]
     lines = [
         f"Python {', '.join(pythons)} only (the one Python on the machine that ran them); "
         "bold: what the leg varies from the pinned stack.",
@@ -63,6 +72,7 @@ def render_table(results: dict[str, dict[str, Any]]) -> str:
             *(_version(result, name) for name in COLUMNS),
             _outcome(result["default"]),
             _outcome(result.get("zoo")),
+            _leg_wall(result),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
