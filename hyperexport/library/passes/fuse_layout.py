@@ -89,14 +89,20 @@ def _rotate_projection(owner: ir.Graph | ir.Function, rotary: ir.Node) -> int:
     for user in types:
         user.replace_input_with(1, projection)
     for gather, axis in sizes:
-        scalar = rank(gather.inputs[1]) == 0
-        table = ir.tensor(np.asarray(axis if scalar else [axis], dtype=np.int64))
-        constant = ir.node("Constant", [], attributes={"value": table})
-        shape = ir.node("Shape", [projection])
-        owner.insert_before(gather, [constant, shape])
-        gather.replace_input_with(0, shape.outputs[0])
-        gather.replace_input_with(1, constant.outputs[0])
+        read_axis(owner, gather, projection, axis)
     return 1
+
+
+def read_axis(owner: ir.Graph | ir.Function, gather: ir.Node, source: ir.Value, axis: int) -> None:
+    """Make ``gather`` (a ``Gather`` of one axis of some value's ``Shape``) read ``source``'s
+    ``axis`` instead, as a scalar or a one-element vector as it did."""
+    scalar = rank(gather.inputs[1]) == 0
+    index = ir.tensor(np.asarray(axis if scalar else [axis], dtype=np.int64))
+    constant = ir.node("Constant", [], attributes={"value": index})
+    shape = ir.node("Shape", [source])
+    owner.insert_before(gather, [constant, shape])
+    gather.replace_input_with(0, shape.outputs[0])
+    gather.replace_input_with(1, constant.outputs[0])
 
 
 def _split_projection(heads: ir.Value | None, cos: ir.Value | None) -> ir.Value | None:

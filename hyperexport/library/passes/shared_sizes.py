@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from hyperexport.library.passes.fuse_layout import shape_of
+from hyperexport.library.passes.fuse_layout import read_axis, shape_of
 from hyperexport.library.passes.fuse_values import annotated, dtype, ints
 
 
@@ -144,18 +144,7 @@ def _read_size(owner: ir.Function, shape: ir.Node, sources: Sequence[ir.Value]) 
         found = _source_of(dims[gathered[0]], sources)
         if found is None:
             continue
-        source, at = found
-        scalar = (
-            gather.inputs[1] is not None
-            and gather.inputs[1].shape is not None
-            and (gather.inputs[1].shape.rank() == 0)
-        )
-        index_tensor = ir.tensor(np.asarray(at if scalar else [at], dtype=np.int64))
-        constant = ir.node("Constant", [], attributes={"value": index_tensor})
-        reader = ir.node("Shape", [source])
-        owner.insert_before(gather, [constant, reader])
-        gather.replace_input_with(0, reader.outputs[0])
-        gather.replace_input_with(1, constant.outputs[0])
+        read_axis(owner, gather, *found)
         moved += 1
     return moved
 
