@@ -22,11 +22,14 @@ Each of our folders gets the same ``genai_config.json``; every folder's session 
 to one intra-op and one inter-op thread. A run is one greedy decode: a ``--prompt``-token
 prompt, then ``--tokens`` new tokens; runs alternate between the folders and the median
 tokens/s of each is reported, with its ratio to the flat model, both per wall second and per CPU
-second of the decode (``time.process_time``; read that one on a loaded machine). Our two decodes must agree token
+second of the decode (``time.process_time``; read that one on a loaded machine). With ``--profile``
+each folder is then decoded once more under onnxruntime's profiler, and the kernels it ran per
+step are printed, in all and per operator. Our two decodes must agree token
 for token (asserted); the builder fp32's agreement is printed (its fused kernels sum in another
 order, so a near-tie may flip a token; int4 is not expected to agree).
 
     python bench/bench_generation.py --layers 8 --hidden 256 --repeat 7 --builder fp32 int4
+    python bench/bench_generation.py --tokens 64 --repeat 21 --builder fp32 int4 --fuse --profile
     python bench/bench_generation.py --ours OUT/out/bench_1b_generate_torchscript/default \
         --checkpoint OUT/ckpt --tokens 32 --repeat 3 --builder fp32
 
@@ -263,6 +266,34 @@ def decode(folder: Path, prompt: list[int], tokens: int) -> tuple[float, float, 
     return len(sequence) / seconds, len(sequence) / cpu, sequence
 
 
+def profile_kernels(folder: Path, prompt: list[int], tokens: int, out: Path) -> dict[str, Any]:
+    """One decode of a copy of ``folder`` with onnxruntime's profiler on (``enable_profiling``
+    in the genai config's session options): kernels per step, in all and per operator."""
+    import collections
+    import shutil
+
+    target = out / f"profiled_{folder.name}"
+    shutil.copytree(folder, target, symlinks=True)
+    path = target / "genai_config.json"
+    genai = json.loads(path.read_text())
+    prefix = out / f"profile_{folder.name}"
+    genai["model"]["decoder"].setdefault("session_options", {})["enable_profiling"] = str(prefix)
+    path.write_text(json.dumps(genai))
+    decode(target, prompt, tokens)
+    [trace] = sorted(out.glob(f"{prefix.name}*.json"))[-1:]
+    events = json.loads(trace.read_text())
+    steps = sum(1 for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
+    ops = collections.Counter(
+        e["args"]["op_name"]
+        for e in events
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+    )
+    return {
+        "kernels_per_step": sum(ops.values()) / steps,
+        "per_op": {op: n / steps for op, n in ops.most_common()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -290,6 +321,11 @@ def main() -> None:
         "--fuse",
         action="store_true",
         help="also the hierarchical model with rewrite.fuse=onnxruntime",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed rounds, one profiled decode per folder: kernels per step",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -328,6 +364,10 @@ def main() -> None:
         if "flat" in seen:
             assert seen["hierarchical"] == seen["flat"], "the two models decode differently"
         load.append(" ".join(f"{x:.2f}" for x in os.getloadavg()))
+        profiles = {
+            label: profile_kernels(folder, prompt, args.tokens, Path(tmp))
+            for label, folder in (folders.items() if args.profile else ())
+        }
     med = {k: statistics.median(v) for k, v in rates.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu_rates.items()}
     base = "flat" if "flat" in med else "hierarchical"
@@ -344,6 +384,9 @@ def main() -> None:
             f"{cpu_med[label]:.2f} tokens/CPU-s, / {base} {cpu_med[label] / cpu_med[base]:.3f} "
             f"(same tokens as {base}: {same}/{len(seen[base])})"
         )
+    for label, profile in profiles.items():
+        top = ", ".join(f"{op} {n:g}" for op, n in list(profile["per_op"].items())[:8])
+        print(f"  {label}: {profile['kernels_per_step']:g} kernels per step ({top}, ...)")
 
 
 if __name__ == "__main__":
