@@ -101,6 +101,13 @@ def _share_kv_buffer(inputs: PassInputs) -> ir.passes.PassBase:
     return ShareKVBufferPass()
 
 
+def _pack_matmuls(inputs: PassInputs) -> ir.passes.PassBase:
+    # MatMuls on one activation (query/key/value, gate/up) as one, as the builder packs them.
+    from hyperexport.library.passes.pack_matmuls import PackMatMulsPass
+
+    return PackMatMulsPass()
+
+
 def _shared_sizes(inputs: PassInputs) -> ir.passes.PassBase:
     # Sizes the fused kernels and the shared buffer read, off the inputs every call shares.
     from hyperexport.library.passes.shared_sizes import ReadSharedSizesPass
@@ -139,6 +146,11 @@ PASSES: tuple[PassEntry, ...] = (
         "fuse",
         lambda i: i.options.rewrite.fuse != NO_FUSION,
         _fuse,
+    ),
+    PassEntry(
+        "pack_matmuls",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _pack_matmuls,
     ),
     PassEntry(
         "share_kv_buffer",
