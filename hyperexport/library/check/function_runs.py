@@ -135,7 +135,7 @@ class FunctionRunner:
             tensors, feeds = prepared.result()
         except CheckError:
             return
-        del feeds
+        feeds.clear()  # the Future holds the dict: its views must go before the maps close
         WeightFeeds.release(tensors)
 
     def _runner(self, site: CallSite, key: SessionKey) -> OrtRunner:
@@ -200,7 +200,9 @@ class FunctionRunner:
             if self._upcast:  # low precision runs upcast to float32 (check/upcast.py)
                 feeds = upcast_feeds(feeds)
             feeds.update(weights)
-            del weights
+            # The prepared Future (which the caller still holds) returned this very dict: empty
+            # it, so that no view over the maps outlives the release below.
+            weights.clear()
             actual = runner.run(feeds, [e.shape for e in expected])
             actual = [valid_rows(a, e) for a, e in zip(actual, expected, strict=True)]
             runs = []

@@ -110,14 +110,16 @@ LOW_PRECISION_CASES = [
 ]
 
 
-def _export_low_precision(tmp_path: Path, dtype: str, mode: str, dynamo: bool = True):  # type: ignore[no-untyped-def]
+def _export_low_precision(  # type: ignore[no-untyped-def]
+    tmp_path: Path, dtype: str, mode: str, dynamo: bool = True, layers: int = 2
+):
     torch = pytest.importorskip("torch")
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from hyperexport import ExportOptions, zoo
     from hyperexport.library.api import capture_model, export_hyper_onnx
 
-    model = zoo.tiny_llama(num_layers=2).to(getattr(torch, dtype))
+    model = zoo.tiny_llama(num_layers=layers).to(getattr(torch, dtype))
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
     path = tmp_path / "model.onnx"
     manifest = export_hyper_onnx(

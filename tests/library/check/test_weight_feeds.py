@@ -94,3 +94,21 @@ def test_calls_sharing_weights_from_the_data_file_run_alike(tmp_path: Path) -> N
     for a, b in zip(runs[0].functions, runs[1].functions, strict=True):
         for out_a, out_b in zip(a.outputs, b.outputs, strict=True):
             assert np.array_equal(runs[0].arrays[out_a.array], runs[1].arrays[out_b.array])
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_float32_weights_read_from_the_data_file_are_unmapped_after_each_call(
+    tmp_path: Path, dynamo: bool
+) -> None:
+    # float32 weights are fed as views over the data file's maps; a call whose weights were
+    # prepared while the previous one ran (the third call on: the session exists by then) must
+    # drop those views before its maps close. A BufferError from the release failed every fp32
+    # build of three or more layers with external weights.
+    path, manifest, capture = _export_low_precision(tmp_path, "float32", "per_type", dynamo, 3)
+    external = tmp_path / "external.onnx"
+    ir.save(ir.load(path), external, external_data="external.onnx.data", size_threshold_bytes=0)
+    evaluation = evaluate_model(
+        external, manifest, capture.record, capture.arrays, CheckSettings(function_scope="all")
+    )
+    assert [r.error for r in evaluation.functions] == [None] * len(manifest.calls)
+    assert len(manifest.calls) == 3 and evaluation.sessions_built == 1
