@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import re
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.names import SEQ2SEQ_GRAPHS
-from hyperexport.base.errors import StageError
+from hyperexport.base.errors import HyperExportError, StageError
+from hyperexport.engine.errors import StageFailed
 from hyperexport.engine.hashing import atomic_write_json
 from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
@@ -144,6 +146,7 @@ def build_report(
         "error": str(error) if error else None,
         "failed_stage": error.stage if error else None,
         "module_path": error.module_path if error else None,
+        "traceback": internal_traceback(result.error),
         "stages": [s.to_json() for s in result.stages],
         "artifacts": artifacts,
         "files": {k: dict(v) for k, v in sorted(files.items())},
@@ -168,6 +171,16 @@ def build_report(
         # The model's inputs and outputs with traced shapes and dtypes (report.html shows them).
         "io": io,
     }
+
+
+def internal_traceback(failure: StageFailed | None) -> str | None:
+    """The traceback of a stage's failure whose cause is none of hyperexport's typed errors (a
+    bug, or a library failing where nothing expected it): the one line the summary prints names
+    no place in the code, and a report of the bug needs one. None for a typed error, whose
+    message says what is wrong and where."""
+    if failure is None or isinstance(failure.cause, HyperExportError):
+        return None
+    return "".join(traceback.format_exception(failure.cause))
 
 
 def write_report_files(directory: Path, report: Mapping[str, Any], summary: Sequence[str]) -> None:

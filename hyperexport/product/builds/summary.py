@@ -159,6 +159,9 @@ def render_summary(report: Mapping[str, Any], check_lines: Sequence[str] = ()) -
         lines += [f"  {line}" for line in check_lines]
     if report.get("error"):
         lines.append(f"error: {report['error']}")
+        if report.get("traceback"):
+            lines.append("  an internal error, not a problem of the recipe: its traceback is")
+            lines.append('  report.json\'s "traceback" (please include it in a bug report)')
     models = published_models(report)
     if models:
         lines.append("published models:")

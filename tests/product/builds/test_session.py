@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hyperexport.base import versions
+from hyperexport.base.errors import CheckError
 from hyperexport.library.defaults import DEFAULT_OPSET
 from hyperexport.product.builds.session import run_build, variant_dir
 from hyperexport.product.config import BuildSettings
@@ -143,6 +144,10 @@ def test_failed_stage_report_and_exit_code(tmp_path: Path) -> None:
     assert report["failed_stage"] == "check"
     assert report["module_path"] == "layers.0"
     assert report["stages"][-1]["status"] == "failed"
+    # an untyped cause is an internal error: its traceback is kept, and the summary says where
+    assert "StageBoom: output 0 diverges" in report["traceback"]
+    assert "raise " in report["traceback"] or "File " in report["traceback"]
+    assert any('report.json\'s "traceback"' in line for line in outcome.lines)
     # the failed check's own output still reaches the report, and the model is there to inspect
     assert report["check"]["params"]["check"]["atol"] == 0.0001
     assert outcome.model_path is not None and outcome.model_path.is_file()
@@ -244,3 +249,21 @@ def test_a_variant_sharing_a_model_says_once_at_info_that_it_holds_a_copy(
     assert [r.levelname for r in caplog.records if "copied (no reflinks" in r.getMessage()] == [
         "INFO"
     ]
+
+
+def test_a_typed_failure_keeps_no_traceback(tmp_path: Path) -> None:
+    """hyperexport's own errors say what is wrong and where: no traceback, no bug-report line."""
+    stages = list(pipeline())
+    stages[3] = FakeStage(
+        "check",
+        reads=("check",),
+        upstream=("trace", "rewrite"),
+        publish=("check.json",),
+        declares={"check": "check.json"},
+        fail=lambda p: CheckError("output 0 diverges"),
+    )
+    outcome = run_build(recipe(), _settings(tmp_path), stages=stages, load_model=lambda: "m")
+    assert outcome.exit_code == 1 and outcome.report is not None
+    assert outcome.report["failed_stage"] == "check"
+    assert outcome.report["traceback"] is None
+    assert not any("traceback" in line for line in outcome.lines)
