@@ -37,6 +37,12 @@ from hyperexport.library.tensor_slots import TensorSlot, tensor_slots
 
 log = logging.getLogger(__name__)
 
+#: Saving clones the export's weight file and appends what the passes made, unless the model
+#: reads less than this share of that file: then the clone would mostly carry tensors the
+#: passes replaced (packed projections: half the weights at 1B), and a fresh file holding only
+#: what the model reads is written instead, tensor by tensor.
+CLONE_MIN_LIVE = 0.9
+
 #: The protobuf limit of a model without external data, with room for the graph itself.
 PROTOBUF_LIMIT = 2**31 - (64 << 20)
 
@@ -103,7 +109,8 @@ def save_external(
 
     Tensors already in an external data file keep their bytes: the largest such file is cloned
     as the new data file (with ``consume``, moved: for a caller whose bundle is temporary and on
-    the same filesystem, so the weights are written once in all). Tensors in memory of at least
+    the same filesystem, so the weights are written once in all), unless the model reads less
+    than :data:`CLONE_MIN_LIVE` of it: then every tensor is written into a fresh file. Tensors in memory of at least
     ``threshold`` bytes are appended; smaller ones stay in the protobuf. The data file is moved
     into place first and the model last, so a reader never sees a model without its data.
     ``model`` is left unchanged (after ``consume`` its references point at the moved file).
@@ -120,6 +127,16 @@ def save_external(
     data_name = f"{path.name}.data"
     slots = tensor_slots(model)
     base = _base_file(slots)
+    if base is not None:
+        live, size = _live_bytes(slots, base), os.path.getsize(base)
+        if live < CLONE_MIN_LIVE * size:  # mostly tensors the passes replaced: write afresh
+            log.info(
+                "the export's weight file (%.2f GB) holds %.0f%% of what the model reads after "
+                "the passes: writing a data file of only those tensors",
+                size / 1e9,
+                100 * live / size,
+            )
+            base = None
     to_append, append_bytes = _appends(slots, base, threshold)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         staged, staged_data = Path(tmp) / path.name, Path(tmp) / data_name
@@ -177,6 +194,16 @@ def save_external(
         how,
         len(appended),
     )
+
+
+def _live_bytes(slots: list[TensorSlot], base: str) -> int:
+    """Bytes of ``base`` that some tensor of the model still reads (each range once)."""
+    ranges = {
+        (slot.tensor.offset, slot.tensor.length)  # type: ignore[attr-defined]
+        for slot in slots
+        if _external_path(slot.tensor) == base
+    }
+    return sum(length or 0 for _, length in ranges)
 
 
 def _appends(slots: list[TensorSlot], base: str | None, threshold: int) -> tuple[int, int]:

@@ -69,3 +69,62 @@ def test_a_function_opset_above_the_models_counts(tmp_path: Path) -> None:
     model.functions[("hyperexport.fn", "Block", "")].opset_imports[""] = 21
     save_model(model, tmp_path / "m.onnx", external_data=False)
     assert onnx.load(str(tmp_path / "m.onnx")).ir_version == 10
+
+
+def _weights_model(tmp_path: Path) -> tuple[ir.Model, Path]:
+    """``y = x + sum(w0..w3)``, four 1 KiB initializers, saved with all of them external."""
+    text = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    g (float[256] x) => (float[256] y) {
+        s = Sum (w0, w1, w2, w3)
+        y = Add (x, s)
+    }
+    """
+    proto = onnx.parser.parse_model(text)
+    for i in range(4):
+        array = np.full(256, i + 1, dtype=np.float32)
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(array, f"w{i}"))
+    path = tmp_path / "export" / "model.onnx"
+    path.parent.mkdir()
+    ir.save(ir.from_proto(proto), path, external_data="model.onnx.data", size_threshold_bytes=0)
+    return ir.load(path), path
+
+
+def _run(path: Path) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": np.zeros(256, np.float32)})[0]
+
+
+@pytest.mark.parametrize("replaced", [0, 3])
+def test_a_data_file_mostly_replaced_by_the_passes_is_written_afresh(
+    tmp_path: Path, replaced: int
+) -> None:
+    """What a pass made is appended to a clone of the export's data file, unless the model
+    reads less than 90% of that file: then only what it reads is written, into a fresh file."""
+    model, source = _weights_model(tmp_path)
+    graph = model.graph
+    # a pass packs the first `replaced` weights into one new tensor (here: their sum), or, with
+    # none replaced, adds one tensor of zeros
+    olds = [graph.initializers[f"w{i}"] for i in range(replaced)]
+    made = sum((o.const_value.numpy() for o in olds), np.zeros(256, np.float32))  # type: ignore[union-attr]
+    new = ir.Value(name="made", const_value=ir.tensor(made, name="made"))
+    new.type, new.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([256])
+    graph.register_initializer(new)
+    [total, _] = list(graph)
+    kept = [v for v in total.inputs if v not in olds]
+    total.resize_inputs(len(kept) + 1)
+    for i, value in enumerate([new, *kept]):
+        total.replace_input_with(i, value)
+    for old in olds:
+        del graph.initializers[old.name]  # type: ignore[arg-type]
+    out = tmp_path / "out" / "model.onnx"
+    save_model(model, out, external_data=True, threshold=16)
+    written = (out.parent / "model.onnx.data").read_bytes()
+    exported = (source.parent / "model.onnx.data").read_bytes()
+    if replaced:  # a quarter of the export's file read: a fresh file of the two tensors read
+        assert 2 * 1024 <= len(written) < 2 * 1024 + 64
+    else:  # all of it read: the export's file cloned, the new tensor appended
+        assert written[: len(exported)] == exported and len(written) > len(exported)
+    np.testing.assert_array_equal(_run(out), _run(source))

@@ -34,7 +34,6 @@ from hyperexport.library.passes.call_sites import call_sites
 from hyperexport.library.passes.matmul_weights import (
     Candidate,
     MatMulWeightsPass,
-    _initializers,
     _Leaf,
     _remove_dead,
     function_of,
@@ -135,8 +134,7 @@ class PackMatMulsPass(MatMulWeightsPass):
         axis = 0 if transposed else 1
         name = packed_name([v.name or "weight" for v in values])
         if all(v.is_initializer() for v in values):
-            arrays = [v.const_value.numpy() for v in values]  # type: ignore[union-attr]
-            return _initializers(graph, [name], [np.concatenate(arrays, axis=axis)], self._fresh)[0]
+            return _lazy_initializer(graph, self._fresh(name, graph), values, axis)
         producers = [v.producer() for v in values]
         if all(p is not None for p in producers):  # Constant nodes (per_instance's weights)
             arrays = [p.attributes["value"].as_tensor().numpy() for p in producers]  # type: ignore[union-attr]
@@ -210,6 +208,26 @@ class PackMatMulsPass(MatMulWeightsPass):
             old.name = None
             out.name, out.type, out.shape = name, type_, shape
             graph.remove(candidate.node, safe=True)
+
+
+def _lazy_initializer(graph: ir.Graph, name: str, values: list[ir.Value], axis: int) -> ir.Value:
+    """A main-graph initializer holding ``values``' tensors side by side along ``axis``,
+    computed only when read: saving writes it from the members' tensors (external data read
+    through their maps) one packed weight at a time, so the pass holds no copy of the weights
+    (at 1B, gate and up alone are half of them)."""
+    members: list[ir.TensorProtocol] = [v.const_value for v in values if v.const_value is not None]
+    assert len(members) == len(values)  # initializers with values (_kind)
+    shape: list[int] = [int(d) for d in members[0].shape.numpy()]
+    shape[axis] = sum(int(m.shape.numpy()[axis]) for m in members)
+
+    def packed() -> ir.TensorProtocol:
+        return ir.tensor(np.concatenate([m.numpy() for m in members], axis=axis), name=name)
+
+    tensor = ir.LazyTensor(packed, dtype=members[0].dtype, shape=ir.Shape(shape), name=name)
+    value = ir.Value(name=name, const_value=tensor)
+    value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(shape)
+    graph.register_initializer(value)
+    return value
 
 
 def _kind(
