@@ -131,10 +131,10 @@ def save_external(
         live, size = _live_bytes(slots, base), os.path.getsize(base)
         if live < CLONE_MIN_LIVE * size:  # mostly tensors the passes replaced: write afresh
             log.info(
-                "the export's weight file (%.2f GB) holds %.0f%% of what the model reads after "
-                "the passes: writing a data file of only those tensors",
-                size / 1e9,
+                "after the passes the model reads %.0f%% of the export's weight file (%.2f GB): "
+                "writing a data file of only what it reads",
                 100 * live / size,
+                size / 1e9,
             )
             base = None
     to_append, append_bytes = _appends(slots, base, threshold)
