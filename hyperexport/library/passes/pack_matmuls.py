@@ -118,47 +118,29 @@ class PackMatMulsPass(MatMulWeightsPass):
         """The members' weights ``values`` side by side, as one value of ``graph``: along the
         output axis (0 of ``[N, K]`` when ``transposed``, else 1 of ``[K, N]``)."""
         key = (id(graph), *map(id, values))
-        if key in self._made:  # the same weights packed at another call site
+        if key in self._made:  # the same weights, packed at another call site
             return self._made[key]
-        self._made[key] = made = self._pack(graph, values, transposed, sites, functions)
-        return made
-
-    def _pack(
-        self,
-        graph: ir.Graph,
-        values: list[ir.Value],
-        transposed: bool,
-        sites: dict[ir.OperatorIdentifier, list[ir.Node]],
-        functions: dict[int, ir.Function],
-    ) -> ir.Value:
         axis = 0 if transposed else 1
         name = packed_name([v.name or "weight" for v in values])
-        if all(v.is_initializer() for v in values):
-            return _lazy_initializer(graph, self._fresh(name, graph), values, axis)
         producers = [v.producer() for v in values]
-        if all(p is not None for p in producers):  # Constant nodes (per_instance's weights)
-            arrays = [p.attributes["value"].as_tensor().numpy() for p in producers]  # type: ignore[union-attr]
-            tensor = ir.Tensor(np.concatenate(arrays, axis=axis), name=name)
-            node = ir.Node(
-                "", "Constant", [], [ir.AttrTensor("value", tensor)], name=f"{name}/Constant"
-            )
-            node.outputs[0].name = self._fresh(name, graph)
-            node.outputs[0].type = ir.TensorType(tensor.dtype)
-            node.outputs[0].shape = ir.Shape(tensor.shape.numpy())
-            graph.insert_after(producers[-1], node)  # type: ignore[arg-type]
-            return node.outputs[0]
-        function = functions[id(graph)]  # inputs of this function, of one kind (_kind)
-        indices = [function.inputs.index(v) for v in values]
-        made = ir.Value(name=self._fresh(name, graph))
-        graph.inputs.append(made)
-        for call in sites[function.identifier()]:
-            assert call.graph is not None
-            outer = [call.inputs[i] for i in indices]
-            argument = self._packed(call.graph, outer, transposed, sites, functions)  # type: ignore[arg-type]
-            count = len(call.inputs)
-            call.resize_inputs(count + 1)
-            call.replace_input_with(count, argument)
-            made.type, made.shape = argument.type, argument.shape
+        if all(v.is_initializer() for v in values):
+            made = _lazy_initializer(graph, self._fresh(name, graph), values, axis)
+        elif all(p is not None for p in producers):  # Constant nodes (per_instance's weights)
+            made = _packed_constant(graph, self._fresh(name, graph), producers, axis)  # type: ignore[arg-type]
+        else:  # inputs of this function, of one kind (_kind): one input, fed at every call
+            function = functions[id(graph)]
+            indices = [function.inputs.index(v) for v in values]
+            made = ir.Value(name=self._fresh(name, graph))
+            graph.inputs.append(made)
+            for call in sites[function.identifier()]:
+                assert call.graph is not None
+                outer = [call.inputs[i] for i in indices]
+                argument = self._packed(call.graph, outer, transposed, sites, functions)  # type: ignore[arg-type]
+                count = len(call.inputs)
+                call.resize_inputs(count + 1)
+                call.replace_input_with(count, argument)
+                made.type, made.shape = argument.type, argument.shape
+        self._made[key] = made
         return made
 
     def _replace_group(self, model: ir.Model, group: list[Candidate], weight: ir.Value) -> None:
@@ -228,6 +210,19 @@ def _lazy_initializer(graph: ir.Graph, name: str, values: list[ir.Value], axis: 
     value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(shape)
     graph.register_initializer(value)
     return value
+
+
+def _packed_constant(graph: ir.Graph, name: str, producers: list[ir.Node], axis: int) -> ir.Value:
+    """One ``Constant`` node holding the ``producers``' constants side by side along ``axis``,
+    after the last of them."""
+    arrays = [p.attributes["value"].as_tensor().numpy() for p in producers]
+    tensor = ir.Tensor(np.concatenate(arrays, axis=axis), name=name)
+    node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=f"{name}/Constant")
+    node.outputs[0].name = name
+    node.outputs[0].type = ir.TensorType(tensor.dtype)
+    node.outputs[0].shape = ir.Shape(tensor.shape.numpy())
+    graph.insert_after(producers[-1], node)
+    return node.outputs[0]
 
 
 def _kind(

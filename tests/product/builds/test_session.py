@@ -9,7 +9,7 @@ import pytest
 from hyperexport.base import versions
 from hyperexport.base.errors import CheckError
 from hyperexport.library.defaults import DEFAULT_OPSET
-from hyperexport.product.builds.session import run_build, variant_dir
+from hyperexport.product.builds.session import BuildOutcome, run_build, variant_dir
 from hyperexport.product.config import BuildSettings
 from tests.engine.fakes import FakeStage, StageBoom, pipeline
 from tests.helpers.fake_recipe import recipe
@@ -126,7 +126,8 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_failed_stage_report_and_exit_code(tmp_path: Path) -> None:
+def _build_failing_check(tmp_path: Path, error: Exception) -> BuildOutcome:
+    """The fake pipeline whose check stage raises ``error``."""
     stages = list(pipeline())
     stages[3] = FakeStage(
         "check",
@@ -134,9 +135,13 @@ def test_failed_stage_report_and_exit_code(tmp_path: Path) -> None:
         upstream=("trace", "rewrite"),
         publish=("check.json",),
         declares={"check": "check.json"},
-        fail=lambda p: StageBoom("output 0 diverges", "layers.0"),
+        fail=lambda p: error,
     )
-    outcome = run_build(recipe(), _settings(tmp_path), stages=stages, load_model=lambda: "m")
+    return run_build(recipe(), _settings(tmp_path), stages=stages, load_model=lambda: "m")
+
+
+def test_failed_stage_report_and_exit_code(tmp_path: Path) -> None:
+    outcome = _build_failing_check(tmp_path, StageBoom("output 0 diverges", "layers.0"))
     assert outcome.exit_code == 1
     report = outcome.report
     assert report is not None
@@ -253,16 +258,7 @@ def test_a_variant_sharing_a_model_says_once_at_info_that_it_holds_a_copy(
 
 def test_a_typed_failure_keeps_no_traceback(tmp_path: Path) -> None:
     """hyperexport's own errors say what is wrong and where: no traceback, no bug-report line."""
-    stages = list(pipeline())
-    stages[3] = FakeStage(
-        "check",
-        reads=("check",),
-        upstream=("trace", "rewrite"),
-        publish=("check.json",),
-        declares={"check": "check.json"},
-        fail=lambda p: CheckError("output 0 diverges"),
-    )
-    outcome = run_build(recipe(), _settings(tmp_path), stages=stages, load_model=lambda: "m")
+    outcome = _build_failing_check(tmp_path, CheckError("output 0 diverges"))
     assert outcome.exit_code == 1 and outcome.report is not None
     assert outcome.report["failed_stage"] == "check"
     assert outcome.report["traceback"] is None
