@@ -110,8 +110,8 @@ def save_external(
     Tensors already in an external data file keep their bytes: the largest such file is cloned
     as the new data file (with ``consume``, moved: for a caller whose bundle is temporary and on
     the same filesystem, so the weights are written once in all), unless the model reads less
-    than :data:`CLONE_MIN_LIVE` of it: then every tensor is written into a fresh file. Tensors in memory of at least
-    ``threshold`` bytes are appended; smaller ones stay in the protobuf. The data file is moved
+    than :data:`CLONE_MIN_LIVE` of it: then every tensor is written into a fresh file. Tensors
+    in memory of at least ``threshold`` bytes are appended; smaller ones stay in the protobuf. The data file is moved
     into place first and the model last, so a reader never sees a model without its data.
     ``model`` is left unchanged (after ``consume`` its references point at the moved file).
 

@@ -86,6 +86,8 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
     lift_constants = False
     #: What log lines call the pass.
     label = "matmul weights"
+    #: The weight dtypes the pass rewrites; None: any.
+    weight_dtypes: frozenset[ir.DataType] | None = frozenset(_FLOATS)
 
     def __init__(self, exclude: Collection[str] = ()) -> None:
         super().__init__()
@@ -169,15 +171,15 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
     def _usable(self, leaves: list[_Leaf], node: ir.Node) -> bool:
         excluded = [leaf.name for leaf in leaves if any(under(leaf.name, e) for e in self.exclude)]
         if excluded:
-            log.info("%s: %s stays in float (excluded: %s)", self.label, node.name, excluded[0])
+            log.info("%s: %s left as it is (excluded: %s)", self.label, node.name, excluded[0])
             return False
         shapes = {tuple(leaf.tensor.shape.numpy()) for leaf in leaves}
         dtypes = {leaf.tensor.dtype for leaf in leaves}
         if len(shapes) != 1 or len(next(iter(shapes))) != 2 or len(dtypes) != 1:
-            log.info("%s: %s stays in float (weights of several shapes)", self.label, node.name)
+            log.info("%s: %s left as it is (weights of several shapes)", self.label, node.name)
             return False
-        if next(iter(dtypes)) not in _FLOATS:
-            log.info("%s: %s stays in float (weight dtype %s)", self.label, node.name, dtypes)
+        if self.weight_dtypes is not None and next(iter(dtypes)) not in self.weight_dtypes:
+            log.info("%s: %s left as it is (weight dtype %s)", self.label, node.name, dtypes)
             return False
         return True
 

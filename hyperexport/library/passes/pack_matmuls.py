@@ -12,7 +12,8 @@ The weights are found as :mod:`matmul_weights` finds them: constants, seen throu
 ``Transpose``, in the main graph, as ``Constant`` nodes, or as function inputs fed at every call
 site by constants of one shape. A group packs only when its members agree on where their weights
 come from at every level (all initializers, all ``Constant`` nodes, or all inputs of the same
-function fed by such at every call: :func:`_kind`), on dtype, transposition and the contracted size ``K``. The
+function fed by such at every call: :func:`_kind`), on dtype, transposition and the contracted
+size ``K``. The
 packed weight is a new initializer (or ``Constant``) per call chain; through a function it is
 one new function input in place of the members' inputs, so a function shared by 16 layers stays
 one function with 16 calls. The old weights go once nothing reads them.
@@ -25,7 +26,6 @@ check compares every call site with torch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
 
 import numpy as np
 import onnx_ir as ir
@@ -34,7 +34,6 @@ from hyperexport.library.passes.call_sites import call_sites
 from hyperexport.library.passes.matmul_weights import (
     Candidate,
     MatMulWeightsPass,
-    _Leaf,
     _remove_dead,
     function_of,
 )
@@ -68,14 +67,7 @@ class PackMatMulsPass(MatMulWeightsPass):
     """
 
     label = "pack"
-
-    def __init__(self, exclude: Collection[str] = ()) -> None:
-        super().__init__(exclude)
-
-    def _usable(self, leaves: list[_Leaf], node: ir.Node) -> bool:
-        shapes = {tuple(leaf.tensor.shape.numpy()) for leaf in leaves}
-        dtypes = {leaf.tensor.dtype for leaf in leaves}
-        return len(shapes) == 1 and len(next(iter(shapes))) == 2 and len(dtypes) == 1
+    weight_dtypes = None  # packing moves bytes: any dtype
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         sites = call_sites(model)
