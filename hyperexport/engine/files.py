@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -57,16 +58,51 @@ def clone_or_copy(src: Path, dst: Path) -> str:
     or ``"copy"``; the first fallback in a process is logged at DEBUG with its cause (most
     filesystems, ext4 and tmpfs among them, have no reflinks: that is expected, not a fault).
     """
-    global _reflink_failed_once
-    if hasattr(fcntl, "ioctl"):
-        with open(src, "rb") as fin, open(dst, "xb") as fout:
-            try:
-                fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
-                return "reflink"
-            except OSError as e:
-                if not _reflink_failed_once:
-                    log.debug("no reflink from %s (%s); copying", src.parent, e)
-                    _reflink_failed_once = True
-        os.unlink(dst)
+    if _reflink(src, dst):
+        return "reflink"
     shutil.copyfile(src, dst)
     return "copy"
+
+
+_COPY_CHUNK = 8 << 20
+
+
+def clone_or_copy_hashed(src: Path, dst: Path) -> tuple[str, str]:
+    """:func:`clone_or_copy` that also returns the sha256 of the bytes written, read once.
+
+    A plain copy hashes each chunk as it passes from ``src`` to ``dst``: on a disk that
+    writes slower than sha256 reads (here 0.6 against 1.2 GB/s) the hash costs nothing
+    beside the copy, where copying and then hashing ``dst`` read the file twice. A reflink
+    shares ``src``'s extents, so ``src`` is hashed. Returns ``(how, hex digest)``.
+    """
+    digest = hashlib.sha256()
+    if _reflink(src, dst):
+        with open(src, "rb") as fin:
+            while chunk := fin.read(_COPY_CHUNK):
+                digest.update(chunk)
+        return "reflink", digest.hexdigest()
+    buf = bytearray(_COPY_CHUNK)
+    view = memoryview(buf)
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        while n := fin.readinto(buf):
+            digest.update(view[:n])
+            fout.write(view[:n])
+    return "copy", digest.hexdigest()
+
+
+def _reflink(src: Path, dst: Path) -> bool:
+    """Write ``dst`` as a reflink of ``src`` and return True, or create nothing and return
+    False where the filesystem has no reflinks (logged once at DEBUG, as :func:`clone_or_copy`)."""
+    global _reflink_failed_once
+    if not hasattr(fcntl, "ioctl"):
+        return False
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        try:
+            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+            return True
+        except OSError as e:
+            if not _reflink_failed_once:
+                log.debug("no reflink from %s (%s); copying", src.parent, e)
+                _reflink_failed_once = True
+    os.unlink(dst)
+    return False

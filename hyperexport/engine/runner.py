@@ -563,6 +563,7 @@ class Runner:
                         build=request.name,
                         params=material["params"],
                         known=self.workspace.digest_of if self.workspace is not None else None,
+                        keep=self.workspace,
                     )
                     if stage.needs_model and self.store.remote is not None:  # after the entry
                         self.store.remote.upload_deps(declared, self.discovered.path(declared))

@@ -44,12 +44,12 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from . import process_locks
 from .entries import ActionEntry, OutputFile
 from .errors import CacheUnavailableError
-from .files import clone_or_copy
+from .files import clone_or_copy, clone_or_copy_hashed
 from .hashing import FileDigestIndex, atomic_write_json, sha256_file
 
 if TYPE_CHECKING:
@@ -88,6 +88,17 @@ class Lookup:
 
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+class Keeper(Protocol):
+    """Who keeps a committed file as a verified copy for later readers (the build's
+    :class:`~.workspace.Workspace`), so that the next stage's checkout is a move, not a copy."""
+
+    def wants(self, size: int) -> bool:
+        """Whether a file of ``size`` bytes is worth keeping (a large one)."""
+
+    def adopt(self, path: Path, digest: str) -> None:
+        """Take ``path``, whose bytes have digest ``digest``, out of the stage's scratch."""
 
 
 def open_store(
@@ -283,12 +294,16 @@ class CacheStore:
         build: str | None = None,
         params: Mapping[str, Any] | None = None,
         known: Callable[[Path], str | None] | None = None,
+        keep: Keeper | None = None,
     ) -> ActionEntry:
         """Move every file of ``out_dir`` into the blob store, then write the entry (last).
 
         A regular file is hashed once and *moved* into ``blobs/`` (``out_dir`` is scratch space
         on the cache's filesystem), made read-only; when its blob is already there the file is
-        left for the scratch folder's removal. A symlink is stored only when ``known`` vouches
+        left for the scratch folder's removal. A file ``keep`` wants is instead copied into
+        ``blobs/`` and hashed as it is copied (one read), and the file itself is handed to
+        ``keep``: a later stage's checkout of it is then a move, where a moved blob would be
+        copied out and hashed again. A symlink is stored only when ``known`` vouches
         for the file it names (an input this build checked out and verified, unchanged since,
         see ``workspace.py``): it is recorded under that file's digest, whose blob the store
         already has, without reading or copying anything. Any other symlink is refused.
@@ -314,6 +329,9 @@ class CacheStore:
                     )
                 size = path.stat().st_size
                 self._put_blob(path, digest, size, move=False)
+            elif keep is not None and keep.wants(size := path.stat().st_size):
+                digest = self._copy_in(path, size)
+                keep.adopt(path, digest)
             else:
                 digest = sha256_file(path)
                 size = path.stat().st_size
@@ -336,6 +354,28 @@ class CacheStore:
         caller) into place as blob ``digest``."""
         os.chmod(verified, _READ_ONLY)
         os.replace(verified, self.blob_path(digest))
+
+    def _copy_in(self, src: Path, size: int) -> str:
+        """Copy ``src`` into the blob store, hashing it on the way; return its digest.
+
+        The copy goes to a temporary name in ``blobs/`` (what the collector removes if this
+        process dies) and is renamed to its digest's place, unless that blob is already there.
+        """
+        tmp = self.root / "blobs" / f".incoming.{secrets.token_hex(4)}.tmp"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _, digest = clone_or_copy_hashed(src, tmp)
+            blob = self.blob_path(digest)
+            if self._reusable(blob, size):
+                tmp.unlink()
+                return digest
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, _READ_ONLY)
+            os.replace(tmp, blob)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return digest
 
     def _put_blob(self, src: Path, digest: str, size: int, *, move: bool) -> None:
         """Make blob ``digest`` hold ``src``'s bytes: kept if already there (its time refreshed),
@@ -385,11 +425,11 @@ class CacheStore:
         blob = self.blob_path(f.digest)
         try:
             try:
-                clone_or_copy(blob, tmp)
+                _, digest = clone_or_copy_hashed(blob, tmp)
             except FileNotFoundError as e:
                 raise CorruptBlobError(f.path, f.digest) from e
             os.chmod(tmp, 0o644)
-            if sha256_file(tmp) != f.digest:
+            if digest != f.digest:
                 if not self.read_only:
                     blob.unlink(missing_ok=True)
                 raise CorruptBlobError(f.path, f.digest)

@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 
 from hyperexport.base.contracts.names import STAGE_NAMES
+from hyperexport.engine import store as store_mod
 from hyperexport.engine.collector import GcOptions, collect
 from hyperexport.engine.store import CacheStore
 from hyperexport.engine.verify import verify
 from hyperexport.engine.workspace import ONE_COPY_MIN
+from hyperexport.product.builds import publish as publish_mod
 from hyperexport.product.builds import session
 from hyperexport.product.stages import PIPELINE
 from tests.helpers.builds import build, toy_package_in, toy_package_recipe
@@ -62,7 +64,8 @@ def _regular_files(root: Path) -> dict[tuple[int, int], tuple[str, int]]:
 
 class _Watch:
     """Snapshots of the large regular files under ``root`` at named points of a build, and the
-    full copies (``shutil.copyfile``, which ``clone_or_copy`` falls back to) of large files."""
+    full copies of large files (``shutil.copyfile``, which ``clone_or_copy`` falls back to, and
+    ``clone_or_copy_hashed`` where the cache and publishing call it)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -118,6 +121,16 @@ def watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> _Watch:
         return result
 
     monkeypatch.setattr(shutil, "copyfile", counting)
+    for module in (store_mod, publish_mod):
+        hashed: Callable[..., Any] = module.clone_or_copy_hashed
+
+        def counting_hashed(src: Any, dst: Any, _copy: Any = hashed) -> Any:
+            result = _copy(src, dst)
+            if os.path.getsize(dst) >= ONE_COPY_MIN:
+                seen.copies.append((str(src), str(dst), os.path.getsize(dst)))
+            return result
+
+        monkeypatch.setattr(module, "clone_or_copy_hashed", counting_hashed)
     return seen
 
 
@@ -139,9 +152,12 @@ def test_the_data_file_is_held_at_most_twice_at_every_point_of_a_build(
     assert {p for p, paths in holding.items() if paths}  # the watch saw the file
     too_many = {point: paths for point, paths in holding.items() if len(paths) > 2}
     assert not too_many, too_many
-    # Copied out of the cache once (the checkout that became the published file); the export's
-    # own file was moved into the cache, the rewrite's output is a link to its input.
-    assert [c[2] for c in watch.copies if c[2] == size] == [size], watch.copies
+    # Copied once: the export's file into the cache, hashed on the way. The export's own file
+    # is the build's copy: moved to the rewrite's checkout (the rewrite's output is a link to
+    # it), then into the outputs. Nothing is copied out of the cache.
+    copies = [c for c in watch.copies if c[2] == size]
+    assert len(copies) == 1, watch.copies
+    assert "/tmp/export-" in copies[0][0] and "/blobs/" in copies[0][1], copies
     # The export's weight file and the model's data file are one blob.
     cache = CacheStore(tmp_path / "cache")
     export = outcome.result.entries["export"].digests()

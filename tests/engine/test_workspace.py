@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import stat
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hyperexport.engine import store as store_mod
 from hyperexport.engine import workspace as workspace_mod
 from hyperexport.engine.store import ActionEntry, CacheStore, CorruptBlobError
 from hyperexport.engine.workspace import ONE_COPY_MIN, Workspace
@@ -166,3 +168,78 @@ def test_an_entry_without_files_checks_out_as_an_empty_folder(store: CacheStore)
     entry = ActionEntry(key=KEY_A, stage="empty", outputs=())
     with Workspace(store) as ws:
         assert list(ws.checkout("empty", entry).iterdir()) == []
+
+
+def test_a_kept_output_is_copied_into_the_cache_once_and_its_checkout_is_a_move(
+    store: CacheStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _out(tmp_path)
+    inode = (out / "units" / "weights.data").stat().st_ino
+    reads: list[str] = []
+    real_sha256_file = store_mod.sha256_file
+    monkeypatch.setattr(
+        store_mod, "sha256_file", lambda p: reads.append(Path(p).name) or real_sha256_file(p)
+    )
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws)
+        digest = entry.digests()["units/weights.data"]
+        blob = store.blob_path(digest)
+        # The blob is a copy, hashed as it was written: its name is its bytes' digest.
+        assert blob.read_bytes() == BIG and hashlib.sha256(BIG).hexdigest() == digest
+        assert stat.S_IMODE(blob.stat().st_mode) == 0o444 and blob.stat().st_ino != inode
+        assert reads == ["bundle.json"]  # the large file was not read a second time
+        assert not (out / "units" / "weights.data").exists()  # taken out of the scratch
+        # The next stage's checkout is the stage's own file, moved: no copy, no hash.
+        weights = ws.checkout("export", entry) / "units" / "weights.data"
+        assert weights.stat().st_ino == inode and weights.read_bytes() == BIG
+        assert reads == ["bundle.json"]
+        assert ws.digest_of(weights) == digest
+        assert not list((store.root / "blobs").glob(".incoming.*"))
+    assert list((store.root / "tmp").iterdir()) == []
+
+
+def test_a_kept_output_a_stage_then_changed_is_copied_from_the_blob_afresh(
+    store: CacheStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", _out(tmp_path), keep=ws)
+        digest = entry.digests()["units/weights.data"]
+        kept = Path(ws._held[digest])
+        kept.chmod(0o644)
+        kept.write_bytes(b"changed" + BIG[7:])
+        with caplog.at_level(logging.WARNING):
+            weights = ws.checkout("export", entry) / "units" / "weights.data"
+        assert "changed after it was checked out" in caplog.text
+        assert weights.read_bytes() == BIG
+
+
+def test_small_files_and_known_blobs_are_not_kept(store: CacheStore, tmp_path: Path) -> None:
+    store.commit(KEY_A, "export", _out(tmp_path))  # the blob is there before the build
+    with Workspace(store) as ws:
+        out = _out(tmp_path, "again")
+        entry = store.commit(KEY_B, "export", out, keep=ws)
+        # The blob is reused (the copy dropped); the file is kept for the build.
+        assert len(_regular_copies(store.root / "blobs", len(BIG))) == 1
+        assert not list((store.root / "blobs").glob(".incoming.*"))
+        assert ws.digest_of(Path(ws._held[entry.digests()["units/weights.data"]]))
+        # A small file is committed as without a keeper, and not held.
+        assert entry.digests()["bundle.json"] not in ws._held
+        assert (out / "bundle.json").exists()  # its blob was there: left to the scratch
+
+
+def test_a_copy_into_the_cache_that_fails_leaves_nothing_and_keeps_the_output(
+    store: CacheStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(src: Path, dst: Path) -> tuple[str, str]:
+        dst.write_bytes(src.read_bytes()[:1000])  # half written when the disk fills
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr(store_mod, "clone_or_copy_hashed", disk_full)
+    out = _out(tmp_path)
+    with Workspace(store) as ws, pytest.raises(OSError, match="No space left"):
+        store.commit(KEY_A, "export", out, keep=ws)
+    assert not store.action_path(KEY_A).exists()
+    # No temporary file, no blob of the large file (the small one's blob waits for the collector).
+    assert not list((store.root / "blobs").rglob(".*.tmp"))
+    assert _regular_copies(store.root / "blobs", len(BIG)) == []
+    assert (out / "units" / "weights.data").read_bytes() == BIG  # the stage's file is intact

@@ -10,8 +10,9 @@ Layout under ``<outputs>/<recipe>/`` (documented in outputs/README.md)::
     .builds/<variant>.<id>.lock held (filelock) while that publication is being written
 
 A publication is written in full under ``.builds/`` (files cloned from the cache with
-:func:`~hyperexport.engine.files.clone_or_copy` and verified by digest, or, for a large file the
-build already copied out and verified, that copy moved in: ``workspace.py``), then the link is
+:func:`~hyperexport.engine.files.clone_or_copy_hashed` and verified by the digest of the bytes
+copied, or, for a large file the build already copied out and verified, that copy moved in:
+``workspace.py``), then the link is
 swapped with one ``os.replace``: a reader that resolves the link sees the previous build or the
 new one, never a mix, also when the build is killed at any point. The previous directory is
 removed after the swap; directories left by killed builds (no link points at them and their lock
@@ -46,8 +47,8 @@ from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.names import MODEL_FILE, QUANTIZED_MODEL_FILE
 from hyperexport.base.errors import ForeignPathError
 from hyperexport.engine.entries import OutputFile
-from hyperexport.engine.files import clone_or_copy
-from hyperexport.engine.hashing import sha256_file, sha256_text
+from hyperexport.engine.files import clone_or_copy_hashed
+from hyperexport.engine.hashing import sha256_text
 from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
@@ -265,9 +266,9 @@ def _write_file(store: CacheStore, f: _File, target: Path, local: Workspace | No
         store.index.remember(target, f.digest)
         return False
     blob = store.blob_path(f.digest)
-    how = clone_or_copy(blob, target)
+    how, digest = clone_or_copy_hashed(blob, target)
     os.chmod(target, 0o644)
-    if sha256_file(target) != f.digest:
+    if digest != f.digest:
         log.warning("cached blob of %s does not match its digest; removing it", f.rel)
         if not store.read_only:
             blob.unlink(missing_ok=True)

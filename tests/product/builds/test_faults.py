@@ -336,7 +336,7 @@ def test_a_full_outputs_filesystem_is_exit_3_naming_the_outputs(
     def full(source: Path, target: Path) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(source))
 
-    monkeypatch.setattr(publish, "clone_or_copy", full)
+    monkeypatch.setattr(publish, "clone_or_copy_hashed", full)
     with caplog.at_level(logging.ERROR):
         outcome = _build(tmp_path)
     assert outcome.exit_code == exit_codes.UNAVAILABLE

@@ -217,15 +217,15 @@ def test_a_variant_sharing_a_model_says_once_at_info_that_it_holds_a_copy(
     byte for byte: without reflinks its folder holds a copy, which the build says in one INFO
     line (no WARNING: it is expected); a reflink shares the bytes and says nothing."""
     import logging
-    import shutil
 
     from hyperexport.product.builds import publish
 
-    def clone(src: Path, dst: Path) -> str:
-        shutil.copyfile(src, dst)
-        return how
+    real = publish.clone_or_copy_hashed
 
-    monkeypatch.setattr(publish, "clone_or_copy", clone)
+    def clone(src: Path, dst: Path) -> tuple[str, str]:
+        return how, real(src, dst)[1]
+
+    monkeypatch.setattr(publish, "clone_or_copy_hashed", clone)
     caplog.set_level(logging.INFO, logger=publish.__name__)
     settings = _settings(tmp_path)
     first = run_build(recipe(), settings, stages=pipeline(), load_model=lambda: "m")
