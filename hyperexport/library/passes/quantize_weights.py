@@ -27,11 +27,14 @@ ONNX Runtime:
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from hyperexport.base.contracts.names import NO_QUANTIZATION
+from hyperexport.base.thread_budget import thread_budget
 from hyperexport.library.defaults import (
     INT4_BLOCK,
     INT8_DYNAMIC,
@@ -77,11 +80,25 @@ def _unpack_nibbles(packed: np.ndarray) -> np.ndarray:
     return out
 
 
+#: Elements per chunk that one thread quantizes at a time: its float32 working copy (1 MiB)
+#: stays within a core's cache, and chunks are what the threads share out.
+_CHUNK_ELEMENTS = 1 << 18
+
+
 def quantize_int4_blocks(weight_nk: np.ndarray, block_size: int) -> Int4Blocks:
     """Quantize a ``[N, K]`` float weight into ``MatMulNBits`` blocks along K.
 
+    The work is cut into chunks (:data:`_CHUNK_ELEMENTS`) spread over this process's thread
+    budget (numpy releases the GIL in its loops). A weight given as the transpose of a
+    contiguous ``[K, N]`` array (a ``MatMul``'s ``B``, the usual case) is quantized in that
+    layout, a slab of whole blocks of K at a time, and only the uint8 codes are transposed:
+    gathering the float32 columns would cost more than all the arithmetic. Every element goes
+    through the same float32 operations in the same order whichever way it is cut, so the result
+    is the same bytes.
+
     Args:
-        weight_nk: The weight, output features first (torch ``Linear.weight``).
+        weight_nk: The weight, output features first (torch ``Linear.weight``), or the ``.T``
+            view of a ``[K, N]`` array.
         block_size: Elements of K per block (a power of two ≥ 16).
 
     Returns:
@@ -90,25 +107,70 @@ def quantize_int4_blocks(weight_nk: np.ndarray, block_size: int) -> Int4Blocks:
     check_block_size(block_size)
     n, k = weight_nk.shape
     blocks = -(-k // block_size)
-    w = np.zeros((n, blocks * block_size), dtype=np.float32)
-    w[:, :k] = weight_nk.astype(np.float32)
-    w = w.reshape(n, blocks, block_size)
-    low = np.minimum(w.min(axis=2), 0.0)
-    high = np.maximum(w.max(axis=2), 0.0)
-    scale = (high - low) / 15.0
-    safe = np.where(scale == 0.0, 1.0, scale)
-    zero = np.clip(np.rint(-low / safe), 0, 15)
-    codes = np.clip(np.rint(w / safe[..., None]) + zero[..., None], 0, 15).astype(np.uint8)
+    packed = np.empty((n, blocks, block_size // 2), dtype=np.uint8)
+    scales = np.empty((n, blocks), dtype=weight_nk.dtype)
     zero_codes = np.zeros((n, blocks + blocks % 2), dtype=np.uint8)
-    zero_codes[:, :blocks] = zero.astype(np.uint8)
+    weight_kn = weight_nk.T
+    along_k = weight_kn.flags.c_contiguous and not weight_nk.flags.c_contiguous
+    step = max(1, _CHUNK_ELEMENTS // (block_size * n if along_k else blocks * block_size))
+
+    def slab(first: int) -> None:
+        """Blocks ``first`` to ``first + step`` of K, for every column (``[K, N]`` layout)."""
+        last = min(first + step, blocks)
+        w = np.empty(((last - first) * block_size, n), dtype=np.float32)
+        rows = weight_kn[first * block_size : last * block_size]
+        w[: len(rows)] = rows
+        w[len(rows) :] = 0.0
+        w3 = w.reshape(last - first, block_size, n)
+        scale, zero = _codes(w3, axis=1)
+        codes = _pack_nibbles(w3.astype(np.uint8).transpose(0, 2, 1))  # [blocks, N, half]
+        packed[:, first:last] = codes.transpose(1, 0, 2)
+        scales[:, first:last] = scale.T
+        zero_codes[:, first:last] = zero.T
+
+    def rows(first: int) -> None:
+        """Rows ``first`` to ``first + step``, every block (``[N, K]`` layout)."""
+        last = min(first + step, n)
+        w = np.empty((last - first, blocks * block_size), dtype=np.float32)
+        w[:, :k] = weight_nk[first:last]
+        w[:, k:] = 0.0
+        w3 = w.reshape(last - first, blocks, block_size)
+        scale, zero = _codes(w3, axis=2)
+        packed[first:last] = _pack_nibbles(w3.astype(np.uint8))
+        scales[first:last] = scale
+        zero_codes[first:last, :blocks] = zero
+
+    work, starts = (slab, range(0, blocks, step)) if along_k else (rows, range(0, n, step))
+    threads = min(thread_budget() or os.cpu_count() or 1, len(starts))
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="int4") as pool:
+            list(pool.map(work, starts))
+    else:
+        for first in starts:
+            work(first)
     return Int4Blocks(
-        packed=_pack_nibbles(codes),
-        scales=scale.astype(weight_nk.dtype).reshape(-1),
+        packed=packed,
+        scales=scales.reshape(-1),
         zero_points=_pack_nibbles(zero_codes).reshape(-1),
         k=k,
         n=n,
         block_size=block_size,
     )
+
+
+def _codes(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Turn the float32 blocks of ``w`` (a block runs along ``axis``) into their uint4 codes in
+    place, as floats; return each block's scale and zero point (see the module docstring)."""
+    low = np.minimum(w.min(axis=axis), 0.0)
+    high = np.maximum(w.max(axis=axis), 0.0)
+    scale = (high - low) / 15.0
+    safe = np.where(scale == 0.0, 1.0, scale)
+    zero = np.clip(np.rint(-low / safe), 0, 15)
+    np.divide(w, np.expand_dims(safe, axis), out=w)
+    np.rint(w, out=w)
+    w += np.expand_dims(zero, axis)
+    np.clip(w, 0, 15, out=w)
+    return scale, zero
 
 
 def dequantize_int4_blocks(q: Int4Blocks) -> np.ndarray:

@@ -192,3 +192,50 @@ def test_block_size_that_does_not_divide_k_pads() -> None:
     q = quantize_int4_blocks(w, 32)
     assert q.packed.shape == (5, 2, 16) and q.scales.shape == (10,) and q.zero_points.shape == (5,)
     assert _rel(dequantize_int4_blocks(q), w) < 0.12
+
+
+def _int4_one_block_at_a_time(w_nk: np.ndarray, block_size: int) -> tuple[np.ndarray, ...]:
+    """The module docstring's int4 layout, computed block by block with nothing shared."""
+    n, k = w_nk.shape
+    blocks = -(-k // block_size)
+    packed = np.zeros((n, blocks, block_size // 2), np.uint8)
+    scales = np.zeros((n, blocks), w_nk.dtype)
+    zeros = np.zeros((n, blocks + blocks % 2), np.uint8)
+    for row in range(n):
+        for b in range(blocks):
+            block = np.zeros(block_size, np.float32)
+            part = w_nk[row, b * block_size : (b + 1) * block_size].astype(np.float32)
+            block[: len(part)] = part
+            low, high = min(block.min(), np.float32(0)), max(block.max(), np.float32(0))
+            scale = (high - low) / np.float32(15)
+            safe = scale if scale != 0 else np.float32(1)
+            zero = np.clip(np.rint(-low / safe), 0, 15)
+            codes = np.clip(np.rint(block / safe) + zero, 0, 15).astype(np.uint8)
+            packed[row, b] = codes[0::2] | (codes[1::2] << 4)
+            scales[row, b] = scale
+            zeros[row, b] = zero
+    return packed, scales.reshape(-1), (zeros[:, 0::2] | (zeros[:, 1::2] << 4)).reshape(-1)
+
+
+@pytest.mark.parametrize("layout", ["matmul_b_view", "contiguous_nk"])
+@pytest.mark.parametrize("chunk", [1 << 18, 64])
+def test_int4_chunks_and_threads_give_the_same_bytes_as_one_block_at_a_time(
+    layout: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ml_dtypes
+
+    from hyperexport.library.passes import quantize_weights
+
+    monkeypatch.setattr(quantize_weights, "_CHUNK_ELEMENTS", chunk)  # 64: a chunk per block
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    rng = np.random.default_rng(7)
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        # K = 72: two whole blocks of 32 and a padded one; an all-zero column block.
+        kn = rng.standard_normal((72, 24)).astype(dtype)
+        kn[32:64, 5] = 0
+        w_nk = kn.T if layout == "matmul_b_view" else np.ascontiguousarray(kn.T)
+        q = quantize_int4_blocks(w_nk, 32)
+        expected = _int4_one_block_at_a_time(np.ascontiguousarray(kn.T), 32)
+        for got, want in zip((q.packed, q.scales, q.zero_points), expected, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
