@@ -1,22 +1,48 @@
 """A Llama-3.2-1B-shaped fp32 decoder built with ``task: text-generation``: peak memory and wall time.
 
+Optionally fused and int4, and against onnxruntime-genai's model builder on the same checkpoint
+(issue 35):
+
     python bench/bench_generate_1b.py OUT [--dynamo] [--tokens 8] [--min-free-gib 12]
+    python bench/bench_generate_1b.py OUT --fuse onnxruntime --quantize int4_block --builder
 
 1. A seeded random ``LlamaForCausalLM`` of Llama-3.2-1B's shape (hidden 2048, 16 layers, 32
    heads, 8 kv heads, intermediate 8192, vocab 128256, tied embeddings, rope_theta 500000) is
-   saved with ``save_pretrained`` to ``OUT/ckpt`` (about 4.9 GB, in its own process; never
-   committed), with a word-level ``tokenizer.json`` over the vocabulary (``bench_generation.py``'s
-   ``write_tokenizer``) so that onnxruntime-genai's model builder can read the same folder.
-2. A recipe (``OUT/bench_1b_generate.yaml``) loads it through ``hyperexport.models.pretrained``
-   with ``task: text-generation``, two prompts and ``--tokens`` new tokens.
-3. ``python -m hyperexport recipe_file=...`` builds it (trace, export, rewrite, evaluate,
-   check) in one child process, under a fresh (emptied) cache: the figures are its wall time
-   and its peak RSS (``ru_maxrss`` of that child, from ``os.wait4``: its RSS high-water mark),
-   its CPU time (user + system), with the load average before and after.
+   saved with ``save_pretrained`` to ``OUT/ckpt`` (about 4.9 GB, in its own process, about 4
+   minutes; never committed), with a word-level ``tokenizer.json`` over the vocabulary
+   (``bench_generation.py``'s ``write_tokenizer``) so that onnxruntime-genai's model builder can
+   read the same folder. A folder with ``config.json`` and ``tokenizer.json`` (written last) is
+   kept as it is; ``--reuse-checkpoint`` keeps one with ``config.json``, its safetensors and
+   ``tokenizer.json``.
+2. A recipe (``OUT/bench_1b_generate_<path>[_fused][_int4].yaml``) loads it through
+   ``hyperexport.models.pretrained`` with ``task: text-generation``, two prompts and ``--tokens``
+   new tokens. ``--fuse onnxruntime`` adds ``attention: {implementation: hyperexport}`` and
+   ``rewrite: {fuse: onnxruntime}``; ``--quantize int4_block`` adds ``quantize: {method:
+   int4_block, block_size: --block-size, accuracy_level: --accuracy-level}`` and makes the
+   quantized gates report-only (``check.quantized``: ``decode: report``, ``min_cosine`` and
+   ``min_top1`` 0, ``max_rel_error`` 1e6): on random weights the int4 model's agreement with
+   the float one means nothing.
+3. ``python -m hyperexport recipe_file=...`` builds it (trace, export, rewrite, quantize,
+   evaluate, check) in one child process under ``memwatch.py``, with a fresh (emptied) cache:
+   wall time, CPU seconds of the process tree, peak anonymous memory and peak RSS (summed over
+   the tree, sampled), with the load average before and after. The stages' wall times come from
+   the published ``report.json``. **Start-up to the quantized model** is the build's wall minus
+   its evaluate and check stages: everything from process start until quantize ends (the
+   interpreter's start-up and imports, trace, export, rewrite, quantize and the runner's work
+   between them; it also holds the publishing after check, which ``report.json`` does not time).
+   Without ``--quantize`` the quantize stage does nothing and the figure ends at the float model.
+4. With ``--builder``, after our build: onnxruntime-genai's model builder on the same checkpoint
+   under ``memwatch.py``, ``-p int4 -e cpu`` (``--extra_options block_size=--block-size
+   accuracy_level=--accuracy-level``) then ``-p fp32 -e cpu``, each into an emptied folder, and a
+   table: wall, CPU and peaks of each, and the ratio of our start-up-to-quantized wall to the
+   builder's int4 wall (and to its fp32 wall when not quantizing). The builder verifies nothing.
 
-The build must pass the generation check: onnxruntime-genai's greedy decode equals
-transformers' ``generate`` token for token (``generation_check.json``, asserted here).
-Before the build the script waits until ``MemAvailable`` reaches ``--min-free-gib`` (checking
+All runs are one after the other in one invocation, ours first. The last line printed is one
+JSON object with every figure (for ``bench/README.md``).
+
+The build must pass the generation check: onnxruntime-genai's greedy decode of the float model
+equals transformers' ``generate`` token for token (``generation_check.json``, asserted here).
+Before each build the script waits until ``MemAvailable`` reaches ``--min-free-gib`` (checking
 every 30 s): the machine is shared.
 """
 
@@ -29,7 +55,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from memwatch import run as watch
 
 SHAPE = dict(
     vocab_size=128256,
@@ -49,6 +81,14 @@ SHAPE = dict(
 
 PROMPTS = [[17, 93, 41, 8, 120, 66, 5], [71, 30, 99, 12]]
 
+#: ``--fuse`` and ``--quantize`` values (``rewrite.fuse`` and ``quantize.method`` of the recipe).
+FUSIONS = ("none", "onnxruntime")
+QUANTIZATIONS = ("none", "int4_block")
+
+#: The stages in ``report.json``, in order; evaluate and check come after the quantized model.
+STAGES = ("trace", "export", "rewrite", "quantize", "evaluate", "check")
+AFTER_THE_MODEL = ("evaluate", "check")
+
 _WRITE_CHECKPOINT = """
 import sys, torch
 from pathlib import Path
@@ -61,6 +101,34 @@ model = LlamaForCausalLM(config).to(torch.float32)
 model.save_pretrained({out!r})
 write_tokenizer(Path({out!r}), config.vocab_size)
 """
+
+# Random weights: the int4 model's agreement with the float one means nothing (cosine 0.81 over
+# 16 layers, as the builder's int4 on such weights), so nothing of it is gated as far as the
+# schema allows: min_cosine and min_top1 in [0, 1] (a negative cosine would still fail),
+# max_rel_error > 0 (a large finite value: JSON, which the cache keys hash, has no infinity).
+_REPORT_ONLY = (
+    "check: {quantized: {min_cosine: 0.0, max_rel_error: 1000000.0, min_top1: 0.0,"
+    " decode: report}}\n"
+)
+
+
+@dataclass(frozen=True)
+class RecipeOptions:
+    """What the recipe sets beyond the checkpoint: the export path, the decode, fusion, int4."""
+
+    dynamo: bool = False
+    tokens: int = 8
+    fuse: str = "none"
+    quantize: str = "none"
+    block_size: int = 32
+    accuracy_level: int = 4
+
+    @property
+    def tag(self) -> str:
+        """``torchscript`` or ``dynamo``, then ``_fused`` and ``_int4`` when set."""
+        tag = "dynamo" if self.dynamo else "torchscript"
+        tag += "_fused" if self.fuse != "none" else ""
+        return tag + ("_int4" if self.quantize != "none" else "")
 
 
 def _available_gib() -> float:
@@ -86,9 +154,29 @@ def wait_for_memory(min_gib: float, timeout: float = 3600.0) -> float:
     return free
 
 
-def write_checkpoint(folder: Path, seed: int) -> None:
-    """Save the random 1B-shaped checkpoint (and a tokenizer) in a child process."""
-    if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
+def checkpoint_complete(folder: Path) -> bool:
+    """``config.json``, every safetensors file the folder names, and ``tokenizer.json`` exist."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+    else:
+        shards = {"model.safetensors"}
+    names = ("config.json", "tokenizer.json", *sorted(shards))
+    return all((folder / name).is_file() for name in names)
+
+
+def write_checkpoint(folder: Path, seed: int, reuse: bool = False) -> None:
+    """Save the random 1B-shaped checkpoint (and a tokenizer) in a child process.
+
+    A folder holding ``config.json`` and ``tokenizer.json`` (written last) is kept; with
+    ``reuse``, one holding ``config.json``, every safetensors file and ``tokenizer.json``
+    (:func:`checkpoint_complete`), and any other is written over.
+    """
+    if reuse:
+        if checkpoint_complete(folder):
+            print(f"checkpoint reused: {folder}")
+            return
+    elif (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
         print(f"checkpoint exists: {folder}")
         return
     code = _WRITE_CHECKPOINT.format(
@@ -99,64 +187,47 @@ def write_checkpoint(folder: Path, seed: int) -> None:
     print(f"checkpoint written in {time.perf_counter() - started:.0f} s: {folder}")
 
 
-def write_recipe(path: Path, checkpoint: Path, dynamo: bool, tokens: int) -> None:
-    path.write_text(
+def recipe_text(name: str, checkpoint: Path, options: RecipeOptions) -> str:
+    """The recipe's YAML; with no fusion and no quantization, the script's recipe as it was."""
+    text = (
         "# @package _global_\n"
-        f"name: {path.stem}\n"
+        f"name: {name}\n"
         f"model: {{_target_: hyperexport.models.pretrained, path: {checkpoint},"
         " auto_class: AutoModelForCausalLM}\n"
         "inputs: auto\nhiera: auto\ntask: text-generation\nfunctions: per_type\nexternal_data: true\n"
-        f"dynamo: {str(dynamo).lower()}\n"
-        f"generation: {{prompts: {PROMPTS}, max_new_tokens: {tokens}}}\n"
+        f"dynamo: {str(options.dynamo).lower()}\n"
+        f"generation: {{prompts: {PROMPTS}, max_new_tokens: {options.tokens}}}\n"
     )
+    if options.fuse != "none":
+        text += "attention: {implementation: hyperexport}\n"
+        text += f"rewrite: {{fuse: {options.fuse}}}\n"
+    if options.quantize != "none":
+        text += (
+            f"quantize: {{method: {options.quantize}, block_size: {options.block_size},"
+            f" accuracy_level: {options.accuracy_level}}}\n"
+        )
+        text += _REPORT_ONLY
+    return text
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--dynamo", action="store_true")
-    parser.add_argument("--tokens", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--min-free-gib", type=float, default=12.0)
-    args = parser.parse_args()
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint = out / "ckpt"
-    wait_for_memory(args.min_free_gib)
-    write_checkpoint(checkpoint, args.seed)
-    path = "dynamo" if args.dynamo else "torchscript"
-    recipe = out / f"bench_1b_generate_{path}.yaml"
-    write_recipe(recipe, checkpoint, args.dynamo, args.tokens)
-    free = wait_for_memory(args.min_free_gib)
-    load_before = _load()
-    command = [
-        sys.executable,
-        "-m",
-        "hyperexport",
-        f"recipe_file={recipe}",
-        f"build.cache_dir={out / f'cache_{path}'}",
-        f"build.outputs_dir={out / 'out'}",
-    ]
-    print(f"{free:.1f} GiB available, load {load_before}: {' '.join(command)}", flush=True)
-    cache = out / f"cache_{path}"
-    if cache.exists():
-        shutil.rmtree(cache)  # a cold build, not a cache hit
-    started = time.perf_counter()
-    child = subprocess.Popen(command)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - started
-    code = os.waitstatus_to_exitcode(status)
-    child.returncode = code
-    peak = usage.ru_maxrss / (1 << 20)  # KiB -> GiB, this child only
-    folder = out / "out" / recipe.stem / "default"
-    weights = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / (1 << 30)
-    print(
-        f"{path}: exit {code}, wall {wall:.0f} s, CPU {usage.ru_utime + usage.ru_stime:.0f} s, "
-        f"peak RSS {peak:.2f} GiB "
-        f"({peak / weights:.2f}x the {weights:.2f} GiB of weights), "
-        f"load before {load_before}, after {_load()}"
-    )
-    assert code == 0, f"the build failed (exit {code})"
+def write_recipe(path: Path, checkpoint: Path, options: RecipeOptions) -> None:
+    path.write_text(recipe_text(path.stem, checkpoint, options))
+
+
+def stage_seconds(report: Path) -> dict[str, float]:
+    """``{stage: wall seconds}`` from a build's ``report.json`` ({} if the build wrote none)."""
+    if not report.exists():
+        return {}
+    return {s["name"]: float(s["seconds"]) for s in json.loads(report.read_text())["stages"]}
+
+
+def startup_to_model(wall: float, stages: dict[str, float]) -> float:
+    """The build's wall minus evaluate and check: from process start until quantize ends."""
+    return wall - sum(stages.get(name, 0.0) for name in AFTER_THE_MODEL)
+
+
+def check_generation(folder: Path) -> None:
+    """Assert the float model's generation check passed; print its sequences and genai config."""
     genai = json.loads((folder / "genai_config.json").read_text())["model"]
     report = json.loads((folder / "generation_check.json").read_text())
     assert report["passed"], report
@@ -167,6 +238,172 @@ def main() -> None:
             f"min top-2 gap {seq['min_top2_gap']:.2e}"
         )
     print(f"  genai_config: type {genai['type']}, layers {genai['decoder']['num_hidden_layers']}")
+
+
+def build_ours(out: Path, recipe: Path, tag: str) -> dict[str, Any]:
+    """``python -m hyperexport`` on ``recipe`` under memwatch, from an emptied cache: the
+    figures, the stages' seconds and start-up to the model; asserts the build passed."""
+    cache = out / f"cache_{tag}"
+    command = [
+        sys.executable,
+        "-m",
+        "hyperexport",
+        f"recipe_file={recipe}",
+        f"build.cache_dir={cache}",
+        f"build.outputs_dir={out / 'out'}",
+    ]
+    print(f"load {_load()}: {' '.join(command)}", flush=True)
+    if cache.exists():
+        shutil.rmtree(cache)  # a cold build, not a cache hit
+    figures = watch(command)
+    published = (
+        out / "out" / recipe.stem / ("default" if figures["exit"] == 0 else "default.failed")
+    )
+    stages = stage_seconds(published / "report.json")
+    figures.update(
+        stages=stages, startup_to_model_s=round(startup_to_model(figures["wall_s"], stages), 2)
+    )
+    print(
+        "  stages: "
+        + ", ".join(f"{name} {stages.get(name, 0.0):.1f} s" for name in STAGES)
+        + f"; start-up to the quantized model {figures['startup_to_model_s']:.1f} s",
+        flush=True,
+    )
+    assert figures["exit"] == 0, f"the build failed (exit {figures['exit']}): {published}"
+    check_generation(published)
+    return figures
+
+
+def builder_command(
+    checkpoint: Path, out: Path, precision: str, options: RecipeOptions
+) -> list[str]:
+    """onnxruntime-genai's model builder on ``checkpoint`` for the CPU at ``precision``; int4 in
+    blocks of ``options.block_size`` at ``options.accuracy_level`` (the builder's CPU defaults
+    are 32 and 4, passed anyway)."""
+    command = [sys.executable, "-m", "onnxruntime_genai.models.builder"]
+    command += ["-i", str(checkpoint), "-o", str(out / f"builder_{precision}"), "-p", precision]
+    command += ["-e", "cpu", "-c", str(out / f"builder_cache_{precision}")]
+    if precision == "int4":
+        command += [
+            "--extra_options",
+            f"block_size={options.block_size}",
+            f"accuracy_level={options.accuracy_level}",
+        ]
+    return command
+
+
+def run_builder(
+    checkpoint: Path, out: Path, precision: str, options: RecipeOptions
+) -> dict[str, Any]:
+    """The builder at ``precision`` under memwatch, into emptied folders; asserts it exits 0."""
+    for folder in (out / f"builder_{precision}", out / f"builder_cache_{precision}"):
+        if folder.exists():
+            shutil.rmtree(folder)
+    command = builder_command(checkpoint, out, precision, options)
+    print(f"load {_load()}: {' '.join(command)}", flush=True)
+    figures = watch(command)
+    assert figures["exit"] == 0, f"the builder failed at {precision} (exit {figures['exit']})"
+    return figures
+
+
+def ratios(
+    ours: dict[str, Any], builders: dict[str, dict[str, Any]], quantized: bool
+) -> dict[str, float]:
+    """Our start-up-to-model wall over the builder's int4 wall (and fp32's when not quantizing)."""
+    against = ("int4",) if quantized else ("int4", "fp32")
+    return {
+        f"startup_to_model_over_builder_{p}": round(
+            ours["startup_to_model_s"] / builders[p]["wall_s"], 3
+        )
+        for p in against
+        if p in builders
+    }
+
+
+def print_table(
+    ours: dict[str, Any], builders: dict[str, dict[str, Any]], weights_gb: float
+) -> None:
+    """One row per run: wall (ours: start-up to the model too), CPU and both peaks."""
+    print("| run | start-up to the model | wall | CPU | peak anonymous | peak RSS |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    rows = {"ours": ours, **{f"builder {p}": f for p, f in builders.items()}}
+    for name, f in rows.items():
+        start = f.get("startup_to_model_s", f["wall_s"])
+        print(
+            f"| {name} | {start:.1f} s | {f['wall_s']:.1f} s | {f['cpu_s']:.0f} s "
+            f"| {f['peak_anon_gb']:.2f} GB = {f['peak_anon_gb'] / weights_gb:.2f}x "
+            f"| {f['peak_rss_gb']:.2f} GB = {f['peak_rss_gb'] / weights_gb:.2f}x |"
+        )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--dynamo", action="store_true")
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--min-free-gib", type=float, default=12.0)
+    parser.add_argument("--fuse", choices=FUSIONS, default="none", help="rewrite.fuse")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, default="none", help="quantize.method")
+    parser.add_argument("--block-size", type=int, default=32, help="int4: K elements per block")
+    parser.add_argument(
+        "--accuracy-level", type=int, choices=range(5), default=4, help="int4: MatMulNBits'"
+    )
+    parser.add_argument(
+        "--reuse-checkpoint",
+        action="store_true",
+        help="keep OUT/ckpt when its config.json, safetensors and tokenizer.json exist",
+    )
+    parser.add_argument(
+        "--builder", action="store_true", help="then onnxruntime-genai's builder, int4 and fp32"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    options = RecipeOptions(
+        args.dynamo, args.tokens, args.fuse, args.quantize, args.block_size, args.accuracy_level
+    )
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = out / "ckpt"
+    wait_for_memory(args.min_free_gib)
+    write_checkpoint(checkpoint, args.seed, args.reuse_checkpoint)
+    recipe = out / f"bench_1b_generate_{options.tag}.yaml"
+    write_recipe(recipe, checkpoint, options)
+    weights_gb = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / 1e9
+    free = wait_for_memory(args.min_free_gib)
+    load_before = _load()
+    print(f"{free:.1f} GiB available, load {load_before}", flush=True)
+    ours = build_ours(out, recipe, options.tag)
+    print(
+        f"{options.tag}: wall {ours['wall_s']:.0f} s, CPU {ours['cpu_s']:.0f} s, "
+        f"peak anonymous {ours['peak_anon_gb']:.2f} GB, peak RSS {ours['peak_rss_gb']:.2f} GB "
+        f"({ours['peak_rss_gb'] / weights_gb:.2f}x the {weights_gb:.2f} GB of weights; "
+        f"largest process {ours['maxrss_gb']:.2f} GB), load before {load_before}, after {_load()}",
+        flush=True,
+    )
+    builders: dict[str, dict[str, Any]] = {}
+    if args.builder:
+        for precision in ("int4", "fp32"):
+            wait_for_memory(args.min_free_gib)
+            builders[precision] = run_builder(checkpoint, out, precision, options)
+        print_table(ours, builders, weights_gb)
+    quantized = options.quantize != "none"
+    summary = {
+        "options": asdict(options),
+        "recipe": str(recipe),
+        "weights_gb": round(weights_gb, 3),
+        "load_before": load_before,
+        "load_after": _load(),
+        "ours": ours,
+        "builder": builders,
+        "ratios": ratios(ours, builders, quantized),
+    }
+    for name, ratio in summary["ratios"].items():
+        print(f"{name}: {ratio:.2f}x")
+    print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":

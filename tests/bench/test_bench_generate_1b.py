@@ -1,0 +1,102 @@
+"""bench/bench_generate_1b.py: its recipes compose and validate, the default one is unchanged."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from hyperexport.product.config.hydra import compose_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The recipe the script wrote before --fuse and --quantize (torchscript, 8 tokens).
+BEFORE = (
+    "# @package _global_\n"
+    "name: bench_1b_generate_torchscript\n"
+    "model: {_target_: hyperexport.models.pretrained, path: /c/ckpt,"
+    " auto_class: AutoModelForCausalLM}\n"
+    "inputs: auto\nhiera: auto\ntask: text-generation\nfunctions: per_type\nexternal_data: true\n"
+    "dynamo: false\n"
+    "generation: {prompts: [[17, 93, 41, 8, 120, 66, 5], [71, 30, 99, 12]], max_new_tokens: 8}\n"
+)
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "bench_generate_1b", REPO / "bench" / "bench_generate_1b.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _options(bench: ModuleType, *argv: str) -> Any:
+    args = bench.parse_args(["out", *argv])
+    return bench.RecipeOptions(
+        args.dynamo, args.tokens, args.fuse, args.quantize, args.block_size, args.accuracy_level
+    )
+
+
+def test_without_options_the_recipe_is_what_it_was() -> None:
+    bench = _load()
+    options = _options(bench)
+    assert options.tag == "torchscript"
+    assert bench.recipe_text("bench_1b_generate_torchscript", Path("/c/ckpt"), options) == BEFORE
+
+
+def test_fused_int4_recipe_validates_with_its_fields(tmp_path: Path) -> None:
+    bench = _load()
+    argv = ("--fuse", "onnxruntime", "--quantize", "int4_block", "--block-size", "64")
+    options = _options(bench, *argv, "--accuracy-level", "1")
+    recipe = tmp_path / f"bench_1b_generate_{options.tag}.yaml"
+    bench.write_recipe(recipe, tmp_path / "ckpt", options)
+
+    composed, _ = compose_recipe([], recipe_file=recipe)
+
+    data = composed.data
+    assert composed.name == "bench_1b_generate_torchscript_fused_int4"
+    assert data["attention"]["implementation"] == "hyperexport"
+    assert data["rewrite"]["fuse"] == "onnxruntime"
+    quantize = data["quantize"]
+    assert (quantize["method"], quantize["block_size"], quantize["accuracy_level"]) == (
+        "int4_block",
+        64,
+        1,
+    )
+    quantized = data["check"]["quantized"]
+    assert quantized["decode"] == "report"
+    assert (quantized["min_cosine"], quantized["min_top1"]) == (0.0, 0.0)
+    assert quantized["max_rel_error"] >= 1e6
+    assert data["task"] == "text-generation" and data["external_data"] is True
+
+
+def test_an_unknown_fuse_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load()
+    with pytest.raises(SystemExit) as refused:
+        bench.parse_args(["out", "--fuse", "standard"])
+    assert refused.value.code == 2
+    assert "invalid choice: 'standard'" in capsys.readouterr().err
+
+
+def test_the_builder_gets_the_block_size_and_accuracy_level_at_int4_only() -> None:
+    bench = _load()
+    options = _options(bench, "--block-size", "64", "--accuracy-level", "2")
+    int4 = bench.builder_command(Path("/c/ckpt"), Path("/o"), "int4", options)
+    assert int4[int4.index("-i") + 1] == "/c/ckpt" and int4[int4.index("-p") + 1] == "int4"
+    assert int4[int4.index("-e") + 1] == "cpu"
+    assert int4[-3:] == ["--extra_options", "block_size=64", "accuracy_level=2"]
+    fp32 = bench.builder_command(Path("/c/ckpt"), Path("/o"), "fp32", options)
+    assert "--extra_options" not in fp32 and fp32[fp32.index("-p") + 1] == "fp32"
+
+
+def test_startup_to_the_model_leaves_out_evaluate_and_check() -> None:
+    bench = _load()
+    stages = {"trace": 10.0, "quantize": 5.0, "evaluate": 30.0, "check": 2.0}
+    assert bench.startup_to_model(50.0, stages) == 18.0
