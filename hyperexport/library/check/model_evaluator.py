@@ -89,9 +89,7 @@ class ModelEvaluator:
             logger.warning("end-to-end comparison skipped: %s", skipped)
         else:
             try:
-                outputs = self._end_to_end(second_shape=False)
-                if self._manifest.probe_inputs:
-                    outputs += self._end_to_end(second_shape=True)
+                outputs = self._end_to_end()
             except CheckError as e:
                 error = str(e)
         timings.append(("end_to_end", time.perf_counter() - start))
@@ -122,13 +120,13 @@ class ModelEvaluator:
         runs = self._functions.runs
         return tuple(runs[i] for i in sorted(runs))
 
-    def _end_to_end(self, *, second_shape: bool) -> tuple[OutputRun, ...]:
+    def _end_to_end(self) -> tuple[OutputRun, ...]:
         return run_end_to_end(
             self.model_path,
             self._manifest,
             self._captured,
             self.computed,
-            second_shape=second_shape,
+            probe_shape=True,
             model=self._model,
         )
 

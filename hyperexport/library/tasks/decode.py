@@ -206,15 +206,15 @@ def decode_text_generation(
     """Decode the reference's prompts with the exported model, in onnxruntime-genai one by one
     and in ONNX Runtime as a padded batch; write what came out. With ``quantize_dir``, the
     quantized model's decode too (:func:`decode_quantized_generation`)."""
-    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_folder
+    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_model
 
     reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
     steps = int(reference["max_new_tokens"])
     arrays: dict[str, np.ndarray] = {}
     single: list[list[int]] = []
-    with genai_folder(rewrite_dir, trace_dir / GENAI_CONFIG, out_dir) as folder:
+    with genai_model(rewrite_dir, trace_dir / GENAI_CONFIG, out_dir) as model:
         for i, prompt in enumerate(reference["prompts"]):
-            tokens, logits = genai_decode(folder, prompt, steps)
+            tokens, logits = genai_decode(model, prompt, steps)
             single.append(tokens)
             arrays[f"single.{i}"] = logits
     batch: list[list[int]] = []
@@ -260,17 +260,17 @@ def decode_quantized_generation(
     (the tokens a user of the folder gets); the padded batch in ONNX Runtime, fed the same way.
     Writes ``generation_quantized.json`` and ``.npz`` (``single.<i>``, ``batch``: the logits
     along the float decode)."""
-    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_folder, genai_forced
+    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_forced, genai_model
 
     reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
     steps = int(reference["max_new_tokens"])
     arrays: dict[str, np.ndarray] = {}
     free: list[list[int]] = []
     genai_config = quantize_dir / GENAI_CONFIG
-    with genai_folder(quantize_dir, genai_config, out_dir, QUANTIZED_MODEL_FILE) as folder:
+    with genai_model(quantize_dir, genai_config, out_dir, QUANTIZED_MODEL_FILE) as model:
         for i, prompt in enumerate(reference["prompts"]):
-            arrays[f"single.{i}"] = genai_forced(folder, prompt, floats["single"][i])
-            free.append(genai_decode(folder, prompt, steps)[0])
+            arrays[f"single.{i}"] = genai_forced(model, prompt, floats["single"][i])
+            free.append(genai_decode(model, prompt, steps)[0])
     if floats["batch"]:
         pad = int(reference["pad_token_id"])
         ids, mask = left_padded(reference["prompts"], pad)

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,18 +20,22 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def genai_folder(
+def genai_model(
     model_dir: Path, genai_config: Path, scratch: Path, model_file: str = MODEL_FILE
-) -> Iterator[Path]:
-    """A folder holding the model ``model_file``, its data file and ``genai_config.json``, as
-    published.
+) -> Iterator[Any]:
+    """onnxruntime-genai's model (``og.Model``) of ``model_file`` as published: loaded once,
+    for every decode of the block (a load creates the ONNX Runtime session, which at 1B in
+    fp32 took 18 s of each 19 s decode when every prompt loaded its own, measured here).
 
-    onnxruntime-genai takes a folder and refuses a model path outside it, so the files are
-    copied into a folder under ``scratch``, removed on exit (a copy of the weights: for a large
-    model, evaluate needs that much disk for the duration). Not hard links: a link changes the input's ctime, and the
-    build then no longer trusts its held copy of the data file (``engine/workspace.py``).
-    Symlinks neither: ONNX Runtime refuses external data that leaves the model's folder.
+    onnxruntime-genai takes a folder and refuses a model path outside it, so the model, its
+    data file and ``genai_config.json`` are copied into a folder under ``scratch``, removed on
+    exit (a copy of the weights: for a large model, evaluate needs that much disk for the
+    duration). Not hard links: a link changes the input's ctime, and the build then no longer
+    trusts its held copy of the data file (``engine/workspace.py``). Symlinks neither: ONNX
+    Runtime refuses external data that leaves the model's folder.
     """
+    import onnxruntime_genai as og
+
     folder = Path(tempfile.mkdtemp(prefix="genai-", dir=scratch))
     try:
         data = sorted(p.name for p in model_dir.iterdir() if p.name.startswith(model_file + "."))
@@ -38,20 +43,26 @@ def genai_folder(
         for name in names:
             shutil.copyfile((model_dir / name).resolve(), folder / name)
         shutil.copyfile(genai_config, folder / GENAI_CONFIG)
-        yield folder
+        yield og.Model(str(folder))
     finally:
         shutil.rmtree(folder)
 
 
-def genai_decode(folder: Path, prompt: Sequence[int], steps: int) -> tuple[list[int], np.ndarray]:
-    """onnxruntime-genai's greedy decode of ``steps`` tokens: ``(tokens, logits per step)``."""
+def _generator(model: Any, prompt: Sequence[int], max_length: int) -> Any:
+    """A greedy generator of one sequence of at most ``max_length`` tokens, fed ``prompt``."""
     import onnxruntime_genai as og
 
-    model = og.Model(str(folder))
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + steps, do_sample=False, batch_size=1)
+    params.set_search_options(max_length=max_length, do_sample=False, batch_size=1)
     generator = og.Generator(model, params)
     generator.append_tokens(np.asarray([prompt], dtype=np.int64))
+    return generator
+
+
+def genai_decode(model: Any, prompt: Sequence[int], steps: int) -> tuple[list[int], np.ndarray]:
+    """onnxruntime-genai's greedy decode of ``steps`` tokens with ``model`` (:func:`genai_model`):
+    ``(tokens, logits per step)``."""
+    generator = _generator(model, prompt, len(prompt) + steps)
     logits: list[np.ndarray] = []
     while not generator.is_done() and len(logits) < steps:
         logits.append(np.array(generator.get_logits(), dtype=np.float32).reshape(-1))
@@ -64,16 +75,10 @@ def genai_decode(folder: Path, prompt: Sequence[int], steps: int) -> tuple[list[
     return tokens, np.stack(logits)
 
 
-def genai_forced(folder: Path, prompt: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+def genai_forced(model: Any, prompt: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
     """onnxruntime-genai's logits at each step of ``prompt`` followed by ``tokens`` (fed, not
     chosen): ``(len(tokens), vocab)``, the logits from which step ``i`` chose ``tokens[i]``."""
-    import onnxruntime_genai as og
-
-    model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + len(tokens), do_sample=False, batch_size=1)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.asarray([prompt], dtype=np.int64))
+    generator = _generator(model, prompt, len(prompt) + len(tokens))
     logits: list[np.ndarray] = []
     for i, token in enumerate(tokens):
         logits.append(np.array(generator.get_logits(), dtype=np.float32).reshape(-1))

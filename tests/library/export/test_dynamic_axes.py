@@ -80,7 +80,7 @@ def test_torchs_own_dynamo_export_of_llama_with_dynamic_batch_and_sequence(tmp_p
     np.testing.assert_allclose(run_ort(tmp_path / "plain.onnx", [x.numpy()])[0], want, atol=1e-4)
 
 
-def test_check_stage_compares_at_the_second_shape(tmp_path) -> None:
+def test_check_stage_compares_at_the_second_shape(tmp_path, monkeypatch) -> None:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from hyperexport.library.api import compose_model, export_units, save_model
@@ -105,9 +105,20 @@ def test_check_stage_compares_at_the_second_shape(tmp_path) -> None:
     )
     onnx_model, manifest = compose_model(tmp_path / "b", options=options)
     save_model(onnx_model, tmp_path / "model.onnx", external_data=False)
+    from hyperexport.library.check import whole_model_runs
+
+    sessions: list[object] = []
+
+    class CountingRunner(whole_model_runs.OrtRunner):
+        def __init__(self, model: object, **kwargs: object) -> None:
+            sessions.append(model)
+            super().__init__(model, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(whole_model_runs, "OrtRunner", CountingRunner)
     report = run_checks(
         tmp_path / "model.onnx", manifest, capture.record, capture.arrays, CheckSettings()
     )
     names = [o.name for o in report.outputs]
     assert names == ["last_hidden_state", "last_hidden_state@second_shape"]
     assert report.ok, report.summary_lines()
+    assert sessions == [tmp_path / "model.onnx"]  # one session serves both shapes

@@ -99,6 +99,47 @@ def test_onnxruntime_genai_runs_the_quantized_model_of_the_published_folder(
     assert any(s["free_running"] != prompts[i] for i, s in enumerate(decode["sequences"][:2]))
 
 
+def test_evaluate_loads_each_folder_into_onnxruntime_genai_once(
+    int4: tuple[Path, BuildOutcome], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every decode of a folder (each prompt; forced and free for the quantized one) shares one
+    ``og.Model``: a load creates an ONNX Runtime session, seconds for a large model."""
+    import dataclasses
+
+    import onnxruntime_genai as og
+
+    tmp_path, first = int4
+    loaded: list[str] = []
+    real = og.Model
+
+    def counting(folder: str) -> Any:
+        loaded.append(next(Path(folder).glob("model*.onnx")).name)
+        return real(folder)
+
+    monkeypatch.setattr(og, "Model", counting)
+    recipe, settings = compose_recipe(
+        [
+            f"recipe={RECIPE}",
+            "quantize.method=int4_block",
+            f"build.cache_dir={tmp_path / 'cache'}",
+            f"build.outputs_dir={tmp_path / 'again'}",
+        ]
+    )
+    settings = dataclasses.replace(settings, force=("evaluate",))
+    outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    assert outcome.exit_code == 0, outcome.lines
+    assert statuses(outcome)["evaluate"] == "ran"
+    assert sorted(loaded) == ["model.onnx", "model.quantized.onnx"]
+
+    # The same decodes, float and quantized, as the first build's.
+    def read(folder: Path, name: str) -> Any:
+        return json.loads((folder / name).read_text())
+
+    again, before = outcome.out_dir, first.out_dir
+    assert read(again, "generation_check.json") == read(before, "generation_check.json")
+    assert read(again, "check.json")["quantized"] == read(before, "check.json")["quantized"]
+
+
 def test_the_check_reports_token_agreement_and_logits_cosine(
     int4: tuple[Path, BuildOutcome],
 ) -> None:
