@@ -206,17 +206,10 @@ def decode_text_generation(
     """Decode the reference's prompts with the exported model, in onnxruntime-genai one by one
     and in ONNX Runtime as a padded batch; write what came out. With ``quantize_dir``, the
     quantized model's decode too (:func:`decode_quantized_generation`)."""
-    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_model
-
     reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
     steps = int(reference["max_new_tokens"])
     arrays: dict[str, np.ndarray] = {}
-    single: list[list[int]] = []
-    with genai_model(rewrite_dir, trace_dir / GENAI_CONFIG, out_dir) as model:
-        for i, prompt in enumerate(reference["prompts"]):
-            tokens, logits = genai_decode(model, prompt, steps)
-            single.append(tokens)
-            arrays[f"single.{i}"] = logits
+    single = _genai_singles(rewrite_dir, trace_dir / GENAI_CONFIG, out_dir, reference, arrays)
     batch: list[list[int]] = []
     if reference["batch"]:
         ids, mask = left_padded(reference["prompts"], int(reference["pad_token_id"]))
@@ -243,6 +236,49 @@ def decode_text_generation(
         decode_quantized_generation(trace_dir, quantize_dir, out_dir, record)
 
 
+def _genai_singles(
+    model_dir: Path,
+    genai_config: Path,
+    scratch: Path,
+    reference: Mapping[str, Any],
+    arrays: dict[str, np.ndarray],
+) -> list[list[int]]:
+    """Each prompt decoded alone in onnxruntime-genai, one model loaded for all of them; the
+    logits go into ``arrays`` (``single.<i>``). The model is let go on return, before the
+    caller's ONNX Runtime session of the same weights is made (both at once: 5 GB more at 1B)."""
+    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_model
+
+    steps = int(reference["max_new_tokens"])
+    single: list[list[int]] = []
+    with genai_model(model_dir, genai_config, scratch) as model:
+        for i, prompt in enumerate(reference["prompts"]):
+            tokens, arrays[f"single.{i}"] = genai_decode(model, prompt, steps)
+            single.append(tokens)
+    return single
+
+
+def _genai_quantized(
+    quantize_dir: Path,
+    scratch: Path,
+    reference: Mapping[str, Any],
+    floats: Mapping[str, Any],
+    arrays: dict[str, np.ndarray],
+) -> list[list[int]]:
+    """The quantized folder in onnxruntime-genai, one model for every prompt: each prompt fed
+    the float decode's tokens (logits into ``arrays``), then decoded freely (returned). The
+    model is let go on return, as in :func:`_genai_singles`."""
+    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_forced, genai_model
+
+    steps = int(reference["max_new_tokens"])
+    free: list[list[int]] = []
+    genai_config = quantize_dir / GENAI_CONFIG
+    with genai_model(quantize_dir, genai_config, scratch, QUANTIZED_MODEL_FILE) as model:
+        for i, prompt in enumerate(reference["prompts"]):
+            arrays[f"single.{i}"] = genai_forced(model, prompt, floats["single"][i])
+            free.append(genai_decode(model, prompt, steps)[0])
+    return free
+
+
 def _eos_ids(trace_dir: Path) -> list[int]:
     """The end-of-sequence ids of the trace's ``genai_config.json``."""
     genai = json.loads((trace_dir / GENAI_CONFIG).read_text(encoding="utf-8"))
@@ -260,17 +296,10 @@ def decode_quantized_generation(
     (the tokens a user of the folder gets); the padded batch in ONNX Runtime, fed the same way.
     Writes ``generation_quantized.json`` and ``.npz`` (``single.<i>``, ``batch``: the logits
     along the float decode)."""
-    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_forced, genai_model
-
     reference = json.loads((trace_dir / GENERATION_REFERENCE_JSON).read_text(encoding="utf-8"))
     steps = int(reference["max_new_tokens"])
     arrays: dict[str, np.ndarray] = {}
-    free: list[list[int]] = []
-    genai_config = quantize_dir / GENAI_CONFIG
-    with genai_model(quantize_dir, genai_config, out_dir, QUANTIZED_MODEL_FILE) as model:
-        for i, prompt in enumerate(reference["prompts"]):
-            arrays[f"single.{i}"] = genai_forced(model, prompt, floats["single"][i])
-            free.append(genai_decode(model, prompt, steps)[0])
+    free = _genai_quantized(quantize_dir, out_dir, reference, floats, arrays)
     if floats["batch"]:
         pad = int(reference["pad_token_id"])
         ids, mask = left_padded(reference["prompts"], pad)

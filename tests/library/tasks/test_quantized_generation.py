@@ -103,20 +103,34 @@ def test_evaluate_loads_each_folder_into_onnxruntime_genai_once(
     int4: tuple[Path, BuildOutcome], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every decode of a folder (each prompt; forced and free for the quantized one) shares one
-    ``og.Model``: a load creates an ONNX Runtime session, seconds for a large model."""
+    ``og.Model``: a load creates an ONNX Runtime session, seconds for a large model. It is let
+    go before the padded batch's ONNX Runtime session of the same weights is made."""
     import dataclasses
+    import gc
+    import weakref
 
     import onnxruntime_genai as og
 
+    from hyperexport.library.tasks import decode
+
     tmp_path, first = int4
     loaded: list[str] = []
-    real = og.Model
+    alive: list[weakref.ref[Any]] = []
+    real, real_session = og.Model, decode.session
 
     def counting(folder: str) -> Any:
         loaded.append(next(Path(folder).glob("model*.onnx")).name)
-        return real(folder)
+        model = real(folder)
+        alive.append(weakref.ref(model))
+        return model
+
+    def session(path: Path) -> Any:
+        gc.collect()
+        assert [r for r in alive if r() is not None] == [], f"a genai model is alive at {path}"
+        return real_session(path)
 
     monkeypatch.setattr(og, "Model", counting)
+    monkeypatch.setattr(decode, "session", session)
     recipe, settings = compose_recipe(
         [
             f"recipe={RECIPE}",
