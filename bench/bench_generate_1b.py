@@ -360,6 +360,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def built_code() -> str:
+    """The hyperexport the build's ``python -m hyperexport`` imports, and its commit.
+
+    It runs in this process's working directory, which ``python -m`` puts first on the path,
+    before ``PYTHONPATH`` and the installed package: to build another tree's code, run this
+    script from that tree.
+    """
+    where = subprocess.run(
+        [sys.executable, "-c", "import hyperexport; print(hyperexport.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    folder = Path(where).parent.parent
+    commit = subprocess.run(
+        ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return f"{folder} at {commit or 'no git commit'}"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     options = RecipeOptions(
@@ -375,7 +398,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     weights_gb = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / 1e9
     free = wait_for_memory(args.min_free_gib)
     load_before = _load()
-    print(f"{free:.1f} GiB available, load {load_before}", flush=True)
+    code = built_code()
+    print(f"{free:.1f} GiB available, load {load_before}; building with {code}", flush=True)
     ours = build_ours(out, recipe, options.tag)
     print(
         f"{options.tag}: wall {ours['wall_s']:.0f} s, CPU {ours['cpu_s']:.0f} s, "
@@ -394,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     summary = {
         "options": asdict(options),
         "recipe": str(recipe),
+        "code": code,
         "weights_gb": round(weights_gb, 3),
         "load_before": load_before,
         "load_after": _load(),
