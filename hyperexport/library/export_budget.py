@@ -21,9 +21,9 @@ from hyperexport.library.model_file import check_inline_size
 #: Memory an export takes beyond the loaded model, over the weights' bytes (measured, issue 12:
 #: 1.23x peak RSS for per_type/per_instance on both paths, with the model itself at 1.0x).
 EXPORT_OVERHEAD = 0.3
-#: The copies of the weights a build keeps on the cache's disk at its peak: the export's data file
-#: and the build's one checkout of it, moved from stage to stage and handed to the published
-#: folder (measured at 8B: 2.00x the data file, docs/streaming.md).
+#: The copies of the weights a build keeps on the cache's disk at its peak: the export's data file,
+#: kept as the build's one copy (moved from stage to stage and handed to the published folder),
+#: and its blob in the cache (measured at 8B: 2.00x the data file, docs/streaming.md).
 DISK_COPIES = 2
 #: What the interpreter, torch and transformers take before any weight (measured: 0.3 GB).
 BASELINE_BYTES = 512 << 20
