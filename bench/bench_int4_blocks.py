@@ -26,8 +26,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+
+#: One quantized weight: packed codes, scales, zero points.
+Quantized = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 #: hidden, intermediate, layers, query heads, key/value heads, head size.
 SHAPES = {
@@ -54,20 +59,20 @@ def projection_weights(shape: str, seed: int = 0) -> list[np.ndarray]:
     return [w.copy() for _ in range(layers) for w in one_layer]
 
 
-def ours(weights: list[np.ndarray], block_size: int) -> list[tuple[np.ndarray, ...]]:
+def ours(weights: list[np.ndarray], block_size: int) -> list[Quantized]:
     from hyperexport.library.passes.quantize_weights import quantize_int4_blocks
 
-    out = []
+    out: list[Quantized] = []
     for w in weights:
         q = quantize_int4_blocks(w.T, block_size)
         out.append((q.packed, q.scales, q.zero_points))
     return out
 
 
-def ort(weights: list[np.ndarray], block_size: int) -> list[tuple[np.ndarray, ...]]:
+def ort(weights: list[np.ndarray], block_size: int) -> list[Quantized]:
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
-    out = []
+    out: list[Quantized] = []
     for w in weights:
         k, n = w.shape
         blocks = -(-k // block_size)
@@ -79,15 +84,13 @@ def ort(weights: list[np.ndarray], block_size: int) -> list[tuple[np.ndarray, ..
     return out
 
 
-def _timed(fn, *args) -> tuple[float, float, object]:  # type: ignore[no-untyped-def]
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[float, float, Any]:
     wall, cpu = time.perf_counter(), time.process_time()
     result = fn(*args)
     return time.perf_counter() - wall, time.process_time() - cpu, result
 
 
-def agreement(
-    a: list[tuple[np.ndarray, ...]], b: list[tuple[np.ndarray, ...]]
-) -> tuple[float, float]:
+def agreement(a: list[Quantized], b: list[Quantized]) -> tuple[float, float]:
     """Share of equal 4-bit codes, and the largest relative difference of the scales."""
     equal = total = 0
     worst = 0.0
@@ -110,7 +113,7 @@ def main() -> None:
     params = sum(w.size for w in weights)
     print(f"{args.shape}: {len(weights)} weights, {params / 1e6:.0f} M parameters", flush=True)
     runs: dict[str, list[tuple[float, float]]] = {"ours": [], "ort": []}
-    results = {}
+    results: dict[str, list[Quantized]] = {}
     for name, fn in (("ours", ours), ("ort", ort)):  # warm-up
         results[name] = fn(weights, args.block_size)
     for _ in range(args.repeat):

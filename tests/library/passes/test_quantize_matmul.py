@@ -239,3 +239,35 @@ def test_int4_chunks_and_threads_give_the_same_bytes_as_one_block_at_a_time(
         for got, want in zip((q.packed, q.scales, q.zero_points), expected, strict=True):
             assert got.dtype == want.dtype and got.shape == want.shape
             np.testing.assert_array_equal(got, want)
+
+
+def _unpacked(packed: np.ndarray) -> np.ndarray:
+    """``[N, blocks, half]`` uint8 pairs as ``[N, blocks * 2 * half]`` codes, low nibble first."""
+    codes = np.stack([packed & 0xF, packed >> 4], axis=-1)
+    return codes.reshape(packed.shape[0], -1)
+
+
+def test_int4_blocks_agree_with_onnxruntimes_own_quantizer() -> None:
+    """The layout and the numbers of ONNX Runtime's ``MatMulNBitsQuantizer`` (its C++
+    ``quantize_matmul_4bits``, asymmetric): the same scales, the same codes but for halfway
+    cases the two round apart, and zero points within one step; what neither reads (the
+    padding's codes, the last zero point's spare nibble) may differ."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    rng = np.random.default_rng(11)
+    for k, n in ((256, 96), (72, 40)):  # K padded to whole blocks in the second
+        kn = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
+        ours = quantize_int4_blocks(kn.T, 32)
+        blocks = -(-k // 32)
+        packed = np.zeros((n, blocks, 16), dtype=np.uint8)
+        zeros = np.zeros((n, (blocks + 1) // 2), dtype=np.uint8)
+        scales = np.zeros((n, blocks), dtype=np.float32)
+        quantize_matmul_4bits(packed, kn, scales, zeros, 32, n, k, False)
+        np.testing.assert_allclose(ours.scales, scales.reshape(-1), rtol=1e-6)
+        # The codes of K's own elements (the padding's are never read).
+        same = np.mean(_unpacked(ours.packed)[:, :k] == _unpacked(packed)[:, :k])
+        assert same > 0.999, same
+        # The zero points of the blocks (an odd count leaves a nibble unread: ORT writes 8 there).
+        z_ours = _unpacked(ours.zero_points.reshape(n, 1, -1))[:, :blocks].astype(int)
+        z_ort = _unpacked(zeros.reshape(n, 1, -1))[:, :blocks].astype(int)
+        assert np.max(np.abs(z_ours - z_ort)) <= 1
