@@ -4,11 +4,12 @@ committed results (bench/versions/*.json): a leg run again without regenerating 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.helpers.scripts import load_script
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -19,13 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "versions_table", REPO / "bench" / "versions_table.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/versions_table.py")
 
 
 def test_the_docs_table_is_up_to_date() -> None:
@@ -67,10 +62,7 @@ def test_pyproject_floors_are_the_floors_leg() -> None:
 
 def test_every_result_is_of_its_leg_as_noxfile_defines_it_today() -> None:
     """A leg redefined (its floors lowered) leaves no row of its old stack under its name."""
-    spec = importlib.util.spec_from_file_location("noxfile_legs", REPO / "noxfile.py")
-    assert spec is not None and spec.loader is not None
-    noxfile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noxfile)
+    noxfile = load_script("noxfile.py", "noxfile_legs")
     for leg, result in _script().load_results().items():
         assert leg in noxfile.LEGS, f"bench/versions/{leg}.json: no such leg in noxfile.py"
         assert result["pins"] == noxfile.LEGS[leg], f"{leg}: run again (its pins changed)"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -11,8 +9,7 @@ from typing import Any
 import pytest
 
 from hyperexport.product.config.hydra import compose_recipe
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.scripts import load_script
 
 # The recipe the script wrote before --fuse and --quantize (torchscript, 8 tokens).
 BEFORE = (
@@ -27,14 +24,7 @@ BEFORE = (
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_generate_1b", REPO / "bench" / "bench_generate_1b.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/bench_generate_1b.py")
 
 
 def _options(bench: ModuleType, *argv: str) -> Any:

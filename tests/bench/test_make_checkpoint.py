@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,19 +12,13 @@ import pytest
 import torch
 
 from hyperexport.base import versions
+from tests.helpers.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "make_checkpoint", REPO / "bench" / "make_checkpoint.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/make_checkpoint.py")
 
 
 @pytest.fixture(scope="module")

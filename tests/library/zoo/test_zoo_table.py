@@ -4,25 +4,18 @@ again fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from hyperexport.zoo import expected_failures
 from tests.helpers.recipes import RECIPES, USABLE
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.helpers.scripts import load_script
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("zoo_table", REPO / "bench" / "zoo_table.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/zoo_table.py")
 
 
 def test_every_zoo_recipe_was_measured_on_both_paths() -> None:
