@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from hyperexport.base.contracts.names import MODEL_FILE
+from hyperexport.engine.files import clone_or_copy
 from hyperexport.library.tasks.registry import GENAI_CONFIG
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,9 @@ def genai_model(
     fp32 took 18 s of each 19 s decode when every prompt loaded its own, measured here).
 
     onnxruntime-genai takes a folder and refuses a model path outside it, so the model, its
-    data file and ``genai_config.json`` are copied into a folder under ``scratch``, removed on
-    exit (a copy of the weights: for a large model, evaluate needs that much disk for the
-    duration). Not hard links: a link changes the input's ctime, and the build then no longer
+    data file and ``genai_config.json`` are cloned into a folder under ``scratch``, removed on
+    exit (a reflink where the filesystem has them; else a copy of the weights: for a large
+    model, evaluate needs that much disk for the duration). Not hard links: a link changes the input's ctime, and the build then no longer
     trusts its held copy of the data file (``engine/workspace.py``). Symlinks neither: ONNX
     Runtime refuses external data that leaves the model's folder.
     """
@@ -41,7 +42,7 @@ def genai_model(
         data = sorted(p.name for p in model_dir.iterdir() if p.name.startswith(model_file + "."))
         names = [model_file, *data]
         for name in names:
-            shutil.copyfile((model_dir / name).resolve(), folder / name)
+            clone_or_copy((model_dir / name).resolve(), folder / name)
         shutil.copyfile(genai_config, folder / GENAI_CONFIG)
         yield og.Model(str(folder))
     finally:
