@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,40 @@ def test_interrupt_propagates_and_cleans_scratch(store: CacheStore, bad: type) -
     with pytest.raises(bad):
         _build(store, stages)
     assert not list((store.root / "tmp").iterdir())
+
+
+def test_what_a_stage_leaves_in_reference_cycles_is_collected_before_the_next_runs(
+    store: CacheStore,
+) -> None:
+    """A stage's garbage in cycles (an onnx_ir model holds its data file's memory maps that
+    way) is gone before the next stage starts, not whenever Python's collector comes round:
+    automatic collection is off here, so only the runner's own collection can free it."""
+    import gc
+    import weakref
+
+    class Held:
+        """Stands for a large object kept alive only by a cycle."""
+
+    left: list[weakref.ref[Held]] = []
+    seen_alive: dict[str, bool] = {}
+
+    @dataclass
+    class Leaving(FakeStage):
+        def run(self, params: Any, inputs: Any, out_dir: Path) -> None:
+            seen_alive[self.name] = any(r() is not None for r in left)
+            cycle: dict[str, Any] = {"held": Held()}
+            cycle["self"] = cycle
+            left.append(weakref.ref(cycle["held"]))
+            super().run(params, inputs, out_dir)
+
+    stages = [
+        Leaving(s.name, reads=s.reads, upstream=s.upstream, needs_model=s.needs_model)
+        for s in pipeline()
+    ]
+    gc.disable()
+    try:
+        result = _build(store, stages)
+    finally:
+        gc.enable()
+    assert statuses(result) == dict.fromkeys(("trace", "export", "rewrite", "check"), "ran")
+    assert seen_alive == dict.fromkeys(("trace", "export", "rewrite", "check"), False)
