@@ -307,11 +307,11 @@ class Runner:
             if not any(s.needs_model for s in request.stages[index + 1 :]):
                 released = model.release()  # the check stage runs without the weights in memory
             if outcome.status == "ran" and not released:
-                # What the stage left in reference cycles (an onnx_ir model: nodes and values
-                # refer to each other) holds its memory maps and buffers until Python's own
-                # collection comes round, which a few large objects do not trigger. At the 1B
-                # shape that kept the export's 4.9 GB data file and the checkpoint mapped into
-                # evaluate: peak RSS 18.5 GB, 11.1 GB with this (bench/README.md).
+                # What the stage left in reference cycles (a graph whose nodes and values refer
+                # to each other) holds its memory maps and buffers until Python's own collection
+                # comes round, which a few large objects do not trigger. In a 1B-parameter build
+                # that kept a 4.9 GB data file and the checkpoint mapped into a later stage: peak
+                # RSS 18.5 GB, 11.1 GB with this (measured: the benchmarks' README).
                 gc.collect()
             if outcome.status == "would_run":
                 pending.add(stage.name)
