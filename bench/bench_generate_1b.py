@@ -8,12 +8,11 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
 
 1. A seeded random ``LlamaForCausalLM`` of Llama-3.2-1B's shape (hidden 2048, 16 layers, 32
    heads, 8 kv heads, intermediate 8192, vocab 128256, tied embeddings, rope_theta 500000) is
-   saved with ``save_pretrained`` to ``OUT/ckpt`` (about 4.9 GB, in its own process, about 4
-   minutes; never committed), with a word-level ``tokenizer.json`` over the vocabulary
-   (``bench_generation.py``'s ``write_tokenizer``) so that onnxruntime-genai's model builder can
-   read the same folder. A folder with ``config.json`` and ``tokenizer.json`` (written last) is
-   kept as it is; ``--reuse-checkpoint`` keeps one with ``config.json``, its safetensors and
-   ``tokenizer.json``.
+   saved with ``save_pretrained`` to ``OUT/ckpt`` (about 4.9 GB, in its own process: 53 s on an
+   idle machine here, 212 s on a loaded one; never committed), with a word-level
+   ``tokenizer.json`` over the vocabulary (``bench_generation.py``'s ``write_tokenizer``) so
+   that onnxruntime-genai's model builder can read the same folder. A folder that already holds
+   ``config.json``, every safetensors file and ``tokenizer.json`` (written last) is kept.
 2. A recipe (``OUT/bench_1b_generate_<path>[_fused][_int4].yaml``) loads it through
    ``hyperexport.models.pretrained`` with ``task: text-generation``, two prompts and ``--tokens``
    new tokens. ``--fuse onnxruntime`` adds ``attention: {implementation: hyperexport}`` and
@@ -165,18 +164,10 @@ def checkpoint_complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in names)
 
 
-def write_checkpoint(folder: Path, seed: int, reuse: bool = False) -> None:
-    """Save the random 1B-shaped checkpoint (and a tokenizer) in a child process.
-
-    A folder holding ``config.json`` and ``tokenizer.json`` (written last) is kept; with
-    ``reuse``, one holding ``config.json``, every safetensors file and ``tokenizer.json``
-    (:func:`checkpoint_complete`), and any other is written over.
-    """
-    if reuse:
-        if checkpoint_complete(folder):
-            print(f"checkpoint reused: {folder}")
-            return
-    elif (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
+def write_checkpoint(folder: Path, seed: int) -> None:
+    """Save the random 1B-shaped checkpoint (and a tokenizer) in a child process, unless the
+    folder already holds a complete one (:func:`checkpoint_complete`)."""
+    if checkpoint_complete(folder):
         print(f"checkpoint exists: {folder}")
         return
     code = _WRITE_CHECKPOINT.format(
@@ -350,11 +341,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--accuracy-level", type=int, choices=range(5), default=4, help="int4: MatMulNBits'"
     )
     parser.add_argument(
-        "--reuse-checkpoint",
-        action="store_true",
-        help="keep OUT/ckpt when its config.json, safetensors and tokenizer.json exist",
-    )
-    parser.add_argument(
         "--builder", action="store_true", help="then onnxruntime-genai's builder, int4 and fp32"
     )
     return parser.parse_args(argv)
@@ -392,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "ckpt"
     wait_for_memory(args.min_free_gib)
-    write_checkpoint(checkpoint, args.seed, args.reuse_checkpoint)
+    write_checkpoint(checkpoint, args.seed)
     recipe = out / f"bench_1b_generate_{options.tag}.yaml"
     write_recipe(recipe, checkpoint, options)
     weights_gb = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / 1e9

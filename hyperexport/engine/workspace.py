@@ -31,7 +31,7 @@ So a build whose data file is unchanged by the passes writes the weights twice i
 the model (the export's file, kept as the build's copy) and once into the cache (its blob, a copy
 hashed as it is written); the kept copy is moved to the next stage's checkout and, at the end,
 into the publication. The cache, its scratch and the outputs never hold more than those two (a
-previous publication being replaced aside: it stays until the link swaps). Measured on a 1 GB
+previous publication being replaced aside: it stays until the link swaps). Measured on a 2 GB
 file here (ext4, no reflinks): a copy hashed on the way costs what the plain copy costs, and the
 old order (move in, copy out, hash the copy) read the file once more.
 """

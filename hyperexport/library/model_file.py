@@ -111,9 +111,9 @@ def save_external(
     as the new data file (with ``consume``, moved: for a caller whose bundle is temporary and on
     the same filesystem, so the weights are written once in all), unless the model reads less
     than :data:`CLONE_MIN_LIVE` of it: then every tensor is written into a fresh file. Tensors
-    in memory of at least ``threshold`` bytes are appended; smaller ones stay in the protobuf. The data file is moved
-    into place first and the model last, so a reader never sees a model without its data.
-    ``model`` is left unchanged (after ``consume`` its references point at the moved file).
+    in memory of at least ``threshold`` bytes are appended; smaller ones stay in the protobuf.
+    The data file is moved into place first and the model last, so a reader never sees a model
+    without its data. ``model`` is left unchanged (after ``consume`` its references point at the moved file).
 
     With ``link_unchanged`` and nothing to append, the data file is a symlink to that file (its
     real path) instead of a clone: for the build's rewrite stage, whose store records such a

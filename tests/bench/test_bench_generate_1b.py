@@ -90,3 +90,20 @@ def test_startup_to_the_model_leaves_out_evaluate_and_check() -> None:
     bench = _load()
     stages = {"trace": 10.0, "quantize": 5.0, "evaluate": 30.0, "check": 2.0}
     assert bench.startup_to_model(50.0, stages) == 18.0
+
+
+def test_a_checkpoint_is_kept_only_when_every_file_it_names_is_there(tmp_path: Path) -> None:
+    import json
+
+    bench = _load()
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / name).write_text("{}")
+    assert not bench.checkpoint_complete(tmp_path)  # a save that died before the weights
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert bench.checkpoint_complete(tmp_path)
+    shards = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shards}))
+    (tmp_path / shards["a"]).write_bytes(b"")
+    assert not bench.checkpoint_complete(tmp_path)  # sharded, one shard missing
+    (tmp_path / shards["b"]).write_bytes(b"")
+    assert bench.checkpoint_complete(tmp_path)

@@ -213,7 +213,9 @@ def test_a_kept_output_a_stage_then_changed_is_copied_from_the_blob_afresh(
         assert weights.read_bytes() == BIG
 
 
-def test_small_files_and_known_blobs_are_not_kept(store: CacheStore, tmp_path: Path) -> None:
+def test_a_blob_already_there_is_reused_and_a_small_file_is_not_kept(
+    store: CacheStore, tmp_path: Path
+) -> None:
     store.commit(KEY_A, "export", _out(tmp_path))  # the blob is there before the build
     with Workspace(store) as ws:
         out = _out(tmp_path, "again")

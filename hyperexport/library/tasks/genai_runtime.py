@@ -25,15 +25,17 @@ def genai_model(
     model_dir: Path, genai_config: Path, scratch: Path, model_file: str = MODEL_FILE
 ) -> Iterator[Any]:
     """onnxruntime-genai's model (``og.Model``) of ``model_file`` as published: loaded once,
-    for every decode of the block (a load creates the ONNX Runtime session, which at 1B in
-    fp32 took 18 s of each 19 s decode when every prompt loaded its own, measured here).
+    for every decode of the block. A load creates the ONNX Runtime session: at the 1B shape in
+    fp32, each prompt's decode took 22 s when it loaded its own (cProfile), and evaluate went
+    from 137 to 95 s with one load per folder (bench/README.md).
 
     onnxruntime-genai takes a folder and refuses a model path outside it, so the model, its
     data file and ``genai_config.json`` are cloned into a folder under ``scratch``, removed on
     exit (a reflink where the filesystem has them; else a copy of the weights: for a large
-    model, evaluate needs that much disk for the duration). Not hard links: a link changes the input's ctime, and the build then no longer
-    trusts its held copy of the data file (``engine/workspace.py``). Symlinks neither: ONNX
-    Runtime refuses external data that leaves the model's folder.
+    model, evaluate needs that much disk for the duration). Not hard links: a link changes the
+    input's ctime, and the build then no longer trusts its held copy of the data file
+    (``engine/workspace.py``). Symlinks neither: ONNX Runtime refuses external data that leaves
+    the model's folder.
     """
     import onnxruntime_genai as og
 

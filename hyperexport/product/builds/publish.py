@@ -11,12 +11,11 @@ Layout under ``<outputs>/<recipe>/`` (documented in outputs/README.md)::
 
 A publication is written in full under ``.builds/`` (files cloned from the cache with
 :func:`~hyperexport.engine.files.clone_or_copy_hashed` and verified by the digest of the bytes
-copied, or, for a large file the build already copied out and verified, that copy moved in:
-``workspace.py``), then the link is
-swapped with one ``os.replace``: a reader that resolves the link sees the previous build or the
-new one, never a mix, also when the build is killed at any point. The previous directory is
-removed after the swap; directories left by killed builds (no link points at them and their lock
-is free) are removed by the next publication in the same recipe folder (``cleanup.py``). The
+copied, or, for a large file the build already holds verified, that copy moved in:
+``workspace.py``), then the link is swapped with one ``os.replace``: a reader that resolves the
+link sees the previous build or the new one, never a mix, also when the build is killed at any
+point. The previous directory is removed after the swap; directories left by killed builds (no
+link points at them and their lock is free) are removed by the next publication in the same recipe folder (``cleanup.py``). The
 report it writes beside the artifacts is ``report.py``'s; the layout's names are ``layout.py``'s.
 
 A failed build never touches ``<variant>``: the last good artifact stays, and what the failed
