@@ -17,7 +17,8 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
    ``hyperexport.models.pretrained`` with ``task: text-generation``, two prompts and ``--tokens``
    new tokens. ``--fuse onnxruntime`` adds ``attention: {implementation: hyperexport}`` and
    ``rewrite: {fuse: onnxruntime}``; ``--quantize int4_block`` adds ``quantize: {method:
-   int4_block, block_size: --block-size, accuracy_level: --accuracy-level}`` and makes the
+   int4_block, block_size: --block-size, accuracy_level: --accuracy-level, symmetric:
+   --symmetric}`` and makes the
    quantized gates report-only (``check.quantized``: ``decode: report``, ``min_cosine`` and
    ``min_top1`` 0, ``max_rel_error`` 1e6): on random weights the int4 model's agreement with
    the float one means nothing.
@@ -32,7 +33,7 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
    Without ``--quantize`` the quantize stage does nothing and the figure ends at the float model.
 4. With ``--builder``, after our build: onnxruntime-genai's model builder on the same checkpoint
    under ``memwatch.py``, ``-p int4 -e cpu`` (``--extra_options block_size=--block-size
-   accuracy_level=--accuracy-level``) then ``-p fp32 -e cpu``, each into an emptied folder, and a
+   accuracy_level=--accuracy-level is_symmetric=--symmetric``: the same int4 layout as ours) then ``-p fp32 -e cpu``, each into an emptied folder, and a
    table: wall, CPU and peaks of each, and the ratio of our start-up-to-quantized wall to the
    builder's int4 wall (and to its fp32 wall when not quantizing). The builder verifies nothing.
 
@@ -121,6 +122,7 @@ class RecipeOptions:
     quantize: str = "none"
     block_size: int = 32
     accuracy_level: int = 4
+    symmetric: bool = False
 
     @property
     def tag(self) -> str:
@@ -195,7 +197,8 @@ def recipe_text(name: str, checkpoint: Path, options: RecipeOptions) -> str:
     if options.quantize != "none":
         text += (
             f"quantize: {{method: {options.quantize}, block_size: {options.block_size},"
-            f" accuracy_level: {options.accuracy_level}}}\n"
+            f" accuracy_level: {options.accuracy_level},"
+            f" symmetric: {str(options.symmetric).lower()}}}\n"
         )
         text += _REPORT_ONLY
     return text
@@ -269,8 +272,9 @@ def builder_command(
     checkpoint: Path, out: Path, precision: str, options: RecipeOptions
 ) -> list[str]:
     """onnxruntime-genai's model builder on ``checkpoint`` for the CPU at ``precision``; int4 in
-    blocks of ``options.block_size`` at ``options.accuracy_level`` (the builder's CPU defaults
-    are 32 and 4, passed anyway)."""
+    blocks of ``options.block_size`` at ``options.accuracy_level``, symmetric as
+    ``options.symmetric`` says, so that both int4 models have the same layout (the builder's CPU
+    defaults are 32, 4 and symmetric, passed anyway)."""
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder"]
     command += ["-i", str(checkpoint), "-o", str(out / f"builder_{precision}"), "-p", precision]
     command += ["-e", "cpu", "-c", str(out / f"builder_cache_{precision}")]
@@ -279,6 +283,7 @@ def builder_command(
             "--extra_options",
             f"block_size={options.block_size}",
             f"accuracy_level={options.accuracy_level}",
+            f"is_symmetric={str(options.symmetric).lower()}",
         ]
     return command
 
@@ -341,9 +346,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--accuracy-level", type=int, choices=range(5), default=4, help="int4: MatMulNBits'"
     )
     parser.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="int4: quantize.symmetric (no zero points), and the builder's is_symmetric to match",
+    )
+    parser.add_argument(
         "--builder", action="store_true", help="then onnxruntime-genai's builder, int4 and fp32"
     )
     return parser.parse_args(argv)
+
+
+def recipe_options(args: argparse.Namespace) -> RecipeOptions:
+    """The recipe's settings from the command line."""
+    return RecipeOptions(
+        args.dynamo,
+        args.tokens,
+        args.fuse,
+        args.quantize,
+        args.block_size,
+        args.accuracy_level,
+        args.symmetric,
+    )
 
 
 def built_code() -> str:
@@ -371,9 +394,7 @@ def built_code() -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    options = RecipeOptions(
-        args.dynamo, args.tokens, args.fuse, args.quantize, args.block_size, args.accuracy_level
-    )
+    options = recipe_options(args)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "ckpt"

@@ -148,21 +148,29 @@ def export_both(model: Any, folder: Path, fuse: bool = False) -> dict[str, Path]
     )
     if not fuse:
         return {"hierarchical": hier, "flat": flat}
-    fused_int4 = folder / "fused_int4"
-    quantize_fused(fused, fused_int4, shared)
-    return {"hierarchical": hier, "flat": flat, "fused": fused, "fused int4": fused_int4}
+    fused_int4, symmetric = folder / "fused_int4", folder / "fused_int4_symmetric"
+    quantize_fused(fused, fused_int4, shared, symmetric=False)
+    quantize_fused(fused, symmetric, shared, symmetric=True)
+    return {
+        "hierarchical": hier,
+        "flat": flat,
+        "fused": fused,
+        "fused int4": fused_int4,
+        "fused int4 symmetric": symmetric,
+    }
 
 
-def quantize_fused(fused: Path, target: Path, genai: dict[str, Any]) -> None:
+def quantize_fused(fused: Path, target: Path, genai: dict[str, Any], symmetric: bool) -> None:
     """The fused model quantized as ``quantize.method=int4_block`` does (blocks of 32, the
-    builder's CPU ``accuracy_level`` 4), into ``target`` with the same genai config."""
+    builder's CPU ``accuracy_level`` 4; ``symmetric``: ``quantize.symmetric``, the builder's
+    layout), into ``target`` with the same genai config."""
     import onnx_ir as ir
 
     from hyperexport.library.model_file import save_model
     from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass
 
     model = ir.load(fused / "model.onnx")
-    QuantizeMatMulsPass("int4_block", 32, (), 4)(model)
+    QuantizeMatMulsPass("int4_block", 32, (), 4, symmetric)(model)
     target.mkdir(parents=True)
     save_model(model, target / "model.onnx", external_data=True)
     (target / "genai_config.json").write_text(json.dumps(genai))

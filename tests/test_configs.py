@@ -329,6 +329,7 @@ def test_quantize_defaults_do_nothing() -> None:
         "block_size": 32,
         "exclude": [],
         "accuracy_level": 4,
+        "symmetric": False,
     }
     assert recipe.data["check"]["quantized"] == {
         "min_cosine": 0.95,

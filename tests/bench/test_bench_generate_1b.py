@@ -28,10 +28,7 @@ def _load() -> ModuleType:
 
 
 def _options(bench: ModuleType, *argv: str) -> Any:
-    args = bench.parse_args(["out", *argv])
-    return bench.RecipeOptions(
-        args.dynamo, args.tokens, args.fuse, args.quantize, args.block_size, args.accuracy_level
-    )
+    return bench.recipe_options(bench.parse_args(["out", *argv]))
 
 
 def test_without_options_the_recipe_is_what_it_was() -> None:
@@ -75,13 +72,21 @@ def test_an_unknown_fuse_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "invalid choice: 'standard'" in capsys.readouterr().err
 
 
-def test_the_builder_gets_the_block_size_and_accuracy_level_at_int4_only() -> None:
+def test_the_builder_gets_our_int4_layout_at_int4_only() -> None:
+    """Block size, accuracy level and symmetry as our recipe has them (the builder's own
+    default is symmetric: without ``--symmetric`` it is told otherwise)."""
     bench = _load()
     options = _options(bench, "--block-size", "64", "--accuracy-level", "2")
     int4 = bench.builder_command(Path("/c/ckpt"), Path("/o"), "int4", options)
     assert int4[int4.index("-i") + 1] == "/c/ckpt" and int4[int4.index("-p") + 1] == "int4"
     assert int4[int4.index("-e") + 1] == "cpu"
-    assert int4[-3:] == ["--extra_options", "block_size=64", "accuracy_level=2"]
+    extra = ["--extra_options", "block_size=64", "accuracy_level=2", "is_symmetric=false"]
+    assert int4[-4:] == extra
+    symmetric = _options(bench, "--quantize", "int4_block", "--symmetric")
+    assert "symmetric: true" in bench.recipe_text("r", Path("/c/ckpt"), symmetric)
+    assert (
+        bench.builder_command(Path("/c"), Path("/o"), "int4", symmetric)[-1] == "is_symmetric=true"
+    )
     fp32 = bench.builder_command(Path("/c/ckpt"), Path("/o"), "fp32", options)
     assert "--extra_options" not in fp32 and fp32[fp32.index("-p") + 1] == "fp32"
 

@@ -28,7 +28,7 @@ def _probe_model(method: str, dtype: np.dtype, accuracy_level: int = 0) -> ir.Mo
     attributes: dict[str, int] = {}
     if method == INT4_BLOCK:
         q = quantize_int4_blocks(weight, 16)
-        arrays = [q.packed, q.scales, q.zero_points]
+        arrays = q.arrays()
         attributes = {"K": _K, "N": _N, "bits": 4, "block_size": 16}
         if accuracy_level:
             attributes["accuracy_level"] = accuracy_level

@@ -41,7 +41,7 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
     """Replace MatMuls with constant weights by ONNX Runtime's quantized ops (com.microsoft).
 
     Args:
-        method: ``int4_block`` (``MatMulNBits``, asymmetric uint4 in blocks along K) or
+        method: ``int4_block`` (``MatMulNBits``, uint4 in blocks along K) or
             ``int8_dynamic`` (``DynamicQuantizeMatMul``, int8 per output column).
         block_size: Block length along K for ``int4_block`` (a power of two ≥ 16).
         exclude: Module paths or function names whose MatMuls stay in float.
@@ -49,6 +49,8 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
             activations (0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8); 4 is what
             onnxruntime-genai's builder sets on CPU, where ONNX Runtime then multiplies int8
             blocks. ``int4_block`` only.
+        symmetric: Symmetric int4 blocks, without zero points (the builder's CPU default;
+            ``quantize_weights``). ``int4_block`` only.
     """
 
     label = "quantize"
@@ -59,6 +61,7 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
         block_size: int = 32,
         exclude: Collection[str] = (),
         accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
+        symmetric: bool = False,
     ) -> None:
         super().__init__(exclude)
         if method not in METHODS:
@@ -72,6 +75,7 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
         self.method = method
         self.block_size = block_size
         self.accuracy_level = accuracy_level
+        self.symmetric = symmetric and method == INT4_BLOCK
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         result = super().call(model)
@@ -82,14 +86,17 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
     def _tensors(self, tensor: ir.TensorProtocol, transposed: bool) -> list[np.ndarray]:
         weight = tensor.numpy()
         if self.method == INT4_BLOCK:
-            q = quantize_int4_blocks(weight if transposed else weight.T, self.block_size)
-            return [q.packed, q.scales, q.zero_points]
+            q = quantize_int4_blocks(
+                weight if transposed else weight.T, self.block_size, self.symmetric
+            )
+            return q.arrays()
         c = quantize_int8_columns(weight.T if transposed else weight)
         return [c.weight, c.scales, c.zero_points]
 
     def _names(self, base: str) -> list[str]:
         tag = "q4" if self.method == INT4_BLOCK else "q8"
-        return [f"{base}.{tag}", f"{base}.{tag}_scales", f"{base}.{tag}_zero_points"]
+        names = [f"{base}.{tag}", f"{base}.{tag}_scales", f"{base}.{tag}_zero_points"]
+        return names[:2] if self.symmetric else names
 
     def _replace(self, model: ir.Model, candidate: Candidate, operands: list[ir.Value]) -> None:
         node = candidate.node

@@ -13,6 +13,12 @@ ONNX Runtime:
   low nibble; ``scales`` is ``[N * k_blocks]``; ``zero_points`` is ``uint8 [N * ceil(k_blocks /
   2)]``, packed the same way along the blocks of one column. K is padded with zeros to a whole
   number of blocks.
+  *Symmetric* blocks (``symmetric=True``, onnxruntime-genai's builder's default) have no zero
+  points: the op's implicit one is 8, ``scale = v / -8`` where ``v`` is the block's element of
+  largest magnitude (its sign kept, so that ``v`` itself becomes code 0 and the other end of the
+  range reaches code 15 at most), ``q = clip(round(w / scale) + 8)``. ``MatMulNBits`` then skips
+  the zero point's subtraction (measured at the small Llama's shapes, one row, accuracy level 4:
+  a one-node session runs 9-16% faster).
 * ``DynamicQuantizeMatMul``: ``B`` is ``int8 [K, N]`` symmetric per output column, with codes
   in the reduced range ``[-64, 64]`` (:data:`INT8_CODE_MAX`), ``b_scale`` ``[N]`` (``max |w| / 64``),
   ``b_zero_point`` ``int8 [N]`` zeros; the activations are quantized to uint8 at run time by the
@@ -62,10 +68,16 @@ class Int4Blocks:
 
     packed: np.ndarray
     scales: np.ndarray
-    zero_points: np.ndarray
+    #: None for symmetric blocks (the op's implicit zero point, 8).
+    zero_points: np.ndarray | None
     k: int
     n: int
     block_size: int
+
+    def arrays(self) -> list[np.ndarray]:
+        """``MatMulNBits``' inputs after ``A``: ``B``, ``scales`` and, if any, ``zero_points``."""
+        rest = [] if self.zero_points is None else [self.zero_points]
+        return [self.packed, self.scales, *rest]
 
 
 def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
@@ -85,7 +97,9 @@ def _unpack_nibbles(packed: np.ndarray) -> np.ndarray:
 _CHUNK_ELEMENTS = 1 << 18
 
 
-def quantize_int4_blocks(weight_nk: np.ndarray, block_size: int) -> Int4Blocks:
+def quantize_int4_blocks(
+    weight_nk: np.ndarray, block_size: int, symmetric: bool = False
+) -> Int4Blocks:
     """Quantize a ``[N, K]`` float weight into ``MatMulNBits`` blocks along K.
 
     The work is cut into chunks (:data:`_CHUNK_ELEMENTS`) spread over this process's thread
@@ -100,9 +114,11 @@ def quantize_int4_blocks(weight_nk: np.ndarray, block_size: int) -> Int4Blocks:
         weight_nk: The weight, output features first (torch ``Linear.weight``), or the ``.T``
             view of a ``[K, N]`` array.
         block_size: Elements of K per block (a power of two ≥ 16).
+        symmetric: Symmetric blocks, without zero points (see the module docstring).
 
     Returns:
-        The packed codes, scales (the weight's dtype) and packed zero points.
+        The packed codes, scales (the weight's dtype) and packed zero points (None when
+        ``symmetric``).
     """
     check_block_size(block_size)
     n, k = weight_nk.shape
@@ -122,7 +138,7 @@ def quantize_int4_blocks(weight_nk: np.ndarray, block_size: int) -> Int4Blocks:
         w[: len(rows)] = rows
         w[len(rows) :] = 0.0
         w3 = w.reshape(last - first, block_size, n)
-        scale, zero = _codes(w3, axis=1)
+        scale, zero = _codes(w3, 1, symmetric)
         codes = _pack_nibbles(w3.astype(np.uint8).transpose(0, 2, 1))  # [blocks, N, half]
         packed[:, first:last] = codes.transpose(1, 0, 2)
         scales[:, first:last] = scale.T
@@ -135,7 +151,7 @@ def quantize_int4_blocks(weight_nk: np.ndarray, block_size: int) -> Int4Blocks:
         w[:, :k] = weight_nk[first:last]
         w[:, k:] = 0.0
         w3 = w.reshape(last - first, blocks, block_size)
-        scale, zero = _codes(w3, axis=2)
+        scale, zero = _codes(w3, 2, symmetric)
         packed[first:last] = _pack_nibbles(w3.astype(np.uint8))
         scales[first:last] = scale
         zero_codes[first:last, :blocks] = zero
@@ -151,21 +167,26 @@ def quantize_int4_blocks(weight_nk: np.ndarray, block_size: int) -> Int4Blocks:
     return Int4Blocks(
         packed=packed,
         scales=scales.reshape(-1),
-        zero_points=_pack_nibbles(zero_codes).reshape(-1),
+        zero_points=None if symmetric else _pack_nibbles(zero_codes).reshape(-1),
         k=k,
         n=n,
         block_size=block_size,
     )
 
 
-def _codes(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+def _codes(w: np.ndarray, axis: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
     """Turn the float32 blocks of ``w`` (a block runs along ``axis``) into their uint4 codes in
     place, as floats; return each block's scale and zero point (see the module docstring)."""
     low = np.minimum(w.min(axis=axis), 0.0)
     high = np.maximum(w.max(axis=axis), 0.0)
-    scale = (high - low) / 15.0
+    if symmetric:
+        scale = np.where(-low > high, low, high) / np.float32(-8.0)
+        zero = np.full_like(scale, 8.0)
+    else:
+        scale = (high - low) / 15.0
     safe = np.where(scale == 0.0, 1.0, scale)
-    zero = np.clip(np.rint(-low / safe), 0, 15)
+    if not symmetric:
+        zero = np.clip(np.rint(-low / safe), 0, 15)
     np.divide(w, np.expand_dims(safe, axis), out=w)
     np.rint(w, out=w)
     w += np.expand_dims(zero, axis)
@@ -177,7 +198,10 @@ def dequantize_int4_blocks(q: Int4Blocks) -> np.ndarray:
     """The float ``[N, K]`` weight that ``q`` stands for (what ``MatMulNBits`` multiplies by)."""
     blocks = q.packed.shape[1]
     codes = _unpack_nibbles(q.packed).astype(np.float32)
-    zero = _unpack_nibbles(q.zero_points.reshape(q.n, -1))[:, :blocks].astype(np.float32)
+    if q.zero_points is None:
+        zero = np.full((q.n, blocks), 8.0, dtype=np.float32)
+    else:
+        zero = _unpack_nibbles(q.zero_points.reshape(q.n, -1))[:, :blocks].astype(np.float32)
     scale = q.scales.reshape(q.n, blocks).astype(np.float32)
     w = (codes - zero[..., None]) * scale[..., None]
     return w.reshape(q.n, -1)[:, : q.k]

@@ -548,6 +548,10 @@ class QuantizeSpec(Section):
     ``accuracy_level``: ``MatMulNBits``' least activation precision (0 unset, 1 float32,
     2 float16, 3 bfloat16, 4 int8; ``int4_block`` only); 4, the default, is what
     onnxruntime-genai's builder sets on CPU (int8 kernels: int4 then runs faster than float).
+    ``symmetric``: int4 blocks without zero points (``int4_block`` only; int8 is symmetric
+    already), the builder's default layout; ``MatMulNBits`` runs faster without them, and a
+    block's range is then its largest magnitude, either way from zero. Off by default, which
+    keeps the asymmetric blocks (a range from the block's minimum to its maximum).
 
     With ``task: text-generation`` the published ``genai_config.json`` names the quantized model
     (``model.quantized.onnx``); the float ``model.onnx`` stays beside it.
@@ -577,6 +581,11 @@ class QuantizeSpec(Section):
         readers=_QUANTIZE,
         choices=ACCURACY_LEVELS,
         doc="int4: MatMulNBits' least activation precision (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8)",
+    )
+    symmetric: bool = option(
+        False,
+        readers=_QUANTIZE,
+        doc="int4: blocks without zero points (the builder's layout, faster), not min-max ones",
     )
 
 

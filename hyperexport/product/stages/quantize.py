@@ -87,7 +87,9 @@ class QuantizeStage(RecipeStage):
                 )
         before = function_inputs(model)
         exclude = tuple(q.exclude)
-        quantize = QuantizeMatMulsPass(q.method, q.block_size, exclude, q.accuracy_level)
+        quantize = QuantizeMatMulsPass(
+            q.method, q.block_size, exclude, q.accuracy_level, q.symmetric
+        )
         if not quantize(model).modified:
             raise RecipeError(
                 recipe,

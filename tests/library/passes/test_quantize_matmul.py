@@ -32,10 +32,10 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def _dequantized(method: str, w_nk: np.ndarray) -> np.ndarray:
+def _dequantized(method: str, w_nk: np.ndarray, symmetric: bool = False) -> np.ndarray:
     """The [N, K] weight the quantized op stands for (computed independently of the pass)."""
     if method == INT4_BLOCK:
-        return dequantize_int4_blocks(quantize_int4_blocks(w_nk, 32))
+        return dequantize_int4_blocks(quantize_int4_blocks(w_nk, 32, symmetric))
     return dequantize_int8_columns(quantize_int8_columns(w_nk.T)).T
 
 
@@ -93,6 +93,25 @@ def test_per_instance_quantizes_baked_weights_and_main_graph(method: str) -> Non
     assert _rel(after, expected) < (1e-5 if method == INT4_BLOCK else 0.02)
     assert _rel(after, before) < 2 * FLOAT_BOUND[method]
     assert not QuantizeMatMulsPass(method, block_size=32)(model).modified
+
+
+def test_symmetric_blocks_have_no_zero_points_and_run_as_dequantized() -> None:
+    """``symmetric``: two quantized inputs per weight (codes, scales); ONNX Runtime's implicit
+    zero point 8 gives exactly the dequantized weights' product, inside the shared body."""
+    model = parse(PER_TYPE)
+    weights = add_weights(model, ["w0", "w1", "w2"])
+    before = run_checked(model, x_feed())[0]
+    assert QuantizeMatMulsPass(INT4_BLOCK, 32, accuracy_level=0, symmetric=True)(model).modified
+    inner = model.functions[(FN, "Inner", "")]
+    [nbits] = [n for n in inner.graph if n.op_type == "MatMulNBits"]
+    assert len(nbits.inputs) == 3  # A, B, scales
+    assert [v.name for v in inner.inputs][1:] == ["weight.q4", "weight.q4_scales"]
+    assert not any(name.endswith("zero_points") for name in model.graph.initializers)
+    after = run_checked(model, x_feed())[0]
+    x = np.maximum(x_feed()["x"], 0)
+    expected = sum(x @ _dequantized(INT4_BLOCK, w, symmetric=True).T for w in weights.values())
+    assert _rel(after, expected) < 1e-5
+    assert _rel(after, before) < FLOAT_BOUND[INT4_BLOCK]
 
 
 @pytest.mark.parametrize("level", [4, 0])
@@ -271,3 +290,27 @@ def test_int4_blocks_agree_with_onnxruntimes_own_quantizer() -> None:
         z_ours = _unpacked(ours.zero_points.reshape(n, 1, -1))[:, :blocks].astype(int)
         z_ort = _unpacked(zeros.reshape(n, 1, -1))[:, :blocks].astype(int)
         assert np.max(np.abs(z_ours - z_ort)) <= 1
+
+
+def test_symmetric_int4_blocks_are_onnxruntimes_own() -> None:
+    """Symmetric blocks as ONNX Runtime's ``quantize_matmul_4bits`` with ``is_symmetric`` makes
+    them (the builder's): the same scales and codes, in both layouts the pass cuts."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    rng = np.random.default_rng(12)
+    for k, n in ((256, 96), (72, 40)):
+        kn = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
+        kn[:32, 0] = np.abs(kn[:32, 0])  # a block on one side of zero: its sign decides the scale
+        for ours in (
+            quantize_int4_blocks(kn.T, 32, symmetric=True),
+            quantize_int4_blocks(np.ascontiguousarray(kn.T), 32, symmetric=True),
+        ):
+            assert ours.zero_points is None and len(ours.arrays()) == 2
+            blocks = -(-k // 32)
+            packed = np.zeros((n, blocks, 16), dtype=np.uint8)
+            zeros = np.zeros((n, (blocks + 1) // 2), dtype=np.uint8)
+            scales = np.zeros((n, blocks), dtype=np.float32)
+            quantize_matmul_4bits(packed, kn, scales, zeros, 32, n, k, True)
+            np.testing.assert_array_equal(ours.scales, scales.reshape(-1))
+            same = np.mean(_unpacked(ours.packed)[:, :k] == _unpacked(packed)[:, :k])
+            assert same > 0.999, same

@@ -236,3 +236,17 @@ def test_accuracy_level_is_validated_where_the_schema_defines_it() -> None:
     assert "\n" not in str(info.value)
     default = validate_recipe({**recipe, "quantize": {"method": "int4_block"}}, "/r/t.yaml")
     assert default.data["quantize"]["accuracy_level"] == 4
+
+
+def test_symmetric_int4_generation_has_no_zero_points_and_decodes(tmp_path: Path) -> None:
+    """``quantize.symmetric``: the builder's int4 layout, two quantized inputs per weight, checked
+    at every call site and decoded in onnxruntime-genai like the default blocks."""
+    outcome = _build(tmp_path, "quantize.method=int4_block", "quantize.symmetric=true")
+    assert outcome.exit_code == 0, outcome.result.error
+    model = onnx.load(outcome.out_dir / "model.quantized.onnx", load_external_data=False)
+    nbits = [n for n in model.functions[0].node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 7 and all(len(n.input) == 3 for n in nbits)
+    assert not [i.name for i in model.graph.initializer if i.name.endswith("zero_points")]
+    assert outcome.report["check"]["ok"] is True  # every call site within the tolerance
+    decode = json.loads((outcome.out_dir / "check.json").read_text())["quantized"]["decode"]
+    assert decode["min_cosine"] > 0.9 and len(decode["sequences"]) == 4
