@@ -76,6 +76,25 @@ def _swapped(
             slot.put(slot.tensor)
 
 
+def load_model(path: Path) -> ir.Model:
+    """``ir.load`` of ``path``, with every external tensor able to find its data file.
+
+    ``ir.load`` resolves external data relative to the model's folder for the tensors of the
+    main graph and its subgraphs, but not for those in function bodies (``Constant`` values of
+    per_instance functions), which it leaves relative to the working directory: such a model
+    fails when its weights are read (seen with onnx_ir 1.1.0, in the quantize stage of a
+    ``per_instance`` recipe with ``external_data: true``). Every tensor slot is given the
+    model's folder here.
+    """
+    model = ir.load(path)
+    folder = os.fspath(Path(path).parent)
+    for slot in tensor_slots(model):
+        tensor = slot.tensor
+        if isinstance(tensor, ir.ExternalTensor) and not os.path.isabs(tensor.path):
+            tensor.base_dir = folder
+    return model
+
+
 def ir_version_to_write(model: ir.Model) -> int:
     """The lowest IR version that carries ``model``'s opset imports, its functions' and the
     functions themselves."""
@@ -104,6 +123,7 @@ def save_external(
     *,
     consume: bool = False,
     link_unchanged: bool = False,
+    fresh: bool = False,
 ) -> None:
     """Write ``model`` to ``path`` with its tensors in ``<name>.data`` beside it (atomically).
 
@@ -122,11 +142,14 @@ def save_external(
     refuse external data through a symlink that leaves the model's folder. When tensors must be
     appended the file is cloned first (on a filesystem without reflinks, a full copy: logged at
     INFO with its size).
+
+    With ``fresh`` the data file is always a fresh one of only what the model reads (the
+    quantize stage's model, whose float weights are gone).
     """
     path = Path(path)
     data_name = f"{path.name}.data"
     slots = tensor_slots(model)
-    base = _base_file(slots)
+    base = None if fresh else _base_file(slots)
     if base is not None:
         live, size = _live_bytes(slots, base), os.path.getsize(base)
         if live < CLONE_MIN_LIVE * size:  # mostly tensors the passes replaced: write afresh
@@ -326,16 +349,19 @@ def save_model(
 def save_compact(model: ir.Model, path: Path, *, external_data: bool, threshold: int) -> None:
     """Write ``model`` with a fresh data file holding only the tensors it still uses (the
     quantize stage's model, whose float weights are gone), atomically: data, then model. Its
-    IR version is set to :func:`ir_version_to_write` first (``model`` keeps it)."""
+    IR version is set to :func:`ir_version_to_write` first (``model`` keeps it).
+
+    With external data every tensor slot is written by :func:`save_external` (``fresh``):
+    ``ir.save`` moves only initializers into its data file and left a ``Constant`` value that
+    was external data pointing into the float model's file, which the quantized model's folder
+    does not have.
+    """
     path = Path(path)
     model.ir_version = ir_version_to_write(model)
-    data_name = f"{path.name}.data"
+    if external_data:
+        save_external(model, path, threshold, fresh=True)
+        return
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         staged = Path(tmp) / path.name
-        if external_data:
-            ir.save(model, staged, external_data=data_name, size_threshold_bytes=threshold)
-            if (Path(tmp) / data_name).exists():
-                os.replace(Path(tmp) / data_name, path.parent / data_name)
-        else:
-            ir.save(model, staged)
+        ir.save(model, staged)
         os.replace(staged, path)

@@ -10,7 +10,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from hyperexport.library.model_file import save_compact, save_model
+from hyperexport.library.model_file import load_model, save_compact, save_model
 
 MODEL = """
 <ir_version: 10, opset_import: ["" : {opset}, "hyperexport.fn" : 1]>
@@ -128,3 +128,26 @@ def test_a_data_file_mostly_replaced_by_the_passes_is_written_afresh(
     else:  # all of it read: the export's file cloned, the new tensor appended
         assert written[: len(exported)] == exported and len(written) > len(exported)
     np.testing.assert_array_equal(_run(out), _run(source))
+
+
+def test_a_functions_external_constant_is_read_from_the_models_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load_model``: a per_instance function's ``Constant`` saved as external data is read
+    from beside the model, wherever the process runs (``ir.load`` alone leaves function bodies'
+    external tensors relative to the working directory)."""
+    model = _model(18)
+    path = tmp_path / "saved" / "model.onnx"
+    path.parent.mkdir()
+    save_model(model, path, external_data=True, threshold=16)
+    assert (path.parent / "model.onnx.data").stat().st_size >= 64  # the 4x4 weight, external
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = load_model(path)
+    [constant] = [
+        n for n in loaded.functions[("hyperexport.fn", "Block", "")] if n.op_type == "Constant"
+    ]
+    weights = constant.attributes["value"].as_tensor()
+    assert isinstance(weights, ir.ExternalTensor)
+    np.testing.assert_array_equal(weights.numpy().reshape(-1), np.arange(16) / 16)

@@ -28,13 +28,14 @@ from hyperexport.library.check.settings import CheckSettings
 from hyperexport.library.check.structure import check_structure
 from hyperexport.library.check.tensors import CapturedArrays
 from hyperexport.library.check.whole_model_runs import run_end_to_end
+from hyperexport.library.model_file import load_model
 
 logger = logging.getLogger(__name__)
 
 
 def _load(model_path: Path) -> ir.Model:
     try:
-        return ir.load(model_path)
+        return load_model(model_path)
     except (OSError, DecodeError) as e:
         raise CheckError(f"cannot load {model_path}: {e}") from e
 

@@ -25,6 +25,7 @@ from hyperexport.base.contracts.manifest import ExportManifest
 from hyperexport.base.contracts.names import QUANTIZED_DOMAIN, QUANTIZED_OP_TYPES
 from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.library.check.quantized_record import Closeness, QuantizedComparison
+from hyperexport.library.model_file import load_model
 
 if TYPE_CHECKING:
     from hyperexport.library.check.evaluation import OutputRun
@@ -118,5 +119,5 @@ def compare_quantized(
             f = [f_arrays[o.array] for o in f_run.outputs]
             c = closeness(site.call_id, q, f)
         functions.append(dataclasses.replace(c, module_path=site.module_path, function=site.name))
-    ops = quantized_op_counts(ir.load(quantized_model[0]))
+    ops = quantized_op_counts(load_model(quantized_model[0]))
     return QuantizedComparison(method, block_size, ops, outputs, tuple(functions))

@@ -25,6 +25,7 @@ from hyperexport.base.contracts.manifest import ExportManifest
 from hyperexport.base.contracts.names import NO_FUSION, ONNXRUNTIME_FUSION, UNITS_DIR
 from hyperexport.base.contracts.records import CaptureRecord
 from hyperexport.base.errors import RewriteError
+from hyperexport.library.model_file import load_model
 from hyperexport.library.options import PER_INSTANCE, ExportOptions
 from hyperexport.library.passes.build_manifest import build_manifest
 from hyperexport.library.passes.compose_functions import ComposeFunctionsPass, function_names
@@ -225,7 +226,7 @@ class _Step(ir.passes.PassBase):
 
 def load_units(bundle_dir: Path, bundle: ExportBundle) -> dict[str, ir.Model]:
     """Every unit's exported model by unit name, initializers no longer listed as inputs."""
-    units = {u.name: ir.load(bundle_dir / UNITS_DIR / f"{u.name}.onnx") for u in bundle.units}
+    units = {u.name: load_model(bundle_dir / UNITS_DIR / f"{u.name}.onnx") for u in bundle.units}
     for unit_model in units.values():
         # Per-type units are exported with initializers as graph inputs (see torchscript.py).
         graph = unit_model.graph

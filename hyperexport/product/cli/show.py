@@ -150,10 +150,10 @@ def describe_model(path: Path) -> ModelInfo:
     Raises:
         ValueError: ``path`` is not a readable ONNX model.
     """
-    import onnx_ir as ir
+    from hyperexport.library.model_file import load_model
 
     try:
-        model = ir.load(path)
+        model = load_model(path)
     except Exception as e:  # protobuf, onnx_ir and OS errors are unrelated types
         raise ValueError(f"{path} is not a readable ONNX model: {e}") from e
     functions = dict(model.functions)

@@ -69,17 +69,16 @@ class QuantizeStage(RecipeStage):
         q = recipe_config.quantize
         if q.method == NO_QUANTIZATION:
             return
-        import onnx_ir as ir
 
         from hyperexport.base.contracts.manifest import ExportManifest
-        from hyperexport.library.model_file import save_compact
+        from hyperexport.library.model_file import load_model, save_compact
         from hyperexport.library.passes.quantize_manifest import function_inputs, quantized_manifest
         from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
 
         recipe = inputs.source
         rewrite_dir = inputs.dir("rewrite")
         manifest = ExportManifest.loads((rewrite_dir / MANIFEST_JSON).read_text(encoding="utf-8"))
-        model = ir.load(rewrite_dir / MODEL_FILE)
+        model = load_model(rewrite_dir / MODEL_FILE)
         for i, name in enumerate(q.exclude):
             if not names_a_module(model, name):
                 raise RecipeError(
