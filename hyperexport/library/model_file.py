@@ -33,6 +33,7 @@ import onnx_ir as ir
 from hyperexport.base.errors import ResourceError
 from hyperexport.base.versions import lowest_ir_version
 from hyperexport.engine.files import clone_or_copy
+from hyperexport.library.tensor_bytes import write_tensor
 from hyperexport.library.tensor_slots import TensorSlot, tensor_slots
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ def save_external(
         appended: dict[int, tuple[int, int]] = {}
         replacements: list[ir.TensorProtocol] = []
         with contextlib.ExitStack() as stack:
-            data = None if how == "linked" else stack.enter_context(open(staged_data, "ab"))
+            data = None if how == "linked" else stack.enter_context(_appending(staged_data))
             for slot in slots:
                 tensor = slot.tensor
                 source = _external_path(tensor)
@@ -251,6 +252,14 @@ def _take(base: Path, staged: Path, consume: bool) -> str:
     return clone_or_copy(base, staged)
 
 
+def _appending(path: Path) -> BinaryIO:
+    """``path`` open for writing at its end, without ``O_APPEND`` (which the kernel copies of
+    :func:`~hyperexport.library.tensor_bytes.write_tensor` refuse)."""
+    out = open(path, "r+b" if path.exists() else "wb")  # noqa: SIM115 (the caller closes it)
+    out.seek(0, os.SEEK_END)
+    return out
+
+
 def _append(out: BinaryIO, tensor: ir.TensorProtocol) -> tuple[int, int]:
     """Append one tensor's bytes (64-byte aligned); return its offset and length."""
     offset = out.tell()
@@ -258,9 +267,7 @@ def _append(out: BinaryIO, tensor: ir.TensorProtocol) -> tuple[int, int]:
     if pad:
         out.write(b"\0" * pad)
         offset += pad
-    raw = tensor.tobytes()
-    out.write(raw)
-    return offset, len(raw)
+    return offset, write_tensor(out, tensor)
 
 
 def _inline(tensor: ir.TensorProtocol) -> ir.TensorProtocol:

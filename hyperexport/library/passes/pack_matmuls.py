@@ -37,6 +37,7 @@ from hyperexport.library.passes.matmul_weights import (
     _remove_dead,
     function_of,
 )
+from hyperexport.library.tensor_bytes import ConcatenatedTensor
 
 log = logging.getLogger(__name__)
 
@@ -186,20 +187,26 @@ class PackMatMulsPass(MatMulWeightsPass):
 
 def _lazy_initializer(graph: ir.Graph, name: str, values: list[ir.Value], axis: int) -> ir.Value:
     """A main-graph initializer holding ``values``' tensors side by side along ``axis``,
-    computed only when read: saving writes it from the members' tensors (external data read
-    through their maps) one packed weight at a time, so the pass holds no copy of the weights
-    (at 1B, gate and up alone are half of them)."""
+    computed only when read: saving writes it from the members' tensors one packed weight at a
+    time, so the pass holds no copy of the weights (at 1B, gate and up alone are half of them).
+    Along axis 0 (``[N, K]`` weights, torch's layout) its bytes are the members' bytes in
+    order, which saving copies from the export's data file inside the kernel
+    (:class:`~hyperexport.library.tensor_bytes.ConcatenatedTensor`)."""
     members: list[ir.TensorProtocol] = [v.const_value for v in values if v.const_value is not None]
     assert len(members) == len(values)  # initializers with values (_kind)
-    shape: list[int] = [int(d) for d in members[0].shape.numpy()]
-    shape[axis] = sum(int(m.shape.numpy()[axis]) for m in members)
+    tensor: ir.TensorProtocol
+    if axis == 0:
+        tensor = ConcatenatedTensor(members, name)
+    else:
+        shape: list[int] = [int(d) for d in members[0].shape.numpy()]
+        shape[axis] = sum(int(m.shape.numpy()[axis]) for m in members)
 
-    def packed() -> ir.TensorProtocol:
-        return ir.tensor(np.concatenate([m.numpy() for m in members], axis=axis), name=name)
+        def packed() -> ir.TensorProtocol:
+            return ir.tensor(np.concatenate([m.numpy() for m in members], axis=axis), name=name)
 
-    tensor = ir.LazyTensor(packed, dtype=members[0].dtype, shape=ir.Shape(shape), name=name)
+        tensor = ir.LazyTensor(packed, dtype=members[0].dtype, shape=ir.Shape(shape), name=name)
     value = ir.Value(name=name, const_value=tensor)
-    value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(shape)
+    value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape.numpy())
     graph.register_initializer(value)
     return value
 
