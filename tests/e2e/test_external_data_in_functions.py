@@ -14,9 +14,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from hyperexport.product.builds.session import run_build
-from hyperexport.product.config import compose_recipe
-from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.builds import build_composed
 
 
 def _external(model: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -38,18 +36,9 @@ def test_per_instance_weights_in_external_data_are_quantized_and_checked(
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # not the folder of any model file
-    recipe, settings = compose_recipe(
-        [
-            "recipe=llama",
-            "dynamo=false",
-            "external_data=true",
-            "external_data_threshold=1024",
-            "quantize.method=int4_block",
-            f"build.cache_dir={tmp_path / 'cache'}",
-            f"build.outputs_dir={tmp_path / 'out'}",
-        ]
-    )
-    outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    overrides = ["recipe=llama", "dynamo=false", "quantize.method=int4_block"]
+    overrides += ["external_data=true", "external_data_threshold=1024"]
+    outcome = build_composed(overrides, tmp_path)
     assert outcome.exit_code == 0, outcome.result.error
     assert outcome.report is not None and outcome.report["check"]["ok"] is True
     float_model = onnx.load(outcome.out_dir / "model.onnx", load_external_data=False)

@@ -17,8 +17,9 @@ from hyperexport.library.defaults import DEFAULT_OPSET
 from hyperexport.product.builds import report_html
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.builds.summary import size_text
-from hyperexport.product.config import BuildSettings, compose_recipe, validate_recipe
+from hyperexport.product.config import BuildSettings, validate_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.builds import build_composed
 from tests.helpers.release_skips import NEEDS_DECODING_TASKS, NEEDS_QWEN3
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -54,16 +55,8 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> BuildOutcome:
 def quantized(tmp_path_factory: pytest.TempPathFactory) -> BuildOutcome:
     """A 2-layer Qwen3 for generation, quantized to int4: a quantized check, a decode check."""
     root = tmp_path_factory.mktemp("html_quantized")
-    recipe, settings = compose_recipe(
-        [
-            "recipe=zoo_qwen3_generate",
-            "quantize.method=int4_block",
-            "generation.max_new_tokens=6",
-            f"build.cache_dir={root / 'cache'}",
-            f"build.outputs_dir={root / 'out'}",
-        ]
-    )
-    outcome = run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    overrides = ["recipe=zoo_qwen3_generate", "quantize.method=int4_block"]
+    outcome = build_composed([*overrides, "generation.max_new_tokens=6"], root)
     assert outcome.exit_code == 0, outcome.result.error
     return outcome
 

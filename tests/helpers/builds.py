@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperexport.product.builds.session import BuildOutcome, run_build
-from hyperexport.product.config import BuildSettings, Recipe, validate_recipe
+from hyperexport.product.config import BuildSettings, Recipe, compose_recipe, validate_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
 
 TOY_SOURCE = """
@@ -73,6 +73,15 @@ def build(
         return loader()
 
     return run_build(recipe, settings, stages=PIPELINE, load_model=counting)
+
+
+def build_composed(overrides: list[str], root: Path) -> BuildOutcome:
+    """Compose ``overrides`` (``recipe=<name>`` and fields, as on the command line) and build it
+    with its cache and outputs under ``root``."""
+    recipe, settings = compose_recipe(
+        [*overrides, f"build.cache_dir={root / 'cache'}", f"build.outputs_dir={root / 'out'}"]
+    )
+    return run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
 
 
 def reasons(outcome: BuildOutcome) -> dict[str, str]:

@@ -17,6 +17,7 @@ from hyperexport.base.errors import RecipeError
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.config import compose_recipe, validate_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.builds import build_composed
 from tests.helpers.release_skips import NEEDS_DECODING_TASKS
 from tests.helpers.statuses import statuses
 
@@ -29,15 +30,7 @@ PROMPTS = [[17, 93, 41, 8, 120, 66, 5], [71, 30, 99, 12]]
 
 
 def _build(tmp_path: Path, *overrides: str) -> BuildOutcome:
-    recipe, settings = compose_recipe(
-        [
-            f"recipe={RECIPE}",
-            *overrides,
-            f"build.cache_dir={tmp_path / 'cache'}",
-            f"build.outputs_dir={tmp_path / 'out'}",
-        ]
-    )
-    return run_build(recipe, settings, stages=PIPELINE, load_model=model_loader(recipe))
+    return build_composed([f"recipe={RECIPE}", *overrides], tmp_path)
 
 
 @pytest.fixture(scope="module")
