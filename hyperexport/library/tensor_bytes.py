@@ -54,6 +54,35 @@ class ConcatenatedTensor(ir.LazyTensor):
         super().__init__(concatenated, dtype=first.dtype, shape=ir.Shape([rows, *rest]), name=name)
 
 
+def stacked(parts: Sequence[ir.TensorProtocol], name: str) -> ir.TensorProtocol:
+    """``parts`` side by side along axis 0, as one tensor that holds no bytes of its own.
+
+    Where the parts are consecutive ranges of one data file, in order (the export writes a
+    layer's query, key and value weights, and its gate and up weights, one after another), the
+    result is that file's range: saving then has nothing to write for it, and the data file can
+    stay the export's. Otherwise a :class:`ConcatenatedTensor`.
+    """
+    packed = ConcatenatedTensor(parts, name)  # checks that the parts stack
+    external = [p for p in parts if isinstance(p, ir.ExternalTensor)]
+    if len(external) < len(parts) or any(p.length is None for p in external):
+        return packed
+    first = external[0]
+    end = first.offset or 0
+    for part in external:
+        if part.path != first.path or (part.offset or 0) != end:
+            return packed
+        end += part.length  # type: ignore[operator]
+    return ir.ExternalTensor(
+        first.location,
+        first.offset or 0,
+        end - (first.offset or 0),
+        first.dtype,
+        shape=packed.shape,
+        name=name,
+        base_dir=first.base_dir,
+    )
+
+
 def write_tensor(out: BinaryIO, tensor: ir.TensorProtocol) -> int:
     """Write ``tensor``'s bytes at ``out``'s position; return how many. An external tensor's
     range is copied from its file inside the kernel; a :class:`ConcatenatedTensor` part by part.

@@ -12,7 +12,7 @@ import onnx_ir as ir
 import pytest
 
 from hyperexport.library.model_file import save_model
-from hyperexport.library.tensor_bytes import ConcatenatedTensor, write_tensor
+from hyperexport.library.tensor_bytes import ConcatenatedTensor, stacked, write_tensor
 
 
 def _external(folder: Path, arrays: list[np.ndarray]) -> list[ir.ExternalTensor]:
@@ -117,3 +117,27 @@ def test_a_saved_model_with_a_packed_weight_has_the_lazy_packings_bytes(tmp_path
     save_model(model(packed), tmp_path / "b" / "model.onnx", external_data=True, threshold=16)
     a, b = (tmp_path / d / "model.onnx.data" for d in "ab")
     assert a.read_bytes() == b.read_bytes() and a.stat().st_size >= 32 * 16 * 4
+
+
+def test_consecutive_ranges_of_one_file_stack_into_one_range(tmp_path: Path) -> None:
+    """What the export writes (q, k, v one after another) packs into a range of its file, which
+    holds no bytes of its own; anything else stays a concatenation."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((n, 8)).astype(np.float32) for n in (8, 4, 4))
+    external = _external(tmp_path, [q, k, v])
+    packed = stacked(external, "qkv")
+    assert isinstance(packed, ir.ExternalTensor)
+    assert (packed.offset, packed.length) == (3, q.nbytes + k.nbytes + v.nbytes)
+    np.testing.assert_array_equal(packed.numpy(), np.concatenate([q, k, v]))
+    assert list(packed.shape.numpy()) == [16, 8]
+    out_of_order = stacked([external[1], external[0]], "kq")
+    assert isinstance(out_of_order, ConcatenatedTensor)
+    np.testing.assert_array_equal(out_of_order.numpy(), np.concatenate([k, q]))
+    gap = stacked([external[0], external[2]], "qv")  # k lies between them
+    assert isinstance(gap, ConcatenatedTensor)
+    other = tmp_path / "other"
+    other.mkdir()
+    [elsewhere] = _external(other, [k])
+    assert isinstance(stacked([external[0], elsewhere], "q+k elsewhere"), ConcatenatedTensor)
+    memory = ir.tensor(k, name="k")
+    assert isinstance(stacked([external[0], memory], "q+k in memory"), ConcatenatedTensor)

@@ -37,7 +37,7 @@ from hyperexport.library.passes.matmul_weights import (
     _remove_dead,
     function_of,
 )
-from hyperexport.library.tensor_bytes import ConcatenatedTensor
+from hyperexport.library.tensor_bytes import stacked
 
 log = logging.getLogger(__name__)
 
@@ -190,13 +190,15 @@ def _lazy_initializer(graph: ir.Graph, name: str, values: list[ir.Value], axis: 
     computed only when read: saving writes it from the members' tensors one packed weight at a
     time, so the pass holds no copy of the weights (at 1B, gate and up alone are half of them).
     Along axis 0 (``[N, K]`` weights, torch's layout) its bytes are the members' bytes in
-    order, which saving copies from the export's data file inside the kernel
-    (:class:`~hyperexport.library.tensor_bytes.ConcatenatedTensor`)."""
+    order: where those are consecutive in the export's data file (they are, as the export
+    writes them) the packed weight is that range of the file and nothing is written for it;
+    else saving copies the members' ranges inside the kernel
+    (:func:`~hyperexport.library.tensor_bytes.stacked`)."""
     members: list[ir.TensorProtocol] = [v.const_value for v in values if v.const_value is not None]
     assert len(members) == len(values)  # initializers with values (_kind)
     tensor: ir.TensorProtocol
     if axis == 0:
-        tensor = ConcatenatedTensor(members, name)
+        tensor = stacked(members, name)
     else:
         shape: list[int] = [int(d) for d in members[0].shape.numpy()]
         shape[axis] = sum(int(m.shape.numpy()[axis]) for m in members)
