@@ -1,6 +1,6 @@
 """``recipe=llama`` (per_instance functions) with ``external_data: true`` and int4: weights held
-as ``Constant`` values, in the functions and in the main graph (the rotary table), live in
-external data. Every later stage reads them from beside the model it loads
+as ``Constant`` values, in the functions (and, with transformers 5, in the main graph: the rotary
+table), live in external data. Every later stage reads them from beside the model it loads
 (``model_file.load_model``), and the quantized model's data file holds all it reads
 (``model_file.save_compact``). Before, the quantize stage failed (``No such file or directory:
 'model.onnx.data'``: ``ir.load`` left function bodies' tensors relative to the working
@@ -42,7 +42,7 @@ def test_per_instance_weights_in_external_data_are_quantized_and_checked(
     assert outcome.exit_code == 0, outcome.result.error
     assert outcome.report is not None and outcome.report["check"]["ok"] is True
     float_model = onnx.load(outcome.out_dir / "model.onnx", load_external_data=False)
-    assert {"function", "main"} <= {where for where, _ in _external(float_model)}
+    assert "function" in {where for where, _ in _external(float_model)}  # per_instance weights
     quantized = onnx.load(outcome.out_dir / "model.quantized.onnx", load_external_data=False)
     assert {loc for _, loc in _external(quantized)} == {"model.quantized.onnx.data"}
     assert sum(n.op_type == "MatMulNBits" for f in quantized.functions for n in f.node) > 0

@@ -151,3 +151,35 @@ def test_a_functions_external_constant_is_read_from_the_models_folder(
     weights = constant.attributes["value"].as_tensor()
     assert isinstance(weights, ir.ExternalTensor)
     np.testing.assert_array_equal(weights.numpy().reshape(-1), np.arange(16) / 16)
+
+
+def test_the_compact_save_rewrites_a_main_graph_constant_held_in_external_data(
+    tmp_path: Path,
+) -> None:
+    """``save_compact`` (the quantize stage's save) puts every tensor it writes into its own data
+    file, a main-graph ``Constant``'s too (``ir.save`` moves only initializers, and left the
+    ``Constant`` pointing into the data file of the model it was loaded from)."""
+    text = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    g (float[256] x) => (float[256] y) {
+        c = Constant <value = float[256] c {0.0}> ()
+        y = Add (x, c)
+    }
+    """
+    proto = onnx.parser.parse_model(text)
+    table = np.linspace(0, 1, 256, dtype=np.float32)
+    proto.graph.node[0].attribute[0].t.CopyFrom(onnx.numpy_helper.from_array(table, "c"))
+    source = tmp_path / "float" / "model.onnx"
+    source.parent.mkdir()
+    save_model(ir.from_proto(proto), source, external_data=True, threshold=16)
+    model = load_model(source)
+    [constant] = list(model.graph)[:1]
+    assert isinstance(constant.attributes["value"].as_tensor(), ir.ExternalTensor)
+    target = tmp_path / "quantized" / "q.onnx"
+    target.parent.mkdir()
+    save_compact(model, target, external_data=True, threshold=16)
+    written = onnx.load(str(target), load_external_data=False)
+    [t] = [a.t for a in written.graph.node[0].attribute]
+    assert {e.key: e.value for e in t.external_data}["location"] == "q.onnx.data"
+    (source.parent / "model.onnx.data").unlink()  # the quantized folder stands alone
+    np.testing.assert_array_equal(_run(target), table)
