@@ -18,8 +18,7 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
    new tokens. ``--fuse onnxruntime`` adds ``attention: {implementation: hyperexport}`` and
    ``rewrite: {fuse: onnxruntime}``; ``--quantize int4_block`` adds ``quantize: {method:
    int4_block, block_size: --block-size, accuracy_level: --accuracy-level, symmetric:
-   --symmetric}`` and makes the
-   quantized gates report-only (``check.quantized``: ``decode: report``, ``min_cosine`` and
+   --symmetric}`` and makes the quantized gates report-only (``check.quantized``: ``decode: report``, ``min_cosine`` and
    ``min_top1`` 0, ``max_rel_error`` 1e6): on random weights the int4 model's agreement with
    the float one means nothing.
 3. ``python -m hyperexport recipe_file=...`` builds it (trace, export, rewrite, quantize,
@@ -33,8 +32,8 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
    Without ``--quantize`` the quantize stage does nothing and the figure ends at the float model.
 4. With ``--builder``, after our build: onnxruntime-genai's model builder on the same checkpoint
    under ``memwatch.py``, ``-p int4 -e cpu`` (``--extra_options block_size=--block-size
-   accuracy_level=--accuracy-level is_symmetric=--symmetric``: the same int4 layout as ours) then ``-p fp32 -e cpu``, each into an emptied folder, and a
-   table: wall, CPU and peaks of each, and the ratio of our start-up-to-quantized wall to the
+   accuracy_level=--accuracy-level is_symmetric=--symmetric``: the same int4 layout as ours)
+   then ``-p fp32 -e cpu``, each into an emptied folder, and a table: wall, CPU and peaks of each, and the ratio of our start-up-to-quantized wall to the
    builder's int4 wall (and to its fp32 wall when not quantizing). The builder verifies nothing.
 
 All runs are one after the other in one invocation, ours first. The last line printed is one

@@ -164,12 +164,10 @@ def quantize_fused(fused: Path, target: Path, genai: dict[str, Any], symmetric: 
     """The fused model quantized as ``quantize.method=int4_block`` does (blocks of 32, the
     builder's CPU ``accuracy_level`` 4; ``symmetric``: ``quantize.symmetric``, the builder's
     layout), into ``target`` with the same genai config."""
-    import onnx_ir as ir
-
-    from hyperexport.library.model_file import save_model
+    from hyperexport.library.model_file import load_model, save_model
     from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass
 
-    model = ir.load(fused / "model.onnx")
+    model = load_model(fused / "model.onnx")
     QuantizeMatMulsPass("int4_block", 32, (), 4, symmetric)(model)
     target.mkdir(parents=True)
     save_model(model, target / "model.onnx", external_data=True)

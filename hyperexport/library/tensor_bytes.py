@@ -2,11 +2,13 @@
 in a file. No torch here.
 
 A rewritten model's weights are mostly the export's, unchanged or side by side (packed
-projections): their bytes are ranges of the export's data file. Writing them through
-``tobytes()`` maps the range, copies it into a Python buffer and copies it again into the page
-cache; ``os.copy_file_range`` moves it from file to file inside the kernel (measured: the 1B
-generation build's rewrite writes 4.6 GB, see ``bench/README.md``). The bytes written are the
-same either way.
+projections): their bytes are ranges of the export's data file. A packed weight whose members
+are consecutive there is that range (:func:`stacked`) and nothing is written for it. What is
+written (members that are not consecutive, the quantized model's float tensors) goes through
+:func:`write_tensor`: ``tobytes()`` would map the range, copy it into a Python buffer and again
+into the page cache; ``os.copy_file_range`` moves it from file to file inside the kernel. The
+bytes written are the same either way. It saves memory and CPU, not wall time on a disk that is
+the bottleneck (measured at 1B, ``bench/README.md``).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def write_tensor(out: BinaryIO, tensor: ir.TensorProtocol) -> int:
     if isinstance(tensor, ir.ExternalTensor):
         offset = tensor.offset or 0
         length = tensor.length if tensor.length is not None else tensor.nbytes
-        return _copy_range(Path(tensor.base_dir) / tensor.location, offset, length, out)
+        return _copy_range(Path(tensor.path), offset, length, out)
     raw = tensor.tobytes()
     out.write(raw)
     return len(raw)

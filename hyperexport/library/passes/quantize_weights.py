@@ -181,12 +181,10 @@ def _codes(w: np.ndarray, axis: int, symmetric: bool) -> tuple[np.ndarray, np.nd
     high = np.maximum(w.max(axis=axis), 0.0)
     if symmetric:
         scale = np.where(-low > high, low, high) / np.float32(-8.0)
-        zero = np.full_like(scale, 8.0)
     else:
         scale = (high - low) / 15.0
     safe = np.where(scale == 0.0, 1.0, scale)
-    if not symmetric:
-        zero = np.clip(np.rint(-low / safe), 0, 15)
+    zero = np.full_like(scale, 8.0) if symmetric else np.clip(np.rint(-low / safe), 0, 15)
     np.divide(w, np.expand_dims(safe, axis), out=w)
     np.rint(w, out=w)
     w += np.expand_dims(zero, axis)
