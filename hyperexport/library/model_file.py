@@ -361,14 +361,12 @@ def save_compact(model: ir.Model, path: Path, *, external_data: bool, threshold:
     With external data every tensor slot is written by :func:`save_external` (``fresh``):
     ``ir.save`` moves only initializers into its data file and left a ``Constant`` value that
     was external data pointing into the float model's file, which the quantized model's folder
-    does not have.
+    does not have. Without it, one protobuf (:func:`save_inline`, the 2 GiB limit checked
+    first).
     """
     path = Path(path)
     model.ir_version = ir_version_to_write(model)
     if external_data:
         save_external(model, path, threshold, fresh=True)
-        return
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        staged = Path(tmp) / path.name
-        ir.save(model, staged)
-        os.replace(staged, path)
+    else:
+        save_inline(model, path)

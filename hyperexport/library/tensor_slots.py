@@ -18,6 +18,21 @@ class TensorSlot:
     put: Callable[[ir.TensorProtocol], None]
 
 
+def attribute_tensor(attr: ir.Attr) -> ir.TensorProtocol:
+    """The tensor a TENSOR attribute holds (a ``Constant``'s ``value``).
+
+    ``Attr.as_tensor()`` checks the value against onnx_ir's runtime-checkable tensor protocol,
+    which costs about 50 us a call: a third of the quantize stage's time on ``recipe=llama``
+    (500 ``Constant`` nodes) before this helper. The attribute's type says the same for free.
+
+    Raises:
+        TypeError: ``attr`` is not a TENSOR attribute.
+    """
+    if attr.type != ir.AttributeType.TENSOR:
+        raise TypeError(f"attribute {attr.name!r} is {attr.type.name}, not TENSOR")
+    return attr.value
+
+
 def _graphs(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
     yield model.graph
     yield from model.functions.values()
@@ -48,5 +63,5 @@ def tensor_slots(model: ir.Model) -> list[TensorSlot]:
         for node in ir.traversal.RecursiveGraphIterator(owner):
             for name, attr in node.attributes.items():
                 if attr.type == ir.AttributeType.TENSOR and attr.value is not None:
-                    slots.append(TensorSlot(attr.as_tensor(), attribute(node, name)))
+                    slots.append(TensorSlot(attribute_tensor(attr), attribute(node, name)))
     return slots

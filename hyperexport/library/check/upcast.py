@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from hyperexport.library.tensor_slots import attribute_tensor
+
 #: Types the check runs upcast to float32.
 LOW_PRECISION = frozenset({ir.DataType.BFLOAT16, ir.DataType.FLOAT16})
 
@@ -65,7 +67,7 @@ def upcast_model(model: ir.Model) -> None:
                 _upcast_value(value)
             for name, attr in list(node.attributes.items()):
                 if attr.type == ir.AttributeType.TENSOR and attr.value is not None:
-                    upcast = _upcast_tensor(attr.as_tensor())
+                    upcast = _upcast_tensor(attribute_tensor(attr))
                     if upcast is not attr.value:
                         node.attributes[name] = ir.AttrTensor(name, upcast)
                 elif _is_low_precision_dtype_attribute(name, attr):

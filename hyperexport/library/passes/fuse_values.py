@@ -25,6 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from hyperexport.base.contracts.names import ATTENTION_DOMAIN
+from hyperexport.library.tensor_slots import attribute_tensor
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ def _axes(node: ir.Node, inputs: list[np.ndarray | None]) -> list[int] | None:
 def _constant_attribute(node: ir.Node) -> np.ndarray | None:
     for name, attribute in node.attributes.items():
         if name == "value":
-            tensor = attribute.as_tensor()
+            tensor = attribute_tensor(attribute)
             return np.asarray(tensor.numpy()) if tensor.size <= MAX_CONSTANT_ELEMENTS else None
         if name in ("value_int", "value_float"):
             return np.asarray(attribute.value)
@@ -192,7 +193,7 @@ def dtype(value: ir.Value | None) -> ir.DataType | None:
     if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
         attribute = node.attributes.get("value")
         if attribute is not None:
-            return attribute.as_tensor().dtype
+            return attribute_tensor(attribute).dtype
     return None
 
 

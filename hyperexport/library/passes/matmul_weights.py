@@ -36,6 +36,7 @@ import onnx_ir as ir
 
 from hyperexport.base.contracts.names import META_MODULE_CLASS, META_MODULE_PATH
 from hyperexport.library.passes.call_sites import call_sites, drop_inputs
+from hyperexport.library.tensor_slots import attribute_tensor
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
                 return None
             path = function.metadata_props.get(META_MODULE_PATH, "") if function else ""
             name = f"{path}.{value.name}" if path else (value.name or "")
-            return [_Leaf(name, attribute.as_tensor(), constant=True)]
+            return [_Leaf(name, attribute_tensor(attribute), constant=True)]
         if function is None or not value.is_graph_input():
             return None
         index = function.inputs.index(value)
@@ -254,10 +255,10 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
             arrays = self._tensors(value.const_value, transposed)
             made = _initializers(graph, names, arrays, self._fresh)
         elif (producer := value.producer()) is not None and self.lift_constants:
-            weight = producer.attributes["value"].as_tensor()
+            weight = attribute_tensor(producer.attributes["value"])
             made = self._provide(graph, self._tensors(weight, transposed), names, sites, functions)
         elif producer is not None:  # a Constant node: new Constant nodes beside it
-            arrays = self._tensors(producer.attributes["value"].as_tensor(), transposed)
+            arrays = self._tensors(attribute_tensor(producer.attributes["value"]), transposed)
             made = []
             for name, array in zip(names, arrays, strict=True):
                 tensor = ir.Tensor(array, name=name)

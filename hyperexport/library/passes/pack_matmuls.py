@@ -38,6 +38,7 @@ from hyperexport.library.passes.matmul_weights import (
     function_of,
 )
 from hyperexport.library.tensor_bytes import stacked
+from hyperexport.library.tensor_slots import attribute_tensor
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ def _lazy_initializer(graph: ir.Graph, name: str, values: list[ir.Value], axis: 
 def _packed_constant(graph: ir.Graph, name: str, producers: list[ir.Node], axis: int) -> ir.Value:
     """One ``Constant`` node holding the ``producers``' constants side by side along ``axis``,
     after the last of them."""
-    arrays = [p.attributes["value"].as_tensor().numpy() for p in producers]
+    arrays = [attribute_tensor(p.attributes["value"]).numpy() for p in producers]
     tensor = ir.Tensor(np.concatenate(arrays, axis=axis), name=name)
     node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=f"{name}/Constant")
     node.outputs[0].name = name

@@ -22,6 +22,7 @@ from hyperexport.base.errors import RewriteError
 from hyperexport.library.passes import naming
 from hyperexport.library.passes.call_sites import drop_inputs
 from hyperexport.library.passes.compose_functions import CHILD_INDEX, META_MODULE_PATH
+from hyperexport.library.tensor_slots import attribute_tensor
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def _constant_tensor(value: ir.Value | None, graph: ir.Graph, model: ir.Model) -
         return value.const_value
     producer = value.producer()
     if producer is not None and producer.op_type == "Constant" and producer.domain == "":
-        return producer.attributes["value"].as_tensor()
+        return attribute_tensor(producer.attributes["value"])
     raise RewriteError(
         f"specialize: weight {value.name!r} of a call in {graph.name or 'the main graph'} is "
         "not a constant; per-instance functions need each instance's weights"
