@@ -29,10 +29,59 @@ ORT_ERRORS: tuple[type[Exception], ...] = (
 )
 _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
+#: A model whose external data files hold at least this many bytes has its weights read in
+#: place (:func:`weights_in_place`), unless it runs ``MatMulNBits``.
+IN_PLACE_MIN_BYTES = 1 << 30
+#: Session config entries that keep a model's weights in the pages of its data file, which ONNX
+#: Runtime maps: without them it copies every weight into its own memory, once by prepacking
+#: (MatMul's packed layout) and once by constant folding (a ``Transpose`` of a weight becomes a
+#: new tensor). Measured: a session of the 1B-shaped fused fp32 model held 4.9-5.0 GB of
+#: anonymous memory with either kept, and its decode in onnxruntime-genai 0.03 against 0.72
+#: GB at hidden 1024, the same tokens, no slower (bench/README.md). The outputs differ from a
+#: prepacked session's in the last bits (4e-6 at hidden 1024), so small models keep the
+#: default and their checks their figures.
+IN_PLACE_ENTRIES = {
+    "session.disable_prepacking": "1",
+    "optimization.disable_specified_optimizers": "ConstantFolding",
+}
+#: Ops whose CPU kernel needs prepacked weights: ``MatMulNBits`` without them ran 100x slower
+#: at hidden 1024 (0.21 against 22 s for one decode) and rounded differently.
+_NEEDS_PREPACKING = frozenset({"MatMulNBits"})
 
-def session_options(external_data_dir: Path | None = None) -> ort.SessionOptions:
+
+def weights_in_place(model_path: Path) -> bool:
+    """Whether a session of the model file at ``model_path`` should read its weights in place
+    (:data:`IN_PLACE_ENTRIES`): its data files (``<name>.*`` beside it) hold at least
+    :data:`IN_PLACE_MIN_BYTES` and no node runs an op of :data:`_NEEDS_PREPACKING`. Reads the
+    model without its external data."""
+    import onnx
+
+    data = sum(
+        p.stat().st_size
+        for p in model_path.parent.iterdir()
+        if p.name.startswith(model_path.name + ".") and p.is_file()
+    )
+    if data < IN_PLACE_MIN_BYTES:
+        return False
+    proto = onnx.load(str(model_path), load_external_data=False)
+    graphs = [proto.graph, *proto.functions]
+    if any(node.op_type in _NEEDS_PREPACKING for g in graphs for node in g.node):
+        return False
+    logger.info(
+        "%s: %.1f GiB of weights read in place from the data file (no prepacking, no constant "
+        "folding)",
+        model_path.name,
+        data / (1 << 30),
+    )
+    return True
+
+
+def session_options(
+    external_data_dir: Path | None = None, *, in_place: bool = False
+) -> ort.SessionOptions:
     """Options of every session the library opens: deterministic, quiet, and within the
-    process's thread budget (``base/thread_budget.py``) when it was given one."""
+    process's thread budget (``base/thread_budget.py``) when it was given one; with
+    ``in_place``, :data:`IN_PLACE_ENTRIES`."""
     options = ort.SessionOptions()
     options.use_deterministic_compute = True
     options.log_severity_level = 3
@@ -42,11 +91,16 @@ def session_options(external_data_dir: Path | None = None) -> ort.SessionOptions
         options.inter_op_num_threads = 1
     if external_data_dir is not None:
         options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_data_dir))
+    if in_place:
+        for key, value in IN_PLACE_ENTRIES.items():
+            options.add_session_config_entry(key, value)
     return options
 
 
 class OrtRunner:
     """One InferenceSession on the CPU execution provider.
+
+    A model file with large float weights reads them in place (:func:`weights_in_place`).
 
     Args:
         model: A model file path, or a serialized ModelProto.
@@ -59,9 +113,11 @@ class OrtRunner:
 
     def __init__(self, model: Path | bytes, *, external_data_dir: Path | None = None) -> None:
         source = str(model) if isinstance(model, Path) else model
+        in_place = isinstance(model, Path) and weights_in_place(model)
+        options = session_options(external_data_dir, in_place=in_place)
         try:
             self._session = ort.InferenceSession(
-                source, session_options(external_data_dir), providers=["CPUExecutionProvider"]
+                source, options, providers=["CPUExecutionProvider"]
             )
         except ORT_ERRORS as e:
             raise CheckError(f"ONNX Runtime cannot load the model: {e}") from e

@@ -71,9 +71,10 @@ def session(path: Path) -> Any:
     """An ONNX Runtime session of the model at ``path`` on the CPU."""
     import onnxruntime as ort
 
-    from hyperexport.library.check.ort_session import session_options
+    from hyperexport.library.check.ort_session import session_options, weights_in_place
 
-    return ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
+    options = session_options(in_place=weights_in_place(path))
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def empty_past(

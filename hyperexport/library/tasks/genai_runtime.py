@@ -4,6 +4,7 @@ the folder as published: what a user of the folder runs (evaluate stage, torch-f
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import tempfile
@@ -15,6 +16,7 @@ import numpy as np
 
 from hyperexport.base.contracts.names import MODEL_FILE
 from hyperexport.engine.files import clone_or_copy
+from hyperexport.library.check.ort_session import IN_PLACE_ENTRIES, weights_in_place
 from hyperexport.library.tasks.registry import GENAI_CONFIG
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,9 @@ def genai_model(
     model, evaluate needs that much disk for the duration). Not hard links: a link changes the
     input's ctime, and the build then no longer trusts its held copy of the data file
     (``engine/workspace.py``). Symlinks neither: ONNX Runtime refuses external data that leaves
-    the model's folder.
+    the model's folder. Large float weights are read in place from the clone
+    (``check/ort_session.py`` ``weights_in_place``), through an overlay of the session options:
+    the published ``genai_config.json`` is left as it is.
     """
     import onnxruntime_genai as og
 
@@ -46,7 +50,11 @@ def genai_model(
         for name in names:
             clone_or_copy((model_dir / name).resolve(), folder / name)
         shutil.copyfile(genai_config, folder / GENAI_CONFIG)
-        yield og.Model(str(folder))
+        config = og.Config(str(folder))
+        if weights_in_place(folder / model_file):
+            options = {"model": {"decoder": {"session_options": dict(IN_PLACE_ENTRIES)}}}
+            config.overlay(json.dumps(options))
+        yield og.Model(config)
     finally:
         shutil.rmtree(folder)
 

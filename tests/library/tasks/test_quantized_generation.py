@@ -109,11 +109,18 @@ def test_evaluate_loads_each_folder_into_onnxruntime_genai_once(
     tmp_path, first = int4
     loaded: list[str] = []
     alive: list[weakref.ref[Any]] = []
-    real, real_session = og.Model, decode.session
+    real, real_config, real_session = og.Model, og.Config, decode.session
+    folders: dict[int, str] = {}  # id of an og.Config -> its folder
 
-    def counting(folder: str) -> Any:
+    def config(folder: str) -> Any:
+        made = real_config(folder)
+        folders[id(made)] = folder
+        return made
+
+    def counting(source: Any) -> Any:
+        folder = source if isinstance(source, str) else folders[id(source)]
         loaded.append(next(Path(folder).glob("model*.onnx")).name)
-        model = real(folder)
+        model = real(source)
         alive.append(weakref.ref(model))
         return model
 
@@ -122,6 +129,7 @@ def test_evaluate_loads_each_folder_into_onnxruntime_genai_once(
         assert [r for r in alive if r() is not None] == [], f"a genai model is alive at {path}"
         return real_session(path)
 
+    monkeypatch.setattr(og, "Config", config)
     monkeypatch.setattr(og, "Model", counting)
     monkeypatch.setattr(decode, "session", session)
     recipe, settings = compose_recipe(
