@@ -84,7 +84,15 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
         return result
 
     def _tensors(self, tensor: ir.TensorProtocol, transposed: bool) -> list[np.ndarray]:
-        weight = tensor.numpy()
+        arrays = self._quantized(tensor.numpy(), transposed)
+        if isinstance(tensor, ir.ExternalTensor):
+            # Unmap the float weight once it is quantized (read again if a later use needs it,
+            # as a tied embedding's Gather does): otherwise every weight the pass reads stays
+            # mapped and resident until the model is dropped, 1x the float weights at 1B.
+            tensor.release()
+        return arrays
+
+    def _quantized(self, weight: np.ndarray, transposed: bool) -> list[np.ndarray]:
         if self.method == INT4_BLOCK:
             q = quantize_int4_blocks(
                 weight if transposed else weight.T, self.block_size, self.symmetric

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from hyperexport.library.model_file import load_model, save_external
 from hyperexport.library.passes.quantize_matmul import QUANTIZED_OPS, QuantizeMatMulsPass
 from hyperexport.library.passes.quantize_weights import (
     INT4_BLOCK,
@@ -314,3 +317,31 @@ def test_symmetric_int4_blocks_are_onnxruntimes_own() -> None:
             np.testing.assert_array_equal(ours.scales, scales.reshape(-1))
             same = np.mean(_unpacked(ours.packed)[:, :k] == _unpacked(packed)[:, :k])
             assert same > 0.999, same
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_each_float_weight_is_unmapped_once_quantized(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float weight read from a data file is unmapped as soon as it is quantized: all of a 1B
+    model's weights would otherwise be resident at once by the end of the pass."""
+    import hyperexport.library.passes.quantize_matmul as quantize_matmul
+
+    model = parse(PER_INSTANCE)
+    add_weights(model, ["lm_head.weight"])
+    bake(model)
+    save_external(model, tmp_path / "model.onnx", threshold=0)
+    loaded = load_model(tmp_path / "model.onnx")
+    data = str(tmp_path / "model.onnx.data")
+    seen: list[int] = []
+    real = quantize_matmul.quantize_int4_blocks
+
+    def counting(*args: object, **kwargs: object) -> object:
+        seen.append(
+            sum(1 for line in Path("/proc/self/maps").read_text().splitlines() if data in line)
+        )
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quantize_matmul, "quantize_int4_blocks", counting)
+    assert QuantizeMatMulsPass(INT4_BLOCK, block_size=32)(loaded).modified
+    assert len(seen) == 3 and max(seen) == 1, seen  # the weight being quantized, alone
