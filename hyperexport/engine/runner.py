@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import logging
 import os
 import time
@@ -48,6 +47,7 @@ from .keyed_imports import (
 )
 from .keys import declared_material, explain, recorded_material, stage_key
 from .machinery import machinery
+from .memory import return_freed_memory
 from .record_secret import record_secret
 from .stage import Stage, StageInputs, config_slice
 from .store import CORRUPT, HIT, MISSING, CacheStore, CorruptBlobError, Lookup
@@ -311,8 +311,8 @@ class Runner:
                 # Python's own collection comes round, which a few large objects do not trigger.
                 # In a 1B-parameter build that kept a 4.9 GB data file and the checkpoint mapped
                 # into a later stage: peak RSS 18.5 GB, 11.1 GB with this (measured: the
-                # benchmarks' README).
-                gc.collect()
+                # benchmarks' README). The allocator's free memory goes back too (memory.py).
+                return_freed_memory()
             if outcome.status == "would_run":
                 pending.add(stage.name)
             level = {"failed": logging.ERROR, "would_run": logging.DEBUG}.get(

@@ -27,6 +27,7 @@ from hyperexport.base.contracts.names import (
     QUANTIZED_MODEL_FILE,
     REFERENCE_DIR,
 )
+from hyperexport.engine.memory import return_freed_memory
 from hyperexport.engine.stage import StageInputs
 from hyperexport.library.tasks.registry import task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
@@ -94,6 +95,10 @@ class EvaluateStage(RecipeStage):
         # Validation refuses quantize.method for the tasks with several graphs.
         if recipe.quantize.method != NO_QUANTIZATION:
             self._compare_quantized(recipe, inputs, out_dir, evaluated)
+        # What the evaluation and the comparison freed goes back to the system before the
+        # decode maps the weights again (hyperexport/engine/memory.py).
+        del evaluated
+        return_freed_memory()
         if task.evaluate_files:  # the task's decode of the exported graphs (and quantized)
             from hyperexport.library.tasks.decode import DECODES
 
