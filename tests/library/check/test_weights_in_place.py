@@ -56,7 +56,8 @@ def _model(folder: Path, *, nbits: bool = False) -> Path:
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
     path = folder / "model.onnx"
     onnx.save(
-        helper.make_model(graph, opset_imports=opsets),
+        # IR 10: what every supported ONNX Runtime loads (1.31 stops at 13; onnx's default moves)
+        helper.make_model(graph, opset_imports=opsets, ir_version=10),
         str(path),
         save_as_external_data=True,
         location="model.onnx.data",
@@ -110,8 +111,9 @@ def test_an_in_place_session_holds_no_copy_of_the_weight(tmp_path: Path) -> None
             [sys.executable, "-c", _MEASURE, str(path), "1" if in_place else "0", str(_N)],
             capture_output=True,
             text=True,
-            check=True,
+            check=False,
         )
+        assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
     weight = _N * _N * 4
