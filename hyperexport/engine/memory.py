@@ -25,13 +25,13 @@ def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS: their
     allocators return memory differently; nothing to do there)."""
     name = ctypes.util.find_library("c")
+    if name is None:
+        log.debug("no C library found: freed memory is left to the allocator")
+        return None
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        trim = ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError) as e:
         log.debug("no malloc_trim in the C library (%s): freed memory is left to the allocator", e)
-        return None
-    if trim is None:
-        log.debug("no C library found: freed memory is left to the allocator")
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
