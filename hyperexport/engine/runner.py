@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import discovered, opened
+from . import discovered, opened, spans
 from .code_closure import IMPORT_MEMO, CodePackage, ImportMemo, package_sources
 from .discovered import DiscoveredDeps
 from .entries import ActionEntry
@@ -72,6 +72,7 @@ class StageResult:
         key: The stage key (None in a dry run when an upstream stage would run first).
         reason: Why it ran (empty for a hit).
         seconds: Wall time spent on the stage, lookup included.
+        spans: Named parts of a stage that ran (:mod:`.spans`): ``{name: wall seconds}``.
     """
 
     name: str
@@ -79,6 +80,7 @@ class StageResult:
     key: str | None
     reason: str
     seconds: float
+    spans: Mapping[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +89,7 @@ class StageResult:
             "key": self.key,
             "reason": self.reason,
             "seconds": round(self.seconds, 4),
+            **({"spans": {k: round(v, 4) for k, v in self.spans.items()}} if self.spans else {}),
         }
 
     def line(self) -> str:
@@ -97,7 +100,8 @@ class StageResult:
             return f"{self.name}: would run ({self.reason})"
         if self.status == FAILED:
             return f"{self.name}: failed in {self.seconds:.2f}s"
-        return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s"
+        parts = "".join(f", {name} {seconds:.2f}s" for name, seconds in self.spans.items())
+        return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s{parts}"
 
 
 #: The variant of a build without swept values.
@@ -441,15 +445,17 @@ class Runner:
             source=request.source,
             digests=upstream,
         )
-        status, detail, key = self._execute(
-            request, stage, params, inputs, declared, material, result
-        )
+        with spans.collecting() as parts:
+            status, detail, key = self._execute(
+                request, stage, params, inputs, declared, material, result
+            )
         return StageResult(
             stage.name,
             status,
             key,
             detail if status == FAILED else reason,
             time.perf_counter() - start,
+            parts,
         )
 
     def _lookup(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -95,6 +96,24 @@ def test_startup_to_the_model_leaves_out_evaluate_and_check() -> None:
     bench = _load()
     stages = {"trace": 10.0, "quantize": 5.0, "evaluate": 30.0, "check": 2.0}
     assert bench.startup_to_model(50.0, stages) == 18.0
+
+
+def test_the_verification_before_the_model_is_the_reference_decode_span(tmp_path: Path) -> None:
+    bench = _load()
+    report = tmp_path / "report.json"
+    assert bench.verification_before_model(report) == 0.0  # no report: nothing to subtract
+    stages = [
+        {"name": "trace", "seconds": 20.0, "spans": {"reference decode": 8.5, "other": 1.0}},
+        {"name": "quantize", "seconds": 5.0},
+        {"name": "evaluate", "seconds": 30.0, "spans": {"reference decode": 4.0}},
+    ]
+    report.write_text(json.dumps({"stages": stages}))
+    assert bench.verification_before_model(report) == 8.5  # not evaluate's, not other spans
+    ours = {"startup_to_model_s": 60.0, "unverified_to_model_s": 51.0}
+    assert bench.ratios(ours, {"int4": {"wall_s": 42.5}}, quantized=True) == {
+        "startup_to_model_over_builder_int4": round(60 / 42.5, 3),
+        "unverified_to_model_over_builder_int4": 1.2,
+    }
 
 
 def test_a_checkpoint_is_kept_only_when_every_file_it_names_is_there(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from hyperexport.base.atomic import atomic_write_bytes
+from hyperexport.engine.spans import span
 from hyperexport.library.tasks.arrays import write_npz
 from hyperexport.library.tasks.genai_config import genai_source
 from hyperexport.library.tasks.prompts import left_padded, pad_id
@@ -40,6 +41,9 @@ from hyperexport.library.tasks.registry import (
 )
 
 log = logging.getLogger(__name__)
+
+#: The span (``engine/spans.py``) of the trace stage's time spent in transformers' decode.
+REFERENCE_DECODE = "reference decode"
 
 #: generate's arguments that keep an encoder-decoder's decode plain greedy argmax of its logits.
 PLAIN_GREEDY: Mapping[str, Any] = {
@@ -59,11 +63,14 @@ PLAIN_GREEDY: Mapping[str, Any] = {
 
 @contextlib.contextmanager
 def _generating(model: Any) -> Iterator[None]:
-    """``generate`` needs the cache, which the factories switch off: on for the block."""
+    """``generate`` needs the cache, which the factories switch off: on for the block. The
+    block's time is the build report's :data:`REFERENCE_DECODE` span of the stage (verification
+    done where the live model is, not part of making the graphs)."""
     use_cache = getattr(model.config, "use_cache", None)
     model.config.use_cache = True
     try:
-        yield
+        with span(REFERENCE_DECODE):
+            yield
     finally:
         model.config.use_cache = use_cache
 

@@ -261,10 +261,11 @@ def hierarchy_svg(report: Mapping[str, Any]) -> str | None:
 def _stages(report: Mapping[str, Any]) -> str:
     rows = [
         f"<tr><td>{_e(s['name'])}</td><td>{_e(s['status'])}</td>"
-        f"<td>{_e(s.get('reason') or '')}</td>{_num(s.get('seconds'))}</tr>"
+        f"<td>{_e(s.get('reason') or '')}</td>{_num(s.get('seconds'))}"
+        f"<td>{_e(', '.join(f'{k} {v:.2f}' for k, v in (s.get('spans') or {}).items()))}</td></tr>"
         for s in report.get("stages") or []
     ]
-    return _table(["stage", "status", "why it ran", "seconds"], rows)
+    return _table(["stage", "status", "why it ran", "seconds", "of which (seconds)"], rows)
 
 
 def _check(report: Mapping[str, Any]) -> str:

@@ -142,7 +142,8 @@ def render_summary(report: Mapping[str, Any], check_lines: Sequence[str] = ()) -
     lines = [f"recipe: {recipe.get('name')} ({recipe.get('file')})", "stages:"]
     for s in report.get("stages", []):
         extra = f" ({s['reason']})" if s.get("reason") else ""
-        lines.append(f"  {s['name']}: {s['status']}{extra} {s['seconds']:.2f}s")
+        parts = "".join(f", {k} {v:.2f}s" for k, v in (s.get("spans") or {}).items())
+        lines.append(f"  {s['name']}: {s['status']}{extra} {s['seconds']:.2f}s{parts}")
     fallback = (report.get("export_path") or {}).get("fallback_from")
     if fallback:
         lines.append(f"fallback: exported on the other path after {fallback}")

@@ -14,6 +14,7 @@ import onnx
 import pytest
 
 from hyperexport.base.errors import RecipeError
+from hyperexport.library.tasks.reference import REFERENCE_DECODE
 from hyperexport.product.builds.session import BuildOutcome, run_build
 from hyperexport.product.config import compose_recipe, validate_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
@@ -65,6 +66,9 @@ def test_onnxruntime_genai_runs_the_quantized_model_of_the_published_folder(
     assert genai["model"]["decoder"]["filename"] == "model.quantized.onnx"
     report = json.loads((folder / "report.json").read_text())
     assert report["files"]["genai_config.json"]["stage"] == "quantize"  # not the trace's
+    # The trace's time in transformers' reference decode is reported apart (verification).
+    trace = next(s for s in report["stages"] if s["name"] == "trace")
+    assert 0 < trace["spans"][REFERENCE_DECODE] < trace["seconds"]
 
     # The quantized model: MatMulNBits in the layers' one function, the builder's CPU level.
     model = onnx.load(folder / "model.quantized.onnx", load_external_data=False)
