@@ -22,9 +22,10 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
    ``min_top1`` 0, ``max_rel_error`` 1e6): on random weights the int4 model's agreement with
    the float one means nothing.
 3. ``python -m hyperexport recipe_file=...`` builds it (trace, export, rewrite, quantize,
-   evaluate, check) in one child process under ``memwatch.py``, with a fresh (emptied) cache:
-   wall time, CPU seconds of the process tree, peak anonymous memory and peak RSS (summed over
-   the tree, sampled), with the load average before and after. The stages' wall times come from
+   evaluate, check) in one child process under ``memwatch.py``, with an emptied cache and
+   outputs folder (then ``os.sync``, as before each builder run): wall time, CPU seconds of the
+   process tree, peak anonymous memory and peak RSS (summed over the tree, sampled), with the
+   load average before and after. The stages' wall times come from
    the published ``report.json``. **Start-up to the quantized model** is the build's wall minus
    its evaluate and check stages: everything from process start until quantize ends (the
    interpreter's start-up and imports, trace, export, rewrite, quantize and the runner's work
@@ -266,8 +267,13 @@ def build_ours(out: Path, recipe: Path, tag: str) -> dict[str, Any]:
         f"build.outputs_dir={out / 'out'}",
     ]
     print(f"load {_load()}: {' '.join(command)}", flush=True)
-    if cache.exists():
-        shutil.rmtree(cache)  # a cold build, not a cache hit
+    # A cold build, not a cache hit, into an emptied folder as the builder's: a previous
+    # publication would be replaced inside the timed window (its files deleted there). Then the
+    # disk's writeback of what was deleted and written before is let finish, for both runs.
+    for folder in (cache, out / "out" / recipe.stem):
+        if folder.exists():
+            shutil.rmtree(folder)
+    os.sync()
     figures = watch(command)
     published = (
         out / "out" / recipe.stem / ("default" if figures["exit"] == 0 else "default.failed")
@@ -320,6 +326,7 @@ def run_builder(
     for folder in (out / f"builder_{precision}", out / f"builder_cache_{precision}"):
         if folder.exists():
             shutil.rmtree(folder)
+    os.sync()
     command = builder_command(checkpoint, out, precision, options)
     print(f"load {_load()}: {' '.join(command)}", flush=True)
     figures = watch(command)
