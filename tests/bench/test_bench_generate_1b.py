@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from hyperexport.product.config.hydra import compose_recipe
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS
 from tests.helpers.scripts import load_script
 
 # The recipe the script wrote before --fuse and --quantize (torchscript, 8 tokens).
@@ -39,6 +40,7 @@ def test_without_options_the_recipe_is_what_it_was() -> None:
     assert bench.recipe_text("bench_1b_generate_torchscript", Path("/c/ckpt"), options) == BEFORE
 
 
+@NEEDS_DECODING_TASKS  # the recipe is a text-generation one, which validation checks
 def test_fused_int4_recipe_validates_with_its_fields(tmp_path: Path) -> None:
     bench = _load()
     argv = ("--fuse", "onnxruntime", "--quantize", "int4_block", "--block-size", "64")
