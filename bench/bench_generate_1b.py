@@ -352,13 +352,14 @@ def print_table(
     ours: dict[str, Any], builders: dict[str, dict[str, Any]], weights_gb: float
 ) -> None:
     """One row per run: wall (ours: start-up to the model too), CPU and both peaks."""
-    print("| run | start-up to the model | wall | CPU | peak anonymous | peak RSS |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| run | start-up to the model | wall | CPU | written | peak anonymous | peak RSS |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     rows = {"ours": ours, **{f"builder {p}": f for p, f in builders.items()}}
     for name, f in rows.items():
         start = f.get("startup_to_model_s", f["wall_s"])
         print(
             f"| {name} | {start:.1f} s | {f['wall_s']:.1f} s | {f['cpu_s']:.0f} s "
+            f"| {f.get('written_gb', float('nan')):.1f} GB "
             f"| {f['peak_anon_gb']:.2f} GB = {f['peak_anon_gb'] / weights_gb:.2f}x "
             f"| {f['peak_rss_gb']:.2f} GB = {f['peak_rss_gb'] / weights_gb:.2f}x |"
         )

@@ -15,7 +15,9 @@ parent ids in ``/proc/*/stat``) and sums, over the tree:
 When the command exits it prints one JSON line: the command's exit code, wall seconds, the
 tree's CPU seconds (user + system of every child reaped, from ``wait4``), both peaks (bytes and
 GB, and the time of the anonymous peak), the kernel's own ``ru_maxrss`` of the largest child,
-and the number of samples. With ``--timeline`` every sample is appended to FILE as a JSON line
+the bytes the tree wrote to storage (``ru_oublock`` x 512 from the same ``wait4``: what the
+processes' writes dirtied in the page cache, counted when written, whether or not a file was
+deleted before the disk took it), and the number of samples. With ``--timeline`` every sample is appended to FILE as a JSON line
 (``t``, ``anon``, ``rss``, ``processes``), to line the peaks up with a build's stage log.
 
 A sampler misses what lives for less than an interval; ``ru_maxrss`` (exact, but total RSS and
@@ -203,6 +205,7 @@ def run(command: Sequence[str], interval: float = INTERVAL, timeline: Path | Non
         "peak_rss_bytes": peaks.rss,
         "peak_rss_gb": round(peaks.rss / 1e9, 3),
         "maxrss_gb": round(usage.ru_maxrss * 1024 / 1e9, 3),
+        "written_gb": round(usage.ru_oublock * 512 / 1e9, 3),
         "samples": peaks.samples,
         "interval_s": interval,
     }

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
@@ -117,3 +119,29 @@ def test_the_timeline_counts_cpu_seconds(tmp_path: Path) -> None:
     cpu = [s["cpu"] for s in samples]
     assert cpu == sorted(cpu)  # cumulative over the tree's life
     assert 0.3 < cpu[-1] <= figures["cpu_s"] + 0.05
+
+
+def _filesystem_type(path: Path) -> str:
+    """The type of the filesystem ``path`` is on (the longest mount point above it)."""
+    best, kind = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, mount, fs_type, *_ = line.split()
+        mount = mount.replace("\\040", " ")
+        if str(path).startswith(mount.rstrip("/") + "/") and len(mount) > len(best):
+            best, kind = mount, fs_type
+    return kind
+
+
+def test_the_bytes_written_to_storage_are_counted(tmp_path: Path) -> None:
+    if _filesystem_type(tmp_path) == "tmpfs":
+        pytest.skip("the temporary folder is on tmpfs, whose writes never reach storage")
+    target = tmp_path / "written.bin"
+    write = (
+        "import os, sys\n"
+        "with open(sys.argv[1], 'wb') as f:\n"
+        "    f.write(os.urandom(64 << 20)); f.flush(); os.fsync(f.fileno())\n"
+    )
+    figures = _watch(sys.executable, "-c", write, str(target))
+    assert 0.064 <= figures["written_gb"] < 0.2  # 64 MiB = 0.067 GB, and little else
+    quiet = _watch(sys.executable, "-c", "pass")
+    assert quiet["written_gb"] < 0.01
