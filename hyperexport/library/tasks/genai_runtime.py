@@ -31,30 +31,79 @@ def genai_model(
     fp32, each prompt's decode took 22 s when it loaded its own (cProfile), and evaluate went
     from 137 to 95 s with one load per folder (bench/README.md).
 
-    onnxruntime-genai takes a folder and refuses a model path outside it, so the model, its
-    data file and ``genai_config.json`` are cloned into a folder under ``scratch``, removed on
-    exit (a reflink where the filesystem has them; else a copy of the weights: for a large
-    model, evaluate needs that much disk for the duration). Not hard links: a link changes the
-    input's ctime, and the build then no longer trusts its held copy of the data file
-    (``engine/workspace.py``). Symlinks neither: ONNX Runtime refuses external data that leaves
-    the model's folder. Large float weights are read in place from the clone
-    (``check/ort_session.py`` ``weights_in_place``), through an overlay of the session options:
-    the published ``genai_config.json`` is left as it is.
+    onnxruntime-genai takes a folder holding ``genai_config.json`` and refuses a model path
+    outside it; :func:`_genai_folder` gives it ``model_dir`` itself. Large float weights are read
+    in place (``check/ort_session.py`` ``weights_in_place``), through an overlay of the session
+    options: the published ``genai_config.json`` is left as it is.
     """
     import onnxruntime_genai as og
 
-    folder = Path(tempfile.mkdtemp(prefix="genai-", dir=scratch))
-    try:
-        data = sorted(p.name for p in model_dir.iterdir() if p.name.startswith(model_file + "."))
-        names = [model_file, *data]
-        for name in names:
-            clone_or_copy((model_dir / name).resolve(), folder / name)
-        shutil.copyfile(genai_config, folder / GENAI_CONFIG)
+    with _genai_folder(model_dir, genai_config, scratch, model_file) as folder:
         config = og.Config(str(folder))
         if weights_in_place(folder / model_file):
             options = {"model": {"decoder": {"session_options": dict(IN_PLACE_ENTRIES)}}}
             config.overlay(json.dumps(options))
         yield og.Model(config)
+
+
+@contextlib.contextmanager
+def _genai_folder(
+    model_dir: Path, genai_config: Path, scratch: Path, model_file: str
+) -> Iterator[Path]:
+    """A folder with ``model_file``, its data files and ``genai_config``'s bytes as
+    ``genai_config.json``, for the block.
+
+    ``model_dir`` itself where it can be: its model and data are regular files, and it holds
+    ``genai_config``'s bytes already (the quantize stage's folder) or no ``genai_config.json``
+    (the rewrite's), in which case the config is written there for the block and removed after.
+    The model and data files are not touched (their inode, size and times stay as they were, so
+    the build keeps trusting its held copy of the data: ``engine/workspace.py``). At the 1B shape
+    that saves evaluate copying 6.7 GB (the float and the quantized weights) on a disk without
+    reflinks.
+
+    Otherwise (a symlinked file, another ``genai_config.json`` there, a folder that cannot be
+    written) the files are cloned into a folder under ``scratch``, removed on exit, and the
+    fallback is logged at WARNING with its cause: a reflink where the filesystem has them, else a
+    copy of the weights (for a large model, evaluate needs that much disk for the duration). Not
+    hard links: a link changes the input's ctime, and the build then no longer trusts its held
+    copy. Nor symlinks: ONNX Runtime refuses external data that leaves the model's folder.
+    """
+    names = [model_file]
+    names += sorted(p.name for p in model_dir.iterdir() if p.name.startswith(model_file + "."))
+    wanted = genai_config.read_bytes()
+    placed = model_dir / GENAI_CONFIG
+    linked = [name for name in names if (model_dir / name).is_symlink()]
+    if linked:
+        reason = f"{linked[0]} is a symbolic link, which ONNX Runtime refuses for external data"
+    elif placed.exists():
+        reason = None if placed.read_bytes() == wanted else f"another {GENAI_CONFIG} is there"
+        if reason is None:
+            yield model_dir
+            return
+    else:
+        try:
+            with open(placed, "xb") as fh:
+                fh.write(wanted)
+        except OSError as e:
+            reason = f"{GENAI_CONFIG} cannot be written there ({e})"
+        else:
+            try:
+                yield model_dir
+            finally:
+                placed.unlink(missing_ok=True)
+            return
+    log.warning(
+        "onnxruntime-genai: %s in %s; loading a copy of the model from %s instead",
+        reason,
+        model_dir,
+        scratch,
+    )
+    folder = Path(tempfile.mkdtemp(prefix="genai-", dir=scratch))
+    try:
+        for name in names:
+            clone_or_copy((model_dir / name).resolve(), folder / name)
+        shutil.copyfile(genai_config, folder / GENAI_CONFIG)
+        yield folder
     finally:
         shutil.rmtree(folder)
 

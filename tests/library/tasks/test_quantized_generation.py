@@ -6,6 +6,8 @@ the check reports its agreement with the float decode, gated or report-only."""
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +135,19 @@ def test_evaluate_loads_each_folder_into_onnxruntime_genai_once(
         assert [r for r in alive if r() is not None] == [], f"a genai model is alive at {path}"
         return real_session(path)
 
+    from hyperexport.library.tasks import genai_runtime
+
+    cloned: list[Path] = []
+    real_clone = genai_runtime.clone_or_copy
+
+    def clone(src: Path, dst: Path) -> str:
+        cloned.append(src)
+        return real_clone(src, dst)
+
     monkeypatch.setattr(og, "Config", config)
     monkeypatch.setattr(og, "Model", counting)
     monkeypatch.setattr(decode, "session", session)
+    monkeypatch.setattr(genai_runtime, "clone_or_copy", clone)
     recipe, settings = compose_recipe(
         [
             f"recipe={RECIPE}",
@@ -149,6 +161,7 @@ def test_evaluate_loads_each_folder_into_onnxruntime_genai_once(
     assert outcome.exit_code == 0, outcome.lines
     assert statuses(outcome)["evaluate"] == "ran"
     assert sorted(loaded) == ["model.onnx", "model.quantized.onnx"]
+    assert cloned == []  # both folders loaded where the build checked them out
 
     # The same decodes, float and quantized, as the first build's.
     def read(folder: Path, name: str) -> Any:
@@ -255,3 +268,46 @@ def test_symmetric_int4_generation_has_no_zero_points_and_decodes(tmp_path: Path
     assert outcome.report["check"]["ok"] is True  # every call site within the tolerance
     decode = json.loads((outcome.out_dir / "check.json").read_text())["quantized"]["decode"]
     assert decode["min_cosine"] > 0.9 and len(decode["sequences"]) == 4
+
+
+def _stats(folder: Path) -> dict[str, tuple[int, ...]]:
+    return {
+        p.name: (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ctime_ns)
+        for p in folder.iterdir()
+    }
+
+
+def test_genai_loads_a_checked_out_folder_in_place_and_leaves_it_as_it_was(
+    int4: tuple[Path, BuildOutcome], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The float model's folder has no ``genai_config.json``: it is put there for the decode
+    and removed after; the model and its data are not copied, nor touched. A folder holding
+    another config is loaded from a copy instead, with a WARNING."""
+    from hyperexport.library.tasks.genai_runtime import genai_decode, genai_model
+
+    published = int4[1].out_dir
+    checkout = tmp_path / "rewrite"
+    checkout.mkdir()
+    for model_file in published.glob("model.onnx*"):
+        shutil.copyfile(model_file, checkout / model_file.name)
+    genai = json.loads((published / "genai_config.json").read_text())
+    genai["model"]["decoder"]["filename"] = "model.onnx"
+    config = tmp_path / "trace" / "genai_config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(genai))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    before = _stats(checkout)
+    with genai_model(checkout, config, scratch) as model:
+        assert (checkout / "genai_config.json").read_bytes() == config.read_bytes()
+        assert list(scratch.iterdir()) == []  # nothing cloned
+        in_place = genai_decode(model, PROMPTS[0], 4)[0]
+    assert _stats(checkout) == before  # the config gone, the model files untouched
+
+    (checkout / "genai_config.json").write_text("{}")  # not this model's
+    with caplog.at_level(logging.WARNING), genai_model(checkout, config, scratch) as model:
+        assert [p.name[:6] for p in scratch.iterdir()] == ["genai-"]
+        copied = genai_decode(model, PROMPTS[0], 4)[0]
+    assert "another genai_config.json is there" in caplog.text
+    assert list(scratch.iterdir()) == [] and (checkout / "genai_config.json").read_text() == "{}"
+    assert copied == in_place
