@@ -232,6 +232,28 @@ def test_the_test_command_is_what_ci_runs() -> None:
     assert commands[1] in ci, "the README's test command is not the line .ci/run runs"
 
 
+def test_ci_stops_when_a_step_of_the_test_command_fails(tmp_path: Path) -> None:
+    """Under ``set -e`` bash goes on after an ``&&`` list whose failing command is not the last
+    (a mypy error skipped the tests and CI still passed): ``.ci/run`` checks the list's status.
+    The script up to the next command, run with the test command's steps replaced by a failing
+    one in the middle."""
+    text = README.read_text(encoding="utf-8")
+    two = text[text.index("## Two commands") : text.index(SECTION)]
+    command = [body.strip() for lang, body, _ in _blocks(two) if lang == "bash"][1]
+    lines = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    at = lines.index(command)
+    after = next(i for i in range(at + 1, len(lines)) if not lines[i].startswith("#"))
+    # Only that check runs here, never what follows it (the next line may start a leg).
+    assert lines[after].startswith("status=$?"), "no status check right after the test command"
+    for steps, expected in (("true && false && true", 1), ("true && true && true", 0)):
+        script = ["set -euo pipefail", steps, *lines[at + 1 : after + 1], "echo reached"]
+        path = tmp_path / "run"
+        path.write_text("\n".join(script) + "\n", encoding="utf-8")
+        done = subprocess.run(["bash", str(path)], capture_output=True, text=True)
+        assert done.returncode == expected, done.stderr
+        assert ("reached" in done.stdout) == (expected == 0)
+
+
 def test_the_readme_stays_short() -> None:
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 210
 

@@ -73,13 +73,14 @@ def _genai_folder(
     wanted = genai_config.read_bytes()
     placed = model_dir / GENAI_CONFIG
     linked = [name for name in names if (model_dir / name).is_symlink()]
+    reason: str
     if linked:
         reason = f"{linked[0]} is a symbolic link, which ONNX Runtime refuses for external data"
     elif placed.exists():
-        reason = None if placed.read_bytes() == wanted else f"another {GENAI_CONFIG} is there"
-        if reason is None:
+        if placed.read_bytes() == wanted:
             yield model_dir
             return
+        reason = f"another {GENAI_CONFIG} is there"
     else:
         try:
             with open(placed, "xb") as fh:
