@@ -100,7 +100,7 @@ class StageResult:
             return f"{self.name}: would run ({self.reason})"
         if self.status == FAILED:
             return f"{self.name}: failed in {self.seconds:.2f}s"
-        parts = "".join(f", {name} {seconds:.2f}s" for name, seconds in self.spans.items())
+        parts = f", {spans.describe(self.spans)}" if self.spans else ""
         return f"{self.name}: {self.status} ({self.reason}) in {self.seconds:.2f}s{parts}"
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 _collected: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
     "collected_spans", default=None
@@ -45,3 +45,8 @@ def span(name: str) -> Iterator[None]:
     finally:
         if spans is not None:
             spans[name] = spans.get(name, 0.0) + time.perf_counter() - start
+
+
+def describe(spans: Mapping[str, float]) -> str:
+    """``{name: seconds}`` as people read it: ``reference decode 10.47s, other 1.00s``."""
+    return ", ".join(f"{name} {seconds:.2f}s" for name, seconds in spans.items())

@@ -72,3 +72,12 @@ def test_the_runner_reports_a_stage_s_spans(store: CacheStore) -> None:
     assert all(not s.spans and "spans" not in s.to_json() for s in result.stages[1:])
     again = Runner(store, lambda: "live-model").run(request)
     assert again.stages[0].status == "hit" and not again.stages[0].spans
+
+
+def test_spans_read_as_people_read_them() -> None:
+    from hyperexport.engine.spans import describe
+
+    assert describe({"reference decode": 10.466, "other": 1.0}) == (
+        "reference decode 10.47s, other 1.00s"
+    )
+    assert describe({}) == ""

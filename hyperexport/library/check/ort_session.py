@@ -49,6 +49,13 @@ IN_PLACE_ENTRIES = {
 _NEEDS_PREPACKING = frozenset({"MatMulNBits"})
 
 
+def data_files(model_path: Path) -> list[Path]:
+    """The files beside the model file at ``model_path`` that can hold its external data
+    (``<name>.*``: ``model.onnx.data``), by name."""
+    prefix = model_path.name + "."
+    return sorted(p for p in model_path.parent.iterdir() if p.name.startswith(prefix))
+
+
 def weights_in_place(model_path: Path) -> bool:
     """Whether a session of the model file at ``model_path`` should read its weights in place
     (:data:`IN_PLACE_ENTRIES`): its data files (``<name>.*`` beside it) hold at least
@@ -56,11 +63,7 @@ def weights_in_place(model_path: Path) -> bool:
     model without its external data."""
     import onnx
 
-    data = sum(
-        p.stat().st_size
-        for p in model_path.parent.iterdir()
-        if p.name.startswith(model_path.name + ".") and p.is_file()
-    )
+    data = sum(p.stat().st_size for p in data_files(model_path) if p.is_file())
     if data < IN_PLACE_MIN_BYTES:
         return False
     proto = onnx.load(str(model_path), load_external_data=False)

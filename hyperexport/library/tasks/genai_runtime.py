@@ -16,7 +16,7 @@ import numpy as np
 
 from hyperexport.base.contracts.names import MODEL_FILE
 from hyperexport.engine.files import clone_or_copy
-from hyperexport.library.check.ort_session import IN_PLACE_ENTRIES, weights_in_place
+from hyperexport.library.check.ort_session import IN_PLACE_ENTRIES, data_files, weights_in_place
 from hyperexport.library.tasks.registry import GENAI_CONFIG
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,7 @@ def _genai_folder(
     hard links: a link changes the input's ctime, and the build then no longer trusts its held
     copy. Nor symlinks: ONNX Runtime refuses external data that leaves the model's folder.
     """
-    names = [model_file]
-    names += sorted(p.name for p in model_dir.iterdir() if p.name.startswith(model_file + "."))
+    names = [model_file, *(p.name for p in data_files(model_dir / model_file))]
     wanted = genai_config.read_bytes()
     placed = model_dir / GENAI_CONFIG
     linked = [name for name in names if (model_dir / name).is_symlink()]

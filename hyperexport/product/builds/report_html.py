@@ -25,6 +25,7 @@ from typing import Any
 
 from hyperexport.base.atomic import atomic_write_text
 from hyperexport.base.contracts.names import AUTO_FILE, MANIFEST_JSON, MODEL_FILE, NO_FUSION
+from hyperexport.engine.spans import describe
 from hyperexport.product.builds.html_parts import escape as _e
 from hyperexport.product.builds.html_parts import num_cell as _num
 from hyperexport.product.builds.html_parts import status as _status
@@ -262,10 +263,10 @@ def _stages(report: Mapping[str, Any]) -> str:
     rows = [
         f"<tr><td>{_e(s['name'])}</td><td>{_e(s['status'])}</td>"
         f"<td>{_e(s.get('reason') or '')}</td>{_num(s.get('seconds'))}"
-        f"<td>{_e(', '.join(f'{k} {v:.2f}' for k, v in (s.get('spans') or {}).items()))}</td></tr>"
+        f"<td>{_e(describe(s.get('spans') or {}))}</td></tr>"
         for s in report.get("stages") or []
     ]
-    return _table(["stage", "status", "why it ran", "seconds", "of which (seconds)"], rows)
+    return _table(["stage", "status", "why it ran", "seconds", "of which"], rows)
 
 
 def _check(report: Mapping[str, Any]) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hyperexport.engine.spans import describe
+
 
 def function_tree(
     manifest: Mapping[str, Any], capture: Mapping[str, Any] | None
@@ -142,7 +144,7 @@ def render_summary(report: Mapping[str, Any], check_lines: Sequence[str] = ()) -
     lines = [f"recipe: {recipe.get('name')} ({recipe.get('file')})", "stages:"]
     for s in report.get("stages", []):
         extra = f" ({s['reason']})" if s.get("reason") else ""
-        parts = "".join(f", {k} {v:.2f}s" for k, v in (s.get("spans") or {}).items())
+        parts = f", {describe(s['spans'])}" if s.get("spans") else ""
         lines.append(f"  {s['name']}: {s['status']}{extra} {s['seconds']:.2f}s{parts}")
     fallback = (report.get("export_path") or {}).get("fallback_from")
     if fallback:
