@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from .sourced import FileSources
+
 
 class Stage(Protocol):
     """One build step.
@@ -71,12 +73,18 @@ class StageInputs:
         source: Where the build's configuration came from, for error messages.
         digests: ``{stage name: {relative path: sha256}}`` of the upstream outputs: the digests
             the stage's key covers (a stage that vouches for files names them by these).
+        declare_sources: Called by a stage with one of its output files (a path under its
+            ``out_dir``) and where that file's bytes are (``sourced.py``): ranges of files on
+            disk that the stage's key already covers. The cache then records the ranges instead
+            of storing a copy (checked byte for byte at commit). Outside a cached build it does
+            nothing: there is no copy to save.
     """
 
     upstream: Mapping[str, Path]
     model: Callable[[], Any]
     source: str = ""
     digests: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    declare_sources: Callable[[Path, FileSources], None] = field(default=lambda path, sources: None)
 
     def dir(self, stage: str) -> Path:
         """The output directory of upstream ``stage``."""
