@@ -138,8 +138,9 @@ def _unreferenced(records: Sequence[_Record], keys: set[str], cutoff: float) -> 
 
 
 def _blobs(store: CacheStore) -> dict[str, _Blob]:
+    """Every blob, and every record of one by reference (which takes only its own size)."""
     found = {}
-    for digest, path in store.blob_paths():
+    for digest, path in [*store.ref_paths(), *store.blob_paths()]:
         try:
             st = path.stat()
         except FileNotFoundError:
@@ -311,7 +312,7 @@ def _remove_unreferenced_blobs(store: CacheStore, cutoff: float, result: GcResul
             "%d unreadable cache entries appeared; no blob removed", len(inventory.unreadable)
         )
         return
-    for digest, path in store.blob_paths():
+    for digest, path in [*store.blob_paths(), *store.ref_paths()]:
         if digest in referenced or _file_mtime(path) > cutoff:
             continue
         size = retire(path, cutoff)

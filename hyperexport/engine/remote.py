@@ -33,6 +33,7 @@ blob before its entry; a download then misses and the stage runs again, so it is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .discovered import DEPS_FORMAT, MAX_SETS, set_digest
-from .entries import ActionEntry
+from .entries import ActionEntry, OutputFile
 from .errors import CacheUnavailableError
 from .hashing import atomic_write_canonical_json, sha256_file
 from .settings import READ_WRITE, REMOTE_MODES
@@ -51,6 +52,10 @@ class LocalTier(Protocol):
     """What the remote tier needs of the local store it fetches into and uploads from."""
 
     def blob_path(self, digest: str) -> Path: ...
+
+    def has_blob(self, f: OutputFile) -> bool: ...
+
+    def materialized(self, f: OutputFile) -> contextlib.AbstractContextManager[Path]: ...
 
     def adopt_blob(self, verified: Path, digest: str) -> None: ...
 
@@ -150,9 +155,9 @@ class Remote:
         if entry is None:
             return False
         for f in entry.outputs:
-            blob = store.blob_path(f.digest)
-            if blob.is_file() and blob.stat().st_size == f.size:
+            if store.has_blob(f):
                 continue
+            blob = store.blob_path(f.digest)
             blob.parent.mkdir(parents=True, exist_ok=True)
             tmp = blob.parent / f".{f.digest[:12]}.{secrets.token_hex(4)}.download"
             try:
@@ -206,9 +211,10 @@ class Remote:
                 remote = self.blob_path(f.digest)
                 if f.digest not in self._bad and self._has(remote, f.size):
                     continue
-                if sha256_file(store.blob_path(f.digest)) != f.digest:  # only verified bytes
-                    raise ValueError(f"local blob of {f.path} does not match its digest")
-                self._put_file(store.blob_path(f.digest), remote)
+                with store.materialized(f) as local:  # a record by reference: assembled
+                    if sha256_file(local) != f.digest:  # only verified bytes
+                        raise ValueError(f"local blob of {f.path} does not match its digest")
+                    self._put_file(local, remote)
             data = json.dumps(entry.to_json(), sort_keys=True, indent=1).encode("utf-8")
             self._put_bytes(data, self.action_path(entry.key))
         except Exception as e:

@@ -25,6 +25,7 @@ Cache faults heal rather than fail:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -49,6 +50,7 @@ from .keys import declared_material, explain, recorded_material, stage_key
 from .machinery import machinery
 from .memory import return_freed_memory
 from .record_secret import record_secret
+from .sourced import FileSources
 from .stage import Stage, StageInputs, config_slice
 from .store import CORRUPT, HIT, MISSING, CacheStore, CorruptBlobError, Lookup
 from .workspace import Workspace
@@ -550,6 +552,8 @@ class Runner:
         with self.store.scratch(f"{stage.name}-") as scratch:
             out_dir = scratch / "out"
             out_dir.mkdir()
+            declared_sources = _Declarations(stage.name, out_dir)
+            inputs = dataclasses.replace(inputs, declare_sources=declared_sources.add)
             try:
                 with (
                     opened.recording(self._opened)
@@ -581,6 +585,7 @@ class Runner:
                         params=material["params"],
                         known=self.workspace.digest_of if self.workspace is not None else None,
                         keep=self.workspace,
+                        sources=declared_sources.by_path,
                     )
                     if stage.needs_model and self.store.remote is not None:  # after the entry
                         self.store.remote.upload_deps(declared, self.discovered.path(declared))
@@ -594,6 +599,26 @@ class Runner:
             cause = result.error.__cause__
             return "failed", f"{type(cause).__name__}: {cause}", key
         return "ran", "", key
+
+
+class _Declarations:
+    """Where a running stage said its output files' bytes are (``StageInputs.declare_sources``),
+    by path relative to its output folder."""
+
+    def __init__(self, stage: str, out_dir: Path) -> None:
+        self.stage = stage
+        self.out_dir = out_dir
+        self.by_path: dict[str, FileSources] = {}
+
+    def add(self, path: Path, sources: FileSources) -> None:
+        try:
+            rel = Path(path).resolve().relative_to(self.out_dir.resolve()).as_posix()
+        except ValueError:
+            raise ValueError(
+                f"stage {self.stage} declared the sources of {path}, which is not one of its "
+                "outputs"
+            ) from None
+        self.by_path[rel] = sources
 
 
 #: A filesystem refusing writes: full, read-only, not permitted, over quota. In the cache or the

@@ -21,6 +21,7 @@ A record is only as durable as its sources: a remote cache always receives real 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -136,7 +137,7 @@ def _chunks(sources: FileSources) -> Iterator[bytes | memoryview]:
     """
     handles: dict[str, IO[bytes]] = {}
     zeros = bytes(_CHUNK)
-    try:
+    with contextlib.ExitStack() as stack:
         for length, piece in _segments(sources):
             if piece is None:
                 while length:
@@ -146,7 +147,7 @@ def _chunks(sources: FileSources) -> Iterator[bytes | memoryview]:
                 continue
             fh = handles.get(piece.source)
             if fh is None:
-                fh = handles[piece.source] = open(piece.source, "rb")  # closed below
+                fh = handles[piece.source] = stack.enter_context(open(piece.source, "rb"))
             fh.seek(piece.source_offset)
             while length:
                 data = fh.read(min(length, _CHUNK))
@@ -154,9 +155,6 @@ def _chunks(sources: FileSources) -> Iterator[bytes | memoryview]:
                     raise SourcesError(f"source {piece.source} ends before its piece does")
                 yield data
                 length -= len(data)
-    finally:
-        for fh in handles.values():
-            fh.close()
 
 
 def assemble(sources: FileSources, target: IO[bytes]) -> str:

@@ -51,6 +51,7 @@ from .entries import ActionEntry, OutputFile
 from .errors import CacheUnavailableError
 from .files import clone_or_copy, clone_or_copy_hashed
 from .hashing import FileDigestIndex, atomic_write_json, sha256_file
+from .sourced import REF_SUFFIX, FileSources, SourcesError, assemble, matching_digest
 
 if TYPE_CHECKING:
     from .remote import Remote
@@ -187,6 +188,10 @@ class CacheStore:
     def blob_path(self, digest: str) -> Path:
         return self.root / "blobs" / digest[:2] / digest
 
+    def ref_path(self, digest: str) -> Path:
+        """Where blob ``digest`` is recorded by reference, when it is (``sourced.py``)."""
+        return self.root / "blobs" / digest[:2] / f"{digest}{REF_SUFFIX}"
+
     def action_path(self, key: str) -> Path:
         return self.root / "actions" / key[:2] / f"{key}.json"
 
@@ -256,6 +261,8 @@ class CacheStore:
         try:
             size = blob.stat().st_size
         except FileNotFoundError as e:
+            if self._sources_hold(f):
+                return  # checked in full when a checkout assembles it
             raise ValueError(f"blob of {f.path} is missing") from e
         bad = size != f.size or (full and sha256_file(blob) != f.digest)
         if bad:
@@ -295,6 +302,7 @@ class CacheStore:
         params: Mapping[str, Any] | None = None,
         known: Callable[[Path], str | None] | None = None,
         keep: Keeper | None = None,
+        sources: Mapping[str, FileSources] | None = None,
     ) -> ActionEntry:
         """Move every file of ``out_dir`` into the blob store, then write the entry (last).
 
@@ -307,6 +315,11 @@ class CacheStore:
         for the file it names (an input this build checked out and verified, unchanged since,
         see ``workspace.py``): it is recorded under that file's digest, whose blob the store
         already has, without reading or copying anything. Any other symlink is refused.
+
+        A file ``keep`` wants that ``sources`` (``{relative path: where its bytes are}``)
+        describes is compared with those ranges, hashed on the way; when it matches, the blob is
+        recorded by reference (``sourced.py``) and nothing is copied. When it does not, a WARNING
+        says so and the file is copied in as any other.
 
         ``build`` (the name of the build) is recorded in the entry for the inventory, and
         ``params`` (the stage's params as keyed) for :func:`~.verify.verify`, which recomputes
@@ -330,7 +343,9 @@ class CacheStore:
                 size = path.stat().st_size
                 self._put_blob(path, digest, size, move=False)
             elif keep is not None and keep.wants(size := path.stat().st_size):
-                digest = self._copy_in(path, size)
+                declared = (sources or {}).get(rel)
+                found = self._record_sources(path, declared, stage, rel) if declared else None
+                digest = found or self._copy_in(path, size)
                 keep.adopt(path, digest)
             else:
                 digest = sha256_file(path)
@@ -354,6 +369,90 @@ class CacheStore:
         caller) into place as blob ``digest``."""
         os.chmod(verified, _READ_ONLY)
         os.replace(verified, self.blob_path(digest))
+
+    def _record_sources(self, path: Path, sources: FileSources, stage: str, rel: str) -> str | None:
+        """Record ``path``'s blob as ``sources`` if its bytes are exactly those; its digest.
+
+        None (after a WARNING naming the stage and file) when they are not, or cannot be read.
+        """
+        try:
+            digest = matching_digest(path, sources)
+        except OSError as e:
+            digest, why = None, f"a source cannot be read: {e}"
+        else:
+            why = "its bytes differ from the declared ranges"
+        if digest is None:
+            log.warning(
+                "stage %s declared where the bytes of %s are, but %s; storing a copy",
+                stage,
+                rel,
+                why,
+            )
+            return None
+        if self._reusable(self.blob_path(digest), sources.size):
+            return digest
+        ref = self.ref_path(digest)
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(ref, sources.to_json())
+        log.debug(
+            "%s: recorded %s (%.2f GB) by reference to %d ranges",
+            stage,
+            rel,
+            sources.size / 1e9,
+            len(sources.pieces),
+        )
+        return digest
+
+    def sources_of(self, digest: str) -> FileSources | None:
+        """The record of blob ``digest`` by reference, if there is one and it is readable."""
+        try:
+            text = self.ref_path(digest).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            return FileSources.loads(text)
+        except SourcesError as e:
+            log.warning("cache record of blob %s is unreadable (%s)", digest[:12], e)
+            return None
+
+    def _sources_hold(self, f: OutputFile) -> bool:
+        """Whether ``f``'s blob is recorded by reference with its size, and every source is
+        still a file long enough for its ranges (the bytes are checked when assembled)."""
+        sources = self.sources_of(f.digest)
+        if sources is None or sources.size != f.size:
+            return False
+        for p in sources.pieces:
+            try:
+                if os.stat(p.source).st_size < p.source_offset + p.length:
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def has_blob(self, f: OutputFile) -> bool:
+        """Whether the store holds ``f``'s bytes: its blob with its size, or a record of them."""
+        blob = self.blob_path(f.digest)
+        if blob.is_file() and blob.stat().st_size == f.size:
+            return True
+        sources = self.sources_of(f.digest)
+        return sources is not None and sources.size == f.size
+
+    @contextlib.contextmanager
+    def materialized(self, f: OutputFile) -> Iterator[Path]:
+        """A regular file with ``f``'s bytes: its blob, or one assembled from its record (in the
+        store's scratch space, verified, removed after).
+
+        Raises:
+            CorruptBlobError: Neither is there, or the assembly does not match the digest.
+        """
+        blob = self.blob_path(f.digest)
+        if blob.is_file():
+            yield blob
+            return
+        with self.scratch("assemble-") as folder:
+            target = folder / f.digest
+            self.copy_blob(f, target)
+            yield target
 
     def _copy_in(self, src: Path, size: int) -> str:
         """Copy ``src`` into the blob store, hashing it on the way; return its digest.
@@ -427,7 +526,9 @@ class CacheStore:
             try:
                 _, digest = clone_or_copy_hashed(blob, tmp)
             except FileNotFoundError as e:
-                raise CorruptBlobError(f.path, f.digest) from e
+                if not self._assemble(f, tmp):
+                    raise CorruptBlobError(f.path, f.digest) from e
+                digest = f.digest
             os.chmod(tmp, 0o644)
             if digest != f.digest:
                 if not self.read_only:
@@ -437,6 +538,31 @@ class CacheStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+    def _assemble(self, f: OutputFile, tmp: Path) -> bool:
+        """Write ``f``'s bytes to ``tmp`` from its record by reference; False when there is none,
+        or a source is gone or changed (the record is then removed, unless read-only)."""
+        sources = self.sources_of(f.digest)
+        if sources is None:
+            return False
+        try:
+            with open(tmp, "wb") as fh:
+                digest = assemble(sources, fh)
+            why = "" if digest == f.digest else "the assembled bytes do not match the digest"
+        except (OSError, SourcesError) as e:
+            why = f"{type(e).__name__}: {e}"
+        if not why:
+            return True
+        log.warning(
+            "the cached bytes of %s were recorded by reference, and their sources changed (%s); "
+            "a miss",
+            f.path,
+            why,
+        )
+        tmp.unlink(missing_ok=True)
+        if not self.read_only:
+            self.ref_path(f.digest).unlink(missing_ok=True)
+        return False
 
     def read_text(self, entry: ActionEntry, path: str) -> str | None:
         """Contents of one small output file of ``entry`` (None if it has no such file)."""
@@ -523,6 +649,13 @@ class CacheStore:
         for path in sorted((self.root / "blobs").glob("??/*")):
             if _DIGEST.fullmatch(path.name) and path.parent.name == path.name[:2]:
                 yield path.name, path
+
+    def ref_paths(self) -> Iterator[tuple[str, Path]]:
+        """``(digest, path)`` of every record of a blob by reference (``sourced.py``)."""
+        for path in sorted((self.root / "blobs").glob(f"??/*{REF_SUFFIX}")):
+            digest = path.name.removesuffix(REF_SUFFIX)
+            if _DIGEST.fullmatch(digest) and path.parent.name == digest[:2]:
+                yield digest, path
 
     def read_entry(self, key: str) -> ActionEntry:
         """Parse ``key``'s entry without checking its blobs.

@@ -1,4 +1,4 @@
-"""Verify a cache: re-hash every blob; drop corrupt blobs and every entry that names a missing or
+"""Verify a cache: re-hash every blob (a blob recorded by reference: assembled from its sources); drop corrupt blobs and every entry that names a missing or
 corrupt blob (dangling), lacks an output its stage declares (incomplete), or cannot be read, so
 that no later lookup trusts them.
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .hashing import sha256_file
 from .inventory import EntryInfo, scan
+from .sourced import SourcesError, digest_of
 from .stage import Stage
 from .store import CacheStore
 
@@ -68,6 +69,13 @@ def verify(store: CacheStore, stages: Sequence[Stage]) -> VerifyResult:
             result.corrupt_blobs += 1
             result.problems.append(f"blob {digest[:12]}: corrupt (content hashes to {actual[:12]})")
             path.unlink(missing_ok=True)
+    for digest, path in store.ref_paths():
+        result.blobs += 1
+        problem = _unassembled(store, digest)
+        if problem:
+            result.corrupt_blobs += 1
+            result.problems.append(f"blob {digest[:12]} (by reference): {problem}")
+            path.unlink(missing_ok=True)
     inventory = scan(store)
     for key, reason, path in inventory.unreadable:
         result.entries += 1
@@ -98,6 +106,18 @@ def _incomplete(info: EntryInfo, stages: Mapping[str, Stage]) -> str:
     return f"incomplete (lacks {', '.join(lacking)})" if lacking else ""
 
 
+def _unassembled(store: CacheStore, digest: str) -> str:
+    """Why the record of blob ``digest`` by reference does not give its bytes (empty: it does)."""
+    sources = store.sources_of(digest)
+    if sources is None:
+        return "its record is unreadable"
+    try:
+        actual = digest_of(sources)
+    except (OSError, SourcesError) as e:
+        return f"a source cannot be read ({e})"
+    return "" if actual == digest else f"its sources now hash to {actual[:12]}"
+
+
 def _dangling(info: EntryInfo, store: CacheStore) -> str:
     """Why an output blob of ``info``'s entry is unusable (empty: none is)."""
     for f in info.entry.outputs:
@@ -105,6 +125,8 @@ def _dangling(info: EntryInfo, store: CacheStore) -> str:
         try:
             size = blob.stat().st_size
         except FileNotFoundError:
+            if store.has_blob(f):  # recorded by reference, assembled above
+                continue
             return f"blob of {f.path} is missing"
         if size != f.size:
             return f"blob of {f.path} has {size} bytes, not {f.size}"

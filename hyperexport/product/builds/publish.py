@@ -51,6 +51,7 @@ from hyperexport.engine.hashing import sha256_text
 from hyperexport.engine.runner import BuildRequest, BuildResult
 from hyperexport.engine.stage import Stage
 from hyperexport.engine.store import CacheStore
+from hyperexport.engine.store import CorruptBlobError as StoreCorruptBlobError
 from hyperexport.engine.workspace import Workspace
 from hyperexport.product.builds.cleanup import remove_publication, remove_stale_builds
 from hyperexport.product.builds.layout import BUILDS, FAILED_SUFFIX, LOCK_SUFFIX
@@ -265,6 +266,13 @@ def _write_file(store: CacheStore, f: _File, target: Path, local: Workspace | No
         store.index.remember(target, f.digest)
         return False
     blob = store.blob_path(f.digest)
+    if not blob.is_file() and store.sources_of(f.digest) is not None:
+        try:  # recorded by reference: assembled from its sources, verified
+            store.copy_blob(f.blob, target)
+        except StoreCorruptBlobError as e:
+            raise CorruptBlobError(f"cached blob of {f.rel} is corrupt") from e
+        store.index.remember(target, f.digest)
+        return True
     how, digest = clone_or_copy_hashed(blob, target)
     os.chmod(target, 0o644)
     if digest != f.digest:

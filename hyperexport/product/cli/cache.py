@@ -253,8 +253,7 @@ def cmd_show(args: argparse.Namespace, root: Path) -> int:
         print(line)
     rows = []
     for f in info.entry.outputs:
-        blob = store.blob_path(f.digest)
-        present = blob.is_file() and blob.stat().st_size == f.size
+        present = store.has_blob(f)
         rows.append(
             [f.path, human_size(f.size), f.digest[:12], "present" if present else "MISSING"]
         )

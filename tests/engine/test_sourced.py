@@ -1,0 +1,282 @@
+"""Blobs by reference (sourced.py): a large output that copies ranges of a file on disk is
+recorded, not copied; a checkout assembles and verifies it; a changed source is a miss."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hyperexport.engine.collector import GcOptions, collect
+from hyperexport.engine.errors import StageFailed
+from hyperexport.engine.remote import Remote
+from hyperexport.engine.sourced import (
+    FileSources,
+    Piece,
+    SourcesError,
+    assemble,
+    matching_digest,
+    merged,
+)
+from hyperexport.engine.stage import StageInputs
+from hyperexport.engine.store import CacheStore, CorruptBlobError
+from hyperexport.engine.verify import verify
+from hyperexport.engine.workspace import ONE_COPY_MIN, Workspace
+from tests.engine.fakes import build, statuses
+
+KEY_A, KEY_B = "aa" * 32, "bb" * 32
+HALF = ONE_COPY_MIN // 2 + 3
+
+
+def _source(tmp_path: Path) -> Path:
+    """A 'checkpoint': a header, then two tensors' bytes."""
+    path = tmp_path / "src" / "weights.bin"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"HEADER" + os.urandom(HALF) + os.urandom(HALF))
+    return path
+
+
+def _copy_of(source: Path, out: Path) -> tuple[bytes, FileSources]:
+    """Write ``out`` as the two tensors of ``source`` in reverse order with zero padding
+    between, as an export would; return its bytes and their record."""
+    data = source.read_bytes()
+    first, second = data[6 : 6 + HALF], data[6 + HALF :]
+    pad = b"\0" * 61
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(second + pad + first)
+    sources = FileSources(
+        size=2 * HALF + len(pad),
+        pieces=(
+            Piece(0, HALF, str(source), 6 + HALF),
+            Piece(HALF + len(pad), HALF, str(source), 6),
+        ),
+    )
+    return out.read_bytes(), sources
+
+
+def _regular_files_of_size(root: Path, size: int) -> list[Path]:
+    return [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.stat().st_size == size
+    ]
+
+
+# -- the record ------------------------------------------------------------------------------
+def test_a_record_round_trips_and_assembles_the_file(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    data, sources = _copy_of(source, tmp_path / "out" / "w.data")
+    again = FileSources.loads(sources.dumps())
+    assert again == sources
+    with open(tmp_path / "assembled", "wb") as fh:
+        digest = assemble(again, fh)
+    assert (tmp_path / "assembled").read_bytes() == data
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert matching_digest(tmp_path / "out" / "w.data", sources) == digest
+
+
+def test_a_file_that_differs_by_one_byte_does_not_match(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    data, sources = _copy_of(source, tmp_path / "w.data")
+    changed = bytearray(data)
+    changed[HALF + 5] = 1  # in the padding, which the record says is zeros
+    (tmp_path / "w.data").write_bytes(bytes(changed))
+    assert matching_digest(tmp_path / "w.data", sources) is None
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"format": 2, "size": 1, "sources": [], "pieces": []}, "format"),
+        (
+            {"format": 1, "size": 10, "sources": ["/a"], "pieces": [[0, 8, 0, 0], [4, 2, 0, 0]]},
+            "overlap",
+        ),
+        ({"format": 1, "size": 4, "sources": ["/a"], "pieces": [[0, 8, 0, 0]]}, "past the file"),
+        ({"format": 1, "size": 4, "sources": ["rel/a"], "pieces": [[0, 4, 0, 0]]}, "absolute"),
+        ({"format": 1, "size": 4, "sources": [], "pieces": [[0, 4, 0, 0]]}, "bad sources record"),
+    ],
+)
+def test_a_malformed_record_is_refused(record: dict[str, Any], message: str) -> None:
+    with pytest.raises(SourcesError, match=message):
+        FileSources.loads(json.dumps(record))
+
+
+def test_adjacent_pieces_of_one_source_merge() -> None:
+    pieces = merged([Piece(10, 5, "/s", 105), Piece(0, 10, "/s", 95), Piece(15, 1, "/t", 0)])
+    assert pieces == (Piece(0, 15, "/s", 95), Piece(15, 1, "/t", 0))
+
+
+# -- the store ---------------------------------------------------------------------------------
+def _out(tmp_path: Path, source: Path, name: str = "out") -> tuple[Path, bytes, FileSources]:
+    out = tmp_path / name
+    data, sources = _copy_of(source, out / "units" / "weights.data")
+    (out / "bundle.json").write_text('{"units": 1}')
+    return out, data, sources
+
+
+def test_a_declared_copy_is_recorded_not_copied(store: CacheStore, tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    out, data, sources = _out(tmp_path, source)
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws, sources={"units/weights.data": sources})
+        (f,) = [f for f in entry.outputs if f.path == "units/weights.data"]
+        assert f.digest == hashlib.sha256(data).hexdigest()
+        assert not store.blob_path(f.digest).exists()
+        assert store.ref_path(f.digest).is_file()
+        assert store.has_blob(f)
+        # The build's own copy serves its later stages: still one copy of the bytes.
+        assert (ws.checkout("export", entry) / "units" / "weights.data").read_bytes() == data
+        assert _regular_files_of_size(store.root, len(data)) == [
+            ws.checkout("export", entry) / "units" / "weights.data"
+        ]
+    # A later build assembles its checkout from the source, verified.
+    assert store.lookup_local(KEY_A).status == "hit"
+    with Workspace(store) as ws:
+        assert (ws.checkout("export", entry) / "units" / "weights.data").read_bytes() == data
+
+
+def test_a_declaration_that_does_not_hold_is_a_warning_and_a_copy(
+    store: CacheStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = _source(tmp_path)
+    out, data, sources = _out(tmp_path, source)
+    wrong = FileSources(sources.size, (Piece(0, HALF, str(source), 0),))
+    with Workspace(store) as ws, caplog.at_level(logging.WARNING):
+        entry = store.commit(KEY_A, "export", out, keep=ws, sources={"units/weights.data": wrong})
+    (f,) = [f for f in entry.outputs if f.path == "units/weights.data"]
+    assert store.blob_path(f.digest).read_bytes() == data
+    assert not store.ref_path(f.digest).exists()
+    assert "stage export declared where the bytes of units/weights.data are" in caplog.text
+
+
+def _recorded(store: CacheStore, tmp_path: Path) -> tuple[Path, Any]:
+    source = _source(tmp_path)
+    out, _, sources = _out(tmp_path, source)
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws, sources={"units/weights.data": sources})
+    (f,) = [f for f in entry.outputs if f.path == "units/weights.data"]
+    return source, (entry, f)
+
+
+def test_a_changed_source_is_a_miss_and_the_record_goes(
+    store: CacheStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source, (entry, f) = _recorded(store, tmp_path)
+    data = bytearray(source.read_bytes())
+    data[100] ^= 0xFF  # inside a range the record names
+    os.chmod(source, 0o644)
+    source.write_bytes(bytes(data))
+    with (
+        Workspace(store) as ws,
+        caplog.at_level(logging.WARNING),
+        pytest.raises(CorruptBlobError),
+    ):
+        ws.checkout("export", entry)
+    assert "their sources changed" in caplog.text
+    assert not store.ref_path(f.digest).exists()
+    assert store.lookup_local(KEY_A).status == "corrupt"
+
+
+def test_a_removed_source_makes_the_lookup_miss(store: CacheStore, tmp_path: Path) -> None:
+    source, _ = _recorded(store, tmp_path)
+    source.unlink()
+    assert store.lookup_local(KEY_A).status == "corrupt"
+
+
+def test_verify_assembles_records_and_drops_what_no_longer_holds(
+    store: CacheStore, tmp_path: Path
+) -> None:
+    source, (_, f) = _recorded(store, tmp_path)
+    assert verify(store, []).corrupt_blobs == 0
+    source.write_bytes(source.read_bytes()[:-1] + b"\1")
+    result = verify(store, [])
+    assert result.corrupt_blobs == 1
+    assert "by reference" in result.problems[0]
+    assert not store.ref_path(f.digest).exists()
+
+
+def test_the_collector_removes_an_unreferenced_record(store: CacheStore, tmp_path: Path) -> None:
+    _, (_, f) = _recorded(store, tmp_path)
+    collect(store, GcOptions(max_size=0, grace=0))
+    assert not store.action_path(KEY_A).exists()
+    assert not store.ref_path(f.digest).exists()
+
+
+def test_a_remote_receives_the_assembled_bytes(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec")
+    source = _source(tmp_path)
+    out, data, sources = _out(tmp_path, source)
+    remote_dir = tmp_path / "remote"
+    store = CacheStore(tmp_path / "cache", remote=Remote(f"file://{remote_dir}"))
+    with Workspace(store) as ws:
+        store.commit(KEY_A, "export", out, keep=ws, sources={"units/weights.data": sources})
+    uploaded = [p for p in remote_dir.rglob("*") if p.is_file() and p.stat().st_size == len(data)]
+    assert [p.read_bytes() == data for p in uploaded] == [True]
+    assert not list((tmp_path / "cache" / "tmp").glob("assemble-*"))
+
+
+# -- the runner --------------------------------------------------------------------------------
+class _CopyingStage:
+    """Writes a copy of ranges of ``source`` and declares where its bytes are (or, with
+    ``outside``, declares a file that is not its output)."""
+
+    name = "export"
+    version = 1
+    upstream: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ("opset",)
+    needs_model = False
+    libraries: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()
+
+    def __init__(self, source: Path, *, outside: bool = False) -> None:
+        self.source = source
+        self.outside = outside
+
+    def outputs(self, params: Mapping[str, Any]) -> Mapping[str, str]:
+        return {"weights": "units/weights.data"}
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        path = out_dir / "units" / "weights.data"
+        _, sources = _copy_of(self.source, path)
+        inputs.declare_sources(self.source if self.outside else path, sources)
+
+
+class _Reader(_CopyingStage):
+    name = "check"
+    upstream = ("export",)
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        data = (inputs.dir("export") / "units" / "weights.data").read_bytes()
+        (out_dir / "digest.txt").write_text(hashlib.sha256(data).hexdigest())
+
+    def outputs(self, params: Mapping[str, Any]) -> Mapping[str, str]:
+        return {"digest": "digest.txt"}
+
+
+def test_a_stage_declares_its_sources_through_the_runner(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    stages = (_CopyingStage(source), _Reader(source))
+    first = build(tmp_path / "cache", stages)
+    assert statuses(first) == {"export": "ran", "check": "ran"}
+    (f,) = first.entries["export"].outputs
+    store = CacheStore(tmp_path / "cache")
+    assert store.ref_path(f.digest).is_file() and not store.blob_path(f.digest).exists()
+    # A rebuild whose check must run again reads the export's bytes assembled from the source.
+    store.discard(first.entries["check"].key)
+    second = build(tmp_path / "cache", stages)
+    assert statuses(second) == {"export": "hit", "check": "ran"}
+    assert second.entries["check"].digests() == first.entries["check"].digests()
+
+
+def test_declaring_a_file_that_is_not_an_output_fails_the_stage(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    result = build(tmp_path / "cache", (_CopyingStage(source, outside=True),))
+    assert isinstance(result.error, StageFailed)
+    assert "which is not one of its outputs" in str(result.error.__cause__)
