@@ -480,7 +480,7 @@ class CacheStore:
         """Make blob ``digest`` hold ``src``'s bytes: kept if already there (its time refreshed),
         else ``src`` is moved into place (``move``) or copied (reflink where possible)."""
         blob = self.blob_path(digest)
-        if self._reusable(blob, size):
+        if self._reusable(blob, size) or self._reusable(self.ref_path(digest), None, size):
             return
         blob.parent.mkdir(parents=True, exist_ok=True)
         if move:
@@ -616,10 +616,11 @@ class CacheStore:
                 self._use_warned = True
         return True
 
-    def _reusable(self, blob: Path, size: int) -> bool:
-        """Whether ``blob`` is there with ``size`` bytes; if so, give it a fresh mtime, so that
-        the collector (which never deletes a blob younger than its grace period, and re-reads the
-        time after taking a blob out of place) keeps it for the entry being committed.
+    def _reusable(self, blob: Path, size: int | None, recorded: int | None = None) -> bool:
+        """Whether ``blob`` is there with ``size`` bytes (a record by reference, ``size`` None:
+        one of a file of ``recorded`` bytes); if so, give it a fresh mtime, so that the collector
+        (which never deletes a blob younger than its grace period, and re-reads the time after
+        taking a blob out of place) keeps it for the entry being committed.
 
         False when it is missing or gone meanwhile: the caller writes it (again).
         """
@@ -627,8 +628,12 @@ class CacheStore:
             st = blob.stat()
         except OSError:
             return False
-        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        if not stat.S_ISREG(st.st_mode) or (size is not None and st.st_size != size):
             return False
+        if recorded is not None:
+            sources = self.sources_of(blob.name.removesuffix(REF_SUFFIX))
+            if sources is None or sources.size != recorded:
+                return False
         try:
             os.utime(blob)
         except FileNotFoundError:

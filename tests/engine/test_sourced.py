@@ -142,6 +142,24 @@ def test_a_declared_copy_is_recorded_not_copied(store: CacheStore, tmp_path: Pat
         assert (ws.checkout("export", entry) / "units" / "weights.data").read_bytes() == data
 
 
+def test_a_later_stage_passing_the_bytes_on_unchanged_copies_nothing(
+    store: CacheStore, tmp_path: Path
+) -> None:
+    source = _source(tmp_path)
+    out, data, sources = _out(tmp_path, source)
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws, sources={"units/weights.data": sources})
+        inputs = ws.checkout("export", entry)
+        rewrite = tmp_path / "rewrite-out"
+        rewrite.mkdir()
+        (rewrite / "model.onnx.data").symlink_to(inputs / "units" / "weights.data")
+        committed = store.commit(KEY_B, "rewrite", rewrite, known=ws.digest_of, keep=ws)
+        (f,) = committed.outputs
+        assert f.digest == hashlib.sha256(data).hexdigest()
+        assert not store.blob_path(f.digest).exists()
+        assert len(_regular_files_of_size(tmp_path, len(data))) == 1  # the build's copy
+
+
 def test_a_declaration_that_does_not_hold_is_a_warning_and_a_copy(
     store: CacheStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
