@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,20 @@ def _segments(sources: FileSources) -> Iterator[tuple[int, Piece | None]]:
         yield sources.size - at, None
 
 
+def _open_regular(path: str) -> IO[bytes]:
+    """``path`` opened for reading, if it is a regular file (a record is data: never a device, a
+    pipe or a directory, whatever a cache on disk says)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SourcesError(f"source {path} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _chunks(sources: FileSources) -> Iterator[bytes | memoryview]:
     """The file's bytes, in chunks, read from the sources.
 
@@ -147,7 +162,7 @@ def _chunks(sources: FileSources) -> Iterator[bytes | memoryview]:
                 continue
             fh = handles.get(piece.source)
             if fh is None:
-                fh = handles[piece.source] = stack.enter_context(open(piece.source, "rb"))
+                fh = handles[piece.source] = stack.enter_context(_open_regular(piece.source))
             fh.seek(piece.source_offset)
             while length:
                 data = fh.read(min(length, _CHUNK))

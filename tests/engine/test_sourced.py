@@ -108,6 +108,21 @@ def test_a_malformed_record_is_refused(record: dict[str, Any], message: str) -> 
         FileSources.loads(json.dumps(record))
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_a_source_that_is_not_a_regular_file_is_never_read(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "target"
+    if kind == "fifo":
+        os.mkfifo(target)  # opening it for reading would block
+    elif kind == "symlink":
+        _source(tmp_path).rename(tmp_path / "real")
+        target.symlink_to(tmp_path / "real")
+    else:
+        target.mkdir()
+    sources = FileSources(4, (Piece(0, 4, str(target), 0),))
+    with open(tmp_path / "out", "wb") as fh, pytest.raises((SourcesError, OSError)):
+        assemble(sources, fh)
+
+
 def test_adjacent_pieces_of_one_source_merge() -> None:
     pieces = merged([Piece(10, 5, "/s", 105), Piece(0, 10, "/s", 95), Piece(15, 1, "/t", 0)])
     assert pieces == (Piece(0, 15, "/s", 95), Piece(15, 1, "/t", 0))
