@@ -29,7 +29,8 @@ the next use copies the blob afresh (a WARNING). Small files are plain verified 
 
 So a build whose data file is unchanged by the passes writes the weights twice in all: once from
 the model (the export's file, kept as the build's copy) and once into the cache (its blob, a copy
-hashed as it is written); the kept copy is moved to the next stage's checkout and, at the end,
+hashed as it is written), or once when the stage declared where its bytes are (a blob by
+reference, ``sourced.py``: the cache records the ranges instead of the copy); the kept copy is moved to the next stage's checkout and, at the end,
 into the publication. The cache, its scratch and the outputs never hold more than those two (a
 previous publication being replaced aside: it stays until the link swaps). Measured on a 2 GB
 file here (ext4, no reflinks): a copy hashed on the way costs what the plain copy costs, and the
