@@ -26,7 +26,8 @@ from hyperexport.base.errors import InputError, ModuleExportError
 from hyperexport.library.capture.container import Capture
 from hyperexport.library.export.path import ExportPath
 from hyperexport.library.export.registry import other_path, path_for
-from hyperexport.library.export.units import export_units
+from hyperexport.library.export.units import SourcesSink, export_units
+from hyperexport.library.export.weights import Locator
 from hyperexport.library.options import ExportOptions
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ def export_with_fallback(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     recapture: Recapture | None = None,
+    locate: Locator | None = None,
+    declare_sources: SourcesSink | None = None,
 ) -> tuple[ExportBundle, Capture]:
     """:func:`export_units` on ``path``, retried once on the other path if ``options.fallback``.
 
@@ -94,6 +97,8 @@ def export_with_fallback(
         recapture: Captures the model for the retry's path (e.g. a :class:`CaptureCall`);
             without it the retry reuses ``capture`` (fine for models whose forward does not
             depend on tracing).
+        locate: Places the weights in the files they were loaded from (:func:`export_units`).
+        declare_sources: Receives the weight file's sources when every tensor was placed.
 
     Returns:
         The bundle, and the capture it was exported from (the bundle's copy of the record is
@@ -110,6 +115,8 @@ def export_with_fallback(
         "out_dir": out_dir,
         "input_names": tuple(input_names) if input_names else None,
         "output_names": tuple(output_names) if output_names else None,
+        "locate": locate,
+        "declare_sources": declare_sources,
     }
     try:
         return export_units(model, capture, dynamo=path.dynamo, **kwargs), capture

@@ -13,7 +13,9 @@ one element), so the weights resident at once are those of the distinct unit bod
 model's. Each unit's weight initializers are then resolved by name: the
 checkpoint's bytes (or a converted copy, one tensor at a time) written once per stored tensor to
 ``units/weights.data``, in the order and at the offsets the loaded model's export gives them, so
-a streamed export writes the same bytes as a loaded one.
+a streamed export writes the same bytes as a loaded one. A weight written unconverted (the
+model's dtype is the stored one) is placed at its stored range of the checkpoint's file, for the
+weight file's sources (``weights.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +29,14 @@ import onnx_ir as ir
 import torch
 
 from hyperexport.base.contracts.records import CaptureRecord
-from hyperexport.library.capture.streaming import StreamedWeights, streamed_checkpoint
+from hyperexport.library.capture.streaming import (
+    TORCH_DTYPES,
+    StreamedWeights,
+    streamed_checkpoint,
+)
+from hyperexport.library.export.checkpoint_sources import stored_bytes
 from hyperexport.library.export.jobs import UnitJob
-from hyperexport.library.export.weights import WeightFile
+from hyperexport.library.export.weights import StoredBytes, WeightFile
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +110,23 @@ def externalize_streamed(
             value.const_value = data_file.reference(value.const_value, name)
             continue
         stored = weights.stored_name(parameter)
-        key = ("stored", stored, weights.parameter_dtype(parameter))
+        dtype = weights.parameter_dtype(parameter)
         value.const_value = data_file.reference_keyed(
-            key, functools.partial(weights.tensor, parameter), value.const_value, name
+            ("stored", stored, dtype),
+            functools.partial(weights.tensor, parameter),
+            value.const_value,
+            name,
+            _on_disk(weights, stored, dtype),
         )
         weights.checkpoint.release(stored)
         resolved += 1
     return resolved
+
+
+def _on_disk(weights: StreamedWeights, stored: str, dtype: torch.dtype) -> StoredBytes | None:
+    """Where the stored tensor ``stored`` is on disk, when the model's ``dtype`` is its own
+    (its bytes are then written as stored); None when they are converted."""
+    tensor = weights.checkpoint.index.tensors[stored]
+    if TORCH_DTYPES.get(tensor.dtype) != dtype:
+        return None
+    return stored_bytes(weights.checkpoint.folder, tensor)

@@ -48,13 +48,16 @@ from hyperexport.library.export.streamed import (
 )
 from hyperexport.library.export.unit_graphs import graph_digest
 from hyperexport.library.export.unit_identity import plan_units
-from hyperexport.library.export.weights import WEIGHTS_FILE, WeightFile
+from hyperexport.library.export.weights import WEIGHTS_FILE, Locator, WeightFile, WeightSources
 from hyperexport.library.options import PER_TYPE, ExportOptions
 from hyperexport.library.public import set_module
 
 log = logging.getLogger(__name__)
 
 ROOT = ROOT_UNIT
+
+#: Receives the weight file and where its bytes are (:meth:`WeightFile.sources`).
+SourcesSink = Callable[[Path, WeightSources], None]
 
 
 @set_module("hyperexport.export.units")
@@ -98,11 +101,17 @@ def export_units(
     out_dir: Path,
     input_names: tuple[str, ...] | None = None,
     output_names: tuple[str, ...] | None = None,
+    locate: Locator | None = None,
+    declare_sources: SourcesSink | None = None,
 ) -> ExportBundle:
     """Export the root and every distinct hiera call body of ``capture`` into ``out_dir``.
 
     ``dynamo`` selects the export path (:func:`hyperexport.library.export.registry.path_for`); the
     path exports the unit jobs made here, and each unit is written as the path yields it.
+
+    ``locate`` places the weights in the files they were loaded from (a streamed model's are
+    placed by name without it); when every tensor of ``units/weights.data`` was placed,
+    ``declare_sources`` receives the file and its sources.
 
     Raises:
         OpsetError: ``opset`` is outside the path's range.
@@ -156,7 +165,7 @@ def export_units(
     # (or, streamed, from the checkpoint: streamed.py); the unit files hold only references.
     paths = {e.name: e.module_path for e in entries}
     with (
-        WeightFile(units_dir / WEIGHTS_FILE) as data_file,
+        WeightFile(units_dir / WEIGHTS_FILE, locate) as data_file,
         streamed_export(model, record, modules) as streamed,
     ):
         units = path.export(
@@ -172,6 +181,8 @@ def export_units(
             if streamed is not None:
                 externalize_streamed(unit_model.graph, paths[name], streamed, data_file)
             _write_unit(unit_model, units_dir / f"{name}.onnx", data_file)
+    if declare_sources is not None:
+        _declare_sources(data_file, declare_sources)
     entries = merge.entries()
     for entry in entries:
         if entry.split_reason and options.functions == PER_TYPE:
@@ -199,6 +210,26 @@ def export_units(
     atomic_write_text(out_dir / CAPTURE_RECORD, record.dumps())
     atomic_write_text(out_dir / BUNDLE_JSON, bundle.dumps())
     return bundle
+
+
+def _declare_sources(data_file: WeightFile, declare: SourcesSink) -> None:
+    """Hand ``declare`` the closed ``data_file``'s sources, or say why there are none."""
+    sources = data_file.sources()
+    if sources is not None:
+        declare(data_file.path, sources)
+        log.info(
+            "%s: sources declared: every tensor is a range of %d checkpoint files",
+            data_file.path.name,
+            len({stored.source for _, stored in sources.copies}),
+        )
+    elif data_file.tensors_written:
+        log.info(
+            "%s: no sources declared: %d of %d tensors are not copies of a checkpoint's (%s)",
+            data_file.path.name,
+            len(data_file.unplaced),
+            data_file.tensors_written,
+            ", ".join(data_file.unplaced[:3]),
+        )
 
 
 class _SameGraphs:

@@ -9,6 +9,13 @@ and points the unit's initializers at it (``ir.ExternalTensor``). Units therefor
 the root's placeholder and initializers of the layer's body) is written once.
 
 Offsets are aligned so that ONNX Runtime can map large tensors from the file in place.
+
+Given a locator (:data:`Locator`, e.g. ``checkpoint_sources.py``'s), the file also learns where
+its bytes come from: each tensor written unconverted, contiguous and whole from a file on disk
+(a safetensors checkpoint) is recorded, and when every tensor was, :meth:`WeightFile.sources`
+describes the file as ranges of those files and zeros (the padding): what a stage declares for
+the cache to store a record instead of a second copy (``engine/sourced.py``, which the library
+does not import; the stage converts).
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 import onnx_ir as ir
@@ -40,14 +48,42 @@ ALIGNMENT = 65536
 #: Tensors up to this size are aligned to 64 bytes only (no page-size padding for small ones).
 _ALIGN_ABOVE = 1 << 20
 
-_TensorKey = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype]
+TensorKey = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype]
+
+
+class StoredBytes(NamedTuple):
+    """A tensor's bytes as stored in a file on disk: ``nbytes`` at ``offset`` of ``source``
+    (an absolute path)."""
+
+    source: str
+    offset: int
+    nbytes: int
+
+
+#: Where a tensor's bytes are stored on disk, or None where they are not (or not known to be).
+#: It must only place a tensor whose dtype, shape and bytes are the stored tensor's.
+Locator = Callable[[torch.Tensor], StoredBytes | None]
+
+
+@dataclass(frozen=True)
+class WeightSources:
+    """Where every byte of a closed weight file is: each tensor's copy, zeros elsewhere (the
+    alignment padding).
+
+    Attributes:
+        size: The file's size.
+        copies: ``(offset in the file, stored bytes)`` of each tensor written, in file order.
+    """
+
+    size: int
+    copies: tuple[tuple[int, StoredBytes], ...]
 
 
 def _buffer(array: np.ndarray) -> memoryview:
     return memoryview(array)  # type: ignore[arg-type]
 
 
-def _key(tensor: torch.Tensor) -> _TensorKey:
+def storage_key(tensor: torch.Tensor) -> TensorKey:
     """Identity of a tensor's bytes: the same storage, offset, shape, strides and dtype."""
     return (
         tensor.untyped_storage().data_ptr(),
@@ -73,14 +109,20 @@ class WeightFile:
 
     Args:
         path: The data file (created, or truncated).
+        locate: Where the bytes of a tensor written by :meth:`reference` are stored on disk
+            (None: nowhere known); what it places is recorded for :meth:`sources`.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, locate: Locator | None = None) -> None:
         self.path = Path(path)
+        self._locate = locate
         self._file: BinaryIO | None = None
-        # Where each tensor went, by storage identity (_key) or by the caller's key.
+        # Where each tensor went, by storage identity (storage_key) or by the caller's key.
         self._written: dict[Hashable, tuple[int, int]] = {}
         self._offset = 0
+        self._copies: list[tuple[int, StoredBytes]] = []
+        #: Names of the tensors written whose bytes were placed in no file on disk.
+        self.unplaced: list[str] = []
         self.tensors_written = 0
 
     def __enter__(self) -> WeightFile:
@@ -97,11 +139,26 @@ class WeightFile:
         self._file.close()
         self._file = None
         log.debug(
-            "wrote %d weight tensors, %d bytes, to %s",
+            "wrote %d weight tensors, %d bytes (%d of them copies of files on disk), to %s",
             self.tensors_written,
             self._offset,
+            sum(stored.nbytes for _, stored in self._copies),
             self.path.name,
         )
+
+    def sources(self) -> WeightSources | None:
+        """Where the closed file's bytes are, when every tensor in it was written unconverted
+        from a file on disk (the rest is padding, zeros); None when one was not
+        (:attr:`unplaced` names them), or when nothing was written.
+
+        Raises:
+            RuntimeError: The file is still open.
+        """
+        if self._file is not None:
+            raise RuntimeError(f"{self.path.name}: sources() before the file is closed")
+        if self.unplaced or not self._copies:
+            return None
+        return WeightSources(self._offset, tuple(self._copies))
 
     @property
     def nbytes(self) -> int:
@@ -120,6 +177,18 @@ class WeightFile:
         self.tensors_written += 1
         return offset, data.nbytes
 
+    def _place(
+        self, where: tuple[int, int], tensor: torch.Tensor, stored: StoredBytes | None, name: str
+    ) -> None:
+        """Record that the bytes at ``where``, written from ``tensor``, are ``stored``'s: only
+        when ``tensor`` was written as it is in memory (contiguous) and is as long; otherwise
+        ``name`` is :attr:`unplaced`."""
+        offset, length = where
+        if stored is not None and tensor.is_contiguous() and length == stored.nbytes:
+            self._copies.append((offset, stored))
+        else:
+            self.unplaced.append(name)
+
     def reference(self, tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
         """A reference into the file holding ``tensor``'s bytes, written now unless already.
 
@@ -131,12 +200,15 @@ class WeightFile:
         # Any tensor over torch storage: onnx_ir's TorchTensor, or torch.onnx's own subclass.
         raw = getattr(tensor, "raw", None)
         if isinstance(raw, torch.Tensor):
-            key = _key(raw)
+            key = storage_key(raw)
             where = self._written.get(key)
             if where is None:
                 where = self._written[key] = self._append(_bytes_view(raw))
+                stored = self._locate(raw) if self._locate is not None else None
+                self._place(where, raw, stored, name)
         else:
             where = self._append(memoryview(tensor.tobytes()))
+            self.unplaced.append(name)
         return self._external(where, tensor, name)
 
     def _external(
@@ -169,15 +241,21 @@ class WeightFile:
         load: Callable[[], torch.Tensor],
         like: ir.TensorProtocol,
         name: str,
+        stored: StoredBytes | None = None,
     ) -> ir.TensorProtocol:
         """As :meth:`reference`, for a tensor known by ``key`` rather than by its storage: a
         streamed weight, whose bytes ``load`` returns only when they are to be written (written
-        once per key; below :data:`INLINE_LIMIT` bytes, returned as a tensor to inline)."""
+        once per key; below :data:`INLINE_LIMIT` bytes, returned as a tensor to inline).
+
+        ``stored``: where the bytes ``load`` returns are on disk, when it returns them
+        unconverted (recorded for :meth:`sources`)."""
         if like.nbytes < INLINE_LIMIT:
             return TorchTensor(load(), name=name)
         where = self._written.get(key)
         if where is None:
-            where = self._written[key] = self._append(_bytes_view(load()))
+            tensor = load()
+            where = self._written[key] = self._append(_bytes_view(tensor))
+            self._place(where, tensor, stored, name)
         return self._external(where, like, name)
 
     def externalize(self, graph: ir.Graph) -> None:

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hyperexport.base.contracts.names import (
     BUNDLE_JSON,
     CAPTURE_JSON,
     REFERENCE_DIR,
     ROOT_UNIT,
+    SAFETENSORS,
     TENSORS_NPZ,
     UNITS_DIR,
     WEIGHTS_FILE,
 )
+from hyperexport.base.errors import CorruptRecordError
+from hyperexport.engine.sourced import FileSources, Piece, merged
 from hyperexport.engine.stage import StageInputs
 from hyperexport.library.tasks.registry import task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
+
+if TYPE_CHECKING:
+    from hyperexport.library.export.weights import Locator, WeightSources
+
+log = logging.getLogger(__name__)
 
 
 class ExportStage(RecipeStage):
@@ -33,6 +42,12 @@ class ExportStage(RecipeStage):
     ``fallback: true`` after a failed export retried on the other path (logged at WARNING), the
     capture re-made for that path; ``bundle.json`` records the fallback, and from there the
     model's metadata and the report.
+
+    When every tensor of a graph's ``units/weights.data`` is a copy of a checkpoint tensor (the
+    model loaded from ``model.path``'s safetensors in their dtype, or streamed from its
+    checkpoint unconverted), the stage declares the file's sources (``engine/sourced.py``): the
+    checkpoint's bytes, which the model's fingerprint keys, so the cache records ranges of them
+    rather than a second copy.
     """
 
     name: str = "export"
@@ -67,11 +82,12 @@ class ExportStage(RecipeStage):
         # capture of it, into its own folder when there are several. Loading the model first
         # registers the output types the capture trees name.
         part, params = model_part(recipe.task), to_json(recipe)
+        locate = _checkpoint_locator(inputs.model(), recipe, inputs.source)
         for graph in task_named(recipe.task).folders():
             with part.scope(inputs.model(), params, inputs.source, graph) as scoped:
                 (out_dir / graph).mkdir(exist_ok=True)
                 typed = from_json(RecipeConfig, scoped[1], partial=True)
-                self._run(scoped[0], typed, inputs, out_dir / graph, graph)
+                self._run(scoped[0], typed, inputs, out_dir / graph, graph, locate)
 
     def _run(
         self,
@@ -80,6 +96,7 @@ class ExportStage(RecipeStage):
         inputs: StageInputs,
         out_dir: Path,
         graph: str = "",
+        locate: Locator | None = None,
     ) -> None:
         from hyperexport.base.contracts.capture_spec import CaptureSpec
         from hyperexport.engine.files import clone_or_copy
@@ -116,6 +133,10 @@ class ExportStage(RecipeStage):
             options=options,
             out_dir=out_dir,
             recapture=recapture,
+            locate=locate,
+            declare_sources=lambda path, sources: inputs.declare_sources(
+                path, file_sources(sources)
+            ),
         )
         reference = out_dir / REFERENCE_DIR
         if used is first:
@@ -124,3 +145,28 @@ class ExportStage(RecipeStage):
                 clone_or_copy(trace_dir / name, reference / name)
         else:
             used.save(reference)
+
+
+def _checkpoint_locator(model: Any, recipe: RecipeConfig, source: str) -> Locator | None:
+    """The locator of ``model``'s weights in the checkpoint it was loaded or streamed from
+    (``model.path``'s local folder); None for a model without one (a factory's, a hub id's).
+    A checkpoint whose headers cannot be read is a WARNING and None (the weights are copied)."""
+    from hyperexport.library.capture.streaming import streamed_checkpoint
+    from hyperexport.library.export.checkpoint_sources import CheckpointLocator
+    from hyperexport.product.config.task_inference import checkpoint_folder
+
+    streamed = streamed_checkpoint(model)
+    folder = streamed.folder if streamed else checkpoint_folder(recipe.model, source)
+    if folder is None or not any(folder.glob(f"*{SAFETENSORS}")):
+        return None
+    try:
+        return CheckpointLocator(model, folder, streamed.index if streamed else None)
+    except CorruptRecordError as e:
+        log.warning("the weights will be stored as a copy: %s", e)
+        return None
+
+
+def file_sources(sources: WeightSources) -> FileSources:
+    """The engine's record of a weight file's sources (adjacent copies merged)."""
+    pieces = [Piece(at, s.nbytes, s.source, s.offset) for at, s in sources.copies]
+    return FileSources(sources.size, merged(pieces))
