@@ -212,6 +212,9 @@ def collect(store: CacheStore, options: GcOptions, now: float | None = None) -> 
     cutoff = now - options.grace
     temps = stale_temp_files(store, cutoff)
     referenced = {d for e in inventory.entries for d in e.entry.digests().values()}
+    for digest in list(referenced):  # and the blobs their records read (sourced.py)
+        record = store.sources_of(digest)
+        referenced |= record.blobs() if record is not None else set()
     orphans = [b for d, b in blobs.items() if d not in referenced and b.mtime <= cutoff]
     orphan_records = _unreferenced(records, {e.key for e in inventory.entries}, cutoff)
     garbage = (
@@ -306,6 +309,9 @@ def _remove_unreferenced_blobs(store: CacheStore, cutoff: float, result: GcResul
     """Delete blobs that no entry on disk names, unless written or reused after ``cutoff``."""
     inventory = scan(store)  # after the evictions: entries committed meanwhile count
     referenced = {d for e in inventory.entries for d in e.entry.digests().values()}
+    for digest in list(referenced):  # and the blobs their records read (sourced.py)
+        record = store.sources_of(digest)
+        referenced |= record.blobs() if record is not None else set()
     if inventory.unreadable:
         # Entries that cannot be read may still name blobs (e.g. a newer format): keep all.
         log.warning(

@@ -51,7 +51,16 @@ from .entries import ActionEntry, OutputFile
 from .errors import CacheUnavailableError
 from .files import clone_or_copy, clone_or_copy_hashed
 from .hashing import FileDigestIndex, atomic_write_json, sha256_file
-from .sourced import REF_SUFFIX, FileSources, SourcesError, assemble, matching_digest
+from .sourced import (
+    REF_SUFFIX,
+    FileSources,
+    Piece,
+    SourcesError,
+    assemble,
+    blob_digest,
+    blob_source,
+    matching_digest,
+)
 
 if TYPE_CHECKING:
     from .remote import Remote
@@ -344,7 +353,9 @@ class CacheStore:
                 self._put_blob(path, digest, size, move=False)
             elif keep is not None and keep.wants(size := path.stat().st_size):
                 declared = (sources or {}).get(rel)
-                found = self._record_sources(path, declared, stage, rel) if declared else None
+                found = (
+                    self._record_sources(path, declared, stage, rel, known) if declared else None
+                )
                 digest = found or self._copy_in(path, size)
                 keep.adopt(path, digest)
             else:
@@ -370,27 +381,39 @@ class CacheStore:
         os.chmod(verified, _READ_ONLY)
         os.replace(verified, self.blob_path(digest))
 
-    def _record_sources(self, path: Path, sources: FileSources, stage: str, rel: str) -> str | None:
-        """Record ``path``'s blob as ``sources`` if its bytes are exactly those; its digest.
+    def _record_sources(
+        self,
+        path: Path,
+        declared: FileSources,
+        stage: str,
+        rel: str,
+        known: Callable[[Path], str | None] | None,
+    ) -> str | None:
+        """Record ``path``'s blob as ``declared`` if its bytes are exactly those; its digest.
 
-        None (after a WARNING naming the stage and file) when they are not, or cannot be read.
+        A range of a file ``known`` vouches for (an input of this build, checked out) is
+        resolved first: through that input's own record when it is held by reference, else to
+        its blob. None (after a WARNING naming the stage and file) when the declaration does not
+        hold, names an input the store holds neither way, or cannot be read.
         """
+        why = ""
         try:
-            digest = matching_digest(path, sources)
-        except OSError as e:
-            digest, why = None, f"a source cannot be read: {e}"
-        else:
-            why = "its bytes differ from the declared ranges"
+            sources = self._resolved(declared, known)
+            digest = matching_digest(path, sources, self.resolve_source)
+        except (OSError, SourcesError) as e:
+            digest, why = None, f"{type(e).__name__}: {e}"
         if digest is None:
             log.warning(
                 "stage %s declared where the bytes of %s are, but %s; storing a copy",
                 stage,
                 rel,
-                why,
+                why or "its bytes differ from the declared ranges",
             )
             return None
         if self._reusable(self.blob_path(digest), sources.size):
             return digest
+        for blob in sources.blobs():  # keep them from a concurrent collection
+            self._reusable(self.blob_path(blob), None)
         ref = self.ref_path(digest)
         ref.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(ref, sources.to_json())
@@ -402,6 +425,39 @@ class CacheStore:
             len(sources.pieces),
         )
         return digest
+
+    def _resolved(
+        self, declared: FileSources, known: Callable[[Path], str | None] | None
+    ) -> FileSources:
+        """``declared`` with every range of a checked-out input replaced by where that input's
+        bytes are kept (its record's ranges, or its blob).
+
+        Raises:
+            SourcesError: A range names an input the store holds neither way.
+        """
+        pieces: list[Piece] = []
+        for piece in declared.pieces:
+            digest = known(Path(piece.source)) if known and piece.data is None else None
+            if digest is None or blob_digest(piece.source) is not None:
+                pieces.append(piece)
+                continue
+            record = self.sources_of(digest)
+            if record is not None:
+                pieces.extend(record.through(piece))
+            elif self.blob_path(digest).is_file():
+                pieces.append(
+                    Piece(piece.offset, piece.length, blob_source(digest), piece.source_offset)
+                )
+            else:
+                raise SourcesError(
+                    f"input {piece.source} is in the cache neither as bytes nor ranges"
+                )
+        return FileSources(declared.size, tuple(pieces))
+
+    def resolve_source(self, source: str) -> str:
+        """The file a record's source names: a ``blob:`` source is this store's blob."""
+        digest = blob_digest(source)
+        return source if digest is None else str(self.blob_path(digest))
 
     def sources_of(self, digest: str) -> FileSources | None:
         """The record of blob ``digest`` by reference, if there is one and it is readable."""
@@ -422,8 +478,10 @@ class CacheStore:
         if sources is None or sources.size != f.size:
             return False
         for p in sources.pieces:
+            if p.data is not None:
+                continue
             try:
-                if os.stat(p.source).st_size < p.source_offset + p.length:
+                if os.stat(self.resolve_source(p.source)).st_size < p.source_offset + p.length:
                     return False
             except OSError:
                 return False
@@ -547,7 +605,7 @@ class CacheStore:
             return False
         try:
             with open(tmp, "wb") as fh:
-                digest = assemble(sources, fh)
+                digest = assemble(sources, fh, self.resolve_source)
             why = "" if digest == f.digest else "the assembled bytes do not match the digest"
         except (OSError, SourcesError) as e:
             why = f"{type(e).__name__}: {e}"

@@ -112,7 +112,7 @@ def _unassembled(store: CacheStore, digest: str) -> str:
     if sources is None:
         return "its record is unreadable"
     try:
-        actual = digest_of(sources)
+        actual = digest_of(sources, store.resolve_source)
     except (OSError, SourcesError) as e:
         return f"a source cannot be read ({e})"
     return "" if actual == digest else f"its sources now hash to {actual[:12]}"

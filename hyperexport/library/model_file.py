@@ -24,6 +24,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -117,6 +118,17 @@ def _write_proto(model: ir.Model, path: Path) -> None:
     path.write_bytes(stamped_proto(model).SerializeToString())
 
 
+@dataclass(frozen=True)
+class DataFileOrigin:
+    """How a saved data file began: a clone of ``cloned`` (``cloned_bytes``, its whole size),
+    with the tensors the passes made appended after; what a stage may declare to its cache
+    (``engine/sourced.py``) so that the clone is recorded as its input's bytes plus the tail."""
+
+    path: Path
+    cloned: str
+    cloned_bytes: int
+
+
 def save_external(
     model: ir.Model,
     path: Path,
@@ -125,7 +137,7 @@ def save_external(
     consume: bool = False,
     link_unchanged: bool = False,
     fresh: bool = False,
-) -> None:
+) -> DataFileOrigin | None:
     """Write ``model`` to ``path`` with its tensors in ``<name>.data`` beside it (atomically).
 
     Tensors already in an external data file keep their bytes: the largest such file is cloned
@@ -146,6 +158,10 @@ def save_external(
 
     With ``fresh`` the data file is always a fresh one of only what the model reads (the
     quantize stage's model, whose float weights are gone).
+
+    Returns:
+        The data file's origin when it is a clone of an existing file (appended to or not);
+        None when it is new, moved or linked.
     """
     path = Path(path)
     data_name = f"{path.name}.data"
@@ -218,6 +234,9 @@ def save_external(
         how,
         len(appended),
     )
+    if base is None or how in ("linked", "moved", "new"):
+        return None
+    return DataFileOrigin(path.parent / data_name, os.path.realpath(base), os.path.getsize(base))
 
 
 def _live_bytes(slots: list[TensorSlot], base: str) -> int:
@@ -327,8 +346,9 @@ def save_model(
     threshold: int = 1024,
     consume_bundle: bool = False,
     link_unchanged: bool = False,
-) -> None:
-    """Write ``model`` to ``path`` atomically.
+) -> DataFileOrigin | None:
+    """Write ``model`` to ``path`` atomically; the data file's origin (:func:`save_external`)
+    when it is a clone.
 
     With ``external_data``, every tensor of at least ``threshold`` bytes lives in
     ``<name>.data`` beside the model: initializers, and also the Constant tensors inside
@@ -348,9 +368,11 @@ def save_model(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if external_data:
-        save_external(model, path, threshold, consume=consume_bundle, link_unchanged=link_unchanged)
-    else:
-        save_inline(model, path)
+        return save_external(
+            model, path, threshold, consume=consume_bundle, link_unchanged=link_unchanged
+        )
+    save_inline(model, path)
+    return None
 
 
 def save_compact(model: ir.Model, path: Path, *, external_data: bool, threshold: int) -> None:

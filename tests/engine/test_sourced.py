@@ -17,6 +17,7 @@ from hyperexport.engine.collector import GcOptions, collect
 from hyperexport.engine.errors import StageFailed
 from hyperexport.engine.remote import Remote
 from hyperexport.engine.sourced import (
+    LITERAL_MAX,
     FileSources,
     Piece,
     SourcesError,
@@ -313,3 +314,104 @@ def test_declaring_a_file_that_is_not_an_output_fails_the_stage(tmp_path: Path) 
     result = build(tmp_path / "cache", (_CopyingStage(source, outside=True),))
     assert isinstance(result.error, StageFailed)
     assert "which is not one of its outputs" in str(result.error.__cause__)
+
+
+# -- copies of inputs, with a tail -------------------------------------------------------------
+TAIL = b"\x01" * 1000
+
+
+def test_literal_pieces_round_trip_and_are_bounded(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    sources = FileSources(
+        10 + HALF, (Piece(0, HALF, str(source), 6), Piece.literal(HALF + 2, b"abc"))
+    )
+    again = FileSources.loads(sources.dumps())
+    assert again == sources
+    with open(tmp_path / "f", "wb") as fh:
+        assemble(again, fh)
+    assert (tmp_path / "f").read_bytes() == source.read_bytes()[6 : 6 + HALF] + b"\0\0abc" + bytes(
+        5
+    )
+    with pytest.raises(SourcesError, match="literal bytes"):
+        FileSources(LITERAL_MAX + 1, (Piece.literal(0, bytes(LITERAL_MAX + 1)),))
+
+
+def _rewrite_of(store: CacheStore, ws: Workspace, entry: Any, tmp_path: Path) -> tuple[Any, bytes]:
+    """Commit a 'rewrite' whose data file clones the export's and appends :data:`TAIL`,
+    declared as the input's bytes plus the tail."""
+    data_in = ws.checkout("export", entry) / "units" / "weights.data"
+    out = tmp_path / "rewrite-out"
+    out.mkdir()
+    data = data_in.read_bytes() + TAIL
+    (out / "model.onnx.data").write_bytes(data)
+    n = len(data) - len(TAIL)
+    declared = FileSources(len(data), (Piece(0, n, str(data_in), 0), Piece.literal(n, TAIL)))
+    committed = store.commit(
+        KEY_B,
+        "rewrite",
+        out,
+        known=ws.digest_of,
+        keep=ws,
+        sources={"model.onnx.data": declared},
+    )
+    return committed.outputs[0], data
+
+
+def test_a_copy_of_an_input_blob_plus_a_tail_is_recorded_against_that_blob(
+    store: CacheStore, tmp_path: Path
+) -> None:
+    source = _source(tmp_path)
+    out, _, _ = _out(tmp_path, source)
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws)  # no declaration: a real blob
+        f, data = _rewrite_of(store, ws, entry, tmp_path)
+    assert not store.blob_path(f.digest).exists()
+    record = store.sources_of(f.digest)
+    assert record is not None
+    (export_file,) = [e for e in entry.outputs if e.path == "units/weights.data"]
+    assert record.blobs() == {export_file.digest}  # symbolic: survives the cache's move
+    with Workspace(store) as ws:
+        rewrite = store.read_entry(KEY_B)
+        assert (ws.checkout("rewrite", rewrite) / "model.onnx.data").read_bytes() == data
+    # The collector keeps the blob while a record reads it, and removes both after.
+    store.discard(KEY_A)
+    collect(store, GcOptions(grace=0))
+    assert store.blob_path(export_file.digest).is_file()
+    store.discard(KEY_B)
+    collect(store, GcOptions(grace=0))
+    assert not store.blob_path(export_file.digest).exists()
+    assert not store.ref_path(f.digest).exists()
+
+
+def test_a_copy_of_an_input_held_by_reference_is_recorded_against_its_sources(
+    store: CacheStore, tmp_path: Path
+) -> None:
+    source = _source(tmp_path)
+    out, _, sources = _out(tmp_path, source)
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws, sources={"units/weights.data": sources})
+        f, data = _rewrite_of(store, ws, entry, tmp_path)
+    record = store.sources_of(f.digest)
+    assert record is not None and record.blobs() == set()
+    assert {p.source for p in record.pieces if p.data is None} == {str(source)}
+    assert _regular_files_of_size(store.root, len(data)) == []
+    with Workspace(store) as ws:
+        got = ws.checkout("rewrite", store.read_entry(KEY_B)) / "model.onnx.data"
+        assert got.read_bytes() == data
+
+
+def test_a_copy_of_an_input_the_store_lost_is_stored_as_a_copy(
+    store: CacheStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = _source(tmp_path)
+    out, _, _ = _out(tmp_path, source)
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws)
+        (export_file,) = [e for e in entry.outputs if e.path == "units/weights.data"]
+        ws.checkout("export", entry)
+        os.chmod(store.blob_path(export_file.digest), 0o644)
+        store.blob_path(export_file.digest).unlink()
+        with caplog.at_level(logging.WARNING):
+            f, data = _rewrite_of(store, ws, entry, tmp_path)
+    assert "in the cache neither as bytes nor ranges" in caplog.text
+    assert store.blob_path(f.digest).read_bytes() == data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.names import MANIFEST_JSON, MODEL_FILE
@@ -12,6 +13,9 @@ from hyperexport.library import progress
 from hyperexport.library.tasks.registry import TASKS, task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
+
+if TYPE_CHECKING:
+    from hyperexport.library.model_file import DataFileOrigin
 
 
 class RewriteStage(RecipeStage):
@@ -76,7 +80,7 @@ class RewriteStage(RecipeStage):
         for bundle_dir, model_name, manifest_name in jobs:
             model, manifest = compose_model(bundle_dir, options=export_options(recipe))
             with progress.watch_bytes(out_dir, f"writing {model_name}"):
-                save_model(
+                origin = save_model(
                     model,
                     out_dir / model_name,
                     external_data=recipe.external_data,
@@ -84,5 +88,26 @@ class RewriteStage(RecipeStage):
                     # The export's weight file unchanged: a link the cache stores without a copy.
                     link_unchanged=True,
                 )
+            if origin is not None:  # a clone with the passes' tensors appended
+                declare_clone(origin, inputs)
             text = (manifest.dumps() + "\n").encode("utf-8")
             atomic_write_bytes(out_dir / manifest_name, text)
+
+
+def declare_clone(origin: DataFileOrigin, inputs: StageInputs) -> None:
+    """Declare a data file that clones the export's (an input) and appends the passes' tensors
+    as that input's bytes plus the tail, which the cache's record then holds itself
+    (``engine/sourced.py``): the cache stores no second copy of the weights. A tail over what a
+    record may hold is not declared (the file is stored as a copy)."""
+    from hyperexport.engine.sourced import LITERAL_MAX, FileSources, Piece
+
+    size = origin.path.stat().st_size
+    if size - origin.cloned_bytes > LITERAL_MAX:
+        return
+    with open(origin.path, "rb") as fh:
+        fh.seek(origin.cloned_bytes)
+        tail = fh.read()
+    pieces = [Piece(0, origin.cloned_bytes, origin.cloned, 0)] if origin.cloned_bytes else []
+    if tail:
+        pieces.append(Piece.literal(origin.cloned_bytes, tail))
+    inputs.declare_sources(origin.path, FileSources(size, tuple(pieces)))
