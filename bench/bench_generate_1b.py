@@ -18,7 +18,7 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
    new tokens. ``--fuse onnxruntime`` adds ``attention: {implementation: hyperexport}`` and
    ``rewrite: {fuse: onnxruntime}``; ``--quantize int4_block`` adds ``quantize: {method:
    int4_block, block_size: --block-size, accuracy_level: --accuracy-level, symmetric:
-   --symmetric}`` and makes the quantized gates report-only (``check.quantized``: ``decode: report``, ``min_cosine`` and
+   --symmetric, shared_embedding: --shared-embedding}`` and makes the quantized gates report-only (``check.quantized``: ``decode: report``, ``min_cosine`` and
    ``min_top1`` 0, ``max_rel_error`` 1e6): on random weights the int4 model's agreement with
    the float one means nothing.
 3. ``python -m hyperexport recipe_file=...`` builds it (trace, export, rewrite, quantize,
@@ -130,6 +130,7 @@ class RecipeOptions:
     block_size: int = 32
     accuracy_level: int = 4
     symmetric: bool = False
+    shared_embedding: bool = False
 
     @property
     def tag(self) -> str:
@@ -205,7 +206,8 @@ def recipe_text(name: str, checkpoint: Path, options: RecipeOptions) -> str:
         text += (
             f"quantize: {{method: {options.quantize}, block_size: {options.block_size},"
             f" accuracy_level: {options.accuracy_level},"
-            f" symmetric: {str(options.symmetric).lower()}}}\n"
+            f" symmetric: {str(options.symmetric).lower()},"
+            f" shared_embedding: {str(options.shared_embedding).lower()}}}\n"
         )
         text += _REPORT_ONLY
     return text
@@ -384,6 +386,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="int4: quantize.symmetric (no zero points), and the builder's is_symmetric to match",
     )
     parser.add_argument(
+        "--shared-embedding",
+        action="store_true",
+        help="int4: quantize.shared_embedding (the builder's shared_embeddings, its default on "
+        "tied models)",
+    )
+    parser.add_argument(
         "--builder", action="store_true", help="then onnxruntime-genai's builder, int4 and fp32"
     )
     return parser.parse_args(argv)
@@ -399,6 +407,7 @@ def recipe_options(args: argparse.Namespace) -> RecipeOptions:
         args.block_size,
         args.accuracy_level,
         args.symmetric,
+        args.shared_embedding,
     )
 
 

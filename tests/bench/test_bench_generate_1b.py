@@ -87,6 +87,9 @@ def test_the_builder_gets_our_int4_layout_at_int4_only() -> None:
     assert int4[-4:] == extra
     symmetric = _options(bench, "--quantize", "int4_block", "--symmetric")
     assert "symmetric: true" in bench.recipe_text("r", Path("/c/ckpt"), symmetric)
+    shared = _options(bench, "--quantize", "int4_block", "--symmetric", "--shared-embedding")
+    assert "shared_embedding: true" in bench.recipe_text("r", Path("/c/ckpt"), shared)
+    assert "shared_embedding: false" in bench.recipe_text("r", Path("/c/ckpt"), symmetric)
     assert (
         bench.builder_command(Path("/c"), Path("/o"), "int4", symmetric)[-1] == "is_symmetric=true"
     )

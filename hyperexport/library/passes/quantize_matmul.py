@@ -10,7 +10,7 @@ its layer's quantized weights. Excluded MatMuls (``exclude``) stay in float.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import numpy as np
 import onnx_ir as ir
@@ -51,6 +51,11 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
             blocks. ``int4_block`` only.
         symmetric: Symmetric int4 blocks, without zero points (the builder's CPU default;
             ``quantize_weights``). ``int4_block`` only.
+        shared_embedding: A main-graph ``Gather`` (axis 0) of a weight that a quantized
+            ``MatMul`` of the main graph reads as ``[N, K]`` (tied embeddings: the table and
+            ``lm_head``) gathers the quantized rows instead (``GatherBlockQuantized``, the
+            builder's ``shared_embeddings``), and the float table leaves the model.
+            ``int4_block`` only.
     """
 
     label = "quantize"
@@ -62,6 +67,7 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
         exclude: Collection[str] = (),
         accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
         symmetric: bool = False,
+        shared_embedding: bool = False,
     ) -> None:
         super().__init__(exclude)
         if method not in METHODS:
@@ -76,12 +82,35 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
         self.block_size = block_size
         self.accuracy_level = accuracy_level
         self.symmetric = symmetric and method == INT4_BLOCK
+        if shared_embedding and method != INT4_BLOCK:
+            raise ValueError(f"shared_embedding needs int4_block, not {method!r}")
+        self.shared_embedding = shared_embedding
+        # Main-graph weights read as [N, K], by id: the weight and its quantized operands.
+        self._main_rows: dict[int, tuple[ir.Value, list[ir.Value]]] = {}
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self._main_rows = {}
         result = super().call(model)
         if result.modified:
             model.opset_imports.setdefault(MS_DOMAIN, 1)
+            if self.shared_embedding:
+                share_quantized_rows(model, self._main_rows, self.block_size, self._fresh)
         return result
+
+    def _thread(
+        self,
+        model: ir.Model,
+        graph: ir.Graph,
+        value: ir.Value,
+        transposed: bool,
+        done: dict[tuple[int, int, bool], list[ir.Value]],
+        sites: dict[ir.OperatorIdentifier, list[ir.Node]],
+        functions: dict[int, ir.Function],
+    ) -> list[ir.Value]:
+        made = super()._thread(model, graph, value, transposed, done, sites, functions)
+        if graph is model.graph and transposed and value.is_initializer():
+            self._main_rows[id(value)] = (value, made)
+        return made
 
     def _tensors(self, tensor: ir.TensorProtocol, transposed: bool) -> list[np.ndarray]:
         arrays = self._quantized(tensor.numpy(), transposed)
@@ -147,3 +176,99 @@ def names_a_module(model: ir.Model, name: str) -> bool:
         if name in (function.name, short_class) or (path and under(path, name)):
             return True
     return any(under(weight, name) for weight in model.graph.initializers)
+
+
+def share_quantized_rows(
+    model: ir.Model,
+    rows: dict[int, tuple[ir.Value, list[ir.Value]]],
+    block_size: int,
+    fresh: Callable[[str, ir.Graph], str],
+) -> int:
+    """Make each main-graph ``Gather`` (axis 0) of a weight in ``rows`` (a float ``[N, K]``
+    table whose int4 blocks ``MatMulNBits`` reads) a ``GatherBlockQuantized`` of those blocks,
+    and drop the float table when nothing else reads it. Returns how many were replaced.
+
+    ``MatMulNBits``' blocks are ``[N, K / block, block / 2]`` uint8 (two values a byte, along
+    K) with scales ``[N * blocks]`` (and zero points ``[N * ceil(blocks / 2)]``): the same rows
+    as ``GatherBlockQuantized`` reads with ``quantize_axis=1`` once reshaped to ``[N, ...]``
+    (``Reshape`` nodes over the shared initializers, which ONNX Runtime folds at load). Where K
+    is not a whole number of blocks the gathered rows are sliced back to K.
+    """
+    graph = model.graph
+    replaced = 0
+    for node in list(graph):
+        table = node.inputs[0] if node.op_type == "Gather" and node.domain == "" else None
+        axis = node.attributes.get("axis")
+        if table is None or id(table) not in rows or (axis is not None and axis.as_int() != 0):
+            continue
+        operands = rows[id(table)][1]
+        assert table.const_value is not None  # an initializer's (``_thread``)
+        n, k = (int(d) for d in table.const_value.shape.numpy())
+        shaped = [
+            _reshaped(graph, node, operand, [n, -1], f"{table.name}/shared{i}", fresh)
+            for i, operand in enumerate(operands)
+        ]
+        gathered = ir.Node(
+            MS_DOMAIN,
+            "GatherBlockQuantized",
+            [shaped[0], node.inputs[1], *shaped[1:]],
+            [
+                ir.AttrInt64("bits", 4),
+                ir.AttrInt64("block_size", block_size),
+                ir.AttrInt64("gather_axis", 0),
+                ir.AttrInt64("quantize_axis", 1),
+            ],
+            name=f"{node.name or table.name}/GatherBlockQuantized",
+        )
+        graph.insert_before(node, gathered)
+        result = gathered.outputs[0]
+        if k % block_size:  # the blocks pad K: slice the rows back
+            ends = _constant(graph, node, np.array([k], np.int64), f"{table.name}/shared_k", fresh)
+            starts = _constant(
+                graph, node, np.array([0], np.int64), f"{table.name}/shared_0", fresh
+            )
+            axes = _constant(
+                graph, node, np.array([-1], np.int64), f"{table.name}/shared_axis", fresh
+            )
+            sliced = ir.Node("", "Slice", [result, starts, ends, axes])
+            graph.insert_before(node, sliced)
+            result = sliced.outputs[0]
+        old = node.outputs[0]
+        name, type_, shape = old.name, old.type, old.shape
+        old.replace_all_uses_with(result, replace_graph_outputs=True)
+        old.name = None
+        result.name, result.type, result.shape = name, type_, shape
+        graph.remove(node, safe=True)
+        replaced += 1
+    for table, _ in rows.values():
+        if not table.uses() and table.name is not None and table.name in graph.initializers:
+            del graph.initializers[table.name]
+    return replaced
+
+
+def _constant(
+    graph: ir.Graph,
+    before: ir.Node,
+    array: np.ndarray,
+    name: str,
+    fresh: Callable[[str, ir.Graph], str],
+) -> ir.Value:
+    node = ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.Tensor(array, name=name))])
+    node.outputs[0].name = fresh(name, graph)
+    graph.insert_before(before, node)
+    return node.outputs[0]
+
+
+def _reshaped(
+    graph: ir.Graph,
+    before: ir.Node,
+    value: ir.Value,
+    shape: list[int],
+    name: str,
+    fresh: Callable[[str, ir.Graph], str],
+) -> ir.Value:
+    target = _constant(graph, before, np.array(shape, np.int64), f"{name}_shape", fresh)
+    node = ir.Node("", "Reshape", [value, target])
+    node.outputs[0].name = fresh(name, graph)
+    graph.insert_before(before, node)
+    return node.outputs[0]

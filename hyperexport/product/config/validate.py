@@ -39,6 +39,7 @@ from hyperexport.base.versions import (
     unsupported,
 )
 from hyperexport.engine.machinery import machinery
+from hyperexport.library.defaults import INT4_BLOCK
 from hyperexport.library.tasks.registry import TASKS
 from hyperexport.product.config.fields import (
     REQUIRED,
@@ -343,6 +344,12 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
                 f"{r.quantize.method}: task {r.task} is not quantized yet (its encoder and "
                 "decoder graphs); set quantize.method: none",
             )
+    if r.quantize.shared_embedding and r.quantize.method != INT4_BLOCK:
+        check.fail(
+            "quantize.shared_embedding",
+            f"gathers int4 blocks (GatherBlockQuantized): it needs quantize.method: "
+            f"{INT4_BLOCK}, not {r.quantize.method}",
+        )
     if r.dynamic == AUTO and r.inputs != AUTO:
         check.fail(
             "dynamic",

@@ -87,7 +87,7 @@ class QuantizeStage(RecipeStage):
         before = function_inputs(model)
         exclude = tuple(q.exclude)
         quantize = QuantizeMatMulsPass(
-            q.method, q.block_size, exclude, q.accuracy_level, q.symmetric
+            q.method, q.block_size, exclude, q.accuracy_level, q.symmetric, q.shared_embedding
         )
         if not quantize(model).modified:
             raise RecipeError(

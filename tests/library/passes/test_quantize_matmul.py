@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 
 from hyperexport.library.model_file import load_model, save_external
@@ -345,3 +346,58 @@ def test_each_float_weight_is_unmapped_once_quantized(
     monkeypatch.setattr(quantize_matmul, "quantize_int4_blocks", counting)
     assert QuantizeMatMulsPass(INT4_BLOCK, block_size=32)(loaded).modified
     assert len(seen) == 3 and max(seen) == 1, seen  # the weight being quantized, alone
+
+
+#: Tied embeddings in the main graph: the table gathered by token, and read again, transposed,
+#: as ``lm_head``'s weight (``table`` is made an initializer by :func:`_tied`).
+TIED = """
+<ir_version: 10, opset_import: ["" : 21]>
+tied (int64[1, 5] ids) => (float[1, 5, {h}] emb, float[1, 5, {v}] logits) {{
+    emb = Gather <axis = 0> (table, ids)
+    t = Transpose <perm = [1, 0]> (table)
+    logits = MatMul (emb, t)
+}}
+"""
+
+
+def _tied(hidden: int, vocab: int = 40) -> tuple[ir.Model, np.ndarray]:
+    model = parse(TIED.format(h=hidden, v=vocab))
+    table = np.random.default_rng(0).standard_normal((vocab, hidden)).astype(np.float32)
+    made = ir.Value(name="table", const_value=ir.Tensor(table, name="table"))
+    made.type, made.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(table.shape)
+    model.graph.register_initializer(made)
+    for node in model.graph:
+        for i, v in enumerate(node.inputs):
+            if v is not None and v.name == "table" and v is not made:
+                node.replace_input_with(i, made)
+    return model, table
+
+
+@pytest.mark.parametrize(("hidden", "symmetric"), [(64, True), (64, False), (48, True)])
+def test_a_shared_embedding_gathers_lm_heads_int4_rows(hidden: int, symmetric: bool) -> None:
+    model, table = _tied(hidden)
+    ids = np.array([[0, 7, 39, 7, 12]], np.int64)
+    shared = QuantizeMatMulsPass(
+        INT4_BLOCK, 32, accuracy_level=0, symmetric=symmetric, shared_embedding=True
+    )
+    assert shared(model).modified
+    ops = op_counts(model)["main"]
+    assert ops["GatherBlockQuantized"] == 1 and ops["Gather"] == 0
+    assert ops["Slice"] == (1 if hidden % 32 else 0)  # K padded to whole blocks: sliced back
+    assert "table" not in model.graph.initializers  # the float table left the model
+    emb, logits = run_checked(model, {"ids": ids})
+    rows = _dequantized(INT4_BLOCK, table, symmetric)
+    np.testing.assert_array_equal(emb[0], rows[ids[0]])  # exactly lm_head's int4 rows
+    np.testing.assert_allclose(logits[0], emb[0] @ rows.T, rtol=1e-4, atol=1e-4)
+
+
+def test_without_shared_embedding_the_table_stays_float() -> None:
+    model, _ = _tied(64)
+    assert QuantizeMatMulsPass(INT4_BLOCK, 32, accuracy_level=0)(model).modified
+    assert op_counts(model)["main"]["Gather"] == 1
+    assert "table" in model.graph.initializers
+
+
+def test_shared_embedding_needs_int4_blocks() -> None:
+    with pytest.raises(ValueError, match="shared_embedding needs int4_block"):
+        QuantizeMatMulsPass(INT8_DYNAMIC, shared_embedding=True)

@@ -270,6 +270,49 @@ def test_symmetric_int4_generation_has_no_zero_points_and_decodes(tmp_path: Path
     assert decode["min_cosine"] > 0.9 and len(decode["sequences"]) == 4
 
 
+def test_shared_embedding_is_validated_against_the_method() -> None:
+    recipe = {
+        "name": "t",
+        "model": {"_target_": "hyperexport.zoo.tiny_llama"},
+        "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
+        "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
+        "dynamo": False,
+        "quantize": {"method": "int8_dynamic", "shared_embedding": True},
+    }
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(recipe, "/r/t.yaml")
+    assert info.value.field == "quantize.shared_embedding"
+    assert "int4_block" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_shared_embedding_leaves_no_float_table_and_decodes(tmp_path: Path) -> None:
+    """``quantize.shared_embedding`` on tied embeddings: the embedding gathers ``lm_head``'s
+    int4 rows (the builder's layout), the float table is gone from the quantized model, every
+    call site is checked and onnxruntime-genai decodes it."""
+    outcome = _build(
+        tmp_path,
+        "quantize.method=int4_block",
+        "quantize.symmetric=true",
+        "quantize.shared_embedding=true",
+        "+model.config.tie_word_embeddings=true",
+        # tied random weights repeat one token: still compared token for token
+        "check.generation.min_distinct=1",
+    )
+    assert outcome.exit_code == 0, outcome.result.error
+    model = onnx.load(outcome.out_dir / "model.quantized.onnx", load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("GatherBlockQuantized") == 1 and "Gather" not in [
+        n.op_type
+        for n in model.graph.node
+        if n.input and n.input[0].endswith("embed_tokens.weight")
+    ]
+    floats = [i.name for i in model.graph.initializer if i.name.endswith("embed_tokens.weight")]
+    assert floats == []
+    assert outcome.report["check"]["ok"] is True
+    decode = json.loads((outcome.out_dir / "check.json").read_text())["quantized"]["decode"]
+    assert len(decode["sequences"]) == 4 and decode["min_cosine"] > 0.5
+
+
 def _stats(folder: Path) -> dict[str, tuple[int, ...]]:
     return {
         p.name: (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ctime_ns)
