@@ -330,6 +330,7 @@ def test_quantize_defaults_do_nothing() -> None:
         "exclude": [],
         "accuracy_level": 4,
         "symmetric": False,
+        "shared_embedding": False,
     }
     assert recipe.data["check"]["quantized"] == {
         "min_cosine": 0.95,

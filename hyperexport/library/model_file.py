@@ -180,6 +180,7 @@ def save_external(
     to_append, append_bytes = _appends(slots, base, threshold)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         staged, staged_data = Path(tmp) / path.name, Path(tmp) / data_name
+        cloned = False  # staged_data a clone of base (neither new, linked nor moved)
         if base is None:
             how = "new"
         elif link_unchanged and not to_append:
@@ -187,6 +188,7 @@ def save_external(
             how = "linked"
         else:
             how = _take(Path(base), staged_data, consume)
+            cloned = os.path.exists(base)  # a move takes it away
             if to_append and how == "copy":
                 log.info(
                     "copied the export's weight file (%.2f GB) to append %d tensors (%d bytes) "
@@ -234,7 +236,7 @@ def save_external(
         how,
         len(appended),
     )
-    if base is None or how in ("linked", "moved", "new"):
+    if base is None or not cloned:
         return None
     return DataFileOrigin(path.parent / data_name, os.path.realpath(base), os.path.getsize(base))
 
