@@ -20,28 +20,16 @@ from hyperexport.engine.workspace import ONE_COPY_MIN
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
+from tests.helpers.checkpoints import save_tiny_llama
 from tests.helpers.path_skips import NEEDS_DYNAMO_PATH
 
 HIT_ALL = dict.fromkeys(STAGE_NAMES, "hit")
 
 
 def _checkpoint(directory: Path) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
+    return save_tiny_llama(
+        directory, tied=True, vocab_size=256, hidden_size=128, intermediate_size=256
     )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
-    return directory
 
 
 def _recipe(tmp_path: Path, checkpoint: Path, dynamo: bool) -> Path:

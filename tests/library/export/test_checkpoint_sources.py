@@ -19,6 +19,7 @@ from hyperexport.library.export.checkpoint_sources import CheckpointLocator
 from hyperexport.library.export.weights import INLINE_LIMIT, WEIGHTS_FILE, WeightSources
 from hyperexport.library.models.pretrained import pretrained
 from hyperexport.product.stages.export import file_sources
+from tests.helpers.checkpoints import save_tiny_llama
 from tests.helpers.opsets import TEST_OPSET
 
 PATHS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
@@ -27,21 +28,7 @@ PATHS = [pytest.param(False, id="torchscript"), pytest.param(True, id="dynamo")]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A float32 tiny Llama with tied embeddings, saved as safetensors."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(  # type: ignore[call-arg]
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        use_cache=False,
-    )
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("ckpt")
-    LlamaForCausalLM(config).save_pretrained(folder)
+    folder = save_tiny_llama(tmp_path_factory.mktemp("ckpt"), tied=True)
     assert [p.name for p in folder.glob("*.safetensors")] == ["model.safetensors"]
     return folder
 

@@ -239,15 +239,19 @@ def test_int8_generation_runs_quantized_in_onnxruntime_genai(tmp_path: Path) -> 
     assert decode["min_cosine"] > 0.9 and len(decode["sequences"]) == 4
 
 
-def test_accuracy_level_is_validated_where_the_schema_defines_it() -> None:
-    recipe = {
+def _tiny_recipe(quantize: dict[str, Any]) -> dict[str, Any]:
+    return {
         "name": "t",
         "model": {"_target_": "hyperexport.zoo.tiny_llama"},
         "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
         "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
         "dynamo": False,
-        "quantize": {"method": "int4_block", "accuracy_level": 5},
+        "quantize": quantize,
     }
+
+
+def test_accuracy_level_is_validated_where_the_schema_defines_it() -> None:
+    recipe = _tiny_recipe({"method": "int4_block", "accuracy_level": 5})
     with pytest.raises(RecipeError) as info:
         validate_recipe(recipe, "/r/t.yaml")
     assert info.value.field == "quantize.accuracy_level"
@@ -271,14 +275,7 @@ def test_symmetric_int4_generation_has_no_zero_points_and_decodes(tmp_path: Path
 
 
 def test_shared_embedding_is_validated_against_the_method() -> None:
-    recipe = {
-        "name": "t",
-        "model": {"_target_": "hyperexport.zoo.tiny_llama"},
-        "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64", "low": 0, "high": 128}},
-        "hiera": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"],
-        "dynamo": False,
-        "quantize": {"method": "int8_dynamic", "shared_embedding": True},
-    }
+    recipe = _tiny_recipe({"method": "int8_dynamic", "shared_embedding": True})
     with pytest.raises(RecipeError) as info:
         validate_recipe(recipe, "/r/t.yaml")
     assert info.value.field == "quantize.shared_embedding"
