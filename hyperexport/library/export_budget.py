@@ -23,7 +23,8 @@ from hyperexport.library.model_file import check_inline_size
 EXPORT_OVERHEAD = 0.3
 #: The copies of the weights a build keeps on the cache's disk at its peak: the export's data file,
 #: kept as the build's one copy (moved from stage to stage and handed to the published folder),
-#: and its blob in the cache (measured at 8B: 2.00x the data file, docs/streaming.md).
+#: and its blob in the cache (measured at 8B: 2.00x the data file, docs/streaming.md). One where
+#: the cache records the weights as ranges of the checkpoint instead (1.00x at 8B).
 DISK_COPIES = 2
 #: What the interpreter, torch and transformers take before any weight (measured: 0.3 GB).
 BASELINE_BYTES = 512 << 20

@@ -78,6 +78,8 @@ class CheckpointLocator:
             storage).
         refused: Model name -> why it was not placed, for each tensor the checkpoint stores
             under another dtype or shape (absent ones are neither).
+        covers_all: Whether every tensor the model holds (off the meta device) was placed:
+            its weight file is then the checkpoint's bytes and the padding.
     """
 
     def __init__(self, model: torch.nn.Module, folder: Path, index: WeightIndex | None = None):
@@ -104,6 +106,9 @@ class CheckpointLocator:
             where = stored_bytes(folder, index.tensors[found])
             self._placed[key] = (tensor, where)
             self.placed[names[0]] = where
+        self.covers_all = bool(groups) and len(self.placed) == len(groups)
+        if not groups:  # a streamed model: its weights are placed by name (streamed.py)
+            return
         log.info(
             "checkpoint sources: %d of %d weights (%.2f GiB) placed in %s%s",
             len(self.placed),

@@ -97,21 +97,6 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
                 share_quantized_rows(model, self._main_rows, self.block_size, self._fresh)
         return result
 
-    def _thread(
-        self,
-        model: ir.Model,
-        graph: ir.Graph,
-        value: ir.Value,
-        transposed: bool,
-        done: dict[tuple[int, int, bool], list[ir.Value]],
-        sites: dict[ir.OperatorIdentifier, list[ir.Node]],
-        functions: dict[int, ir.Function],
-    ) -> list[ir.Value]:
-        made = super()._thread(model, graph, value, transposed, done, sites, functions)
-        if graph is model.graph and transposed and value.is_initializer():
-            self._main_rows[id(value)] = (value, made)
-        return made
-
     def _tensors(self, tensor: ir.TensorProtocol, transposed: bool) -> list[np.ndarray]:
         arrays = self._quantized(tensor.numpy(), transposed)
         if isinstance(tensor, ir.ExternalTensor):
@@ -136,6 +121,9 @@ class QuantizeMatMulsPass(MatMulWeightsPass):
         return names[:2] if self.symmetric else names
 
     def _replace(self, model: ir.Model, candidate: Candidate, operands: list[ir.Value]) -> None:
+        source = candidate.source
+        if candidate.graph is model.graph and candidate.transposed and source.is_initializer():
+            self._main_rows[id(source)] = (source, operands)  # for shared_embedding
         node = candidate.node
         shape = candidate.leaves[0].tensor.shape.numpy()
         n, k = shape if candidate.transposed else shape[::-1]

@@ -83,11 +83,12 @@ class ExportStage(RecipeStage):
         # registers the output types the capture trees name.
         part, params = model_part(recipe.task), to_json(recipe)
         locate = _checkpoint_locator(inputs.model(), recipe, inputs.source)
+        copies = _disk_copies(inputs.model(), locate)
         for graph in task_named(recipe.task).folders():
             with part.scope(inputs.model(), params, inputs.source, graph) as scoped:
                 (out_dir / graph).mkdir(exist_ok=True)
                 typed = from_json(RecipeConfig, scoped[1], partial=True)
-                self._run(scoped[0], typed, inputs, out_dir / graph, graph, locate)
+                self._run(scoped[0], typed, inputs, out_dir / graph, graph, locate, copies)
 
     def _run(
         self,
@@ -97,6 +98,7 @@ class ExportStage(RecipeStage):
         out_dir: Path,
         graph: str = "",
         locate: Locator | None = None,
+        copies: int = 2,
     ) -> None:
         from hyperexport.base.contracts.capture_spec import CaptureSpec
         from hyperexport.engine.files import clone_or_copy
@@ -105,14 +107,15 @@ class ExportStage(RecipeStage):
         from hyperexport.library.export.fallback import CaptureCall, export_with_fallback
         from hyperexport.library.export.path import ExportPath
         from hyperexport.library.export.registry import path_for
-        from hyperexport.library.export_budget import DISK_COPIES, check_disk_budget, state_bytes
+        from hyperexport.library.export_budget import check_disk_budget, state_bytes
         from hyperexport.product.from_recipe.export_options import export_options
         from hyperexport.product.from_recipe.model import resolve_classes
         from hyperexport.product.from_recipe.resolved_capture import example_inputs
 
-        # Before the first weight is written: the export's data file and the build's one
-        # checkout of it, in the cache (a full disk is the cache's refusal, exit 3).
-        check_disk_budget(state_bytes(model), out_dir, copies=DISK_COPIES)
+        # Before the first weight is written: the export's data file (the build's one copy)
+        # and its blob in the cache, unless the cache records it by reference (a full disk is
+        # the cache's refusal, exit 3).
+        check_disk_budget(state_bytes(model), out_dir, copies=copies)
         trace_dir = inputs.dir("trace") / graph if graph else inputs.dir("trace")
         capture = Capture.load(trace_dir)
         check_rebuildable(capture.record)  # a CorruptRecordError makes the runner rebuild trace
@@ -164,6 +167,24 @@ def _checkpoint_locator(model: Any, recipe: RecipeConfig, source: str) -> Locato
     except CorruptRecordError as e:
         log.warning("the weights will be stored as a copy: %s", e)
         return None
+
+
+def _disk_copies(model: Any, locate: Locator | None) -> int:
+    """How many copies of the weights the build holds on disk: one (the export's file, which
+    becomes the published one) when every weight is the checkpoint's bytes, so that the cache
+    records ranges of the checkpoint (loaded in the stored dtype, or streamed unconverted);
+    :data:`~hyperexport.library.export_budget.DISK_COPIES` otherwise (a blob as well)."""
+    from hyperexport.library.capture.streaming import TORCH_DTYPES, streamed_checkpoint
+    from hyperexport.library.export.checkpoint_sources import CheckpointLocator
+    from hyperexport.library.export_budget import DISK_COPIES
+
+    streamed = streamed_checkpoint(model)
+    if streamed is not None:
+        stored = {TORCH_DTYPES.get(t.dtype) for t in streamed.index.tensors.values()}
+        by_reference = stored == {p.dtype for p in model.parameters()}
+    else:
+        by_reference = isinstance(locate, CheckpointLocator) and locate.covers_all
+    return 1 if by_reference else DISK_COPIES
 
 
 def file_sources(sources: WeightSources) -> FileSources:

@@ -103,3 +103,32 @@ def test_a_factory_model_declares_nothing(tmp_path: Path) -> None:
     export, declared = _export(tmp_path, _recipe(model, "load", False))
     assert (export / "units" / "weights.data").stat().st_size > 0
     assert declared == []
+
+
+@pytest.mark.parametrize(
+    ("weights", "stored", "loaded", "copies"),
+    [
+        ("load", torch.float32, None, 1),
+        ("stream", torch.bfloat16, "bfloat16", 1),
+        ("load", torch.bfloat16, "float32", 2),
+        ("stream", torch.bfloat16, "float32", 2),
+    ],
+    ids=["load-same", "stream-same", "load-converted", "stream-converted"],
+)
+def test_the_disk_budget_counts_one_copy_where_the_cache_records_ranges(
+    tmp_path: Path, weights: str, stored: torch.dtype, loaded: str | None, copies: int
+) -> None:
+    """The export refuses, before writing, weights its disk cannot hold: once when the cache will
+    record them as ranges of the checkpoint, twice (a blob as well) when they are converted."""
+    from hyperexport.product.config.fields import from_json
+    from hyperexport.product.config.schema import RecipeConfig
+    from hyperexport.product.stages.export import _checkpoint_locator, _disk_copies
+
+    checkpoint = tmp_path / "ckpt"
+    zoo.tiny_llama(num_layers=2, causal_lm=True).to(stored).save_pretrained(checkpoint)
+    model = {**_pretrained(checkpoint), **({"dtype": loaded} if loaded else {})}
+    recipe = validate_recipe(_recipe(model, weights, False), "r.yaml")
+    live = model_loader(recipe)()
+    typed = from_json(RecipeConfig, recipe.data, partial=True)
+    assert _disk_copies(live, _checkpoint_locator(live, typed, "r.yaml")) == copies
+    assert _disk_copies(zoo.tiny_llama(num_layers=2), None) == 2  # a factory's: no checkpoint
