@@ -13,6 +13,11 @@ Then, alternating ``--repeat`` rounds:
          pass, ONNX Runtime's support probe, save, the quantized manifest), fresh folder each
   ort    ``onnx.load`` of the flat export, ``MatMulNBitsQuantizer`` (same block size,
          asymmetric, the stage's ``accuracy_level``), ``save_model_to_file``
+  pass   the stage's ``QuantizeMatMulsPass`` alone, on the rewrite's model already loaded
+  ort quantizer  ``MatMulNBitsQuantizer.process`` alone, on the flat export already loaded
+
+(the last two: each tool's quantization without its reading and writing of the model, which the
+stage does through onnx_ir and ONNX Runtime's quantizer through protobuf)
 
 and prints the medians of wall and CPU time (``time.process_time``) and their ratios. The build's
 own ``quantize`` and ``evaluate`` wall times are printed beside them: evaluate runs the quantized
@@ -94,6 +99,8 @@ def main() -> None:
     )
 
     from hyperexport.engine.stage import StageInputs, config_slice
+    from hyperexport.library.model_file import load_model
+    from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass
     from hyperexport.product.builds.session import run_build
     from hyperexport.product.config import compose_recipe
     from hyperexport.product.stages import PIPELINE, model_loader
@@ -128,7 +135,12 @@ def main() -> None:
             source=recipe.file,
         )
         level = int(recipe.data["quantize"]["accuracy_level"])
-        times: dict[str, list[tuple[float, float]]] = {"stage": [], "ort": []}
+        times: dict[str, list[tuple[float, float]]] = {
+            "stage": [],
+            "ort": [],
+            "pass": [],
+            "ort quantizer": [],
+        }
         for round_ in range(args.repeat + 1):  # the first round warms imports and caches up
             out = root / f"stage{round_}"
             out.mkdir()
@@ -145,9 +157,23 @@ def main() -> None:
                 quantizer.model.save_model_to_file(str(root / f"flat{round_}.onnx"))
 
             ort_time = _time(ort)
+            model = load_model(published / "model.onnx")
+            quantize = QuantizeMatMulsPass(
+                "int4_block", args.block_size, accuracy_level=level, symmetric=False
+            )
+            pass_time = _time(lambda model=model, quantize=quantize: quantize(model))
+            quantizer = MatMulNBitsQuantizer(
+                onnx.load(flat),
+                algo_config=DefaultWeightOnlyQuantConfig(
+                    block_size=args.block_size, is_symmetric=False, accuracy_level=level
+                ),
+            )
+            quantizer_time = _time(quantizer.process)
             if round_:
                 times["stage"].append(stage_time)
                 times["ort"].append(ort_time)
+                times["pass"].append(pass_time)
+                times["ort quantizer"].append(quantizer_time)
         median = {
             k: {
                 "wall": statistics.median(t[0] for t in v),
@@ -164,6 +190,10 @@ def main() -> None:
                     "stage/ort": {
                         "wall": median["stage"]["wall"] / median["ort"]["wall"],
                         "cpu": median["stage"]["cpu"] / median["ort"]["cpu"],
+                    },
+                    "pass/ort quantizer": {
+                        "wall": median["pass"]["wall"] / median["ort quantizer"]["wall"],
+                        "cpu": median["pass"]["cpu"] / median["ort quantizer"]["cpu"],
                     },
                     "build_stage_seconds": build,
                 },
