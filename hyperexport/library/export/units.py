@@ -218,17 +218,19 @@ def _declare_sources(data_file: WeightFile, declare: SourcesSink) -> None:
     if sources is not None:
         declare(data_file.path, sources)
         log.info(
-            "%s: sources declared: every tensor is a range of %d checkpoint files",
+            "%s: sources declared: %d tensors are ranges of %d checkpoint files, %d (%d bytes) "
+            "only in this file",
             data_file.path.name,
+            len(sources.copies),
             len({stored.source for _, stored in sources.copies}),
+            len(sources.unplaced),
+            sources.unplaced_bytes,
         )
     elif data_file.tensors_written:
         log.info(
-            "%s: no sources declared: %d of %d tensors are not copies of a checkpoint's (%s)",
+            "%s: no sources declared: none of its %d tensors is a copy of a checkpoint's",
             data_file.path.name,
-            len(data_file.unplaced),
             data_file.tensors_written,
-            ", ".join(data_file.unplaced[:3]),
         )
 
 

@@ -72,11 +72,18 @@ class WeightSources:
 
     Attributes:
         size: The file's size.
-        copies: ``(offset in the file, stored bytes)`` of each tensor written, in file order.
+        copies: ``(offset in the file, stored bytes)`` of each tensor placed, in file order.
+        unplaced: ``(offset, length)`` of each tensor whose bytes are in no file on disk (a
+            buffer the model computed, a constant the exporter made): only this file has them.
     """
 
     size: int
     copies: tuple[tuple[int, StoredBytes], ...]
+    unplaced: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def unplaced_bytes(self) -> int:
+        return sum(length for _, length in self.unplaced)
 
 
 def _buffer(array: np.ndarray) -> memoryview:
@@ -121,6 +128,7 @@ class WeightFile:
         self._written: dict[Hashable, tuple[int, int]] = {}
         self._offset = 0
         self._copies: list[tuple[int, StoredBytes]] = []
+        self._unplaced: list[tuple[int, int]] = []
         #: Names of the tensors written whose bytes were placed in no file on disk.
         self.unplaced: list[str] = []
         self.tensors_written = 0
@@ -147,18 +155,18 @@ class WeightFile:
         )
 
     def sources(self) -> WeightSources | None:
-        """Where the closed file's bytes are, when every tensor in it was written unconverted
-        from a file on disk (the rest is padding, zeros); None when one was not
-        (:attr:`unplaced` names them), or when nothing was written.
+        """Where the closed file's bytes are: the tensors written unconverted from a file on
+        disk, the ranges of the others (:attr:`unplaced` names them), and zeros (the padding);
+        None when no tensor was placed.
 
         Raises:
             RuntimeError: The file is still open.
         """
         if self._file is not None:
             raise RuntimeError(f"{self.path.name}: sources() before the file is closed")
-        if self.unplaced or not self._copies:
+        if not self._copies:
             return None
-        return WeightSources(self._offset, tuple(self._copies))
+        return WeightSources(self._offset, tuple(self._copies), tuple(self._unplaced))
 
     @property
     def nbytes(self) -> int:
@@ -187,6 +195,7 @@ class WeightFile:
         if stored is not None and tensor.is_contiguous() and length == stored.nbytes:
             self._copies.append((offset, stored))
         else:
+            self._unplaced.append(where)
             self.unplaced.append(name)
 
     def reference(self, tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
@@ -208,6 +217,7 @@ class WeightFile:
                 self._place(where, raw, stored, name)
         else:
             where = self._append(memoryview(tensor.tobytes()))
+            self._unplaced.append(where)
             self.unplaced.append(name)
         return self._external(where, tensor, name)
 

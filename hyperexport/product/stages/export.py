@@ -18,7 +18,7 @@ from hyperexport.base.contracts.names import (
     WEIGHTS_FILE,
 )
 from hyperexport.base.errors import CorruptRecordError
-from hyperexport.engine.sourced import FileSources, Piece, merged
+from hyperexport.engine.sourced import LITERAL_MAX, FileSources, Piece, merged
 from hyperexport.engine.stage import StageInputs
 from hyperexport.library.tasks.registry import task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
@@ -137,9 +137,7 @@ class ExportStage(RecipeStage):
             out_dir=out_dir,
             recapture=recapture,
             locate=locate,
-            declare_sources=lambda path, sources: inputs.declare_sources(
-                path, file_sources(sources)
-            ),
+            declare_sources=lambda path, sources: _declare(inputs, path, sources),
         )
         reference = out_dir / REFERENCE_DIR
         if used is first:
@@ -187,7 +185,32 @@ def _disk_copies(model: Any, locate: Locator | None) -> int:
     return 1 if by_reference else DISK_COPIES
 
 
-def file_sources(sources: WeightSources) -> FileSources:
-    """The engine's record of a weight file's sources (adjacent copies merged)."""
+def _declare(inputs: StageInputs, path: Path, sources: WeightSources) -> None:
+    """Declare the weight file at ``path``, unless the tensors only it holds are more than a
+    record may hold (then it is stored as a copy, said at INFO)."""
+    found = file_sources(sources, path)
+    if found is None:
+        log.info(
+            "%s: stored as a copy: %d tensors (%d bytes) are in no checkpoint file, more than "
+            "the %d bytes a record may hold",
+            path.name,
+            len(sources.unplaced),
+            sources.unplaced_bytes,
+            LITERAL_MAX,
+        )
+        return
+    inputs.declare_sources(path, found)
+
+
+def file_sources(sources: WeightSources, path: Path) -> FileSources | None:
+    """The engine's record of the weight file at ``path`` (adjacent copies merged; the bytes
+    of the tensors only the file holds read from it, as literal pieces); None when those are
+    more than :data:`~hyperexport.engine.sourced.LITERAL_MAX`."""
+    if sources.unplaced_bytes > LITERAL_MAX:
+        return None
     pieces = [Piece(at, s.nbytes, s.source, s.offset) for at, s in sources.copies]
+    with open(path, "rb") as fh:
+        for offset, length in sources.unplaced:
+            fh.seek(offset)
+            pieces.append(Piece.literal(offset, fh.read(length)))
     return FileSources(sources.size, merged(pieces))

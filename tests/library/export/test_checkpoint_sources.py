@@ -95,7 +95,8 @@ def test_the_exported_weights_are_the_declared_ranges(
     declared = _export(model, CheckpointLocator(model, checkpoint), dynamo, tmp_path)
     data = tmp_path / "units" / WEIGHTS_FILE
     assert [path for path, _ in declared] == [data]
-    sources = file_sources(declared[0][1])
+    sources = file_sources(declared[0][1], data)
+    assert sources is not None
     assert {p.source for p in sources.pieces} == {str((checkpoint / "model.safetensors").resolve())}
     assert matching_digest(data, sources) == hashlib.sha256(data.read_bytes()).hexdigest()
 

@@ -1,6 +1,7 @@
 """``WeightFile`` with a locator: the tensors it writes from a file on disk are recorded, and
 their assembly (the stage's ``file_sources``) is the written file, byte for byte, padding
-included; a tensor it cannot place leaves the file without sources, named."""
+included; a tensor it cannot place is named, and its bytes are held by the record (up to the
+record's limit)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hyperexport.engine.sourced import assemble, matching_digest
+from hyperexport.engine.sourced import LITERAL_MAX, assemble, matching_digest
 from hyperexport.library.export.weights import (
     StoredBytes,
     WeightFile,
@@ -60,7 +61,8 @@ def test_the_recorded_pieces_assemble_the_written_file(tmp_path: Path) -> None:
     found = data_file.sources()
     assert found is not None and data_file.unplaced == []
     assert [stored.nbytes for _, stored in found.copies] == [t.nbytes for t in tensors.values()]
-    sources = file_sources(found)
+    sources = file_sources(found, tmp_path / "weights.data")
+    assert sources is not None
     written = (tmp_path / "weights.data").read_bytes()
     assert sources.size == len(written)
     assert sources.covered < len(written)  # the padding is zeros, in no piece
@@ -78,17 +80,40 @@ def test_adjacent_copies_are_merged(tmp_path: Path) -> None:
     data_file = _write(tmp_path / "weights.data", tensors, _stored(tmp_path, tensors))
     found = data_file.sources()
     assert found is not None and len(found.copies) == 3
-    sources = file_sources(found)
-    assert len(sources.pieces) == 1 and sources.covered == 3 * 1024 == sources.size
+    sources = file_sources(found, tmp_path / "weights.data")
+    assert (
+        sources is not None
+        and len(sources.pieces) == 1
+        and sources.covered == 3 * 1024 == sources.size
+    )
 
 
-def test_one_unplaced_tensor_leaves_the_file_without_sources(tmp_path: Path) -> None:
+def test_an_unplaced_tensor_is_held_by_the_record(tmp_path: Path) -> None:
     tensors = _tensors()
     stored = _stored(tmp_path, tensors)
     del stored["small"]
     data_file = _write(tmp_path / "weights.data", tensors, stored)
-    assert data_file.sources() is None
     assert data_file.unplaced == ["small"]
+    found = data_file.sources()
+    assert found is not None and found.unplaced_bytes == tensors["small"].nbytes
+    sources = file_sources(found, tmp_path / "weights.data")
+    assert sources is not None
+    literal = [p for p in sources.pieces if p.data is not None]
+    assert [len(p.data or b"") for p in literal] == [tensors["small"].nbytes]
+    written = (tmp_path / "weights.data").read_bytes()
+    assert (
+        matching_digest(tmp_path / "weights.data", sources) == hashlib.sha256(written).hexdigest()
+    )
+
+
+def test_unplaced_tensors_over_the_records_limit_are_not_declared(tmp_path: Path) -> None:
+    tensors = _tensors()
+    stored = _stored(tmp_path, tensors)
+    del stored["big"]  # 1.2 MB, over LITERAL_MAX
+    data_file = _write(tmp_path / "weights.data", tensors, stored)
+    found = data_file.sources()
+    assert found is not None and found.unplaced_bytes > LITERAL_MAX
+    assert file_sources(found, tmp_path / "weights.data") is None
 
 
 def test_a_tensor_whose_length_is_not_the_stored_one_is_not_placed(tmp_path: Path) -> None:
@@ -96,8 +121,9 @@ def test_a_tensor_whose_length_is_not_the_stored_one_is_not_placed(tmp_path: Pat
     stored = _stored(tmp_path, tensors)
     stored["half"] = stored["half"]._replace(nbytes=stored["half"].nbytes * 2)  # stored wider
     data_file = _write(tmp_path / "weights.data", tensors, stored)
-    assert data_file.sources() is None
     assert data_file.unplaced == ["half"]
+    found = data_file.sources()
+    assert found is not None and found.unplaced_bytes == tensors["half"].nbytes
 
 
 def test_a_tensor_written_from_a_contiguous_copy_is_not_placed(tmp_path: Path) -> None:
@@ -105,7 +131,7 @@ def test_a_tensor_written_from_a_contiguous_copy_is_not_placed(tmp_path: Path) -
     transposed = base.t()
     stored = _stored(tmp_path, {"t": transposed})
     data_file = _write(tmp_path / "weights.data", {"t": transposed}, stored)
-    assert data_file.sources() is None
+    assert data_file.sources() is None  # nothing placed: nothing to declare
     assert data_file.unplaced == ["t"]
 
 
@@ -121,7 +147,9 @@ def test_keyed_tensors_are_placed_where_the_caller_says(tmp_path: Path) -> None:
     found = data_file.sources()
     assert found is not None
     digest = hashlib.sha256((tmp_path / "weights.data").read_bytes()).hexdigest()
-    assert matching_digest(tmp_path / "weights.data", file_sources(found)) == digest
+    sources = file_sources(found, tmp_path / "weights.data")
+    assert sources is not None
+    assert matching_digest(tmp_path / "weights.data", sources) == digest
 
 
 def test_without_a_locator_nothing_is_placed(tmp_path: Path) -> None:
