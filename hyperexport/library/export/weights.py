@@ -260,7 +260,7 @@ class WeightFile:
         ``stored``: where the bytes ``load`` returns are on disk, when it returns them
         unconverted (recorded for :meth:`sources`)."""
         if like.nbytes < INLINE_LIMIT:
-            return TorchTensor(load(), name=name)
+            return torch_tensor(load(), name)
         where = self._written.get(key)
         if where is None:
             tensor = load()
