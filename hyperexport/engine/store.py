@@ -412,6 +412,15 @@ class CacheStore:
             return None
         if self._reusable(self.blob_path(digest), sources.size):
             return digest
+        held = self.sources_of(digest)
+        if held is not None and held != sources:
+            # Another build recorded these bytes elsewhere (a cache shared by machines whose
+            # checkpoints are at other paths): store the bytes, which serve every machine,
+            # rather than take the record from the builds that can read it.
+            log.info(
+                "%s: %s is recorded by reference to other files; storing its bytes", stage, rel
+            )
+            return None
         for blob in sources.blobs():  # keep them from a concurrent collection
             self._reusable(self.blob_path(blob), None)
         ref = self.ref_path(digest)

@@ -176,6 +176,34 @@ def test_a_later_stage_passing_the_bytes_on_unchanged_copies_nothing(
         assert len(_regular_files_of_size(tmp_path, len(data))) == 1  # the build's copy
 
 
+def test_machines_whose_sources_are_at_other_paths_share_a_cache_through_the_bytes(
+    store: CacheStore, tmp_path: Path
+) -> None:
+    """A cache shared by two machines whose checkpoints are at other paths: the first records
+    its ranges; the second cannot read them (its lookup misses, it runs the stage again) and
+    stores the bytes instead of taking the record; from then on both read the bytes."""
+    source = _source(tmp_path / "a")
+    out, data, sources = _out(tmp_path, source)
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws, sources={"units/weights.data": sources})
+    (f,) = [e for e in entry.outputs if e.path == "units/weights.data"]
+    elsewhere = tmp_path / "b" / "src" / "weights.bin"  # the same bytes at the other's path
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.write_bytes(source.read_bytes())
+    os.chmod(source, 0o644)
+    source.rename(tmp_path / "a" / "moved.bin")  # machine b cannot see machine a's file
+    assert store.lookup_local(KEY_A).status == "corrupt"
+    out_b, _, sources_b = _out(tmp_path, elsewhere, "out-b")
+    with Workspace(store) as ws:
+        store.commit(KEY_A, "export", out_b, keep=ws, sources={"units/weights.data": sources_b})
+    assert store.blob_path(f.digest).read_bytes() == data  # the bytes, for every machine
+    assert store.sources_of(f.digest) == sources  # machine a's record untouched
+    assert store.lookup_local(KEY_A).status == "hit"
+    (tmp_path / "a" / "moved.bin").rename(source)  # back on machine a: the bytes serve it too
+    with Workspace(store) as ws:
+        assert (ws.checkout("export", entry) / "units" / "weights.data").read_bytes() == data
+
+
 def test_a_declaration_that_does_not_hold_is_a_warning_and_a_copy(
     store: CacheStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
