@@ -506,14 +506,16 @@ class CacheStore:
 
     @contextlib.contextmanager
     def materialized(self, f: OutputFile) -> Iterator[Path]:
-        """A regular file with ``f``'s bytes: its blob, or one assembled from its record (in the
-        store's scratch space, verified, removed after).
+        """A regular file with ``f``'s bytes, checked against its digest (hashed once): its blob,
+        or one assembled from its record (in the store's scratch space, removed after).
 
         Raises:
-            CorruptBlobError: Neither is there, or the assembly does not match the digest.
+            CorruptBlobError: Neither is there, or its bytes do not match the digest.
         """
         blob = self.blob_path(f.digest)
         if blob.is_file():
+            if sha256_file(blob) != f.digest:
+                raise CorruptBlobError(f.path, f.digest)
             yield blob
             return
         with self.scratch("assemble-") as folder:
