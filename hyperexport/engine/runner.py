@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fnmatch
+import functools
 import logging
 import os
 import time
@@ -51,7 +53,14 @@ from .machinery import machinery
 from .memory import return_freed_memory
 from .record_secret import record_secret
 from .sourced import FileSources
-from .stage import Stage, StageInputs, config_slice
+from .stage import (
+    Stage,
+    StageInputs,
+    check_upstream_reads,
+    config_slice,
+    reads_file,
+    upstream_patterns,
+)
 from .store import CORRUPT, HIT, MISSING, CacheStore, CorruptBlobError, Lookup
 from .workspace import Workspace
 
@@ -145,6 +154,10 @@ class BuildRequest:
     code_roots: tuple[str, ...] = ()
     not_discovered: tuple[str, ...] = ()
     variant: str = DEFAULT_VARIANT
+
+    def __post_init__(self) -> None:
+        for stage in self.stages:
+            check_upstream_reads(stage)
 
     @property
     def run_name(self) -> str:
@@ -291,18 +304,20 @@ class Runner:
         model = _Memo(self.load_model)
         workspace = self._new_workspace()
 
-        def upstream_dir(name: str) -> Path:
-            # Verified copies, never links (see workspace.py); large files once per build.
+        def upstream_dir(name: str, patterns: tuple[str, ...] | None) -> Path:
+            # Verified copies, never links (see workspace.py); large files once per build; only
+            # the files the stage reads (Stage.upstream_reads).
             try:
-                return workspace.checkout(name, result.entries[name])
+                return workspace.checkout(name, result.entries[name], patterns)
             except CorruptBlobError as e:
                 raise _CorruptUpstream(str(e), (result.entries[name].key,)) from e
 
         pending: set[str] = set()
         for index, stage in enumerate(request.stages):
+            later = request.stages[index + 1 :]
             with contextlib.ExitStack() as self._held:
                 try:
-                    outcome = self._one(request, stage, result, pending, model, upstream_dir)
+                    outcome = self._one(request, stage, result, pending, model, upstream_dir, later)
                 except _CorruptUpstream as e:
                     if not self._final:
                         raise
@@ -405,7 +420,8 @@ class Runner:
         result: BuildResult,
         pending: set[str],
         model: _Memo,
-        upstream_dir: Callable[[str], Path],
+        upstream_dir: Callable[[str, tuple[str, ...] | None], Path],
+        later: Sequence[Stage] = (),
     ) -> StageResult:
         start = time.perf_counter()
         params = config_slice(request.config, stage.reads)
@@ -441,11 +457,13 @@ class Runner:
         if request.dry_run:
             return StageResult(stage.name, "would_run", key, reason, time.perf_counter() - start)
         self.store.require_writable(stage.name)
+        checkouts = {u: upstream_dir(u, upstream_patterns(stage, u)) for u in stage.upstream}
         inputs = StageInputs(
-            upstream={u: upstream_dir(u) for u in stage.upstream},
+            upstream=checkouts,
             model=model if stage.needs_model else _no_model(stage.name),
             source=request.source,
             digests=upstream,
+            take=functools.partial(self._take, checkouts, request.stages, later),
         )
         with spans.collecting() as parts:
             status, detail, key = self._execute(
@@ -459,6 +477,32 @@ class Runner:
             time.perf_counter() - start,
             parts,
         )
+
+    def _take(
+        self,
+        checkouts: Mapping[str, Path],
+        stages: Sequence[Stage],
+        later: Sequence[Stage],
+        path: Path,
+    ) -> bool:
+        """``StageInputs.take``: whether the running stage may move or change its input file
+        ``path``. Only the workspace's one copy of a large blob qualifies, and only when no
+        later stage of this build reads it and its stage does not publish it."""
+        if self.workspace is None:
+            return False
+        real = os.path.realpath(path)
+        for name, folder in checkouts.items():
+            rel = os.path.relpath(real, os.path.realpath(folder))
+            if rel.startswith(os.pardir + os.sep) or rel == os.pardir:
+                continue
+            rel = Path(rel).as_posix()
+            if any(reads_file(s, name, rel) for s in later):
+                return False
+            producer = next((s for s in stages if s.name == name), None)
+            if producer is not None and any(fnmatch.fnmatchcase(rel, g) for g in producer.publish):
+                return False
+            return self.workspace.release(Path(real))
+        return False
 
     def _lookup(
         self,
@@ -584,6 +628,7 @@ class Runner:
                         build=request.name,
                         params=material["params"],
                         known=self.workspace.digest_of if self.workspace is not None else None,
+                        inputs=self.workspace.input_digest if self.workspace is not None else None,
                         keep=self.workspace,
                         sources=declared_sources.by_path,
                     )

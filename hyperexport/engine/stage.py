@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,12 @@ class Stage(Protocol):
             versions, and Python's, are part of its key. The code of the keyed package it runs
             is found from its module's imports (:mod:`.code_closure`).
         publish: Glob patterns of output files copied to the build's outputs directory.
+
+    A stage may also have ``upstream_reads``: ``{upstream stage: glob patterns}`` of the
+    output files it reads of that stage (relative paths; ``*`` crosses folders). Only those are
+    checked out for it, and a file no later stage reads may be taken over by the stage that
+    reads it last (:attr:`StageInputs.take`). An upstream stage it does not name is read whole.
+    Its key still covers every upstream output (:func:`reads_file` is about checkouts only).
     """
 
     name: str
@@ -78,6 +85,12 @@ class StageInputs:
             disk that the stage's key already covers. The cache then records the ranges instead
             of storing a copy (checked byte for byte at commit). Outside a cached build it does
             nothing: there is no copy to save.
+        take: Called by a stage with one of its input files it would copy in order to change
+            it (append to it); True when it may move or change that file instead: the build's
+            one copy of a large blob (``workspace.py``) that no later stage of the build reads
+            or publishes (:func:`reads_file`). The file is then writable and the stage's: the
+            cache still holds the blob, and a range of the file declared as a source is resolved
+            to where the cache keeps its bytes. False outside a cached build.
     """
 
     upstream: Mapping[str, Path]
@@ -85,6 +98,7 @@ class StageInputs:
     source: str = ""
     digests: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     declare_sources: Callable[[Path, FileSources], None] = field(default=lambda path, sources: None)
+    take: Callable[[Path], bool] = field(default=lambda path: False)
 
     def dir(self, stage: str) -> Path:
         """The output directory of upstream ``stage``."""
@@ -97,6 +111,32 @@ class StageInputs:
             KeyError: ``stage`` wrote no such file.
         """
         return self.digests[stage][path]
+
+
+def upstream_patterns(stage: Stage, upstream: str) -> tuple[str, ...] | None:
+    """The glob patterns of ``upstream``'s files that ``stage`` reads; None when it reads them
+    all (it names no patterns for ``upstream``)."""
+    reads: Mapping[str, tuple[str, ...]] = getattr(stage, "upstream_reads", {})
+    return reads.get(upstream)
+
+
+def reads_file(stage: Stage, upstream: str, path: str) -> bool:
+    """Whether ``stage`` reads ``upstream``'s output file ``path`` (relative)."""
+    if upstream not in stage.upstream:
+        return False
+    patterns = upstream_patterns(stage, upstream)
+    return patterns is None or any(fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+def check_upstream_reads(stage: Stage) -> None:
+    """Raise ``ValueError`` when ``stage.upstream_reads`` names a stage it does not read."""
+    reads: Mapping[str, tuple[str, ...]] = getattr(stage, "upstream_reads", {})
+    unknown = sorted(set(reads) - set(stage.upstream))
+    if unknown:
+        raise ValueError(
+            f"stage {stage.name}: upstream_reads names {', '.join(unknown)}, not among its "
+            f"upstream stages ({', '.join(stage.upstream) or 'none'})"
+        )
 
 
 def config_slice(config: Mapping[str, Any], reads: tuple[str, ...]) -> dict[str, Any]:

@@ -312,6 +312,7 @@ class CacheStore:
         known: Callable[[Path], str | None] | None = None,
         keep: Keeper | None = None,
         sources: Mapping[str, FileSources] | None = None,
+        inputs: Callable[[Path], str | None] | None = None,
     ) -> ActionEntry:
         """Move every file of ``out_dir`` into the blob store, then write the entry (last).
 
@@ -329,6 +330,10 @@ class CacheStore:
         describes is compared with those ranges, hashed on the way; when it matches, the blob is
         recorded by reference (``sourced.py``) and nothing is copied. When it does not, a WARNING
         says so and the file is copied in as any other.
+
+        A range of a declared source that is an input of this build is resolved through
+        ``inputs`` (else ``known``): the input's digest, also for an input the stage took over
+        (moved or changed, ``StageInputs.take``), whose bytes the store still holds.
 
         ``build`` (the name of the build) is recorded in the entry for the inventory, and
         ``params`` (the stage's params as keyed) for :func:`~.verify.verify`, which recomputes
@@ -354,7 +359,9 @@ class CacheStore:
             elif keep is not None and keep.wants(size := path.stat().st_size):
                 declared = (sources or {}).get(rel)
                 found = (
-                    self._record_sources(path, declared, stage, rel, known) if declared else None
+                    self._record_sources(path, declared, stage, rel, inputs or known)
+                    if declared
+                    else None
                 )
                 digest = found or self._copy_in(path, size)
                 keep.adopt(path, digest)

@@ -40,6 +40,7 @@ old order (move in, copy out, hash the copy) read the file once more.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import logging
 import os
 import secrets
@@ -97,6 +98,8 @@ class Workspace:
         self._dirs: dict[str, Path] = {}
         self._files: dict[str, _Copy] = {}  # real path -> every verified file checked out
         self._held: dict[str, str] = {}  # digest -> real path of its one large copy
+        self._placed: dict[str, set[str]] = {}  # checkout name -> the files placed in it
+        self._released: dict[str, str] = {}  # real path -> digest of a copy a stage took over
 
     def __enter__(self) -> Workspace:
         return self
@@ -109,23 +112,34 @@ class Workspace:
         self._files.clear()
         self._held.clear()
         self._dirs.clear()
+        self._placed.clear()
+        self._released.clear()
         self._root = None
         self._stack.close()
 
-    def checkout(self, name: str, entry: ActionEntry) -> Path:
-        """The folder holding ``entry``'s files, checked out once per build under ``name``.
+    def checkout(
+        self, name: str, entry: ActionEntry, patterns: tuple[str, ...] | None = None
+    ) -> Path:
+        """The folder holding ``entry``'s files, checked out once per build under ``name``:
+        those matching the glob ``patterns`` (every file when None). A later checkout of
+        ``name`` with other patterns adds the files it wants to the same folder.
 
         Raises:
             CorruptBlobError: A blob is missing or does not match its digest (it has been
                 removed, so a new lookup of its entry misses).
         """
-        if name not in self._dirs:
-            dest = self._folder() / name
-            for f in entry.outputs:
-                self._place(f, dest / f.path)
-            dest.mkdir(parents=True, exist_ok=True)  # an entry may have no files
-            self._dirs[name] = dest
-        return self._dirs[name]
+        dest = self._dirs.get(name) or self._folder() / name
+        placed = self._placed.setdefault(name, set())
+        for f in entry.outputs:
+            if f.path in placed:
+                continue
+            if patterns is not None and not any(fnmatch.fnmatchcase(f.path, p) for p in patterns):
+                continue
+            self._place(f, dest / f.path)
+            placed.add(f.path)
+        dest.mkdir(parents=True, exist_ok=True)  # an entry may have no files
+        self._dirs[name] = dest
+        return dest
 
     def _folder(self) -> Path:
         if self._root is None:
@@ -209,6 +223,27 @@ class Workspace:
         verified it and it is unchanged since; else None."""
         copy = self._files.get(os.path.realpath(path))
         return copy.digest if copy is not None and copy.unchanged() else None
+
+    def release(self, path: Path) -> bool:
+        """Give the held copy at ``path`` up to the stage that checked it out (it will move or
+        change it): False when ``path`` is not a held, unchanged copy. The file is made
+        writable; :meth:`input_digest` still names its digest, and a later checkout of that
+        digest copies the blob."""
+        real = os.path.realpath(path)
+        copy = self._files.get(real)
+        if copy is None or self._held.get(copy.digest) != real or not copy.unchanged():
+            return False
+        del self._held[copy.digest]
+        del self._files[real]
+        self._released[real] = copy.digest
+        os.chmod(real, 0o644)
+        log.debug("a stage took over the build's copy of %s at %s", copy.digest[:12], real)
+        return True
+
+    def input_digest(self, path: Path) -> str | None:
+        """The digest of the checked-out input ``path``: as :meth:`digest_of`, or of a copy a
+        stage took over (:meth:`release`), whatever became of the file since."""
+        return self.digest_of(path) or self._released.get(os.path.realpath(path))
 
     def hand_over(self, digest: str, target: Path) -> bool:
         """Move the held copy of ``digest`` to ``target`` (mode 0644) for publishing.

@@ -120,9 +120,10 @@ def _write_proto(model: ir.Model, path: Path) -> None:
 
 @dataclass(frozen=True)
 class DataFileOrigin:
-    """How a saved data file began: a clone of ``cloned`` (``cloned_bytes``, its whole size),
-    with the tensors the passes made appended after; what a stage may declare to its cache
-    (``engine/sourced.py``) so that the clone is recorded as its input's bytes plus the tail."""
+    """How a saved data file began: the bytes of ``cloned`` (``cloned_bytes``, its whole size;
+    a clone, or the file itself taken over), with the tensors the passes made appended after;
+    what a stage may declare to its cache (``engine/sourced.py``) so that the file is recorded
+    as its input's bytes plus the tail."""
 
     path: Path
     cloned: str
@@ -137,6 +138,7 @@ def save_external(
     consume: bool = False,
     link_unchanged: bool = False,
     fresh: bool = False,
+    take: Callable[[Path], bool] | None = None,
 ) -> DataFileOrigin | None:
     """Write ``model`` to ``path`` with its tensors in ``<name>.data`` beside it (atomically).
 
@@ -159,9 +161,14 @@ def save_external(
     With ``fresh`` the data file is always a fresh one of only what the model reads (the
     quantize stage's model, whose float weights are gone).
 
+    ``take`` is asked, before a file is cloned to be appended to, whether that file may be
+    moved instead (the build's rewrite stage: ``StageInputs.take``, true for the build's one
+    copy of the export's weights when no later stage reads them); the file is then moved and
+    appended to, and the origin still names it.
+
     Returns:
-        The data file's origin when it is a clone of an existing file (appended to or not);
-        None when it is new, moved or linked.
+        The data file's origin when it holds an existing file's bytes (cloned, appended to or
+        not, or taken over); None when it is new, moved by ``consume`` or linked.
     """
     path = Path(path)
     data_name = f"{path.name}.data"
@@ -187,8 +194,21 @@ def save_external(
             os.symlink(base, staged_data)
             how = "linked"
         else:
-            how = _take(Path(base), staged_data, consume)
-            cloned = os.path.exists(base)  # a move takes it away
+            taken = bool(to_append) and take is not None and take(Path(base))
+            origin = (os.path.realpath(base), os.path.getsize(base))
+            how = _take(Path(base), staged_data, consume or taken)
+            moved = not os.path.exists(base)
+            # A clone, or a file taken over: its bytes begin the new file. A consumed bundle's
+            # file is gone with its bundle.
+            cloned = not moved or taken
+            if taken and moved:
+                log.info(
+                    "took over the export's weight file (%.2f GB) to append %d tensors (%d "
+                    "bytes) that passes made: no later stage reads it",
+                    origin[1] / 1e9,
+                    to_append,
+                    append_bytes,
+                )
             if to_append and how == "copy":
                 log.info(
                     "copied the export's weight file (%.2f GB) to append %d tensors (%d bytes) "
@@ -238,7 +258,7 @@ def save_external(
     )
     if base is None or not cloned:
         return None
-    return DataFileOrigin(path.parent / data_name, os.path.realpath(base), os.path.getsize(base))
+    return DataFileOrigin(path.parent / data_name, *origin)
 
 
 def _live_bytes(slots: list[TensorSlot], base: str) -> int:
@@ -348,6 +368,7 @@ def save_model(
     threshold: int = 1024,
     consume_bundle: bool = False,
     link_unchanged: bool = False,
+    take: Callable[[Path], bool] | None = None,
 ) -> DataFileOrigin | None:
     """Write ``model`` to ``path`` atomically; the data file's origin (:func:`save_external`)
     when it is a clone.
@@ -359,7 +380,8 @@ def save_model(
     their offsets. The data file is moved into place first and the model last, so a reader never
     sees a model without its data. ``consume_bundle`` moves that file instead (the bundle is
     temporary and is discarded after the save); ``link_unchanged`` makes it a symlink to that
-    file when nothing is appended (the build's rewrite stage: see :func:`save_external`).
+    file when nothing is appended (the build's rewrite stage: see :func:`save_external`), and
+    ``take`` lets it move that file to append to it rather than clone it.
     Nothing depends on the working directory, and
     an earlier export's files at ``path`` are replaced.
 
@@ -371,7 +393,12 @@ def save_model(
     path.parent.mkdir(parents=True, exist_ok=True)
     if external_data:
         return save_external(
-            model, path, threshold, consume=consume_bundle, link_unchanged=link_unchanged
+            model,
+            path,
+            threshold,
+            consume=consume_bundle,
+            link_unchanged=link_unchanged,
+            take=take,
         )
     save_inline(model, path)
     return None

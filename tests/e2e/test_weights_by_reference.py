@@ -6,6 +6,7 @@ in ONNX Runtime against torch as any build is."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import stat
 from pathlib import Path
@@ -71,12 +72,19 @@ def _published_data(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("dynamo", [False, pytest.param(True, marks=NEEDS_DYNAMO_PATH)])
 def test_the_weights_are_written_once_and_published_again_from_the_checkpoint(
-    tmp_path: Path, dynamo: bool
+    tmp_path: Path, dynamo: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     checkpoint = _checkpoint(tmp_path / "ckpt")
     recipe = _recipe(tmp_path, checkpoint, dynamo)
-    first = _build(tmp_path, recipe)
+    with caplog.at_level(logging.INFO):
+        first = _build(tmp_path, recipe)
     assert first.exit_code == 0, first.result.error
+    # TorchScript's rewrite appends its folded rotary constant to the export's weights: it takes
+    # the build's copy of them over (evaluate and check read only the export's reference
+    # capture) instead of copying them; the dynamo path's appends nothing and links them.
+    took = "took over the export's weight file" in caplog.text
+    copied = "copied the export's weight file" in caplog.text
+    assert (took, copied) == (not dynamo, False)
     data = _published_data(tmp_path)
     size, digest = data.stat().st_size, hashlib.sha256(data.read_bytes()).hexdigest()
     assert size >= ONE_COPY_MIN

@@ -348,6 +348,96 @@ def test_declaring_a_file_that_is_not_an_output_fails_the_stage(tmp_path: Path) 
 TAIL = b"\x01" * 1000
 
 
+# -- an input taken over -----------------------------------------------------------------------
+class _Appender(_CopyingStage):
+    """A rewrite: the export's weights with a tail appended, taken over when it may (else
+    copied); declares its data file as that input's bytes and the tail. ``taken.txt`` says
+    which it did."""
+
+    name = "rewrite"
+    upstream = ("export",)
+
+    def outputs(self, params: Mapping[str, Any]) -> Mapping[str, str]:
+        return {"data": "model.onnx.data", "taken": "taken.txt"}
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        weights = inputs.dir("export") / "units" / "weights.data"
+        data = out_dir / "model.onnx.data"
+        taken = inputs.take(weights)
+        if taken:
+            os.replace(weights, data)
+        else:
+            data.write_bytes(weights.read_bytes())
+        size = data.stat().st_size
+        with data.open("ab") as fh:
+            fh.write(b"TAIL")
+        pieces = (Piece(0, size, str(weights), 0), Piece.literal(size, b"TAIL"))
+        inputs.declare_sources(data, FileSources(size + 4, pieces))
+        (out_dir / "taken.txt").write_text("yes" if taken else "no")
+
+
+class _LaterReader(_Reader):
+    """Reads the rewrite's data file, and of the export only what ``reads`` names."""
+
+    upstream = ("export", "rewrite")
+
+    def __init__(self, source: Path, reads: tuple[str, ...] | None) -> None:
+        super().__init__(source)
+        if reads is not None:
+            self.upstream_reads = {"export": reads}
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        data = (inputs.dir("rewrite") / "model.onnx.data").read_bytes()
+        weights = inputs.dir("export") / "units" / "weights.data"
+        seen = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else "-"
+        (out_dir / "digest.txt").write_text(f"{hashlib.sha256(data).hexdigest()} {seen}")
+
+
+def test_an_input_no_later_stage_reads_is_taken_over_and_recorded_by_reference(
+    tmp_path: Path,
+) -> None:
+    source = _source(tmp_path)
+    expected, _ = _copy_of(source, tmp_path / "expected.data")
+    stages = (_CopyingStage(source), _Appender(source), _LaterReader(source, reads=()))
+    result = build(tmp_path / "cache", stages)
+    assert result.error is None, result.error
+    store = CacheStore(tmp_path / "cache")
+    f = {o.path: o for o in result.entries["rewrite"].outputs}
+    with Workspace(store) as ws:
+        folder = ws.checkout("rewrite", result.entries["rewrite"])
+        assert (folder / "taken.txt").read_text() == "yes"
+        # Moved, appended to, and still recorded as the source's ranges and the tail.
+        assert (folder / "model.onnx.data").read_bytes() == expected + b"TAIL"
+    assert store.ref_path(f["model.onnx.data"].digest).is_file()
+    assert _regular_files_of_size(store.root, len(expected) + 4) == []
+    check = result.entries["check"].digests()["digest.txt"]
+    text = (store.blob_path(check)).read_text().split()
+    assert text == [hashlib.sha256(expected + b"TAIL").hexdigest(), "-"]  # export not read
+
+
+def test_an_input_a_later_stage_reads_is_copied_not_taken(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    expected, _ = _copy_of(source, tmp_path / "expected.data")
+    for reads in (None, ("units/*",)):  # every file of the export, or the weights by pattern
+        cache = tmp_path / f"cache-{reads is None}"
+        stages = (_CopyingStage(source), _Appender(source), _LaterReader(source, reads))
+        result = build(cache, stages)
+        assert result.error is None, result.error
+        store = CacheStore(cache)
+        taken = result.entries["rewrite"].digests()["taken.txt"]
+        assert store.blob_path(taken).read_text() == "no"
+        check = store.blob_path(result.entries["check"].digests()["digest.txt"])
+        assert check.read_text().split()[1] == hashlib.sha256(expected).hexdigest()
+
+
+def test_upstream_reads_naming_a_stage_not_read_is_refused(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    reader = _LaterReader(source, reads=())
+    reader.upstream_reads = {"trace": ("*",)}
+    with pytest.raises(ValueError, match="upstream_reads names trace, not among its upstream"):
+        build(tmp_path / "cache", (_CopyingStage(source), _Appender(source), reader))
+
+
 def test_literal_pieces_round_trip_and_are_bounded(tmp_path: Path) -> None:
     source = _source(tmp_path)
     sources = FileSources(

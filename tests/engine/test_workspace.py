@@ -245,3 +245,40 @@ def test_a_copy_into_the_cache_that_fails_leaves_nothing_and_keeps_the_output(
     assert not list((store.root / "blobs").rglob(".*.tmp"))
     assert _regular_copies(store.root / "blobs", len(BIG)) == []
     assert (out / "units" / "weights.data").read_bytes() == BIG  # the stage's file is intact
+
+
+def test_a_checkout_places_only_the_files_its_stage_reads(
+    store: CacheStore, tmp_path: Path
+) -> None:
+    export = store.commit(KEY_A, "export", _out(tmp_path))
+    with Workspace(store) as ws:
+        folder = ws.checkout("export", export, ("bundle.json",))
+        assert (folder / "bundle.json").is_file()
+        assert not (folder / "units").exists()  # the large blob is not copied out
+        assert _regular_copies(ws_root(ws), len(BIG)) == []
+        # A later reader of every file gets the same folder, with the rest added.
+        assert ws.checkout("export", export) == folder
+        assert (folder / "units" / "weights.data").read_bytes() == BIG
+
+
+def test_a_released_copy_is_the_stages_and_still_names_its_digest(
+    store: CacheStore, tmp_path: Path
+) -> None:
+    export = store.commit(KEY_A, "export", _out(tmp_path))
+    digest = export.digests()["units/weights.data"]
+    with Workspace(store) as ws:
+        folder = ws.checkout("export", export)
+        weights = folder / "units" / "weights.data"
+        assert not ws.release(folder / "bundle.json")  # small: not held, a plain copy
+        assert ws.release(weights)
+        assert not ws.release(weights)  # once
+        assert stat.S_IMODE(weights.stat().st_mode) & stat.S_IWUSR
+        moved = tmp_path / "taken.data"
+        os.replace(weights, moved)
+        with moved.open("ab") as fh:
+            fh.write(b"tail")
+        assert ws.digest_of(weights) is None  # vouches for no symlink to it
+        assert ws.input_digest(weights) == digest  # but names it, as a declared source
+        # Nothing is held for the digest any more: publishing copies it from the blob.
+        assert not ws.hand_over(digest, tmp_path / "published.data")
+    assert store.blob_path(digest).read_bytes() == BIG

@@ -23,7 +23,7 @@ from hyperexport.base.errors import CheckError
 from hyperexport.engine.stage import StageInputs
 from hyperexport.library.tasks.registry import check_published, task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
-from hyperexport.product.stages.judged_files import check_evaluated, judged_files
+from hyperexport.product.stages.judged_files import EXPORT_READS, check_evaluated, judged_files
 from hyperexport.product.stages.recipe_stage import RecipeStage
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ class CheckStage(RecipeStage):
     #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``;
     #: ``rewrite``, ``quantize``: the published models, which it names by these digests.
     upstream: tuple[str, ...] = ("trace", "export", "rewrite", "quantize", "evaluate")
+    #: Of the export, only the reference capture (:data:`~.judged_files.EXPORT_READS`).
+    upstream_reads: Mapping[str, tuple[str, ...]] = EXPORT_READS
     #: Derived from the schema: the recipe fields that declare "check" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False

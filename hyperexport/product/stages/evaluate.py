@@ -31,7 +31,7 @@ from hyperexport.engine.memory import return_freed_memory
 from hyperexport.engine.stage import StageInputs
 from hyperexport.library.tasks.registry import task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
-from hyperexport.product.stages.judged_files import judged_files, write_evaluated
+from hyperexport.product.stages.judged_files import EXPORT_READS, judged_files, write_evaluated
 from hyperexport.product.stages.recipe_stage import RecipeStage
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ class EvaluateStage(RecipeStage):
     #: ``trace``: the reference decode and ``genai_config.json`` of ``task: text-generation``;
     #: ``quantize``: the quantized model, run here against the float one.
     upstream: tuple[str, ...] = ("trace", "export", "rewrite", "quantize")
+    #: Of the export, only the reference capture (:data:`~.judged_files.EXPORT_READS`).
+    upstream_reads: Mapping[str, tuple[str, ...]] = EXPORT_READS
     #: Derived from the schema: the recipe fields that declare "evaluate" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False

@@ -14,14 +14,28 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from hyperexport.base.atomic import atomic_write_bytes
-from hyperexport.base.contracts.names import EVALUATED_JSON, QUANTIZE, REWRITE, TRACE
+from hyperexport.base.contracts.names import (
+    EVALUATED_JSON,
+    EXPORT,
+    QUANTIZE,
+    REFERENCE_DIR,
+    REWRITE,
+    TRACE,
+)
 from hyperexport.base.errors import CheckError
 from hyperexport.library.tasks.task import Task
 
 #: The stages whose every output is a published model file the evaluate stage runs.
 MODEL_STAGES = (REWRITE, QUANTIZE)
+
+#: What the judging stages (evaluate, check) read of the export (``Stage.upstream_reads``): the
+#: reference capture, once or per graph folder. The units and their weights are the rewrite's
+#: to read, so the export's weight file is not checked out for them, and the rewrite may take
+#: it over to append to it (``StageInputs.take``).
+EXPORT_READS = MappingProxyType({EXPORT: (f"{REFERENCE_DIR}/*", f"*/{REFERENCE_DIR}/*")})
 
 
 def judged_files(digests: Mapping[str, Mapping[str, str]], task: Task) -> dict[str, str]:

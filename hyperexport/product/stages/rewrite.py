@@ -85,8 +85,10 @@ class RewriteStage(RecipeStage):
                     out_dir / model_name,
                     external_data=recipe.external_data,
                     threshold=recipe.external_data_threshold,
-                    # The export's weight file unchanged: a link the cache stores without a copy.
+                    # The export's weight file unchanged: a link the cache stores without a copy;
+                    # appended to: taken over when no later stage reads it, else cloned.
                     link_unchanged=True,
+                    take=inputs.take,
                 )
             if origin is not None:  # a clone with the passes' tensors appended
                 declare_clone(origin, inputs)

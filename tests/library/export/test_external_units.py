@@ -286,3 +286,33 @@ def test_appended_tensors_copy_the_weights_first_and_say_so(
 def _plain_copy(src: Path, dst: Path) -> str:
     shutil.copyfile(src, dst)
     return "copy"
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_take_moves_the_weights_to_append_when_allowed(tmp_path: Path, allowed: bool) -> None:
+    """The build's rewrite stage: the export's weights taken over (moved, then appended to)
+    when no later stage reads them, else cloned; either way the origin names that file."""
+    bundle = tmp_path / "units"
+    bundle.mkdir()
+    out = tmp_path / "model.onnx"
+    model = _weights_model(bundle, extra=np.ones((8, 64), np.float32))
+    weights = bundle / "weights.data"
+    before, inode = weights.read_bytes(), weights.stat().st_ino
+    asked: list[Path] = []
+
+    def take(path: Path) -> bool:
+        asked.append(path)
+        return allowed
+
+    origin = save_model(
+        model, out, external_data=True, threshold=1024, link_unchanged=True, take=take
+    )
+    data = tmp_path / "model.onnx.data"
+    assert [os.path.realpath(p) for p in asked] == [os.path.realpath(weights)]
+    assert weights.exists() is not allowed
+    assert (data.stat().st_ino == inode) is allowed  # moved, not copied
+    assert data.read_bytes()[: len(before)] == before and data.stat().st_size > len(before)
+    assert origin is not None
+    assert (origin.cloned, origin.cloned_bytes) == (os.path.realpath(weights), len(before))
+    proto = onnx.load(out)  # the appended tensor and the weights, all readable
+    assert {i.name for i in proto.graph.initializer} == {"W", "B"}
