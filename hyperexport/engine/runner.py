@@ -487,22 +487,21 @@ class Runner:
     ) -> bool:
         """``StageInputs.take``: whether the running stage may move or change its input file
         ``path``. Only the workspace's one copy of a large blob qualifies, and only when no
-        later stage of this build reads it and its stage does not publish it."""
+        later stage of this build reads it, under any checkout it is (an earlier checkout of
+        the same bytes links to it), and no stage publishes it."""
         if self.workspace is None:
             return False
-        real = os.path.realpath(path)
-        for name, folder in checkouts.items():
-            rel = os.path.relpath(real, os.path.realpath(folder))
-            if rel.startswith(os.pardir + os.sep) or rel == os.pardir:
-                continue
-            rel = Path(rel).as_posix()
+        names = self.workspace.names_of(path)
+        if not any(name in checkouts for name, _ in names):
+            return False  # not an input of the running stage
+        producers = {s.name: s for s in stages}
+        for name, rel in names:
             if any(reads_file(s, name, rel) for s in later):
                 return False
-            producer = next((s for s in stages if s.name == name), None)
+            producer = producers.get(name)
             if producer is not None and any(fnmatch.fnmatchcase(rel, g) for g in producer.publish):
                 return False
-            return self.workspace.release(Path(real))
-        return False
+        return self.workspace.release(path)
 
     def _lookup(
         self,

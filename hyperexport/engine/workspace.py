@@ -240,6 +240,17 @@ class Workspace:
         log.debug("a stage took over the build's copy of %s at %s", copy.digest[:12], real)
         return True
 
+    def names_of(self, path: Path) -> list[tuple[str, str]]:
+        """``(checkout name, relative path)`` of every checked-out file that is ``path`` (its
+        own place, and the symlinks a move left at earlier checkouts of the same bytes)."""
+        real = os.path.realpath(path)
+        return [
+            (name, rel)
+            for name, placed in self._placed.items()
+            for rel in sorted(placed)
+            if os.path.realpath(self._dirs[name] / rel) == real
+        ]
+
     def input_digest(self, path: Path) -> str | None:
         """The digest of the checked-out input ``path``: as :meth:`digest_of`, or of a copy a
         stage took over (:meth:`release`), whatever became of the file since."""

@@ -430,6 +430,54 @@ def test_an_input_a_later_stage_reads_is_copied_not_taken(tmp_path: Path) -> Non
         assert check.read_text().split()[1] == hashlib.sha256(expected).hexdigest()
 
 
+class _PassOn(_CopyingStage):
+    """A rewrite that passes the export's weights on unchanged: its output links to them."""
+
+    name = "rewrite"
+    upstream = ("export",)
+
+    def outputs(self, params: Mapping[str, Any]) -> Mapping[str, str]:
+        return {"data": "model.onnx.data"}
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        (out_dir / "model.onnx.data").symlink_to(inputs.dir("export") / "units" / "weights.data")
+
+
+class _TakerOfRewrite(_Appender):
+    """Takes (or copies) the rewrite's data file: the same bytes as the export's weights."""
+
+    name = "quantize"
+    upstream = ("rewrite",)
+
+    def run(self, params: Mapping[str, Any], inputs: StageInputs, out_dir: Path) -> None:
+        data = inputs.dir("rewrite") / "model.onnx.data"
+        taken = inputs.take(data)
+        if taken:
+            os.replace(data, out_dir / "model.onnx.data")
+        else:
+            (out_dir / "model.onnx.data").write_bytes(data.read_bytes())
+        (out_dir / "taken.txt").write_text("yes" if taken else "no")
+
+
+def test_a_file_a_later_stage_reads_under_another_checkout_is_not_taken(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    expected, _ = _copy_of(source, tmp_path / "expected.data")
+    # The rewrite's checkout moves the build's one copy to it and leaves a link in the export's:
+    # a later reader of the export's weights reads that same file.
+    for later, taken in (((_Reader(source),), "no"), ((), "yes")):
+        cache = tmp_path / f"cache-{taken}"
+        stages = (_CopyingStage(source), _PassOn(source), _TakerOfRewrite(source), *later)
+        result = build(cache, stages)
+        assert result.error is None, result.error
+        store = CacheStore(cache)
+        assert store.blob_path(result.entries["quantize"].digests()["taken.txt"]).read_text() == (
+            taken
+        )
+        if later:
+            check = store.blob_path(result.entries["check"].digests()["digest.txt"])
+            assert check.read_text() == hashlib.sha256(expected).hexdigest()
+
+
 def test_upstream_reads_naming_a_stage_not_read_is_refused(tmp_path: Path) -> None:
     source = _source(tmp_path)
     reader = _LaterReader(source, reads=())
