@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fnmatch
 import functools
 import logging
 import os
@@ -58,6 +57,7 @@ from .stage import (
     StageInputs,
     check_upstream_reads,
     config_slice,
+    matches,
     reads_file,
     upstream_patterns,
 )
@@ -499,7 +499,7 @@ class Runner:
             if any(reads_file(s, name, rel) for s in later):
                 return False
             producer = producers.get(name)
-            if producer is not None and any(fnmatch.fnmatchcase(rel, g) for g in producer.publish):
+            if producer is not None and matches(rel, producer.publish):
                 return False
         return self.workspace.release(path)
 

@@ -113,25 +113,30 @@ class StageInputs:
         return self.digests[stage][path]
 
 
+def matches(path: str, patterns: tuple[str, ...] | None) -> bool:
+    """Whether the relative ``path`` matches one of the glob ``patterns`` (any path when None;
+    ``*`` crosses folders)."""
+    return patterns is None or any(fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+def _upstream_reads(stage: Stage) -> Mapping[str, tuple[str, ...]]:
+    return getattr(stage, "upstream_reads", {})  # optional: see Stage
+
+
 def upstream_patterns(stage: Stage, upstream: str) -> tuple[str, ...] | None:
     """The glob patterns of ``upstream``'s files that ``stage`` reads; None when it reads them
     all (it names no patterns for ``upstream``)."""
-    reads: Mapping[str, tuple[str, ...]] = getattr(stage, "upstream_reads", {})
-    return reads.get(upstream)
+    return _upstream_reads(stage).get(upstream)
 
 
 def reads_file(stage: Stage, upstream: str, path: str) -> bool:
     """Whether ``stage`` reads ``upstream``'s output file ``path`` (relative)."""
-    if upstream not in stage.upstream:
-        return False
-    patterns = upstream_patterns(stage, upstream)
-    return patterns is None or any(fnmatch.fnmatchcase(path, p) for p in patterns)
+    return upstream in stage.upstream and matches(path, upstream_patterns(stage, upstream))
 
 
 def check_upstream_reads(stage: Stage) -> None:
     """Raise ``ValueError`` when ``stage.upstream_reads`` names a stage it does not read."""
-    reads: Mapping[str, tuple[str, ...]] = getattr(stage, "upstream_reads", {})
-    unknown = sorted(set(reads) - set(stage.upstream))
+    unknown = sorted(set(_upstream_reads(stage)) - set(stage.upstream))
     if unknown:
         raise ValueError(
             f"stage {stage.name}: upstream_reads names {', '.join(unknown)}, not among its "

@@ -40,7 +40,6 @@ old order (move in, copy out, hash the copy) read the file once more.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import logging
 import os
 import secrets
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .entries import ActionEntry, OutputFile
+from .stage import matches
 from .store import CacheStore
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class Workspace:
         for f in entry.outputs:
             if f.path in placed:
                 continue
-            if patterns is not None and not any(fnmatch.fnmatchcase(f.path, p) for p in patterns):
+            if not matches(f.path, patterns):
                 continue
             self._place(f, dest / f.path)
             placed.add(f.path)
