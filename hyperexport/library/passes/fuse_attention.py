@@ -35,7 +35,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from hyperexport.base.contracts.names import ATTENTION_ATTRIBUTES, ATTENTION_DOMAIN
-from hyperexport.library.passes.fuse_values import rank, static_dim
+from hyperexport.library.passes.fuse_values import constant_array, rank, static_dim
 from hyperexport.library.passes.ort_kernels import gqa_takes_query_seqlens
 
 MS_DOMAIN = "com.microsoft"
@@ -117,9 +117,10 @@ _FIRST_INPUT = frozenset({"RotaryEmbedding", "Slice"})
 def _heads(x: ir.Value | None, depth: int = 0) -> int | None:
     """Dim 1 (heads) of a 4-D ``(batch, heads, seq, dim)`` value: from its shape, or, where
     shape inference left it unknown (dynamic axes meet transformers' ``view(..., -1, head_dim)``),
-    from the ops that made it: ``Transpose(Reshape((B, S, W), (B, S, -1, D)))`` has ``W // D``;
-    RoPE, slices and elementwise ops (broadcast: the largest) and a concatenation along the
-    sequence keep their inputs'."""
+    from the ops that made it: ``Transpose(Reshape((B, S, W), (B, S, -1, D)))`` has ``W // D``
+    (a per-head norm between them, Qwen3's, and ``W`` a constant slice of a packed projection,
+    Phi-3's, included); RoPE, slices and elementwise ops (broadcast: the largest) and a
+    concatenation along the sequence or the head size (a partial rotary's) keep their inputs'."""
     if x is None or depth > 12:
         return None
     heads = static_dim(x, 1)
@@ -128,7 +129,7 @@ def _heads(x: ir.Value | None, depth: int = 0) -> int | None:
         return heads
     if node.op_type in _FIRST_INPUT:
         return _heads(node.inputs[0], depth + 1)
-    if node.op_type == "Concat" and node.attributes.get_int("axis", 0) in (2, -2):
+    if node.op_type == "Concat" and node.attributes.get_int("axis", 0) in (2, -2, 3, -1):
         found = [_heads(v, depth + 1) for v in node.inputs]
         return next((h for h in found if h is not None), None)
     if node.op_type in _ELEMENTWISE and node.domain in ("", "ai.onnx"):
@@ -145,22 +146,89 @@ def _heads(x: ir.Value | None, depth: int = 0) -> int | None:
 
 
 def _split_heads(transpose: ir.Node) -> int | None:
-    """``W // D`` of ``Transpose(Reshape((B, S, W), (B, S, -1, D)), perm=[0, 2, 1, 3])``."""
+    """``W // D`` of ``Transpose(Reshape((B, S, W), (B, S, -1, D)), perm=[0, 2, 1, 3])``, with
+    elementwise ops and last-axis reductions (a per-head norm) between the two."""
     perm = transpose.attributes.get("perm")
-    split = transpose.inputs[0]
-    reshape = split.producer() if split is not None else None
-    if perm is None or list(perm.as_ints()) != [0, 2, 1, 3] or reshape is None:
+    if perm is None or list(perm.as_ints()) != [0, 2, 1, 3]:
         return None
-    if reshape.op_type != "Reshape" or split is None or split.shape is None or rank(split) != 4:
+    return _heads_at_2(transpose.inputs[0])
+
+
+def _heads_at_2(split: ir.Value | None, depth: int = 0) -> int | None:
+    """Dim 2 (heads) of a 4-D ``(batch, seq, heads, dim)`` value, before the heads' transpose."""
+    if split is None or depth > 12:
         return None
-    joined = reshape.inputs[0]
-    width, head = static_dim(joined, -1), static_dim(split, 3)
-    if joined is None or joined.shape is None or rank(joined) != 3 or not width or not head:
+    heads = static_dim(split, 2)
+    node = split.producer()
+    if heads is not None or node is None or node.domain not in ("", "ai.onnx"):
+        return heads
+    if node.op_type in _ELEMENTWISE | _NORM_STEPS or _reduces_last_axis(node):
+        found = [
+            _heads_at_2(v, depth + 1)
+            for v in node.inputs[: 1 if node.op_type.startswith("Reduce") else None]
+            if v is not None and rank(v) in (4, None)
+        ]
+        known = [h for h in found if h is not None]
+        if known and (max(known) > 1 or len(known) == len(found)):
+            return max(known)
         return None
-    kept = list(joined.shape)[:2]
-    if kept != list(split.shape)[:2] or not all(_named(d) for d in kept) or width % head:
+    if node.op_type != "Reshape" or split.shape is None or rank(split) != 4:
+        return None
+    joined = node.inputs[0]
+    kept, width = _rows_and_width(joined)
+    head = static_dim(split, 3)
+    if kept is None or not width or not head or width % head:
+        return None
+    if kept != list(split.shape)[:2] or not all(_named(d) for d in kept):
         return None
     return width // head
+
+
+#: Ops of a per-head RMS norm besides the elementwise ones (the reduction is checked apart).
+_NORM_STEPS = frozenset({"Pow", "Sqrt", "Reciprocal"})
+
+
+def _reduces_last_axis(node: ir.Node) -> bool:
+    """A ``ReduceMean``/``ReduceSum`` over the last axis of a 4-D value, keeping it."""
+    if node.op_type not in ("ReduceMean", "ReduceSum") or not node.attributes.get_int(
+        "keepdims", 1
+    ):
+        return False
+    attribute = node.attributes.get("axes")
+    if attribute is not None:
+        axes = list(attribute.as_ints())
+    else:
+        found = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        axes = [] if found is None else [int(a) for a in np.ravel(found)]
+    return axes in ([-1], [3])
+
+
+def _rows_and_width(joined: ir.Value | None) -> tuple[list[int | ir.SymbolicDim] | None, int]:
+    """The first two dims and the last (``W``) of the 3-D value the heads are split from; a
+    slice of the last axis by constants (one part of a packed projection) has the sliced
+    value's first two dims and the slice's width."""
+    if joined is None or joined.shape is None or rank(joined) != 3:
+        return None, 0
+    width = static_dim(joined, -1)
+    if width:
+        return list(joined.shape)[:2], width
+    node = joined.producer()
+    if node is None or node.op_type != "Slice" or node.domain not in ("", "ai.onnx"):
+        return None, 0
+    data = node.inputs[0]
+    size = static_dim(data, -1)
+    parts = [constant_array(v) if v is not None else None for v in node.inputs[1:5]]
+    starts, ends = parts[0], parts[1]
+    axes = parts[2] if len(parts) > 2 and parts[2] is not None else np.array([-1])
+    steps = parts[3] if len(parts) > 3 and parts[3] is not None else np.array([1])
+    if data is None or data.shape is None or rank(data) != 3 or not size:
+        return None, 0
+    if starts is None or ends is None or [int(a) for a in np.ravel(axes)] not in ([-1], [2]):
+        return None, 0
+    picked = range(size)[
+        int(np.ravel(starts)[0]) : int(np.ravel(ends)[0]) : int(np.ravel(steps)[0])
+    ]
+    return list(data.shape)[:2], len(picked)
 
 
 def _named(dim: int | ir.SymbolicDim) -> bool:

@@ -113,6 +113,39 @@ def test_generation_recipe_decodes_in_onnxruntime_genai_as_transformers(
     assert list(generator.get_sequence(0))[len(prompts[0]) :] == report["sequences"][0]["reference"]
 
 
+@pytest.mark.zoo
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("name", GENERATE)
+def test_generation_recipe_fused_for_onnxruntime_and_int4_decodes_as_transformers(
+    name: str, dynamo: bool, tmp_path: Path
+) -> None:
+    """Issue 35's "done when": each generate recipe builds with the ONNX Runtime fusion and
+    int4 on both paths, its float model decodes token for token as transformers (the check)
+    with the layers' attention one GroupQueryAttention, and the quantized one is published.
+    Qwen3's per-head norm and Phi-3's packed projection once hid the head counts from the
+    TorchScript path's fusion (``fuse_attention._heads``)."""
+    _, outcome = _build(
+        tmp_path,
+        f"recipe={name}",
+        f"dynamo={str(dynamo).lower()}",
+        "attention.implementation=hyperexport",
+        "rewrite.fuse=onnxruntime",
+        "quantize.method=int4_block",
+    )
+    assert outcome.exit_code == 0, outcome.result.error
+    folder = outcome.out_dir
+    report = json.loads((folder / "generation_check.json").read_text())
+    assert report["passed"]
+    assert all(seq["exported"] == seq["reference"] for seq in report["sequences"])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert all(
+        f["fused_ops"].get("com.microsoft::GroupQueryAttention") == 1 for f in manifest["functions"]
+    )
+    genai = json.loads((folder / "genai_config.json").read_text())
+    assert genai["model"]["decoder"]["filename"] == "model.quantized.onnx"
+    assert (folder / "model.quantized.onnx").is_file() and (folder / "model.onnx").is_file()
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
