@@ -225,6 +225,13 @@ def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
         assert sized - shared <= {
             n.output[0] for n in function.node if n.op_type == "Slice" and n.input[0] in shared
         }
+        # Only the fused causal kernel reads the 4-D mask, and it agrees with the padding mask
+        # where causality lets the kernel read (passes/padding_mask.py): the main graph builds
+        # the padding mask alone, not transformers' causal one.
+        producers = {out: n for n in model.graph.node for out in n.output}
+        masks = {n.input[1] for n in model.graph.node if n.op_type == function.name}
+        assert [producers[m].name for m in masks] == ["padding_mask_expand"]
+        assert not {"Range", "LessOrEqual"} & {n.op_type for n in model.graph.node}
     config = json.loads((outcome.out_dir / "genai_config.json").read_text())
     # onnxruntime: the pasts are onnxruntime-genai's shared buffers (the decode above ran so),
     # the check fed them padded (check/kv_buffer.py); standard: concatenated, as before.

@@ -116,6 +116,13 @@ def _shared_sizes(inputs: PassInputs) -> ir.passes.PassBase:
     return ReadSharedSizesPass()
 
 
+def _padding_mask(inputs: PassInputs) -> ir.passes.PassBase:
+    # The main graph's causal mask as the padding mask, where only causal kernels read it.
+    from hyperexport.library.passes.padding_mask import PaddingMaskPass
+
+    return PaddingMaskPass()
+
+
 #: The pipeline, in order.
 PASSES: tuple[PassEntry, ...] = (
     PassEntry(
@@ -162,6 +169,11 @@ PASSES: tuple[PassEntry, ...] = (
         "shared_sizes",
         lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
         _shared_sizes,
+    ),
+    PassEntry(
+        "padding_mask",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _padding_mask,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),

@@ -1,0 +1,395 @@
+"""The main graph's attention mask as the padding mask alone, where only fused causal attention
+reads it (``rewrite.fuse: onnxruntime``, a generation step).
+
+transformers builds each step's 4-D boolean mask, ``(batch, 1, new, total)``, from the 2-D
+``attention_mask``: causal and padding, with the past's offset. Exported, that is some forty
+kernels of ranges, comparisons and reshapes in the main graph, run once per decode step; at
+8 layers and hidden 256 they cost about 5% of an int4 step in ONNX Runtime (issue 35, measured in
+``bench/README.md``). After the fusion, each layer function reads the mask only where that
+cannot matter for the causal part:
+
+* ``Shape`` of it (the sizes the fused kernels need), and
+* ``Where(mask, a, b)`` whose every use is a ``GroupQueryAttention``'s ``attention_bias``.
+
+``GroupQueryAttention`` is causal: it never reads the bias of a key after the query's own
+position. So wherever the mask agrees with the padding mask on the positions causality allows,
+the padding mask broadcast to the same shape computes the same outputs, whatever the mask holds
+after them. That agreement is a property of the model's mask, not of its graph's shape, and
+transformers' releases build the mask differently; the pass does not match the mask's nodes.
+It evaluates the mask's own subgraph with ONNX Runtime on probe inputs (:data:`PROBES`: prompts,
+left padding, chunks and decode steps over a past, long decodes that a sliding window would
+show in) and replaces it only when every probe agrees on every allowed position. A mask that
+differs there (a sliding window, a row transformers unmasks, a bidirectional prefix) is kept,
+with an INFO line naming the first probe it differs on. The probes see windows narrower than
+the longest probe's length (:data:`LONGEST`); the check stage compares the whole model and every
+call site with torch afterwards.
+
+The replacement, in the main graph: ``Expand(Unsqueeze(Cast(attention_mask, bool), [1, 2]),
+[1, 1, new, 1])``, five kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from hyperexport.library.passes.fuse_values import annotated
+from hyperexport.library.passes.ort_kernels import GQA_INPUTS, MS_DOMAIN
+from hyperexport.library.passes.share_kv_buffer import ATTENTION_MASK, INPUT_IDS, PAST_NAME
+
+log = logging.getLogger(__name__)
+
+_BIAS_SLOT = GQA_INPUTS.index("attention_bias")
+#: The main graph's position input (``KVStep``), fed by the probes as transformers makes it.
+POSITION_IDS = "position_ids"
+#: The longest probe's total length: windows narrower than this show in the probes.
+LONGEST = 65537
+#: Probe inputs: (new tokens, total length, left padding of each row).
+PROBES: tuple[tuple[int, int, tuple[int, ...]], ...] = (
+    (1, 1, (0,)),
+    (4, 4, (0,)),
+    (5, 5, (0, 2)),
+    (3, 9, (1, 0)),
+    (1, 7, (0, 3)),
+    (1, 4097, (0, 5)),
+    (1, LONGEST, (0,)),
+)
+#: The probes' inputs may hold at most this many bytes (a past or an embedding whose sizes
+#: the mask reads, fed as zeros).
+PROBE_BYTES = 1 << 29
+#: A constant the mask's subgraph reads may hold at most this many elements.
+CONSTANT_ELEMENTS = 1 << 20
+
+
+@dataclass(frozen=True)
+class MaskUse:
+    """A main-graph mask every reader of which is a fused causal attention, through calls.
+
+    Attributes:
+        value: The main-graph value.
+        calls: The call nodes that pass it (with the input positions).
+    """
+
+    value: ir.Value
+    calls: tuple[tuple[ir.Node, int], ...]
+
+
+class PaddingMaskPass(ir.passes.InPlacePass):
+    """Replace a causal-and-padding mask only fused causal attention reads by the padding mask."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        inputs = {v.name: v for v in graph.inputs}
+        mask, ids = inputs.get(ATTENTION_MASK), inputs.get(INPUT_IDS)
+        if mask is None or ids is None:
+            return ir.passes.PassResult(model, modified=False)
+        replaced = 0
+        for use in causal_only_masks(model):
+            differs = first_difference(model, use.value)
+            if differs is not None:
+                log.info("padding mask: kept the main graph's %r: %s", use.value.name, differs)
+                continue
+            padding = _padding_mask(graph, mask, ids, before=use.calls[0][0])
+            for node, position in use.calls:
+                node.replace_input_with(position, padding)
+            replaced += 1
+        if replaced:
+            log.info("padding mask: %d main-graph masks now the padding mask alone", replaced)
+        return ir.passes.PassResult(model, modified=bool(replaced))
+
+
+def causal_only_masks(model: ir.Model) -> list[MaskUse]:
+    """The main graph's node outputs that only function calls read, each at inputs the
+    function reads only through ``Shape`` and the ``Where`` of a ``GroupQueryAttention`` bias."""
+    safe = {
+        ident: {i for i, v in enumerate(f.inputs) if _causal_only(v)}
+        for ident, f in model.functions.items()
+    }
+    found = []
+    for node in model.graph:
+        for value in node.outputs:
+            uses = list(value.uses())
+            if not uses or value in model.graph.outputs:
+                continue
+            calls = []
+            for usage in uses:
+                ident = usage.node.op_identifier()
+                if ident not in safe or usage.idx not in safe[ident]:
+                    break
+                calls.append((usage.node, usage.idx))
+            else:
+                found.append(MaskUse(value, tuple(calls)))
+    return found
+
+
+def _causal_only(value: ir.Value) -> bool:
+    """Whether a function input is read only by ``Shape`` and by ``Where`` nodes (it the
+    condition) whose every use is a ``GroupQueryAttention``'s ``attention_bias``."""
+    uses = list(value.uses())
+    if not uses:
+        return False
+    for usage in uses:
+        node = usage.node
+        if _is_shape(node):
+            continue
+        if node.op_type != "Where" or node.domain not in ("", "ai.onnx") or usage.idx != 0:
+            return False
+        readers = list(node.outputs[0].uses())
+        if not any(_is_bias(u) for u in readers) or not all(
+            _is_bias(u) or _is_shape(u.node) for u in readers
+        ):
+            return False
+    return True
+
+
+def _is_shape(node: ir.Node) -> bool:
+    return node.op_type == "Shape" and node.domain in ("", "ai.onnx")
+
+
+def _is_bias(usage: ir.Usage) -> bool:
+    node = usage.node
+    return (
+        node.domain == MS_DOMAIN
+        and node.op_type == "GroupQueryAttention"
+        and usage.idx == _BIAS_SLOT
+    )
+
+
+# -- the probes ---------------------------------------------------------------------------------
+
+
+def first_difference(model: ir.Model, value: ir.Value) -> str | None:
+    """None when the main graph's ``value`` agrees with the padding mask on every position
+    causality allows, on every probe; else what differs (or why the probes cannot run)."""
+    try:
+        with annotated(model):
+            probe = _subgraph(model, value)
+    except _Unprobeable as e:
+        return str(e)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(
+        probe.model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for new, total, pads in PROBES:
+        feeds = probe.feeds(new, total, pads)
+        if feeds is None:
+            return f"the probe of {total} positions would need over {PROBE_BYTES} bytes of inputs"
+        [got] = session.run(None, feeds)
+        padding = _padding(total, pads)
+        if got.dtype != np.bool_ or got.shape != (len(pads), 1, new, total):
+            return f"it is {got.dtype} {got.shape}, not a boolean (batch, 1, new, total) mask"
+        allowed = np.arange(total)[None, :] <= (total - new + np.arange(new))[:, None]
+        expected = np.broadcast_to(padding[:, None, None, :], got.shape)
+        wrong = (got != expected) & allowed[None, None]
+        if wrong.any():
+            b, _, s, t = (int(i) for i in np.argwhere(wrong)[0])
+            return (
+                f"with {new} new tokens of {total}, left padding {list(pads)}, row {b} "
+                f"token {s} {'reads' if got[b, 0, s, t] else 'skips'} position {t}"
+            )
+    return None
+
+
+class _Unprobeable(Exception):
+    """The mask's subgraph reads what the probes cannot feed."""
+
+
+#: The sizes a probe gives each named dimension of the step's inputs, by (input, axis).
+_BATCH, _NEW, _TOTAL, _PAST = "batch", "new", "total", "past"
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """The mask's subgraph as a model, and how to feed it.
+
+    Attributes:
+        model: The subgraph, its inputs the graph inputs it reads and the values whose shape
+            alone it reads (``Shape`` of the embeddings, say), which the probes feed as zeros.
+        inputs: Each of the model's inputs: (name, dtype, dims), a dim a number or a size name
+            (:data:`_BATCH`, ...), or the name of a graph input the probes fill in.
+    """
+
+    model: onnx.ModelProto
+    inputs: tuple[tuple[str, np.dtype, tuple[int | str, ...] | None], ...]
+
+    def feeds(self, new: int, total: int, pads: tuple[int, ...]) -> dict[str, np.ndarray] | None:
+        """One probe's inputs: the mask left-padded, positions as transformers counts them,
+        and zeros of their sizes for the rest; None if they would exceed PROBE_BYTES."""
+        padding = _padding(total, pads)
+        sizes = {_BATCH: len(pads), _NEW: new, _TOTAL: total, _PAST: total - new}
+        feeds: dict[str, np.ndarray] = {}
+        size = 0
+        for name, dtype, dims in self.inputs:
+            if name == ATTENTION_MASK:
+                array = padding.astype(dtype)
+            elif name == POSITION_IDS:
+                counted = np.cumsum(padding, axis=1) - 1
+                array = np.where(padding, counted, 1)[:, total - new :].astype(dtype)
+            else:
+                assert dims is not None  # _subgraph
+                shape = tuple(sizes[d] if isinstance(d, str) else d for d in dims)
+                if int(np.prod(shape)) * dtype.itemsize + size > PROBE_BYTES:
+                    return None
+                array = np.zeros(shape, dtype)
+            size += array.nbytes
+            feeds[name] = array
+        return feeds
+
+
+def _size_names(graph: ir.Graph) -> dict[str, str]:
+    """The step inputs' named dimensions, as probe sizes: input_ids' (batch, new), the mask's
+    (batch, total), a past's batch and rows."""
+    axes = {
+        INPUT_IDS: (_BATCH, _NEW),
+        POSITION_IDS: (_BATCH, _NEW),
+        ATTENTION_MASK: (_BATCH, _TOTAL),
+    }
+    names: dict[str, str] = {}
+    for value in graph.inputs:
+        shape = value.shape
+        if shape is None:
+            continue
+        sizes = axes.get(value.name or "")
+        if sizes is None and PAST_NAME.match(value.name or "") and len(shape) == 4:
+            sizes = (_BATCH, "", _PAST, "")
+        for dim, size in zip(shape, sizes or ()):
+            if size and isinstance(dim, ir.SymbolicDim) and dim.value:
+                names.setdefault(dim.value, size)
+    return names
+
+
+def _dims(value: ir.Value, names: dict[str, str]) -> tuple[int | str, ...] | None:
+    """``value``'s shape as numbers and probe sizes; None where a dim is neither."""
+    if value.shape is None:
+        return None
+    dims: list[int | str] = []
+    for dim in value.shape:
+        if isinstance(dim, int):
+            dims.append(dim)
+        elif isinstance(dim, ir.SymbolicDim) and dim.value in names:
+            dims.append(names[dim.value])
+        else:
+            return None
+    return tuple(dims)
+
+
+def _ancestry(graph: ir.Graph, value: ir.Value) -> set[int]:
+    """The ids of the main-graph nodes ``value`` is computed from."""
+    found: set[int] = set()
+    stack = [value]
+    while stack:
+        producer = stack.pop().producer()
+        if producer is None or producer.graph is not graph or id(producer) in found:
+            continue
+        found.add(id(producer))
+        stack.extend(v for v in producer.inputs if v is not None)
+    return found
+
+
+def _subgraph(model: ir.Model, value: ir.Value) -> _Probe:
+    """The main-graph nodes ``value`` is computed from, as a model: cut at the graph inputs,
+    at small constants, and at values of known sizes that only ``Shape`` nodes read."""
+    graph = model.graph
+    names = _size_names(graph)
+    everything = _ancestry(graph, value)
+    nodes: list[ir.Node] = []
+    seen: set[int] = set()
+    inputs: dict[str, tuple[ir.Value, tuple[int | str, ...] | None]] = {}
+    constants: dict[str, ir.Value] = {}
+
+    def sized_only(read: ir.Value) -> tuple[int | str, ...] | None:
+        """``read``'s probe sizes, if only Shape nodes of the subgraph read it."""
+        dims = _dims(read, names)
+        if dims is None or read.dtype is None or read.is_initializer():
+            return None
+        readers = [u.node for u in read.uses() if id(u.node) in everything]
+        return dims if all(_is_shape(n) for n in readers) else None
+
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        name = current.name or ""
+        if not name:
+            raise _Unprobeable("it is computed from a value without a name")
+        if name in inputs or name in constants:
+            continue
+        dims = _dims(current, names) if current.is_graph_input() else sized_only(current)
+        if current.is_graph_input() or dims is not None:
+            if name not in (ATTENTION_MASK, POSITION_IDS) and dims is None:
+                raise _Unprobeable(f"it reads the input {name!r}, which the probes cannot size")
+            inputs[name] = (current, dims)
+            continue
+        if current.is_initializer():
+            tensor = current.const_value
+            if tensor is None or tensor.size > CONSTANT_ELEMENTS:
+                raise _Unprobeable(f"it reads the initializer {name!r}")
+            constants[name] = current
+            continue
+        producer = current.producer()
+        if producer is None or id(producer) in seen:
+            continue
+        if producer.graph is not graph or producer.domain not in ("", "ai.onnx"):
+            raise _Unprobeable(f"it is computed by {producer.op_type} of {producer.domain!r}")
+        seen.add(id(producer))
+        nodes.append(producer)
+        stack.extend(v for v in producer.inputs if v is not None)
+    order = {id(n): i for i, n in enumerate(graph)}
+    nodes.sort(key=lambda n: order[id(n)])
+    for read, _ in inputs.values():
+        if read.dtype is None:
+            raise _Unprobeable(f"it reads {read.name!r}, whose type is unknown")
+    proto = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [ir.serde.serialize_node(n) for n in nodes],
+            "padding_mask_probe",
+            [ir.serde.serialize_value(read) for read, _ in inputs.values()],
+            [onnx.helper.make_tensor_value_info(value.name, onnx.TensorProto.BOOL, None)],
+            [ir.serde.serialize_tensor(_loaded(v)) for v in constants.values()],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", model.opset_imports.get("", 18))],
+        ir_version=model.ir_version,
+    )
+    return _Probe(
+        proto,
+        tuple(
+            (name, read.dtype.numpy(), dims)  # type: ignore[union-attr]
+            for name, (read, dims) in inputs.items()
+        ),
+    )
+
+
+def _loaded(value: ir.Value) -> ir.TensorProtocol:
+    """A constant's tensor with its bytes in memory (a probe model has no external data)."""
+    tensor = value.const_value
+    assert tensor is not None  # _subgraph
+    return ir.tensor(tensor.numpy(), name=value.name)
+
+
+def _padding(total: int, pads: tuple[int, ...]) -> np.ndarray:
+    return np.arange(total)[None, :] >= np.asarray(pads)[:, None]
+
+
+# -- the replacement ----------------------------------------------------------------------------
+
+
+def _padding_mask(graph: ir.Graph, mask: ir.Value, ids: ir.Value, *, before: ir.Node) -> ir.Value:
+    """``Expand(Unsqueeze(Cast(mask, bool), [1, 2]), [1, 1, new, 1])`` before ``before``."""
+
+    def add(op: str, inputs: list[ir.Value], name: str, **attributes: object) -> ir.Value:
+        node = ir.node(op, inputs, attributes=attributes, name=f"padding_mask_{name}")  # type: ignore[arg-type]
+        graph.insert_before(before, node)
+        return node.outputs[0]
+
+    def ints(values: list[int], name: str) -> ir.Value:
+        return add("Constant", [], name, value_ints=values)
+
+    flags = add("Cast", [mask], "cast", to=ir.DataType.BOOL)
+    rows = add("Unsqueeze", [flags, ints([1, 2], "axes")], "unsqueeze")
+    new = add("Shape", [ids], "new", start=1, end=2)
+    shape = add("Concat", [ints([1, 1], "ones"), new, ints([1], "one")], "shape", axis=0)
+    return add("Expand", [rows, shape], "expand")
