@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -88,12 +89,14 @@ class PaddingMaskPass(ir.passes.InPlacePass):
         if mask is None or ids is None:
             return ir.passes.PassResult(model, modified=False)
         replaced = 0
+        padding: ir.Value | None = None  # one for every mask it replaces: they are all equal
         for use in causal_only_masks(model):
             differs = first_difference(model, use.value)
             if differs is not None:
                 log.info("padding mask: kept the main graph's %r: %s", use.value.name, differs)
                 continue
-            padding = _padding_mask(graph, mask, ids, before=use.calls[0][0])
+            if padding is None:
+                padding = _padding_mask(graph, mask, ids, before=use.calls[0][0])
             for node, position in use.calls:
                 node.replace_input_with(position, padding)
             replaced += 1
@@ -128,9 +131,10 @@ def causal_only_masks(model: ir.Model) -> list[MaskUse]:
 
 def _causal_only(value: ir.Value) -> bool:
     """Whether a function input is read only by ``Shape`` and by ``Where`` nodes (it the
-    condition) whose every use is a ``GroupQueryAttention``'s ``attention_bias``."""
+    condition) whose every use is a ``GroupQueryAttention``'s ``attention_bias``, and by one
+    such ``Where`` at least."""
     uses = list(value.uses())
-    if not uses:
+    if all(_is_shape(u.node) for u in uses):
         return False
     for usage in uses:
         node = usage.node
@@ -150,7 +154,8 @@ def _is_shape(node: ir.Node) -> bool:
     return node.op_type == "Shape" and node.domain in ("", "ai.onnx")
 
 
-def _is_bias(usage: ir.Usage) -> bool:
+def _is_bias(usage: Any) -> bool:
+    """A use (``Value.uses()``'s ``(node, idx)``) as a GroupQueryAttention's bias."""
     node = usage.node
     return (
         node.domain == MS_DOMAIN
@@ -244,7 +249,7 @@ class _Probe:
 def _size_names(graph: ir.Graph) -> dict[str, str]:
     """The step inputs' named dimensions, as probe sizes: input_ids' (batch, new), the mask's
     (batch, total), a past's batch and rows."""
-    axes = {
+    axes: dict[str, tuple[str, ...]] = {
         INPUT_IDS: (_BATCH, _NEW),
         POSITION_IDS: (_BATCH, _NEW),
         ATTENTION_MASK: (_BATCH, _TOTAL),
@@ -348,7 +353,7 @@ def _subgraph(model: ir.Model, value: ir.Value) -> _Probe:
             [ir.serde.serialize_node(n) for n in nodes],
             "padding_mask_probe",
             [ir.serde.serialize_value(read) for read, _ in inputs.values()],
-            [onnx.helper.make_tensor_value_info(value.name, onnx.TensorProto.BOOL, None)],
+            [onnx.helper.make_tensor_value_info(value.name or "", onnx.TensorProto.BOOL, None)],
             [ir.serde.serialize_tensor(_loaded(v)) for v in constants.values()],
         ),
         opset_imports=[onnx.helper.make_opsetid("", model.opset_imports.get("", 18))],
