@@ -34,7 +34,7 @@ NOT_OURS = {
 #: Runtime's kernel inputs.
 OTHERS_VOCABULARY = {
     *("", "bool", "bfloat16", "float16", "float32", "_target_", "cache_position"),
-    *("Add", "Cast", "Identity", "Mul"),  # ONNX op types
+    *("Add", "Cast", "Identity", "Mul", "ReduceMean", "Sqrt", "Where"),  # ONNX op types
     *("key", "value", "q_num_heads", "kv_num_heads"),  # ONNX Runtime's inputs, ONNX's attributes
 }
 
