@@ -8,12 +8,17 @@ from pathlib import Path
 import numpy as np
 
 from tests.helpers.builds import build_composed
-from tests.helpers.release_skips import NEEDS_DECODING_TASKS, NEEDS_HYPEREXPORT_ATTENTION
+from tests.helpers.release_skips import (
+    NEEDS_DECODING_TASKS,
+    NEEDS_GQA_QUERY_SEQLENS,
+    NEEDS_HYPEREXPORT_ATTENTION,
+)
 from tests.helpers.scripts import load_script
 
 
 @NEEDS_DECODING_TASKS
 @NEEDS_HYPEREXPORT_ATTENTION
+@NEEDS_GQA_QUERY_SEQLENS
 def test_a_shared_buffer_is_written_in_place_at_the_new_row(tmp_path: Path) -> None:
     outcome = build_composed(
         [

@@ -11,6 +11,7 @@ import importlib.util
 import pytest
 
 from hyperexport.base import versions
+from hyperexport.library.passes.ort_kernels import gqa_takes_query_seqlens
 
 #: For a test that exports on the TorchScript path at opset 18 or more because that is what it
 #: tests (attention promotion's floor, the fused rewrites): skipped where torch's TorchScript
@@ -58,6 +59,19 @@ NEEDS_MASKING_UTILS = pytest.mark.skipif(
     reason=(
         f"transformers {versions.transformers_version()} has no masking_utils "
         f"(transformers{versions.TRANSFORMERS_MASKING_UTILS})"
+    ),
+)
+
+
+#: For a test that builds a fused generation step (``rewrite.fuse: onnxruntime``: the trace's
+#: batched steps of several tokens over a past): skipped where ONNX Runtime's
+#: GroupQueryAttention takes no ``query_seqlens`` (the onnxruntime-floor leg), for which the
+#: rewrite refuses such a step, saying so (``tests/e2e/test_fusion.py`` checks the refusal).
+NEEDS_GQA_QUERY_SEQLENS = pytest.mark.skipif(
+    not gqa_takes_query_seqlens(),
+    reason=(
+        f"onnxruntime {versions.installed_version('onnxruntime')}'s GroupQueryAttention takes no "
+        "query_seqlens: a fused generation step is refused at rewrite"
     ),
 )
 

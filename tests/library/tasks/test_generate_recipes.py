@@ -21,7 +21,7 @@ from hyperexport.library.tasks.judge import MIN_DISTINCT
 from hyperexport.product.builds.session import run_build
 from hyperexport.product.config import RECIPES_DIR, compose_recipe
 from hyperexport.product.stages import PIPELINE, model_loader
-from tests.helpers.release_skips import NEEDS_DECODING_TASKS
+from tests.helpers.release_skips import NEEDS_DECODING_TASKS, NEEDS_GQA_QUERY_SEQLENS
 
 #: Each test builds or runs a decoding task.
 pytestmark = NEEDS_DECODING_TASKS
@@ -114,6 +114,7 @@ def test_generation_recipe_decodes_in_onnxruntime_genai_as_transformers(
 
 
 @pytest.mark.zoo
+@NEEDS_GQA_QUERY_SEQLENS
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("name", GENERATE)
 def test_generation_recipe_fused_for_onnxruntime_and_int4_decodes_as_transformers(
