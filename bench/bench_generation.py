@@ -250,15 +250,19 @@ def _one_thread_copy(folder: Path, target: Path) -> Path:
     return target
 
 
-def decode(folder: Path, prompt: list[int], tokens: int) -> tuple[float, float, list[int]]:
+def decode(
+    folder: Path, prompt: list[int], tokens: int, model: Any = None
+) -> tuple[float, float, list[int]]:
     """Tokens per second of one greedy decode in onnxruntime-genai (wall, CPU), and the tokens.
 
     The CPU figure is tokens over the process's CPU time (``time.process_time``, every thread)
-    during the decode: on a loaded machine other processes barely move it.
+    during the decode: on a loaded machine other processes barely move it. ``model``: the
+    folder's ``og.Model`` already loaded (a warm session, as a server decodes); by default a
+    fresh one, so the decode's first steps pay the new session's first runs.
     """
     import onnxruntime_genai as og
 
-    model = og.Model(str(folder))
+    model = model if model is not None else og.Model(str(folder))
     params = og.GeneratorParams(model)
     length = len(prompt) + tokens  # min_length too: every run decodes exactly ``tokens``
     params.set_search_options(max_length=length, min_length=length, do_sample=False)
@@ -270,6 +274,13 @@ def decode(folder: Path, prompt: list[int], tokens: int) -> tuple[float, float, 
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     sequence = [int(t) for t in generator.get_sequence(0)][len(prompt) :]
     return len(sequence) / seconds, len(sequence) / cpu, sequence
+
+
+def _loaded(folder: Path) -> Any:
+    """The folder's model in onnxruntime-genai, loaded once."""
+    import onnxruntime_genai as og
+
+    return og.Model(str(folder))
 
 
 def profile_kernels(folder: Path, prompt: list[int], tokens: int, out: Path) -> dict[str, Any]:
@@ -329,6 +340,12 @@ def main() -> None:
         help="also the hierarchical model with rewrite.fuse=onnxruntime",
     )
     parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="load each folder's model once and decode every round on it (a server's way); "
+        "by default every decode loads the model afresh and pays its first runs",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="after the timed rounds, one profiled decode per folder: kernels per step",
@@ -358,15 +375,19 @@ def main() -> None:
         rates: dict[str, list[float]] = {label: [] for label in folders}
         cpu_rates: dict[str, list[float]] = {label: [] for label in folders}
         seen: dict[str, list[int]] = {}
-        for folder in folders.values():
-            decode(folder, prompt, 4)  # warm-up (session creation paths)
+        models = {
+            label: _loaded(folder) if args.warm else None for label, folder in folders.items()
+        }
+        for label, folder in folders.items():
+            decode(folder, prompt, 4, models[label])  # warm-up (session creation paths)
         load.append(" ".join(f"{x:.2f}" for x in os.getloadavg()))
         for _ in range(args.repeat):
             for label, folder in folders.items():
-                rate, cpu_rate, sequence = decode(folder, prompt, args.tokens)
+                rate, cpu_rate, sequence = decode(folder, prompt, args.tokens, models[label])
                 rates[label].append(rate)
                 cpu_rates[label].append(cpu_rate)
                 seen[label] = sequence
+        models.clear()  # the sessions go before their folders do
         if "flat" in seen:
             assert seen["hierarchical"] == seen["flat"], "the two models decode differently"
         load.append(" ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -380,7 +401,7 @@ def main() -> None:
     shape = f"{args.ours}" if args.ours else f"layers {args.layers}, hidden {args.hidden}"
     print(
         f"{shape}, vocab {vocab}, prompt {args.prompt}, {args.tokens} tokens, 1 thread, median "
-        f"of {args.repeat}; load average (1/5/15 min) at start {load[0]}, before the decodes "
+        f"of {args.repeat}{', each model loaded once' if args.warm else ''}; load average (1/5/15 min) at start {load[0]}, before the decodes "
         f"{load[1]}, after {load[2]}:"
     )
     for label, value in med.items():
