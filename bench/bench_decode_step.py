@@ -49,7 +49,7 @@ class Step:
         shared = bool(config["search"].get("past_present_share_buffer"))
         heads, size = int(config["num_key_value_heads"]), int(config["head_size"])
         rng = np.random.default_rng(0)
-        self._buffers = []  # the OrtValues the binding points at
+        self.buffers = []  # the OrtValues the binding points at
         for i in self.session.get_inputs():
             if i.name == "input_ids":
                 self.binding.bind_cpu_input(i.name, np.array([[5]], np.int64))
@@ -61,7 +61,7 @@ class Step:
                 rows = max_length if shared else past
                 array = rng.standard_normal((1, heads, rows, size)).astype(np.float32)
                 value = ort.OrtValue.ortvalue_from_numpy(array)
-                self._buffers.append(value)
+                self.buffers.append(value)
                 self.binding.bind_ortvalue_input(i.name, value)
                 if shared:
                     present = i.name.replace("past_key_values", "present")

@@ -34,10 +34,10 @@ def test_a_shared_buffer_is_written_in_place_at_the_new_row(tmp_path: Path) -> N
     config = bench.decoder_config(outcome.out_dir)
     assert config["search"]["past_present_share_buffer"] is True
     step = bench.Step(outcome.out_dir, past=5, max_length=9)
-    before = [v.numpy().copy() for v in step._buffers]
+    before = [v.numpy().copy() for v in step.buffers]
     assert all(b.shape[2] == 9 for b in before)  # max_length rows, not the past's 5
     assert step.run(1) > 0
-    after = [v.numpy() for v in step._buffers]
+    after = [v.numpy() for v in step.buffers]
     for old, new in zip(before, after, strict=True):
         # the kernel wrote the new token's key/value at row 5 of the bound buffer, and
         # nothing else (no present of its own, no copy of the past)

@@ -133,15 +133,20 @@ def _heads(x: ir.Value | None, depth: int = 0) -> int | None:
         found = [_heads(v, depth + 1) for v in node.inputs]
         return next((h for h in found if h is not None), None)
     if node.op_type in _ELEMENTWISE and node.domain in ("", "ai.onnx"):
-        found = [
-            _heads(v, depth + 1) for v in node.inputs if v is not None and rank(v) in (4, None)
-        ]
-        known = [h for h in found if h is not None]
-        if known and (max(known) > 1 or len(known) == len(found)):
-            return max(known)  # broadcast: every other input has it or 1
-        return None
+        return _broadcast(
+            [_heads(v, depth + 1) for v in node.inputs if v is not None and rank(v) in (4, None)]
+        )
     if node.op_type == "Transpose":
         return _split_heads(node)
+    return None
+
+
+def _broadcast(found: list[int | None]) -> int | None:
+    """The head count of an elementwise op's output from its inputs' (None: unknown): every
+    input has it or 1, so the largest known one, when one above 1 is known or all are."""
+    known = [h for h in found if h is not None]
+    if known and (max(known) > 1 or len(known) == len(found)):
+        return max(known)
     return None
 
 
@@ -163,15 +168,10 @@ def _heads_at_2(split: ir.Value | None, depth: int = 0) -> int | None:
     if heads is not None or node is None or node.domain not in ("", "ai.onnx"):
         return heads
     if node.op_type in _ELEMENTWISE | _NORM_STEPS or _reduces_last_axis(node):
-        found = [
-            _heads_at_2(v, depth + 1)
-            for v in node.inputs[: 1 if node.op_type.startswith("Reduce") else None]
-            if v is not None and rank(v) in (4, None)
-        ]
-        known = [h for h in found if h is not None]
-        if known and (max(known) > 1 or len(known) == len(found)):
-            return max(known)
-        return None
+        read = node.inputs[: 1 if node.op_type.startswith("Reduce") else None]
+        return _broadcast(
+            [_heads_at_2(v, depth + 1) for v in read if v is not None and rank(v) in (4, None)]
+        )
     if node.op_type != "Reshape" or split.shape is None or rank(split) != 4:
         return None
     joined = node.inputs[0]

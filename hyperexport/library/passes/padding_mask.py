@@ -4,7 +4,7 @@ reads it (``rewrite.fuse: onnxruntime``, a generation step).
 transformers builds each step's 4-D boolean mask, ``(batch, 1, new, total)``, from the 2-D
 ``attention_mask``: causal and padding, with the past's offset. Exported, that is some forty
 kernels of ranges, comparisons and reshapes in the main graph, run once per decode step; at
-8 layers and hidden 256 they cost about 5% of an int4 step in ONNX Runtime (issue 35, measured in
+8 layers and hidden 256 they cost about 4% of an int4 step in ONNX Runtime (issue 35, measured in
 ``bench/README.md``). After the fusion, each layer function reads the mask only where that
 cannot matter for the causal part:
 
@@ -88,10 +88,13 @@ class PaddingMaskPass(ir.passes.InPlacePass):
         mask, ids = inputs.get(ATTENTION_MASK), inputs.get(INPUT_IDS)
         if mask is None or ids is None:
             return ir.passes.PassResult(model, modified=False)
+        with annotated(model):  # one shape inference for every mask's probes
+            verdicts = [
+                (use, _first_difference(model, use.value)) for use in causal_only_masks(model)
+            ]
         replaced = 0
         padding: ir.Value | None = None  # one for every mask it replaces: they are all equal
-        for use in causal_only_masks(model):
-            differs = first_difference(model, use.value)
+        for use, differs in verdicts:
             if differs is not None:
                 log.info("padding mask: kept the main graph's %r: %s", use.value.name, differs)
                 continue
@@ -170,9 +173,14 @@ def _is_bias(usage: Any) -> bool:
 def first_difference(model: ir.Model, value: ir.Value) -> str | None:
     """None when the main graph's ``value`` agrees with the padding mask on every position
     causality allows, on every probe; else what differs (or why the probes cannot run)."""
+    with annotated(model):
+        return _first_difference(model, value)
+
+
+def _first_difference(model: ir.Model, value: ir.Value) -> str | None:
+    """:func:`first_difference`, the model's shapes inferred (``annotated``) by the caller."""
     try:
-        with annotated(model):
-            probe = _subgraph(model, value)
+        probe = _subgraph(model, value)
     except _Unprobeable as e:
         return str(e)
     import onnxruntime as ort
