@@ -123,6 +123,13 @@ def _padding_mask(inputs: PassInputs) -> ir.passes.PassBase:
     return PaddingMaskPass()
 
 
+def _rotary_in_attention(inputs: PassInputs) -> ir.passes.PassBase:
+    # Each step's rotation inside its GroupQueryAttention, on the packed projection.
+    from hyperexport.library.passes.rotary_in_attention import RotaryInAttentionPass
+
+    return RotaryInAttentionPass()
+
+
 #: The pipeline, in order.
 PASSES: tuple[PassEntry, ...] = (
     PassEntry(
@@ -174,6 +181,11 @@ PASSES: tuple[PassEntry, ...] = (
         "padding_mask",
         lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
         _padding_mask,
+    ),
+    PassEntry(
+        "rotary_in_attention",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _rotary_in_attention,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),

@@ -1,0 +1,285 @@
+"""Each generation step's rotary embedding inside its ``GroupQueryAttention`` (``do_rotary``),
+with the packed projection as the kernel's query, as onnxruntime-genai's builder runs a layer
+(``rewrite.fuse: onnxruntime``).
+
+After the fusion a decoder layer's step reads, for its attention:
+
+    qkv = MatMul(x, packed weights); q, k, v = Split(qkv)
+    GroupQueryAttention(RotaryEmbedding(q, positions, cos, sin),
+                        RotaryEmbedding(k, positions, cos, sin), v, past..., query_seqlens)
+
+and becomes one kernel on ``qkv``: ``GroupQueryAttention(qkv, -, -, past..., cos, sin,
+positions, ..., query_seqlens, do_rotary=1)``, three kernels fewer per layer (4% of an int4 step
+at 8 layers and hidden 256, ``bench/README.md``).
+
+Why that computes the same: ``cos``/``sin`` are the per-token rows ``fuse_rotary`` made
+(``batch * seq`` rows, ``positions`` numbering them), and with ``query_seqlens`` the kernel
+rotates every token, the first prompt's too, by the row ``position_ids`` names (without
+``query_seqlens`` a first prompt is rotated by its token's index, which is not transformers'
+position in a left-padded row). The kernel wants at least ``total_sequence_length`` rows in its
+tables, so they are padded with zero rows that no position names. Whether the installed ONNX
+Runtime rotates so is asked once (:func:`ort_kernels.gqa_rotates_by_position_ids`), not
+assumed; the check stage compares every call site with torch afterwards, the left-padded
+batch included.
+
+What is left as it was, at DEBUG: a query or key that is no ``RotaryEmbedding`` output (partial
+rotary concatenates the unrotated part back), two rotations that differ in positions, tables
+or attributes, and an attention without ``query_seqlens`` (no generation step). The projection
+is passed packed only where its ``Split`` feeds nothing else than the kernel (and ``Shape`` of
+batch and sequence, which the packed tensor has too).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+from hyperexport.library.passes.fuse_values import constant_array, static_dim
+from hyperexport.library.passes.ort_kernels import (
+    GQA_INPUTS,
+    MS_DOMAIN,
+    gqa_rotates_by_position_ids,
+)
+from hyperexport.library.tensor_slots import attribute_tensor
+
+log = logging.getLogger(__name__)
+
+_QUERY, _KEY, _VALUE = 0, 1, 2
+_TOTAL = GQA_INPUTS.index("total_sequence_length")
+_COS = GQA_INPUTS.index("cos_cache")
+_SIN = GQA_INPUTS.index("sin_cache")
+_POSITIONS = GQA_INPUTS.index("position_ids")
+_QUERY_SEQLENS = GQA_INPUTS.index("query_seqlens")
+#: RotaryEmbedding's attributes the kernel's own rotation has too, with their defaults.
+_ROTARY_DEFAULTS = {"interleaved": 0, "rotary_embedding_dim": 0, "is_packed_batching": 0}
+#: The kernel rotates heads whose size is a multiple of this only (ONNX Runtime's CPU kernel).
+_HEAD_MULTIPLE = 16
+#: How deep two rotations' inputs are compared (fuse_rotary's tables are a few nodes deep).
+_DEPTH = 12
+
+
+def fold_rotary(owner: ir.Graph | ir.Function, attention: ir.Node) -> bool:
+    """Fold the rotations of ``attention``'s query and key into it (module docstring); False
+    where it does not apply, with the reason at DEBUG."""
+    inputs = list(attention.inputs)
+    where = f"{owner.name}: {attention.name}"
+    if len(inputs) <= _QUERY_SEQLENS or inputs[_QUERY_SEQLENS] is None:
+        log.debug("rotary in attention: %s has no query_seqlens", where)
+        return False
+    if any(v is not None for v in inputs[_COS : _POSITIONS + 1]):
+        log.debug("rotary in attention: %s rotates already", where)
+        return False
+    query, key = (_rotation(inputs[i]) for i in (_QUERY, _KEY))
+    if query is None or key is None:
+        log.debug("rotary in attention: %s: its query or key is no rotation of its own", where)
+        return False
+    if not (_same_attributes(query, key) and _default_attributes(query)):
+        log.debug("rotary in attention: %s: its rotations' attributes differ", where)
+        return False
+    if not all(_same(a, b, _DEPTH) for a, b in zip(query.inputs[1:], key.inputs[1:], strict=True)):
+        log.debug("rotary in attention: %s: its query and key are rotated differently", where)
+        return False
+    positions, cos, sin = query.inputs[1:4]
+    assert positions is not None and cos is not None and sin is not None
+    half = _table_width(cos)
+    if half is None or (2 * half) % _HEAD_MULTIPLE:
+        log.debug(
+            "rotary in attention: %s: head size %s, not a multiple of %d",
+            where,
+            None if half is None else 2 * half,
+            _HEAD_MULTIPLE,
+        )
+        return False
+    total = inputs[_TOTAL]
+    assert total is not None
+    cos_cache, sin_cache = _padded_tables(owner, attention, cos, sin, total)
+    attention.replace_input_with(_QUERY, query.inputs[0])
+    attention.replace_input_with(_KEY, key.inputs[0])
+    attention.replace_input_with(_COS, cos_cache)
+    attention.replace_input_with(_SIN, sin_cache)
+    attention.replace_input_with(_POSITIONS, positions)
+    attention.attributes["do_rotary"] = ir.AttrInt64("do_rotary", 1)
+    interleaved = query.attributes.get_int("interleaved", 0)
+    attention.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", interleaved)
+    owner.remove([query, key], safe=True)
+    _pack(owner, attention)
+    return True
+
+
+def _rotation(value: ir.Value | None) -> ir.Node | None:
+    """The ``com.microsoft.RotaryEmbedding`` that gives ``value`` and nothing else reads."""
+    node = value.producer() if value is not None else None
+    if node is None or node.domain != MS_DOMAIN or node.op_type != "RotaryEmbedding":
+        return None
+    if len(node.inputs) != 4 or any(v is None for v in node.inputs):
+        return None
+    assert value is not None
+    return node if len(value.uses()) == 1 else None
+
+
+def _table_width(table: ir.Value) -> int | None:
+    """The rotation tables' width (half the head size): a static dim, or the constant width of
+    the ``Reshape(..., [-1, width])`` fuse_rotary wrote."""
+    width = static_dim(table, -1)
+    if width is not None:
+        return width
+    node = table.producer()
+    if node is None or node.op_type != "Reshape" or len(node.inputs) < 2:
+        return None
+    shape = constant_array(node.inputs[1])
+    return int(shape[-1]) if shape is not None and shape.ndim == 1 and shape[-1] > 0 else None
+
+
+def _default_attributes(node: ir.Node) -> bool:
+    """Full-width, unpacked, unscaled rotation: what the attention kernel's rotation does."""
+    if any(
+        node.attributes.get_int(k, v) != v
+        for k, v in _ROTARY_DEFAULTS.items()
+        if k != "interleaved"
+    ):
+        return False
+    return node.attributes.get_float("scale", 1.0) == 1.0
+
+
+def _same_attributes(a: ir.Node, b: ir.Node) -> bool:
+    if set(a.attributes) - {"num_heads"} != set(b.attributes) - {"num_heads"}:
+        return False
+    return all(
+        _equal_attribute(a.attributes[k], b.attributes[k]) for k in a.attributes if k != "num_heads"
+    )
+
+
+def _equal_attribute(a: ir.Attr, b: ir.Attr) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type == ir.AttributeType.TENSOR:
+        x, y = attribute_tensor(a), attribute_tensor(b)
+        return x.dtype == y.dtype and np.array_equal(x, y)
+    return bool(a.value == b.value)
+
+
+def _same(a: ir.Value | None, b: ir.Value | None, depth: int) -> bool:
+    """Whether ``a`` and ``b`` are the same value, or the same ops compute them from the same
+    values (the rules wrote one table chain per rotation)."""
+    if a is b:
+        return True
+    if a is None or b is None or depth == 0:
+        return False
+    x, y = a.producer(), b.producer()
+    if x is None or y is None or a.index() != b.index():
+        return False
+    if (x.domain, x.op_type, x.overload) != (y.domain, y.op_type, y.overload):
+        return False
+    if len(x.inputs) != len(y.inputs) or set(x.attributes) != set(y.attributes):
+        return False
+    if not all(_equal_attribute(x.attributes[k], y.attributes[k]) for k in x.attributes):
+        return False
+    return all(_same(i, j, depth - 1) for i, j in zip(x.inputs, y.inputs, strict=True))
+
+
+def _add(
+    owner: ir.Graph | ir.Function,
+    before: ir.Node,
+    op_type: str,
+    inputs: list[ir.Value],
+    name: str,
+    **attributes: int,
+) -> ir.Value:
+    node = ir.Node(
+        "",
+        op_type,
+        inputs,
+        [ir.AttrInt64(k, v) for k, v in attributes.items()],
+        name=f"{before.name}_rotary_{name}",
+    )
+    owner.insert_before(before, node)
+    return node.outputs[0]
+
+
+def _ints(owner: ir.Graph | ir.Function, before: ir.Node, values: list[int], name: str) -> ir.Value:
+    node = ir.Node(
+        "",
+        "Constant",
+        [],
+        [ir.AttrTensor("value", ir.tensor(np.asarray(values, dtype=np.int64), name=name))],
+        name=f"{before.name}_rotary_{name}",
+    )
+    owner.insert_before(before, node)
+    return node.outputs[0]
+
+
+def _padded_tables(
+    owner: ir.Graph | ir.Function, before: ir.Node, cos: ir.Value, sin: ir.Value, total: ir.Value
+) -> tuple[ir.Value, ir.Value]:
+    """``cos`` and ``sin`` with zero rows after them up to ``total`` rows (the kernel's minimum)."""
+    rows = _add(owner, before, "Shape", [cos], "rows", start=0, end=1)
+    wanted = _add(owner, before, "Cast", [total], "total", to=int(ir.DataType.INT64))
+    zero = _ints(owner, before, [0], "zero")
+    short = _add(owner, before, "Sub", [wanted, rows], "short")
+    extra = _add(owner, before, "Max", [short, zero], "extra")
+    pads = _add(owner, before, "Concat", [zero, zero, extra, zero], "pads", axis=0)
+    return (
+        _add(owner, before, "Pad", [cos, pads], "cos_cache"),
+        _add(owner, before, "Pad", [sin, pads], "sin_cache"),
+    )
+
+
+def _pack(owner: ir.Graph | ir.Function, attention: ir.Node) -> None:
+    """Pass ``Split(qkv)``'s three parts as ``qkv`` itself where nothing else needs them."""
+    parts = attention.inputs[:3]
+    split = parts[0].producer() if parts[0] is not None else None
+    if split is None or split.op_type != "Split" or split.domain not in ("", "ai.onnx"):
+        return
+    if list(split.outputs) != list(parts) or split.attributes.get_int("axis", 0) not in (-1, 2):
+        return
+    packed = split.inputs[0]
+    assert packed is not None
+    others = [u.node for part in parts for u in part.uses() if u.node is not attention]  # type: ignore[union-attr]
+    if not all(_batch_or_sequence_shape(n) for n in others):
+        return
+    for node in others:
+        node.replace_input_with(0, packed)
+    attention.replace_input_with(_QUERY, packed)
+    attention.replace_input_with(_KEY, None)
+    attention.replace_input_with(_VALUE, None)
+    owner.remove(split, safe=True)
+
+
+def _batch_or_sequence_shape(node: ir.Node) -> bool:
+    """A ``Shape`` reading dims among 0 and 1 only (the packed projection has them too)."""
+    if node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
+        return False
+    start, end = node.attributes.get_int("start", 0), node.attributes.get_int("end", 0)
+    return 0 <= start < end <= 2 if "end" in node.attributes else False
+
+
+class RotaryInAttentionPass(ir.passes.InPlacePass):
+    """:func:`fold_rotary` on every ``GroupQueryAttention`` of the model and its functions."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        owners: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+        attentions = [
+            (owner, node)
+            for owner in owners
+            for node in owner
+            if node.domain == MS_DOMAIN and node.op_type == "GroupQueryAttention"
+        ]
+        if not attentions:
+            return ir.passes.PassResult(model, modified=False)
+        # Nodes the earlier passes left unused may still read a Split's parts: gone first.
+        cleaned = RemoveUnusedNodesPass()(model).modified
+        if not gqa_rotates_by_position_ids():
+            log.info(
+                "rotary in attention: this ONNX Runtime's GroupQueryAttention does not rotate "
+                "by position_ids; the rotations stay RotaryEmbedding kernels"
+            )
+            return ir.passes.PassResult(model, modified=cleaned)
+        folded = sum(fold_rotary(owner, node) for owner, node in attentions)
+        if folded:
+            log.info(
+                "rotary in attention: %d of %d attentions rotate inside", folded, len(attentions)
+            )
+        return ir.passes.PassResult(model, modified=bool(folded) or cleaned)
