@@ -168,6 +168,16 @@ def test_fusion_validates() -> None:
     assert validate_recipe(fused, "/somewhere/ok.yaml").data["rewrite"]["fuse"] == "onnxruntime"
 
 
+@NEEDS_HYPEREXPORT_ATTENTION
+def test_an_attention_implementation_without_a_fusion_is_refused() -> None:
+    """The exported attention node is hyperexport's own: without rewrite.fuse no runtime could
+    run it, and the build would fail at evaluate or check after the export."""
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(_with("attention", {"implementation": "hyperexport"}), "/x/bad.yaml")
+    assert info.value.field == "attention.implementation"
+    assert "set rewrite.fuse" in info.value.reason
+
+
 @NEEDS_OPSET_18  # rewrite.fuse: standard needs an export opset of 18 or more
 def test_fusion_without_an_attention_implementation_warns(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING"):

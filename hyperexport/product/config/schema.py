@@ -469,7 +469,8 @@ class CheckSpec(Section):
 class AttentionSpec(Section):
     """``implementation``: the transformers attention entry to export with (``hyperexport``
     exports each attention call as one node, which ``rewrite.fuse`` turns into ONNX
-    ``Attention`` or ONNX Runtime's attention kernels)."""
+    ``Attention`` or ONNX Runtime's attention kernels; without ``rewrite.fuse`` no runtime runs
+    it, and the recipe is refused)."""
 
     implementation: str | None = option(
         _library(AttentionOptions, "implementation"),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hyperexport.base.contracts.names import (
+    ATTENTION_DOMAIN,
     CHECKPOINT_SUFFIXES,
     FUNCTION_DOMAIN,
     NO_FUSION,
@@ -366,9 +367,17 @@ def _check_semantics(check: _Checker, r: RecipeConfig) -> None:
             check.fail("hiera", "at least one class is required")
         for i, path in enumerate(r.hiera):
             _check_import(check, f"hiera[{i}]", path)
+    fuse = r.rewrite.fuse
     if r.attention.implementation is not None and (missing := attention_registration_missing()):
         check.fail("attention.implementation", missing)
-    fuse = r.rewrite.fuse
+    elif r.attention.implementation is not None and fuse == NO_FUSION:
+        check.fail(
+            "attention.implementation",
+            f"{r.attention.implementation}: each attention call exports as one "
+            f"{ATTENTION_DOMAIN}::Attention node, which no runtime runs until rewrite.fuse "
+            "(standard: ONNX Attention; onnxruntime: ONNX Runtime's kernels) replaces it; set "
+            "rewrite.fuse, or leave attention.implementation unset",
+        )
     if fuse != NO_FUSION and r.attention.implementation is None:
         log.warning(
             "%s: rewrite.fuse=%s leaves attention unfused: it fuses attention exported as one "
