@@ -17,7 +17,9 @@ Why that computes the same: ``cos``/``sin`` are the per-token rows ``fuse_rotary
 rotates every token, the first prompt's too, by the row ``position_ids`` names (without
 ``query_seqlens`` a first prompt is rotated by its token's index, which is not transformers'
 position in a left-padded row). The kernel wants at least ``total_sequence_length`` rows in its
-tables, so they are padded with zero rows that no position names. Whether the installed ONNX
+tables, so they are padded with zero rows that no position names: a decode step writes
+``2 * total * head / 2`` floats more, against the ``2 * layers * kv_heads * total * head`` of
+the cache the attention reads in the same step. Whether the installed ONNX
 Runtime rotates so is asked once (:func:`ort_kernels.gqa_rotates_by_position_ids`), not
 assumed; the check stage compares every call site with torch afterwards, the left-padded
 batch included.
