@@ -173,6 +173,11 @@ PASSES: tuple[PassEntry, ...] = (
         _share_kv_buffer,
     ),
     PassEntry(
+        "rotary_in_attention",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _rotary_in_attention,
+    ),
+    PassEntry(
         "shared_sizes",
         lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
         _shared_sizes,
@@ -181,11 +186,6 @@ PASSES: tuple[PassEntry, ...] = (
         "padding_mask",
         lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
         _padding_mask,
-    ),
-    PassEntry(
-        "rotary_in_attention",
-        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
-        _rotary_in_attention,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),

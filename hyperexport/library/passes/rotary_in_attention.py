@@ -34,10 +34,11 @@ batch and sequence, which the packed tensor has too).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass
+from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 from hyperexport.library.passes.fuse_values import constant_array, static_dim
 from hyperexport.library.passes.ort_kernels import (
@@ -65,7 +66,8 @@ _DEPTH = 12
 
 def fold_rotary(owner: ir.Graph | ir.Function, attention: ir.Node) -> bool:
     """Fold the rotations of ``attention``'s query and key into it (module docstring); False
-    where it does not apply, with the reason at DEBUG."""
+    where it does not apply, with the reason at DEBUG. The rotations are left unused (the
+    pass removes them, then packs the projection: :func:`pack_projection`)."""
     inputs = list(attention.inputs)
     where = f"{owner.name}: {attention.name}"
     if len(inputs) <= _QUERY_SEQLENS or inputs[_QUERY_SEQLENS] is None:
@@ -74,10 +76,11 @@ def fold_rotary(owner: ir.Graph | ir.Function, attention: ir.Node) -> bool:
     if any(v is not None for v in inputs[_COS : _POSITIONS + 1]):
         log.debug("rotary in attention: %s rotates already", where)
         return False
-    query, key = (_rotation(inputs[i]) for i in (_QUERY, _KEY))
-    if query is None or key is None:
+    found = [_rotation(inputs[i]) for i in (_QUERY, _KEY)]
+    if found[0] is None or found[1] is None:
         log.debug("rotary in attention: %s: its query or key is no rotation of its own", where)
         return False
+    (query, query_source), (key, key_source) = found[0], found[1]
     if not (_same_attributes(query, key) and _default_attributes(query)):
         log.debug("rotary in attention: %s: its rotations' attributes differ", where)
         return False
@@ -98,28 +101,125 @@ def fold_rotary(owner: ir.Graph | ir.Function, attention: ir.Node) -> bool:
     total = inputs[_TOTAL]
     assert total is not None
     cos_cache, sin_cache = _padded_tables(owner, attention, cos, sin, total)
-    attention.replace_input_with(_QUERY, query.inputs[0])
-    attention.replace_input_with(_KEY, key.inputs[0])
+    for rotation in (query, key):
+        _read_shapes_before(rotation)
+    for slot, source, role in ((_QUERY, query_source, "query"), (_KEY, key_source, "key")):
+        rotated = _input(attention, slot)
+        unrotated = source.value(owner, attention, role)
+        for usage in list(rotated.uses()):  # the attention, and shape or type readers
+            usage.node.replace_input_with(usage.idx, unrotated)
     attention.replace_input_with(_COS, cos_cache)
     attention.replace_input_with(_SIN, sin_cache)
     attention.replace_input_with(_POSITIONS, positions)
     attention.attributes["do_rotary"] = ir.AttrInt64("do_rotary", 1)
     interleaved = query.attributes.get_int("interleaved", 0)
     attention.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", interleaved)
-    owner.remove([query, key], safe=True)
-    _pack(owner, attention)
     return True
 
 
-def _rotation(value: ir.Value | None) -> ir.Node | None:
-    """The ``com.microsoft.RotaryEmbedding`` that gives ``value`` and nothing else reads."""
-    node = value.producer() if value is not None else None
-    if node is None or node.domain != MS_DOMAIN or node.op_type != "RotaryEmbedding":
+@dataclass(frozen=True)
+class _Unrotated:
+    """What the attention takes in place of a rotation's output: the rotation's own input, or,
+    for a rotation of heads first (``Reshape(Transpose(RotaryEmbedding(Transpose(x))))``, as
+    after Qwen3's per-head norm), ``x`` (``(batch, seq, heads, head)``) reshaped as the output
+    was."""
+
+    source: ir.Value
+    shape: ir.Value | None = None
+
+    def value(self, owner: ir.Graph | ir.Function, before: ir.Node, role: str) -> ir.Value:
+        if self.shape is None:
+            return self.source
+        return _add(owner, before, "Reshape", [self.source, self.shape], f"{role}_heads")
+
+
+#: Transpose's permutation between ``(batch, seq, heads, head)`` and ``(batch, heads, seq, head)``.
+_SWAP_HEADS = [0, 2, 1, 3]
+
+
+def _rotation(value: ir.Value | None) -> tuple[ir.Node, _Unrotated] | None:
+    """The ``com.microsoft.RotaryEmbedding`` that gives ``value`` (directly, or its heads
+    swapped back and merged), with what the attention takes unrotated; None where anything
+    but ``Shape`` or ``CastLike``'s type input reads ``value`` or the rotation besides the
+    attention (a rotation keeps its input's shape and type: those read the unrotated value
+    instead) or anything reads the steps between them."""
+    if value is None or any(
+        not _reads_shape_or_type(u.node, u.idx)
+        for u in value.uses()
+        if u.node.op_type != "GroupQueryAttention"
+    ):
         return None
-    if len(node.inputs) != 4 or any(v is None for v in node.inputs):
+    node = value.producer()
+    if node is None:
         return None
+    if _is_rotation(node):
+        return node, _Unrotated(_input(node, 0))
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        return None
+    back = _only_use_producer(node.inputs[0])
+    if not _swaps_heads(back):
+        return None
+    assert back is not None
+    rotation = back.inputs[0].producer() if back.inputs[0] is not None else None
+    if rotation is None or not _is_rotation(rotation) or _other_readers(rotation, back):
+        return None
+    forth = _input(rotation, 0).producer()
+    if not _swaps_heads(forth):
+        return None
+    assert forth is not None
+    return rotation, _Unrotated(_input(forth, 0), _input(node, 1))
+
+
+def _other_readers(rotation: ir.Node, reader: ir.Node) -> bool:
+    """Whether anything but ``reader`` and shape or type readers reads ``rotation``'s output."""
+    return any(
+        u.node is not reader and not _reads_shape_or_type(u.node, u.idx)
+        for u in rotation.outputs[0].uses()
+    )
+
+
+def _read_shapes_before(rotation: ir.Node) -> None:
+    """Point every shape or type reader of ``rotation``'s output at its input (the same shape
+    and type)."""
+    for usage in list(rotation.outputs[0].uses()):
+        if _reads_shape_or_type(usage.node, usage.idx):
+            usage.node.replace_input_with(usage.idx, _input(rotation, 0))
+
+
+def _reads_shape_or_type(node: ir.Node, index: int) -> bool:
+    """A ``Shape``, or ``CastLike``'s type input: what a rotation's input gives alike."""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    return node.op_type == "Shape" or (node.op_type == "CastLike" and index == 1)
+
+
+def _input(node: ir.Node, index: int) -> ir.Value:
+    value = node.inputs[index]
     assert value is not None
-    return node if len(value.uses()) == 1 else None
+    return value
+
+
+def _only_use_producer(value: ir.Value | None) -> ir.Node | None:
+    """``value``'s producer when ``value`` has exactly one use."""
+    if value is None or len(value.uses()) != 1:
+        return None
+    return value.producer()
+
+
+def _is_rotation(node: ir.Node) -> bool:
+    return (
+        node.domain == MS_DOMAIN
+        and node.op_type == "RotaryEmbedding"
+        and len(node.inputs) == 4
+        and all(v is not None for v in node.inputs)
+    )
+
+
+def _swaps_heads(node: ir.Node | None) -> bool:
+    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return False
+    perm = node.attributes.get("perm")
+    return perm is not None and list(perm.as_ints()) == _SWAP_HEADS
 
 
 def _table_width(table: ir.Value) -> int | None:
@@ -195,10 +295,15 @@ def _add(
         op_type,
         inputs,
         [ir.AttrInt64(k, v) for k, v in attributes.items()],
-        name=f"{before.name}_rotary_{name}",
+        name=f"{_stem(before)}_rotary_{name}",
     )
     owner.insert_before(before, node)
     return node.outputs[0]
+
+
+def _stem(attention: ir.Node) -> str:
+    """A prefix unique in the attention's graph or function: its name, or its output's."""
+    return attention.name or attention.outputs[0].name or "attention"
 
 
 def _ints(owner: ir.Graph | ir.Function, before: ir.Node, values: list[int], name: str) -> ir.Value:
@@ -207,7 +312,7 @@ def _ints(owner: ir.Graph | ir.Function, before: ir.Node, values: list[int], nam
         "Constant",
         [],
         [ir.AttrTensor("value", ir.tensor(np.asarray(values, dtype=np.int64), name=name))],
-        name=f"{before.name}_rotary_{name}",
+        name=f"{_stem(before)}_rotary_{name}",
     )
     owner.insert_before(before, node)
     return node.outputs[0]
@@ -229,7 +334,7 @@ def _padded_tables(
     )
 
 
-def _pack(owner: ir.Graph | ir.Function, attention: ir.Node) -> None:
+def pack_projection(owner: ir.Graph | ir.Function, attention: ir.Node) -> None:
     """Pass ``Split(qkv)``'s three parts as ``qkv`` itself where nothing else needs them."""
     parts = attention.inputs[:3]
     split = parts[0].producer() if parts[0] is not None else None
@@ -239,23 +344,45 @@ def _pack(owner: ir.Graph | ir.Function, attention: ir.Node) -> None:
         return
     packed = split.inputs[0]
     assert packed is not None
-    others = [u.node for part in parts for u in part.uses() if u.node is not attention]  # type: ignore[union-attr]
-    if not all(_batch_or_sequence_shape(n) for n in others):
+    others = [
+        (u.node, u.idx)
+        for part in parts
+        if part is not None
+        for u in part.uses()
+        if u.node is not attention
+    ]
+    if not all(_reads_batch_sequence_or_type(node, index) for node, index in others):
         return
-    for node in others:
-        node.replace_input_with(0, packed)
+    for node, index in others:
+        node.replace_input_with(index, packed)
     attention.replace_input_with(_QUERY, packed)
     attention.replace_input_with(_KEY, None)
     attention.replace_input_with(_VALUE, None)
     owner.remove(split, safe=True)
 
 
-def _batch_or_sequence_shape(node: ir.Node) -> bool:
-    """A ``Shape`` reading dims among 0 and 1 only (the packed projection has them too)."""
-    if node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
+def _reads_batch_sequence_or_type(node: ir.Node, index: int) -> bool:
+    """What the packed projection gives alike: ``CastLike``'s type input, or a ``Shape`` read
+    at dims 0 and 1 only (by its start and end, or by every ``Gather`` of it)."""
+    if node.domain not in ("", "ai.onnx"):
         return False
-    start, end = node.attributes.get_int("start", 0), node.attributes.get_int("end", 0)
-    return 0 <= start < end <= 2 if "end" in node.attributes else False
+    if node.op_type == "CastLike":
+        return index == 1
+    if node.op_type != "Shape":
+        return False
+    if "end" in node.attributes:
+        start, end = node.attributes.get_int("start", 0), node.attributes.get_int("end", 0)
+        return 0 <= start < end <= 2
+    if node.attributes.get_int("start", 0) != 0:
+        return False
+    return all(_gathers_batch_or_sequence(u.node, u.idx) for u in node.outputs[0].uses())
+
+
+def _gathers_batch_or_sequence(node: ir.Node, index: int) -> bool:
+    if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or index != 0:
+        return False
+    at = constant_array(node.inputs[1])
+    return at is not None and node.attributes.get_int("axis", 0) == 0 and set(at.ravel()) <= {0, 1}
 
 
 class RotaryInAttentionPass(ir.passes.InPlacePass):
@@ -279,7 +406,14 @@ class RotaryInAttentionPass(ir.passes.InPlacePass):
                 "by position_ids; the rotations stay RotaryEmbedding kernels"
             )
             return ir.passes.PassResult(model, modified=cleaned)
-        folded = sum(fold_rotary(owner, node) for owner, node in attentions)
+        done = [(owner, node) for owner, node in attentions if fold_rotary(owner, node)]
+        if done:  # the rotations (and their reshaping) go, then the projections pack
+            RemoveUnusedNodesPass()(model)
+            for owner, node in done:
+                pack_projection(owner, node)
+            # a Shape that read a rotation now reads what is made just before the attention
+            TopologicalSortPass()(model)
+        folded = len(done)
         if folded:
             log.info(
                 "rotary in attention: %d of %d attentions rotate inside", folded, len(attentions)

@@ -6,7 +6,9 @@ cannot rotate the same way stays as it was.
 A layer function as ``rewrite.fuse=onnxruntime`` leaves it, in ONNX text: the packed projection
 split into query, key and value, each rotation reading its own copy of the per-token tables and
 of their row numbers (as ``fuse_rotary`` writes them), the attention over shared buffers with
-``query_seqlens``."""
+``query_seqlens``, and sizes and types read off the query and the rotated key as the fusion rules
+and the shared buffer read them (a full ``Shape`` and a ``Gather`` of the batch, a ``CastLike``,
+a ``Shape`` of the new rows)."""
 
 from __future__ import annotations
 
@@ -62,11 +64,15 @@ Step (x, cos, sin, bias, past_key, past_value) => (y, present_key, present_value
     q_numbers = Range (zero, rows, one)
     q_positions = Reshape (q_numbers, batch_seq)
     {key_positions}
-    q_rotated = com.microsoft.RotaryEmbedding <interleaved = 0> (q, q_positions, q_cos, q_sin)
-    k_rotated = com.microsoft.RotaryEmbedding <interleaved = 0> (k, k_positions, k_cos, k_sin)
+    {rotations}
     total = Shape <start = 3, end = 4> (bias)
-    batch = Shape <start = 0, end = 1> (bias)
-    new = Shape <start = 2, end = 3> (bias)
+    q_shape = Shape (q)
+    first = Constant <value_ints = [0]> ()
+    batch = Gather <axis = 0> (q_shape, first)
+    nothing = Constant <value_float = 0.0> ()
+    typed = CastLike (nothing, q)
+    typed_bias = Add (bias, typed)
+    new = Shape <start = 1, end = 2> (k_rotated)
     one_row = Constant <value_ints = [1]> ()
     last_row = Sub (total, one_row)
     seqlens_k = Expand (last_row, batch)
@@ -77,17 +83,42 @@ Step (x, cos, sin, bias, past_key, past_value) => (y, present_key, present_value
     query_seqlens = Cast <to = 6> (new_rows)
     attended, present_key, present_value = com.microsoft.GroupQueryAttention <num_heads = 2,
         kv_num_heads = 1> (q_rotated, k_rotated, v, past_key, past_value, seqlens, total32, ,
-        , , bias, , , , , , {seqlens})
+        , , typed_bias, , , , , , {seqlens})
     y = Identity (attended)
 }}
 """
 
+#: The rotations on the projections themselves, as fuse_layout leaves them.
+ON_PROJECTIONS = """q_rotated = com.microsoft.RotaryEmbedding <interleaved = 0> (q, q_positions, q_cos, q_sin)
+    k_rotated = com.microsoft.RotaryEmbedding <interleaved = 0> (k, k_positions, k_cos, k_sin)"""
+#: The rotations of heads first, swapped back and merged, as after Qwen3's per-head norm (the
+#: TorchScript path reads the merged shape off the rotation; the new rows, off the key).
+HEADS_FIRST = """q_split = Constant <value_ints = [0, 0, 2, 16]> ()
+    k_split = Constant <value_ints = [0, 0, 1, 16]> ()
+    merge = Constant <value_ints = [0, 0, -1]> ()
+    q_heads = Reshape (q, q_split)
+    k_heads = Reshape (k, k_split)
+    q_first = Transpose <perm = [0, 2, 1, 3]> (q_heads)
+    k_first = Transpose <perm = [0, 2, 1, 3]> (k_heads)
+    q_turned = com.microsoft.RotaryEmbedding <interleaved = 0> (q_first, q_positions, q_cos, q_sin)
+    k_turned = com.microsoft.RotaryEmbedding <interleaved = 0> (k_first, k_positions, k_cos, k_sin)
+    q_back = Transpose <perm = [0, 2, 1, 3]> (q_turned)
+    k_back = Transpose <perm = [0, 2, 1, 3]> (k_turned)
+    q_batch = Shape <start = 0, end = 1> (q_turned)
+    q_seq = Shape <start = 2, end = 3> (q_turned)
+    rest = Constant <value_ints = [-1]> ()
+    q_merge = Concat <axis = 0> (q_batch, q_seq, rest)
+    q_rotated = Reshape (q_back, q_merge)
+    k_rotated = Reshape (k_back, merge)"""
 SAME_POSITIONS = """k_numbers = Range (zero, rows, one)
     k_positions = Reshape (k_numbers, batch_seq)"""
 
 
 def _model(
-    head: int = HEAD // 2, key_positions: str = SAME_POSITIONS, seqlens: str = "query_seqlens"
+    head: int = HEAD // 2,
+    key_positions: str = SAME_POSITIONS,
+    seqlens: str = "query_seqlens",
+    rotations: str = ON_PROJECTIONS,
 ) -> onnx.ModelProto:
     weights = np.random.default_rng(0).standard_normal((HIDDEN, WIDTH)) / 4
     text = MODEL.format(
@@ -95,6 +126,7 @@ def _model(
         head=head,
         key_positions=key_positions,
         seqlens=seqlens,
+        rotations=rotations,
     )
     return onnx.parser.parse_model(text)
 
@@ -136,23 +168,36 @@ def _step(
     }
 
 
+LAYOUTS = pytest.mark.parametrize(
+    "rotations", [ON_PROJECTIONS, HEADS_FIRST], ids=["on the projections", "heads first"]
+)
+
+
+@LAYOUTS
 @NEEDS_GQA_QUERY_SEQLENS
-def test_the_rotations_fold_into_attention_on_the_packed_projection() -> None:
-    before = _model()
+def test_the_rotations_fold_into_attention(rotations: str) -> None:
+    """On the projections, the attention then takes the packed projection (no Split); heads
+    first, it takes the heads merged again (the swap back goes; the swap before the rotation
+    stays only for the Shape that read the rotation), and the projection stays split."""
+    before = _model(rotations=rotations)
     after, modified = _folded(before)
     assert modified
     ops = _ops(after)
-    assert ops["RotaryEmbedding"] == 0 and ops["Split"] == 0
+    assert ops["RotaryEmbedding"] == 0
+    assert ops["Transpose"] == (0 if rotations == ON_PROJECTIONS else 1)
     [attention] = [n for f in after.functions for n in f.node if n.op_type == "GroupQueryAttention"]
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in attention.attribute}
     assert attributes["do_rotary"] == 1 and attributes["rotary_interleaved"] == 0
-    assert attention.input[1] == attention.input[2] == ""  # packed query, key and value
     assert all(attention.input[i] for i in (7, 8, 9))  # tables and their row numbers
+    packed = rotations == ON_PROJECTIONS
+    assert ops["Split"] == (0 if packed else 1)
+    assert (attention.input[1] == attention.input[2] == "") is packed
 
 
+@LAYOUTS
 @NEEDS_GQA_QUERY_SEQLENS
-def test_a_left_padded_prompt_and_the_decode_after_it_compute_the_same() -> None:
-    before = _model()
+def test_a_left_padded_prompt_and_the_decode_after_it_compute_the_same(rotations: str) -> None:
+    before = _model(rotations=rotations)
     after, _ = _folded(before)
     mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
     empty = np.zeros((2, KV_HEADS, BUFFER, HEAD), np.float32)
