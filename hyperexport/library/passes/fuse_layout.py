@@ -122,7 +122,7 @@ def _split(heads: ir.Value | None) -> tuple[ir.Value, ir.Value] | None:
     Reshape(x)`` read only by it, ``x`` 3-D and ``split`` its last dimension split into heads,
     the first two kept (``(0, 0, n, -1)`` by form, else by the inferred shapes); else None."""
     transpose = heads.producer() if heads is not None else None
-    if not _is(transpose, "Transpose") or _perm(transpose) != _SWAP_HEADS:  # type: ignore[arg-type]
+    if not swaps_heads(transpose):
         return None
     four = transpose.inputs[0]  # type: ignore[union-attr]
     reshape = four.producer() if four is not None else None
@@ -165,7 +165,7 @@ def _merged(user: ir.Node, x: ir.Value | None = None) -> ir.Value | None:
     """The output of ``Reshape(user, target)`` when ``user`` is ``Transpose`` (perm 0, 2, 1, 3)
     read only by that Reshape and the target merges the heads back: ``(0, 0, -1)``, or, given
     the split ``x``, any target whose inferred result has ``x``'s shape; else None."""
-    if not _is(user, "Transpose") or _perm(user) != _SWAP_HEADS:
+    if not swaps_heads(user):
         return None
     uses = list(user.outputs[0].uses())
     if len(uses) != 1:
@@ -247,7 +247,7 @@ def cancel_round_trips(model: ir.Model) -> int:
     with annotated(model):
         for owner in _owners(model):
             for node in list(owner):
-                if not _is(node, "Transpose") or _perm(node) != _SWAP_HEADS:
+                if not swaps_heads(node):
                     continue
                 split = _split(node.inputs[0])
                 merged = _merged(node, split[0]) if split is not None else None
@@ -262,6 +262,12 @@ def cancel_round_trips(model: ir.Model) -> int:
 
 def _is(node: ir.Node | None, op_type: str) -> bool:
     return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def swaps_heads(node: ir.Node | None) -> bool:
+    """Whether ``node`` is a ``Transpose`` between ``(batch, seq, heads, dim)`` and
+    ``(batch, heads, seq, dim)``."""
+    return _is(node, "Transpose") and _perm(node) == _SWAP_HEADS  # type: ignore[arg-type]
 
 
 def _perm(transpose: ir.Node) -> tuple[int, ...] | None:

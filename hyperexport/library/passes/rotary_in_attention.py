@@ -40,7 +40,9 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
+from hyperexport.library.passes.fuse_layout import ATTENTION_KERNEL, ROTARY_KERNEL, swaps_heads
 from hyperexport.library.passes.fuse_values import constant_array, static_dim
+from hyperexport.library.passes.ir_build import insert_ints, insert_op
 from hyperexport.library.passes.ort_kernels import (
     GQA_INPUTS,
     MS_DOMAIN,
@@ -130,11 +132,9 @@ class _Unrotated:
     def value(self, owner: ir.Graph | ir.Function, before: ir.Node, role: str) -> ir.Value:
         if self.shape is None:
             return self.source
-        return _add(owner, before, "Reshape", [self.source, self.shape], f"{role}_heads")
-
-
-#: Transpose's permutation between ``(batch, seq, heads, head)`` and ``(batch, heads, seq, head)``.
-_SWAP_HEADS = [0, 2, 1, 3]
+        return insert_op(
+            owner, before, "Reshape", [self.source, self.shape], _named(before, f"{role}_heads")
+        )
 
 
 def _rotation(value: ir.Value | None) -> tuple[ir.Node, _Unrotated] | None:
@@ -146,7 +146,7 @@ def _rotation(value: ir.Value | None) -> tuple[ir.Node, _Unrotated] | None:
     if value is None or any(
         not _reads_shape_or_type(u.node, u.idx)
         for u in value.uses()
-        if u.node.op_type != "GroupQueryAttention"
+        if u.node.op_type != ATTENTION_KERNEL
     ):
         return None
     node = value.producer()
@@ -157,14 +157,14 @@ def _rotation(value: ir.Value | None) -> tuple[ir.Node, _Unrotated] | None:
     if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
         return None
     back = _only_use_producer(node.inputs[0])
-    if not _swaps_heads(back):
+    if not swaps_heads(back):
         return None
     assert back is not None
     rotation = back.inputs[0].producer() if back.inputs[0] is not None else None
     if rotation is None or not _is_rotation(rotation) or _other_readers(rotation, back):
         return None
     forth = _input(rotation, 0).producer()
-    if not _swaps_heads(forth):
+    if not swaps_heads(forth):
         return None
     assert forth is not None
     return rotation, _Unrotated(_input(forth, 0), _input(node, 1))
@@ -209,17 +209,10 @@ def _only_use_producer(value: ir.Value | None) -> ir.Node | None:
 def _is_rotation(node: ir.Node) -> bool:
     return (
         node.domain == MS_DOMAIN
-        and node.op_type == "RotaryEmbedding"
+        and node.op_type == ROTARY_KERNEL
         and len(node.inputs) == 4
         and all(v is not None for v in node.inputs)
     )
-
-
-def _swaps_heads(node: ir.Node | None) -> bool:
-    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
-        return False
-    perm = node.attributes.get("perm")
-    return perm is not None and list(perm.as_ints()) == _SWAP_HEADS
 
 
 def _table_width(table: ir.Value) -> int | None:
@@ -282,55 +275,30 @@ def _same(a: ir.Value | None, b: ir.Value | None, depth: int) -> bool:
     return all(_same(i, j, depth - 1) for i, j in zip(x.inputs, y.inputs, strict=True))
 
 
-def _add(
-    owner: ir.Graph | ir.Function,
-    before: ir.Node,
-    op_type: str,
-    inputs: list[ir.Value],
-    name: str,
-    **attributes: int,
-) -> ir.Value:
-    node = ir.Node(
-        "",
-        op_type,
-        inputs,
-        [ir.AttrInt64(k, v) for k, v in attributes.items()],
-        name=f"{_stem(before)}_rotary_{name}",
-    )
-    owner.insert_before(before, node)
-    return node.outputs[0]
-
-
-def _stem(attention: ir.Node) -> str:
-    """A prefix unique in the attention's graph or function: its name, or its output's."""
-    return attention.name or attention.outputs[0].name or "attention"
-
-
-def _ints(owner: ir.Graph | ir.Function, before: ir.Node, values: list[int], name: str) -> ir.Value:
-    node = ir.Node(
-        "",
-        "Constant",
-        [],
-        [ir.AttrTensor("value", ir.tensor(np.asarray(values, dtype=np.int64), name=name))],
-        name=f"{_stem(before)}_rotary_{name}",
-    )
-    owner.insert_before(before, node)
-    return node.outputs[0]
+def _named(attention: ir.Node, role: str) -> str:
+    """A node name unique in the attention's graph or function: the attention's name (or its
+    output's), the pass's, the node's role."""
+    stem = attention.name or attention.outputs[0].name or "attention"
+    return f"{stem}_rotary_{role}"
 
 
 def _padded_tables(
     owner: ir.Graph | ir.Function, before: ir.Node, cos: ir.Value, sin: ir.Value, total: ir.Value
 ) -> tuple[ir.Value, ir.Value]:
     """``cos`` and ``sin`` with zero rows after them up to ``total`` rows (the kernel's minimum)."""
-    rows = _add(owner, before, "Shape", [cos], "rows", start=0, end=1)
-    wanted = _add(owner, before, "Cast", [total], "total", to=int(ir.DataType.INT64))
-    zero = _ints(owner, before, [0], "zero")
-    short = _add(owner, before, "Sub", [wanted, rows], "short")
-    extra = _add(owner, before, "Max", [short, zero], "extra")
-    pads = _add(owner, before, "Concat", [zero, zero, extra, zero], "pads", axis=0)
+    rows = insert_op(owner, before, "Shape", [cos], _named(before, "rows"), start=0, end=1)
+    wanted = insert_op(
+        owner, before, "Cast", [total], _named(before, "total"), to=int(ir.DataType.INT64)
+    )
+    zero = insert_ints(owner, before, [0], _named(before, "zero"))
+    short = insert_op(owner, before, "Sub", [wanted, rows], _named(before, "short"))
+    extra = insert_op(owner, before, "Max", [short, zero], _named(before, "extra"))
+    pads = insert_op(
+        owner, before, "Concat", [zero, zero, extra, zero], _named(before, "pads"), axis=0
+    )
     return (
-        _add(owner, before, "Pad", [cos, pads], "cos_cache"),
-        _add(owner, before, "Pad", [sin, pads], "sin_cache"),
+        insert_op(owner, before, "Pad", [cos, pads], _named(before, "cos_cache")),
+        insert_op(owner, before, "Pad", [sin, pads], _named(before, "sin_cache")),
     )
 
 
@@ -394,7 +362,7 @@ class RotaryInAttentionPass(ir.passes.InPlacePass):
             (owner, node)
             for owner in owners
             for node in owner
-            if node.domain == MS_DOMAIN and node.op_type == "GroupQueryAttention"
+            if node.domain == MS_DOMAIN and node.op_type == ATTENTION_KERNEL
         ]
         if not attentions:
             return ir.passes.PassResult(model, modified=False)

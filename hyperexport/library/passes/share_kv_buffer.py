@@ -38,6 +38,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import TopologicalSortPass
 
 from hyperexport.base.errors import RewriteError
+from hyperexport.library.passes.ir_build import insert_ints, insert_op
 
 log = logging.getLogger(__name__)
 
@@ -64,43 +65,21 @@ class SharedBuffers:
     graph_inputs: tuple[str, ...]
 
 
-def _ints(op: str, values: list[int], owner: ir.Graph | ir.Function, before: ir.Node) -> ir.Value:
-    node = ir.Node(
-        "", "Constant", [], [ir.AttrInt64s("value_ints", values)], name=f"{before.name}_{op}"
-    )
-    owner.insert_before(before, node)
-    return node.outputs[0]
-
-
-def _node(
-    owner: ir.Graph | ir.Function,
-    before: ir.Node,
-    op_type: str,
-    inputs: list[ir.Value],
-    name: str,
-    **ints: int,
-) -> ir.Value:
-    attributes = [ir.AttrInt64(k, v) for k, v in ints.items()]
-    node = ir.Node("", op_type, inputs, attributes, name=name)
-    owner.insert_before(before, node)
-    return node.outputs[0]
-
-
 def _valid_shape(
     owner: ir.Graph | ir.Function, shape_node: ir.Node, buffer: ir.Value, length: ir.Value
 ) -> ir.Value:
     """``Shape(buffer)`` with dim 2 the valid ``length`` (1-D), cut as ``shape_node`` cuts it."""
     name = shape_node.name or "shape"
-    head = _node(owner, shape_node, "Shape", [buffer], f"{name}_head", start=0, end=2)
-    tail = _node(owner, shape_node, "Shape", [buffer], f"{name}_tail", start=3)
-    full = _node(owner, shape_node, "Concat", [head, length, tail], f"{name}_valid", axis=0)
+    head = insert_op(owner, shape_node, "Shape", [buffer], f"{name}_head", start=0, end=2)
+    tail = insert_op(owner, shape_node, "Shape", [buffer], f"{name}_tail", start=3)
+    full = insert_op(owner, shape_node, "Concat", [head, length, tail], f"{name}_valid", axis=0)
     start = shape_node.attributes.get_int("start", 0)
     end = shape_node.attributes.get_int("end", 4)
     if (start, end) == (0, 4):
         return full
-    starts = _ints("starts", [start], owner, shape_node)
-    ends = _ints("ends", [end], owner, shape_node)
-    return _node(owner, shape_node, "Slice", [full, starts, ends], f"{name}_cut")
+    starts = insert_ints(owner, shape_node, [start], f"{shape_node.name}_starts")
+    ends = insert_ints(owner, shape_node, [end], f"{shape_node.name}_ends")
+    return insert_op(owner, shape_node, "Slice", [full, starts, ends], f"{name}_cut")
 
 
 def _replace_shapes(
@@ -152,9 +131,9 @@ def _function_buffers(function: ir.Function, inputs: dict[int, list[ir.Node]]) -
             )
         # valid past = total (the mask's last dim) - new keys (dim 1 of the 3-D key); the
         # Shapes this replaces may come earlier: the pass sorts the bodies at the end.
-        total = _node(function, gqa, "Shape", [bias], f"{buffer.name}_total", start=3, end=4)
-        new = _node(function, gqa, "Shape", [key], f"{buffer.name}_new", start=1, end=2)
-        length = _node(function, gqa, "Sub", [total, new], f"{buffer.name}_valid")
+        total = insert_op(function, gqa, "Shape", [bias], f"{buffer.name}_total", start=3, end=4)
+        new = insert_op(function, gqa, "Shape", [key], f"{buffer.name}_new", start=1, end=2)
+        length = insert_op(function, gqa, "Sub", [total, new], f"{buffer.name}_valid")
         others = _replace_shapes(function, buffer, length, {id(n) for n in nodes})
         if others:
             raise RewriteError(
@@ -203,11 +182,13 @@ def share_kv_buffer(model: ir.Model) -> SharedBuffers | None:
     for past in pasts:
         _bypass_copies(graph, past)
     first = next(iter(graph))
-    ids_len = _node(graph, first, "Shape", [names[INPUT_IDS]], "past_length_new", start=1, end=2)
-    mask_len = _node(
+    ids_len = insert_op(
+        graph, first, "Shape", [names[INPUT_IDS]], "past_length_new", start=1, end=2
+    )
+    mask_len = insert_op(
         graph, first, "Shape", [names[ATTENTION_MASK]], "past_length_total", start=1, end=2
     )
-    length = _node(graph, first, "Sub", [mask_len, ids_len], "past_length")
+    length = insert_op(graph, first, "Sub", [mask_len, ids_len], "past_length")
     buffers = []
     for past in pasts:
         calls = {
@@ -223,9 +204,9 @@ def share_kv_buffer(model: ir.Model) -> SharedBuffers | None:
             # Placed before the length it reads: the sort at the end orders them.
             anchor = length.producer()
             assert anchor is not None
-            starts = _ints("starts", [0], graph, anchor)
-            axes = _ints("axes", [2], graph, anchor)
-            valid = _node(
+            starts = insert_ints(graph, anchor, [0], f"{anchor.name}_starts")
+            axes = insert_ints(graph, anchor, [2], f"{anchor.name}_axes")
+            valid = insert_op(
                 graph, anchor, "Slice", [past, starts, length, axes], f"{past.name}_valid"
             )
             for usage in list(past.uses()):
