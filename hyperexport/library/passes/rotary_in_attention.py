@@ -27,8 +27,8 @@ batch included.
 What is left as it was, at DEBUG: a query or key that is no ``RotaryEmbedding`` output (partial
 rotary concatenates the unrotated part back), two rotations that differ in positions, tables
 or attributes, and an attention without ``query_seqlens`` (no generation step). The projection
-is passed packed only where its ``Split`` feeds nothing else than the kernel (and ``Shape`` of
-batch and sequence, which the packed tensor has too).
+is passed packed only where its ``Split``'s parts feed nothing else than the kernel, ``Shape``
+read at batch and sequence (which the packed tensor has too) and ``CastLike``'s type input.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ _COS = GQA_INPUTS.index("cos_cache")
 _SIN = GQA_INPUTS.index("sin_cache")
 _POSITIONS = GQA_INPUTS.index("position_ids")
 _QUERY_SEQLENS = GQA_INPUTS.index("query_seqlens")
-#: RotaryEmbedding's attributes the kernel's own rotation has too, with their defaults.
-_ROTARY_DEFAULTS = {"interleaved": 0, "rotary_embedding_dim": 0, "is_packed_batching": 0}
+#: RotaryEmbedding's attributes the kernel's own rotation has only at their defaults
+#: (``interleaved`` it has either way: ``rotary_interleaved``).
+_ROTARY_DEFAULTS = {"rotary_embedding_dim": 0, "is_packed_batching": 0}
 #: The kernel rotates heads whose size is a multiple of this only (ONNX Runtime's CPU kernel).
 _HEAD_MULTIPLE = 16
 #: How deep two rotations' inputs are compared (fuse_rotary's tables are a few nodes deep).
@@ -78,7 +79,7 @@ def fold_rotary(owner: ir.Graph | ir.Function, attention: ir.Node) -> bool:
     if any(v is not None for v in inputs[_COS : _POSITIONS + 1]):
         log.debug("rotary in attention: %s rotates already", where)
         return False
-    found = [_rotation(inputs[i]) for i in (_QUERY, _KEY)]
+    found = [_rotation(inputs[i], attention) for i in (_QUERY, _KEY)]
     if found[0] is None or found[1] is None:
         log.debug("rotary in attention: %s: its query or key is no rotation of its own", where)
         return False
@@ -137,16 +138,14 @@ class _Unrotated:
         )
 
 
-def _rotation(value: ir.Value | None) -> tuple[ir.Node, _Unrotated] | None:
+def _rotation(value: ir.Value | None, attention: ir.Node) -> tuple[ir.Node, _Unrotated] | None:
     """The ``com.microsoft.RotaryEmbedding`` that gives ``value`` (directly, or its heads
     swapped back and merged), with what the attention takes unrotated; None where anything
     but ``Shape`` or ``CastLike``'s type input reads ``value`` or the rotation besides the
     attention (a rotation keeps its input's shape and type: those read the unrotated value
     instead) or anything reads the steps between them."""
     if value is None or any(
-        not _reads_shape_or_type(u.node, u.idx)
-        for u in value.uses()
-        if u.node.op_type != ATTENTION_KERNEL
+        not _reads_shape_or_type(u.node, u.idx) for u in value.uses() if u.node is not attention
     ):
         return None
     node = value.producer()
@@ -230,11 +229,7 @@ def _table_width(table: ir.Value) -> int | None:
 
 def _default_attributes(node: ir.Node) -> bool:
     """Full-width, unpacked, unscaled rotation: what the attention kernel's rotation does."""
-    if any(
-        node.attributes.get_int(k, v) != v
-        for k, v in _ROTARY_DEFAULTS.items()
-        if k != "interleaved"
-    ):
+    if any(node.attributes.get_int(k, v) != v for k, v in _ROTARY_DEFAULTS.items()):
         return False
     return node.attributes.get_float("scale", 1.0) == 1.0
 
