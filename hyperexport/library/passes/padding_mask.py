@@ -39,14 +39,22 @@ import onnx
 import onnx_ir as ir
 
 from hyperexport.library.passes.fuse_values import annotated
+from hyperexport.library.passes.graph_probe import (
+    BATCH,
+    NEW,
+    PAST,
+    POSITION_IDS,
+    TOTAL,
+    Subgraph,
+    Unprobeable,
+    subgraph,
+)
 from hyperexport.library.passes.ort_kernels import GQA_INPUTS, MS_DOMAIN
-from hyperexport.library.passes.share_kv_buffer import ATTENTION_MASK, INPUT_IDS, PAST_NAME
+from hyperexport.library.passes.share_kv_buffer import ATTENTION_MASK, INPUT_IDS
 
 log = logging.getLogger(__name__)
 
 _BIAS_SLOT = GQA_INPUTS.index("attention_bias")
-#: The main graph's position input (``KVStep``), fed by the probes as transformers makes it.
-POSITION_IDS = "position_ids"
 #: The longest probe's total length: windows narrower than this show in the probes.
 LONGEST = 65537
 #: Probe inputs: (new tokens, total length, left padding of each row).
@@ -62,8 +70,6 @@ PROBES: tuple[tuple[int, int, tuple[int, ...]], ...] = (
 #: The probes' inputs may hold at most this many bytes (a past or an embedding whose sizes
 #: the mask reads, fed as zeros).
 PROBE_BYTES = 1 << 29
-#: A constant the mask's subgraph reads may hold at most this many elements.
-CONSTANT_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,9 @@ class PaddingMaskPass(ir.passes.InPlacePass):
             return ir.passes.PassResult(model, modified=False)
         with annotated(model):  # one shape inference for every mask's probes
             verdicts = [
-                (use, _first_difference(model, use.value)) for use in causal_only_masks(model)
+                (use, _first_difference(model, use.value))
+                for use in causal_only_masks(model)
+                if not _is_padding_mask(use.value)  # made by this pass already
             ]
         replaced = 0
         padding: ir.Value | None = None  # one for every mask it replaces: they are all equal
@@ -180,13 +188,13 @@ def first_difference(model: ir.Model, value: ir.Value) -> str | None:
 def _first_difference(model: ir.Model, value: ir.Value) -> str | None:
     """:func:`first_difference`, the model's shapes inferred (``annotated``) by the caller."""
     try:
-        probe = _subgraph(model, value)
-    except _Unprobeable as e:
+        probe = _Probe(subgraph(model, [value], "padding_mask_probe", onnx.TensorProto.BOOL))
+    except Unprobeable as e:
         return str(e)
     import onnxruntime as ort
 
     session = ort.InferenceSession(
-        probe.model.SerializeToString(), providers=["CPUExecutionProvider"]
+        probe.graph.model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
     for new, total, pads in PROBES:
         feeds = probe.feeds(new, total, pads)
@@ -208,36 +216,20 @@ def _first_difference(model: ir.Model, value: ir.Value) -> str | None:
     return None
 
 
-class _Unprobeable(Exception):
-    """The mask's subgraph reads what the probes cannot feed."""
-
-
-#: The sizes a probe gives each named dimension of the step's inputs, by (input, axis).
-_BATCH, _NEW, _TOTAL, _PAST = "batch", "new", "total", "past"
-
-
 @dataclass(frozen=True)
 class _Probe:
-    """The mask's subgraph as a model, and how to feed it.
+    """The mask's subgraph (``graph_probe.subgraph``) and how to feed it."""
 
-    Attributes:
-        model: The subgraph, its inputs the graph inputs it reads and the values whose shape
-            alone it reads (``Shape`` of the embeddings, say), which the probes feed as zeros.
-        inputs: Each of the model's inputs: (name, dtype, dims), a dim a number or a size name
-            (:data:`_BATCH`, ...), or the name of a graph input the probes fill in.
-    """
-
-    model: onnx.ModelProto
-    inputs: tuple[tuple[str, np.dtype, tuple[int | str, ...] | None], ...]
+    graph: Subgraph
 
     def feeds(self, new: int, total: int, pads: tuple[int, ...]) -> dict[str, np.ndarray] | None:
         """One probe's inputs: the mask left-padded, positions as transformers counts them,
         and zeros of their sizes for the rest; None if they would exceed PROBE_BYTES."""
         padding = _padding(total, pads)
-        sizes = {_BATCH: len(pads), _NEW: new, _TOTAL: total, _PAST: total - new}
+        sizes = {BATCH: len(pads), NEW: new, TOTAL: total, PAST: total - new}
         feeds: dict[str, np.ndarray] = {}
         size = 0
-        for name, dtype, dims in self.inputs:
+        for name, dtype, dims in self.graph.inputs:
             if name == ATTENTION_MASK:
                 array = padding.astype(dtype)
             elif name == POSITION_IDS:
@@ -252,135 +244,6 @@ class _Probe:
             size += array.nbytes
             feeds[name] = array
         return feeds
-
-
-def _size_names(graph: ir.Graph) -> dict[str, str]:
-    """The step inputs' named dimensions, as probe sizes: input_ids' (batch, new), the mask's
-    (batch, total), a past's batch and rows."""
-    axes: dict[str, tuple[str, ...]] = {
-        INPUT_IDS: (_BATCH, _NEW),
-        POSITION_IDS: (_BATCH, _NEW),
-        ATTENTION_MASK: (_BATCH, _TOTAL),
-    }
-    names: dict[str, str] = {}
-    for value in graph.inputs:
-        shape = value.shape
-        if shape is None:
-            continue
-        sizes = axes.get(value.name or "")
-        if sizes is None and PAST_NAME.match(value.name or "") and len(shape) == 4:
-            sizes = (_BATCH, "", _PAST, "")
-        for dim, size in zip(shape, sizes or ()):
-            if size and isinstance(dim, ir.SymbolicDim) and dim.value:
-                names.setdefault(dim.value, size)
-    return names
-
-
-def _dims(value: ir.Value, names: dict[str, str]) -> tuple[int | str, ...] | None:
-    """``value``'s shape as numbers and probe sizes; None where a dim is neither."""
-    if value.shape is None:
-        return None
-    dims: list[int | str] = []
-    for dim in value.shape:
-        if isinstance(dim, int):
-            dims.append(dim)
-        elif isinstance(dim, ir.SymbolicDim) and dim.value in names:
-            dims.append(names[dim.value])
-        else:
-            return None
-    return tuple(dims)
-
-
-def _ancestry(graph: ir.Graph, value: ir.Value) -> set[int]:
-    """The ids of the main-graph nodes ``value`` is computed from."""
-    found: set[int] = set()
-    stack = [value]
-    while stack:
-        producer = stack.pop().producer()
-        if producer is None or producer.graph is not graph or id(producer) in found:
-            continue
-        found.add(id(producer))
-        stack.extend(v for v in producer.inputs if v is not None)
-    return found
-
-
-def _subgraph(model: ir.Model, value: ir.Value) -> _Probe:
-    """The main-graph nodes ``value`` is computed from, as a model: cut at the graph inputs,
-    at small constants, and at values of known sizes that only ``Shape`` nodes read."""
-    graph = model.graph
-    names = _size_names(graph)
-    everything = _ancestry(graph, value)
-    nodes: list[ir.Node] = []
-    seen: set[int] = set()
-    inputs: dict[str, tuple[ir.Value, tuple[int | str, ...] | None]] = {}
-    constants: dict[str, ir.Value] = {}
-
-    def sized_only(read: ir.Value) -> tuple[int | str, ...] | None:
-        """``read``'s probe sizes, if only Shape nodes of the subgraph read it."""
-        dims = _dims(read, names)
-        if dims is None or read.dtype is None or read.is_initializer():
-            return None
-        readers = [u.node for u in read.uses() if id(u.node) in everything]
-        return dims if all(_is_shape(n) for n in readers) else None
-
-    stack = [value]
-    while stack:
-        current = stack.pop()
-        name = current.name or ""
-        if not name:
-            raise _Unprobeable("it is computed from a value without a name")
-        if name in inputs or name in constants:
-            continue
-        dims = _dims(current, names) if current.is_graph_input() else sized_only(current)
-        if current.is_graph_input() or dims is not None:
-            if name not in (ATTENTION_MASK, POSITION_IDS) and dims is None:
-                raise _Unprobeable(f"it reads the input {name!r}, which the probes cannot size")
-            inputs[name] = (current, dims)
-            continue
-        if current.is_initializer():
-            tensor = current.const_value
-            if tensor is None or tensor.size > CONSTANT_ELEMENTS:
-                raise _Unprobeable(f"it reads the initializer {name!r}")
-            constants[name] = current
-            continue
-        producer = current.producer()
-        if producer is None or id(producer) in seen:
-            continue
-        if producer.graph is not graph or producer.domain not in ("", "ai.onnx"):
-            raise _Unprobeable(f"it is computed by {producer.op_type} of {producer.domain!r}")
-        seen.add(id(producer))
-        nodes.append(producer)
-        stack.extend(v for v in producer.inputs if v is not None)
-    order = {id(n): i for i, n in enumerate(graph)}
-    nodes.sort(key=lambda n: order[id(n)])
-    for read, _ in inputs.values():
-        if read.dtype is None:
-            raise _Unprobeable(f"it reads {read.name!r}, whose type is unknown")
-    proto = onnx.helper.make_model(
-        onnx.helper.make_graph(
-            [ir.serde.serialize_node(n) for n in nodes],
-            "padding_mask_probe",
-            [ir.serde.serialize_value(read) for read, _ in inputs.values()],
-            [onnx.helper.make_tensor_value_info(value.name or "", onnx.TensorProto.BOOL, None)],
-            [ir.serde.serialize_tensor(_loaded(v)) for v in constants.values()],
-        ),
-        opset_imports=[onnx.helper.make_opsetid("", model.opset_imports.get("", 18))],
-        ir_version=model.ir_version,
-    )
-    return _Probe(
-        proto,
-        tuple(
-            (name, read.dtype.numpy(), dims)  # type: ignore[union-attr]
-            for name, (read, dims) in inputs.items()
-        ),
-    )
-
-
-def _loaded(value: ir.Value) -> ir.TensorProtocol:
-    """A constant's tensor with its bytes in memory (a probe model has no external data)."""
-    tensor = value.const_value
-    assert tensor is not None  # _subgraph
-    return ir.tensor(tensor.numpy(), name=value.name)
 
 
 def _padding(total: int, pads: tuple[int, ...]) -> np.ndarray:
@@ -405,4 +268,13 @@ def _padding_mask(graph: ir.Graph, mask: ir.Value, ids: ir.Value, *, before: ir.
     rows = add("Unsqueeze", [flags, ints([1, 2], "axes")], "unsqueeze")
     new = add("Shape", [ids], "new", start=1, end=2)
     shape = add("Concat", [ints([1, 1], "ones"), new, ints([1], "one")], "shape", axis=0)
-    return add("Expand", [rows, shape], "expand")
+    return add("Expand", [rows, shape], _PADDING_MASK)
+
+
+#: The padding mask's own node (its name's suffix): the mask this pass made.
+_PADDING_MASK = "expand"
+
+
+def _is_padding_mask(value: ir.Value) -> bool:
+    producer = value.producer()
+    return producer is not None and producer.name == f"padding_mask_{_PADDING_MASK}"
