@@ -109,6 +109,7 @@ def export_both(model: Any, folder: Path, fuse: bool = False) -> dict[str, Path]
             probe_shapes=probe,
             attention=AttentionOptions("hyperexport"),
             rewrite=RewriteOptions(fuse="onnxruntime"),
+            context_length=model.config.max_position_embeddings,
         )
     # The fused model's pasts are onnxruntime-genai's shared buffers (passes/share_kv_buffer.py).
     shared = json.loads(json.dumps(genai))

@@ -192,6 +192,11 @@ class ExportOptions:
         probe_shapes: ``{input name: shape}`` of that second run (default: each dynamic
             dimension grows by a small amount).
         method: Name of the model method to export, when it is not ``forward``.
+        context_length: The longest sequence a generation step runs (its model's context
+            length). With ``rewrite.fuse: onnxruntime`` the step's attention then reads constant
+            rotary tables of that many positions by ``position_ids``
+            (``passes/rotary_tables.py``); 0 (unknown): per-token rows. ``task:
+            text-generation`` sets it from the model's config.
 
     Raises:
         OptionsError: A value has the wrong type or is out of range; names the option.
@@ -206,6 +211,7 @@ class ExportOptions:
     dynamic_axes: AxesItems = ()
     probe_shapes: ShapeItems = ()
     method: str = "forward"
+    context_length: int = 0
 
     def __post_init__(self) -> None:
         if self.functions not in FUNCTION_MODES:
@@ -224,6 +230,7 @@ class ExportOptions:
                 got = type(getattr(self, name)).__name__
                 raise OptionsError(f"ExportOptions.{name}", f"must be a {kind.__name__}, got {got}")
         _require_int("ExportOptions.external_data_threshold", self.external_data_threshold, 0)
+        _require_int("ExportOptions.context_length", self.context_length, 0)
         if not isinstance(self.method, str) or not self.method.isidentifier():
             raise OptionsError(
                 "ExportOptions.method", f"must be a method name, got {self.method!r}"

@@ -210,14 +210,27 @@ def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
     assert step["fused_ops"] == GENERATION_KERNELS[fusion]
     model = onnx.load(str(outcome.model_path), load_external_data=False)
     [function] = model.functions
-    assert list(function.input)[:6] == [
-        "hidden_states", "attention_mask", "cos", "sin", "past_key", "past_value"
-    ]  # fmt: skip
+    inputs = list(function.input)
     assert len(function.output) == 3
+    if fusion == "standard":
+        assert inputs[:6] == [
+            "hidden_states", "attention_mask", "cos", "sin", "past_key", "past_value"
+        ]  # fmt: skip
+    else:
+        # The attention rotates by constant tables it reads at position_ids, as the builder's
+        # (passes/rotary_tables.py): the step takes those for cos and sin, which go, and the
+        # main graph computes no rotary embedding per step.
+        assert inputs[:5] == [
+            "hidden_states", "attention_mask", "past_key", "past_value", "position_ids"
+        ]  # fmt: skip
+        assert inputs[-2:] == ["rotary_cos_cache", "rotary_sin_cache"]
+        tables = [i for i in model.graph.initializer if i.name.startswith("rotary_tables.")]
+        assert [list(t.dims) for t in tables] == [[128, 8], [128, 8]]  # context, half a head
+        assert not {"Cos", "Sin"} & {n.op_type for n in model.graph.node}
     if fusion == "onnxruntime":
         # Sizes and the bias's type are read off the inputs every layer shares
         # (passes/shared_sizes.py): after inlining, one copy of that arithmetic per step.
-        shared = {"attention_mask", "cos", "sin"}
+        shared = {"attention_mask", "position_ids", "rotary_cos_cache", "rotary_sin_cache"}
         typed = {n.input[1] for n in function.node if n.op_type == "CastLike"}
         sized = {n.input[0] for n in function.node if n.op_type == "Shape"}
         assert typed <= shared
@@ -246,7 +259,7 @@ def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
     ]
     graph_inputs = [i.name for i in model.graph.input]
     expected = (
-        {"": [graph_inputs.index(name) for name in kv], function.name: [4, 5]} if shared else None
+        {"": [graph_inputs.index(name) for name in kv], function.name: [2, 3]} if shared else None
     )
     assert manifest.get("kv_buffers") == expected
     metadata = {p.key: p.value for p in model.metadata_props}

@@ -33,3 +33,12 @@ def drop_inputs(node: ir.Node, positions: Iterable[int]) -> None:
     for i, value in enumerate(kept):
         node.replace_input_with(i, value)
     node.resize_inputs(len(kept))
+
+
+def insert_input(node: ir.Node, position: int, value: ir.Value | None) -> None:
+    """Insert ``value`` as ``node``'s input at ``position``, the later inputs one further on."""
+    values = list(node.inputs)
+    values.insert(position, value)
+    node.resize_inputs(len(values))
+    for i, item in enumerate(values):
+        node.replace_input_with(i, item)

@@ -130,6 +130,13 @@ def _rotary_in_attention(inputs: PassInputs) -> ir.passes.PassBase:
     return RotaryInAttentionPass()
 
 
+def _rotary_tables(inputs: PassInputs) -> ir.passes.PassBase:
+    # The rotations' tables as constants read by position_ids, the context length known.
+    from hyperexport.library.passes.rotary_tables import RotaryTablesPass
+
+    return RotaryTablesPass(inputs.options.context_length, inputs.record)
+
+
 #: The pipeline, in order.
 PASSES: tuple[PassEntry, ...] = (
     PassEntry(
@@ -176,6 +183,11 @@ PASSES: tuple[PassEntry, ...] = (
         "rotary_in_attention",
         lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
         _rotary_in_attention,
+    ),
+    PassEntry(
+        "rotary_tables",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION and i.options.context_length > 0,
+        _rotary_tables,
     ),
     PassEntry(
         "shared_sizes",

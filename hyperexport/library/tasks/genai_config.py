@@ -222,6 +222,15 @@ def _recorded_source(trace_dir: Path) -> dict[str, Any] | None:
     return source if isinstance(source, dict) else None
 
 
+def recorded_context_length(trace_dir: Path) -> int:
+    """The context length of the model config the trace recorded for ``task: text-generation``
+    (read as data); 0 when the trace recorded none (another task)."""
+    if not (trace_dir / GENERATION_REFERENCE_JSON).is_file():
+        return 0
+    source = _recorded_source(trace_dir)
+    return context_length(source) if source is not None else 0
+
+
 def write_quantized_genai_config(trace_dir: Path, out_dir: Path) -> None:
     """The quantize stage's ``genai_config.json``: the trace's, built from the same recorded
     model config, naming ``model.quantized.onnx``. Published in place of the trace's, so that

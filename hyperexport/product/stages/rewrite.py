@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from hyperexport.base.atomic import atomic_write_bytes
 from hyperexport.base.contracts.names import MANIFEST_JSON, MODEL_FILE
 from hyperexport.engine.stage import StageInputs
 from hyperexport.library import progress
-from hyperexport.library.tasks.registry import TASKS, task_named
+from hyperexport.library.tasks.registry import GENERATION_REFERENCE_JSON, TASKS, task_named
 from hyperexport.product.config.schema import RecipeConfig, stage_reads
 from hyperexport.product.stages.recipe_stage import RecipeStage
 
@@ -30,9 +32,14 @@ class RewriteStage(RecipeStage):
 
     name: str = "rewrite"
     # 4: the model records the library versions it was built with; 5: reads task (its graphs);
-    # 6: the model is written at the lowest IR version carrying its opsets (model_file.py)
-    version: int = 6
-    upstream: tuple[str, ...] = ("export",)
+    # 6: the model is written at the lowest IR version carrying its opsets (model_file.py);
+    # 7: a fused generation step's rotary tables, as long as the trace's recorded context
+    version: int = 7
+    #: ``trace``: the context length of ``task: text-generation`` (``ExportOptions.context_length``).
+    upstream: tuple[str, ...] = ("export", "trace")
+    upstream_reads: Mapping[str, tuple[str, ...]] = MappingProxyType(
+        {"trace": (GENERATION_REFERENCE_JSON,)}
+    )
     #: Derived from the schema: the recipe fields that declare "rewrite" among their readers.
     reads: tuple[str, ...] = stage_reads(name)
     needs_model: bool = False
@@ -70,15 +77,19 @@ class RewriteStage(RecipeStage):
     def run_recipe(self, recipe: RecipeConfig, inputs: StageInputs, out_dir: Path) -> None:
         from hyperexport.library.model_file import save_model
         from hyperexport.library.passes.pipeline import compose_model
+        from hyperexport.library.tasks.genai_config import recorded_context_length
         from hyperexport.product.from_recipe.export_options import export_options
 
         export_dir = inputs.dir("export")
+        options = replace(
+            export_options(recipe), context_length=recorded_context_length(inputs.dir("trace"))
+        )
         # One bundle per graph folder of the task, each into <graph>_model.onnx +
         # <graph>_manifest.json (Optimum's file names); one graph: model.onnx + manifest.json.
         task = task_named(recipe.task)
         jobs = [(export_dir / g, task.model_file(g), task.manifest_file(g)) for g in task.folders()]
         for bundle_dir, model_name, manifest_name in jobs:
-            model, manifest = compose_model(bundle_dir, options=export_options(recipe))
+            model, manifest = compose_model(bundle_dir, options=options)
             with progress.watch_bytes(out_dir, f"writing {model_name}"):
                 origin = save_model(
                     model,

@@ -78,10 +78,12 @@ def test_default_options_run_only_the_passes_every_model_needs(bundle: Bundle) -
 def test_every_option_adds_its_pass_in_the_declared_place(bundle: Bundle) -> None:
     _, inputs = _inputs(bundle, EVERYTHING)
     names = [name for name, _ in selected_passes(inputs)]
-    # pack_matmuls, share_kv_buffer, rotary_in_attention, shared_sizes and padding_mask follow
-    # fuse only with fuse=onnxruntime (EVERYTHING fuses standard).
+    # pack_matmuls, share_kv_buffer, rotary_in_attention, rotary_tables, shared_sizes and
+    # padding_mask follow fuse only with fuse=onnxruntime (EVERYTHING fuses standard), and
+    # rotary_tables only with a context length.
     skipped = {
-        "pack_matmuls", "share_kv_buffer", "shared_sizes", "padding_mask", "rotary_in_attention"
+        "pack_matmuls", "share_kv_buffer", "shared_sizes", "padding_mask", "rotary_in_attention",
+        "rotary_tables",
     }  # fmt: skip
     if bundle[1].function_mode != "per_instance":
         skipped.add("specialize_instances")
@@ -96,6 +98,13 @@ def test_every_option_adds_its_pass_in_the_declared_place(bundle: Bundle) -> Non
     assert names.index("rotary_in_attention") == names.index("share_kv_buffer") + 1
     assert names.index("shared_sizes") == names.index("rotary_in_attention") + 1
     assert names.index("padding_mask") == names.index("shared_sizes") + 1
+    assert "rotary_tables" not in names  # no context length: the rows stay per-token
+    known = dataclasses.replace(EVERYTHING, rewrite=rewrite, context_length=64)
+    _, inputs = _inputs(bundle, known)
+    names = [name for name, _ in selected_passes(inputs)]
+    # the tables replace the rows the rotations folded, before the sizes move off them
+    assert names.index("rotary_tables") == names.index("rotary_in_attention") + 1
+    assert names.index("shared_sizes") == names.index("rotary_tables") + 1
 
 
 @pytest.mark.parametrize("options", [ExportOptions(), EVERYTHING], ids=["default", "everything"])
