@@ -28,3 +28,12 @@ def insert_ints(
     node = ir.Node("", "Constant", [], [ir.AttrInt64s("value_ints", values)], name=name)
     owner.insert_before(before, node)
     return node.outputs[0]
+
+
+def insert_tensor(
+    owner: ir.Graph | ir.Function, before: ir.Node, value: ir.TensorProtocol, name: str
+) -> ir.Value:
+    """A ``Constant`` of the tensor ``value`` named ``name``, before ``before``."""
+    node = ir.Node("", "Constant", [], [ir.AttrTensor("value", value)], name=name)
+    owner.insert_before(before, node)
+    return node.outputs[0]

@@ -137,6 +137,13 @@ def _rotary_tables(inputs: PassInputs) -> ir.passes.PassBase:
     return RotaryTablesPass(inputs.options.context_length, inputs.record)
 
 
+def _attention_sizes(inputs: PassInputs) -> ir.passes.PassBase:
+    # The attention's sizes in the fewest kernels, once they are read off the mask.
+    from hyperexport.library.passes.attention_sizes import AttentionSizesPass
+
+    return AttentionSizesPass()
+
+
 #: The pipeline, in order.
 PASSES: tuple[PassEntry, ...] = (
     PassEntry(
@@ -193,6 +200,11 @@ PASSES: tuple[PassEntry, ...] = (
         "shared_sizes",
         lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
         _shared_sizes,
+    ),
+    PassEntry(
+        "attention_sizes",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _attention_sizes,
     ),
     PassEntry(
         "padding_mask",

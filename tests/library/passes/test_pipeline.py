@@ -78,12 +78,12 @@ def test_default_options_run_only_the_passes_every_model_needs(bundle: Bundle) -
 def test_every_option_adds_its_pass_in_the_declared_place(bundle: Bundle) -> None:
     _, inputs = _inputs(bundle, EVERYTHING)
     names = [name for name, _ in selected_passes(inputs)]
-    # pack_matmuls, share_kv_buffer, rotary_in_attention, rotary_tables, shared_sizes and
-    # padding_mask follow fuse only with fuse=onnxruntime (EVERYTHING fuses standard), and
-    # rotary_tables only with a context length.
+    # pack_matmuls, share_kv_buffer, rotary_in_attention, rotary_tables, shared_sizes,
+    # attention_sizes and padding_mask follow fuse only with fuse=onnxruntime (EVERYTHING fuses
+    # standard), and rotary_tables only with a context length.
     skipped = {
         "pack_matmuls", "share_kv_buffer", "shared_sizes", "padding_mask", "rotary_in_attention",
-        "rotary_tables",
+        "rotary_tables", "attention_sizes",
     }  # fmt: skip
     if bundle[1].function_mode != "per_instance":
         skipped.add("specialize_instances")
@@ -97,7 +97,9 @@ def test_every_option_adds_its_pass_in_the_declared_place(bundle: Bundle) -> Non
     # the rotations fold before the sizes move, so the sizes they read move too
     assert names.index("rotary_in_attention") == names.index("share_kv_buffer") + 1
     assert names.index("shared_sizes") == names.index("rotary_in_attention") + 1
-    assert names.index("padding_mask") == names.index("shared_sizes") + 1
+    # the attention's sizes are rebuilt once shared_sizes read them off the mask
+    assert names.index("attention_sizes") == names.index("shared_sizes") + 1
+    assert names.index("padding_mask") == names.index("attention_sizes") + 1
     assert "rotary_tables" not in names  # no context length: the rows stay per-token
     known = dataclasses.replace(EVERYTHING, rewrite=rewrite, context_length=64)
     _, inputs = _inputs(bundle, known)
