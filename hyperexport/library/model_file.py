@@ -226,7 +226,7 @@ def save_external(
                 source = _external_path(tensor)
                 if source is not None and source == base:
                     offset, length = tensor.offset, tensor.length  # type: ignore[attr-defined]
-                elif tensor.nbytes >= threshold:
+                elif _goes_external(tensor, threshold):
                     assert data is not None, "a linked data file is never appended to"
                     if id(tensor) not in appended:
                         appended[id(tensor)] = _append(data, tensor)
@@ -271,13 +271,31 @@ def _live_bytes(slots: list[TensorSlot], base: str) -> int:
     return sum(length or 0 for _, length in ranges)
 
 
+#: A tensor's ``meta`` key: saved in the model file whatever its size (:func:`keep_in_model_file`).
+IN_MODEL_FILE = "hyperexport.in_model_file"
+
+
+def keep_in_model_file(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+    """Mark ``tensor`` (a pass's constant, made in memory) to be saved in the model file, not
+    appended to the data file: a data file nothing is appended to stays the export's, linked
+    (``link_unchanged``), where appending tens of MB costs reading and hashing all the weights
+    again (20 s at the 1B shape). Returns ``tensor``."""
+    tensor.meta[IN_MODEL_FILE] = True
+    return tensor
+
+
+def _goes_external(tensor: ir.TensorProtocol, threshold: int) -> bool:
+    return tensor.nbytes >= threshold and not tensor.meta.get(IN_MODEL_FILE, False)
+
+
 def _appends(slots: list[TensorSlot], base: str | None, threshold: int) -> tuple[int, int]:
     """``(tensors, bytes)`` that saving appends to the data file: those at or over
-    ``threshold`` that are not already in ``base``, each counted once."""
+    ``threshold`` that are not already in ``base`` (and not kept in the model file), each
+    counted once."""
     seen: dict[int, int] = {}
     for slot in slots:
         source = _external_path(slot.tensor)
-        if (source is None or source != base) and slot.tensor.nbytes >= threshold:
+        if (source is None or source != base) and _goes_external(slot.tensor, threshold):
             seen[id(slot.tensor)] = slot.tensor.nbytes
     return len(seen), sum(seen.values())
 

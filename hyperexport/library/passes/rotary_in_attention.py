@@ -314,7 +314,7 @@ def pack_projection(owner: ir.Graph | ir.Function, attention: ir.Node) -> None:
         for u in part.uses()
         if u.node is not attention
     ]
-    if not all(_reads_batch_sequence_or_type(node, index) for node, index in others):
+    if not all(reads_batch_sequence_or_type(node, index) for node, index in others):
         return
     for node, index in others:
         node.replace_input_with(index, packed)
@@ -324,7 +324,7 @@ def pack_projection(owner: ir.Graph | ir.Function, attention: ir.Node) -> None:
     owner.remove(split, safe=True)
 
 
-def _reads_batch_sequence_or_type(node: ir.Node, index: int) -> bool:
+def reads_batch_sequence_or_type(node: ir.Node, index: int) -> bool:
     """What the packed projection gives alike: ``CastLike``'s type input, or a ``Shape`` read
     at dims 0 and 1 only (by its start and end, or by every ``Gather`` of it)."""
     if node.domain not in ("", "ai.onnx"):

@@ -47,12 +47,14 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, leaf_names
+from hyperexport.library.model_file import keep_in_model_file
 from hyperexport.library.passes.call_sites import call_sites, drop_inputs, insert_input
 from hyperexport.library.passes.compose_functions import CHILD_INDEX
 from hyperexport.library.passes.fuse_layout import ATTENTION_KERNEL
 from hyperexport.library.passes.fuse_values import annotated, constant_array
 from hyperexport.library.passes.graph_probe import POSITION_IDS, Unprobeable, subgraph
 from hyperexport.library.passes.ort_kernels import GQA_INPUTS, MS_DOMAIN
+from hyperexport.library.passes.rotary_in_attention import reads_batch_sequence_or_type
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,15 @@ class RotaryTablesPass(ir.passes.InPlacePass):
         position_ids = next((v for v in graph.inputs if v.name == POSITION_IDS), None)
         if self.positions <= 0 or position_ids is None:
             return ir.passes.PassResult(model, modified=False)
-        RemoveUnusedNodesPass()(model)
+        if position_ids.dtype != ir.DataType.INT64:
+            log.info(
+                "rotary tables: %s is %s, not the kernel's int64: the rows stay per-token",
+                POSITION_IDS,
+                position_ids.dtype,
+            )
+            return ir.passes.PassResult(model, modified=False)
+        # Nodes the earlier passes left unused may still read cos or sin: gone first.
+        cleaned = RemoveUnusedNodesPass()(model).modified
         sites = call_sites(model)
         calls = self.record.children(None)
         tables: dict[tuple[int, int], tuple[ir.Value, ir.Value] | None] = {}
@@ -151,7 +161,7 @@ class RotaryTablesPass(ir.passes.InPlacePass):
                 done,
                 self.positions,
             )
-        return ir.passes.PassResult(model, modified=bool(done))
+        return ir.passes.PassResult(model, modified=bool(done) or cleaned)
 
     def _tables(
         self, model: ir.Model, cos: ir.Value, sin: ir.Value, index: int
@@ -166,7 +176,8 @@ class RotaryTablesPass(ir.passes.InPlacePass):
         made = []
         for role, array in zip(("cos", "sin"), arrays, strict=True):
             name = _free_name(model.graph, f"rotary_tables.{index}.{role}_cache")
-            tensor = ir.tensor(array, name=name)
+            # In the model file: the weights' data file stays the export's (model_file.py).
+            tensor = keep_in_model_file(ir.tensor(array, name=name))
             value = ir.Value(
                 name=name,
                 type=ir.TensorType(tensor.dtype),
@@ -181,8 +192,10 @@ def _refusal(
     graph: ir.Graph, function: ir.Function, nodes: Sequence[ir.Node], calls: Sequence[ModuleCall]
 ) -> str | None:
     """Why a function and its calls cannot take ``position_ids`` and tables, or None."""
-    if not nodes or any(n.graph is not graph or CHILD_INDEX not in n.meta for n in nodes):
+    if not nodes or any(n.graph is not graph for n in nodes):
         return "it is called from another function"
+    if any(CHILD_INDEX not in n.meta for n in nodes):
+        return "its calls are not tied to the captured module calls"
     if _free_function_name(function, POSITION_IDS) != POSITION_IDS:
         return f"it names a value {POSITION_IDS!r} already"
     for node in nodes:
@@ -221,7 +234,9 @@ def _rotation(function: ir.Function) -> _Rotation | None:
     [(cos, sin)] = found
     for index in (cos, sin):
         for usage in function.inputs[index].uses():
-            if id(usage.node) not in chains and not _reads_size_or_type(usage.node, usage.idx):
+            if id(usage.node) not in chains and not reads_batch_sequence_or_type(
+                usage.node, usage.idx
+            ):
                 log.debug("rotary tables: %s: %s reads its rotary input", function.name, usage.node)
                 return None
     return _Rotation(function, cos, sin, tuple(attentions), frozenset(chains))
@@ -231,23 +246,19 @@ def _rows_of(value: ir.Value | None, formals: dict[int, int], chain: set[int]) -
     """The function input whose per-token rows ``value`` is (``Pad(Reshape(Slice(x, [0],
     [half], [-1]), [-1, half]))``, as ``fuse_rotary`` and ``rotary_in_attention`` write it)."""
     pad = value.producer() if value is not None else None
-    if not _is(pad, "Pad"):
+    reshape = _producer(pad, 0, "Pad", "Reshape")
+    half = _producer(reshape, 0, "Reshape", "Slice")
+    if half is None or reshape is None or len(half.inputs) < 4:
         return None
-    reshape = pad.inputs[0].producer() if pad.inputs[0] is not None else None  # type: ignore[union-attr]
-    if not _is(reshape, "Reshape"):
-        return None
-    half = reshape.inputs[0].producer() if reshape.inputs[0] is not None else None  # type: ignore[union-attr]
-    if not _is(half, "Slice") or len(half.inputs) < 4:  # type: ignore[union-attr]
-        return None
-    starts, ends, axes = (constant_array(v) for v in half.inputs[1:4])  # type: ignore[union-attr]
-    width = constant_array(reshape.inputs[1])  # type: ignore[union-attr]
+    starts, ends, axes = (constant_array(v) for v in half.inputs[1:4])
+    width = constant_array(reshape.inputs[1])
     if starts is None or ends is None or axes is None or width is None:
         return None
     if list(starts.ravel()) != [0] or list(axes.ravel()) != [-1] or list(width.ravel())[:1] != [-1]:
         return None
     if list(ends.ravel()) != list(width.ravel())[1:]:
         return None
-    source = half.inputs[0]  # type: ignore[union-attr]
+    source = half.inputs[0]
     if source is None or id(source) not in formals:
         return None
     chain.update(id(n) for n in (pad, reshape, half))
@@ -257,15 +268,13 @@ def _rows_of(value: ir.Value | None, formals: dict[int, int], chain: set[int]) -
 def _row_numbers(value: ir.Value | None, chain: set[int]) -> bool:
     """Whether ``value`` is ``fuse_rotary``'s ``Reshape(Range(0, rows, 1), ...)``."""
     reshape = value.producer() if value is not None else None
-    if not _is(reshape, "Reshape"):
+    numbers = _producer(reshape, 0, "Reshape", "Range")
+    if numbers is None or reshape is None:
         return False
-    numbers = reshape.inputs[0].producer() if reshape.inputs[0] is not None else None  # type: ignore[union-attr]
-    if not _is(numbers, "Range"):
-        return False
-    start, step = constant_array(numbers.inputs[0]), constant_array(numbers.inputs[2])  # type: ignore[union-attr]
+    start, step = constant_array(numbers.inputs[0]), constant_array(numbers.inputs[2])
     if start is None or step is None or int(start) != 0 or int(step) != 1:
         return False
-    chain.update(_ancestors(reshape))  # type: ignore[arg-type]
+    chain.update(_ancestors(reshape))
     return True
 
 
@@ -282,17 +291,15 @@ def _ancestors(node: ir.Node) -> set[int]:
     return found
 
 
-def _reads_size_or_type(node: ir.Node, index: int) -> bool:
-    """A ``Shape`` read at dims 0 and 1 only (what ``position_ids`` gives alike), or
-    ``CastLike``'s type input (what the tables give alike)."""
-    if node.domain not in ("", "ai.onnx"):
-        return False
-    if node.op_type == "CastLike":
-        return index == 1
-    if node.op_type != "Shape":
-        return False
-    start, end = node.attributes.get_int("start", 0), node.attributes.get_int("end", 3)
-    return 0 <= start < end <= 2
+def _producer(node: ir.Node | None, index: int, op_type: str, wanted: str) -> ir.Node | None:
+    """The producer of ``node``'s input ``index`` if ``node`` is an ``op_type`` and the
+    producer a ``wanted`` (default domain both), else None."""
+    if not _is(node, op_type):
+        return None
+    assert node is not None  # _is
+    value = node.inputs[index] if index < len(node.inputs) else None
+    producer = value.producer() if value is not None else None
+    return producer if _is(producer, wanted) else None
 
 
 def _is(node: ir.Node | None, op_type: str) -> bool:

@@ -283,6 +283,25 @@ def test_appended_tensors_copy_the_weights_first_and_say_so(
     )
 
 
+def test_a_tensor_kept_in_the_model_file_leaves_the_weights_linked(tmp_path: Path) -> None:
+    """A pass's constant marked ``keep_in_model_file`` (the rotary tables, 33 MB at the 1B
+    shape) is written into the protobuf however large, so nothing is appended and the data file
+    stays a link to the export's weights."""
+    bundle = tmp_path / "units"
+    bundle.mkdir()
+    out = tmp_path / "model.onnx"
+    model = _weights_model(bundle, extra=np.ones((8, 64), np.float32))  # 2048 bytes, in memory
+    bias = model.graph.initializers["B"].const_value
+    assert bias is not None
+    model_file.keep_in_model_file(bias)
+    save_model(model, out, external_data=True, threshold=1024, link_unchanged=True)
+    data = tmp_path / "model.onnx.data"
+    assert data.is_symlink() and os.readlink(data) == str((bundle / "weights.data").resolve())
+    proto = onnx.load(out, load_external_data=False)
+    kept = {t.name: t for t in proto.graph.initializer}["B"]
+    assert _external(kept) is None and len(kept.raw_data) == 2048
+
+
 def _plain_copy(src: Path, dst: Path) -> str:
     shutil.copyfile(src, dst)
     return "copy"

@@ -16,6 +16,7 @@ from hyperexport.library.tasks.genai_config import (
     build_genai_config,
     genai_config_problems,
     genai_source,
+    recorded_context_length,
 )
 from hyperexport.library.tasks.registry import GENAI_CONFIG
 from hyperexport.library.tasks.registry import GENERATION_REFERENCE_JSON as REFERENCE_JSON
@@ -137,3 +138,14 @@ def test_the_quantize_stages_config_is_judged_in_place_of_the_traces(tmp_path: P
         'genai_config.json: model.decoder.filename is "model.onnx", the model\'s config gives '
         '"model.quantized.onnx"'
     ]
+
+
+def test_the_rewrite_reads_the_recorded_context_length_and_none_without_a_reference(
+    tmp_path: Path,
+) -> None:
+    """The rewrite stage's ``ExportOptions.context_length`` (``passes/rotary_tables.py``): the
+    recorded model config's, 0 for a trace of another task (no reference) or none recorded."""
+    genai = build_genai_config(LLAMA, model_file="model.onnx")
+    assert recorded_context_length(_trace_dir(tmp_path, genai, LLAMA)) == 96
+    assert recorded_context_length(_trace_dir(tmp_path, genai, None)) == 0
+    assert recorded_context_length(tmp_path / "empty") == 0
