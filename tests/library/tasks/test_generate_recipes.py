@@ -145,6 +145,12 @@ def test_generation_recipe_fused_for_onnxruntime_and_int4_decodes_as_transformer
     genai = json.loads((folder / "genai_config.json").read_text())
     assert genai["model"]["decoder"]["filename"] == "model.quantized.onnx"
     assert (folder / "model.quantized.onnx").is_file() and (folder / "model.onnx").is_file()
+    # The attention rotates by constant tables read at position_ids (passes/rotary_tables.py),
+    # but in Phi-3, whose rotary the fusion leaves unfused (its slices of the packed projection).
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    tables = name != "zoo_phi3_generate"
+    assert all(("position_ids" in f.input) is tables for f in model.functions)
+    assert all(not {"cos", "sin"} & set(f.input) for f in model.functions) is tables
 
 
 @pytest.mark.parametrize(
