@@ -93,8 +93,9 @@ def _mask_of(
     return masks[0], sorted(nodes.values(), key=lambda n: order[id(n)])
 
 
-def _agree(mask: ir.Value, nodes: Sequence[ir.Node], sizes: Sequence[ir.Value]) -> bool:
-    """Whether the sizes are the kernel's contract on every probe (evaluated by ONNX Runtime)."""
+def _agree(mask: ir.Value, nodes: Sequence[ir.Node], sizes: Sequence[ir.Value], opset: int) -> bool:
+    """Whether the sizes are the kernel's contract on every probe (evaluated by ONNX Runtime
+    at the model's ``opset``)."""
     import onnxruntime as ort
 
     names = [v.name or "" for v in sizes]
@@ -110,7 +111,7 @@ def _agree(mask: ir.Value, nodes: Sequence[ir.Node], sizes: Sequence[ir.Value]) 
                 for n, v in zip(names, sizes, strict=True)
             ],
         ),
-        opset_imports=[onnx.helper.make_opsetid("", 18)],
+        opset_imports=[onnx.helper.make_opsetid("", opset)],
     )
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for batch, new, total in PROBES:
@@ -184,7 +185,8 @@ class AttentionSizesPass(ir.passes.InPlacePass):
                 if sizes is not None and _rebuilt(sizes[1]):
                     continue
                 found = _mask_of(function, sizes) if sizes is not None else None
-                if sizes is None or found is None or not _agree(found[0], found[1], sizes):
+                opset = function.opset_imports.get("", model.opset_imports.get("", 18))
+                if sizes is None or found is None or not _agree(*found, sizes, opset):
                     log.debug("attention sizes: %s: %s kept", function.name, attention.name)
                     continue
                 _rebuild(function, attention, found[0])

@@ -138,7 +138,7 @@ class RotaryTablesPass(ir.passes.InPlacePass):
                 plans.append((rotation, nodes))
             for rotation, nodes in plans:
                 cos, sin = nodes[0].inputs[rotation.cos], nodes[0].inputs[rotation.sin]
-                assert cos is not None and sin is not None  # _refusal
+                assert cos is not None and sin is not None  # read inputs are passed
                 key = (id(cos), id(sin))
                 if key not in tables:
                     tables[key] = self._tables(model, cos, sin, len(tables))
