@@ -93,9 +93,11 @@ def _mask_of(
     return masks[0], sorted(nodes.values(), key=lambda n: order[id(n)])
 
 
-def _agree(mask: ir.Value, nodes: Sequence[ir.Node], sizes: Sequence[ir.Value], opset: int) -> bool:
+def _agree(
+    mask: ir.Value, nodes: Sequence[ir.Node], sizes: Sequence[ir.Value], model: ir.Model
+) -> bool:
     """Whether the sizes are the kernel's contract on every probe (evaluated by ONNX Runtime
-    at the model's ``opset``)."""
+    at ``model``'s opset and IR version: the installed ONNX Runtime may read no newer one)."""
     import onnxruntime as ort
 
     names = [v.name or "" for v in sizes]
@@ -111,7 +113,8 @@ def _agree(mask: ir.Value, nodes: Sequence[ir.Node], sizes: Sequence[ir.Value], 
                 for n, v in zip(names, sizes, strict=True)
             ],
         ),
-        opset_imports=[onnx.helper.make_opsetid("", opset)],
+        opset_imports=[onnx.helper.make_opsetid("", model.opset_imports.get("", 18))],
+        ir_version=model.ir_version,
     )
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for batch, new, total in PROBES:
@@ -185,8 +188,7 @@ class AttentionSizesPass(ir.passes.InPlacePass):
                 if sizes is not None and _rebuilt(sizes[1]):
                     continue
                 found = _mask_of(function, sizes) if sizes is not None else None
-                opset = function.opset_imports.get("", model.opset_imports.get("", 18))
-                if sizes is None or found is None or not _agree(*found, sizes, opset):
+                if sizes is None or found is None or not _agree(*found, sizes, model):
                     log.debug("attention sizes: %s: %s kept", function.name, attention.name)
                     continue
                 _rebuild(function, attention, found[0])

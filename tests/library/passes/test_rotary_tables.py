@@ -20,7 +20,12 @@ import pytest
 
 from hyperexport.library.passes.graph_probe import Unprobeable
 from hyperexport.library.passes.rotary_tables import _evaluate
-from tests.helpers.release_skips import NEEDS_GQA_QUERY_SEQLENS
+from tests.helpers.release_skips import (
+    NEEDS_DECODING_TASKS,
+    NEEDS_GQA_QUERY_SEQLENS,
+    NEEDS_HYPEREXPORT_ATTENTION,
+    NEEDS_OPSET_18,
+)
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, CONTEXT, VOCAB = 2, 64, 4, 2, 96, 128
 
@@ -89,6 +94,9 @@ def steps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @NEEDS_GQA_QUERY_SEQLENS
+@NEEDS_HYPEREXPORT_ATTENTION
+@NEEDS_DECODING_TASKS
+@NEEDS_OPSET_18
 def test_the_step_takes_position_ids_and_tables_for_cos_and_sin(steps: tuple[Path, Path]) -> None:
     rows, tables = (onnx.load(str(p), load_external_data=False) for p in steps)
     [before], [after] = rows.functions, tables.functions
@@ -111,6 +119,9 @@ def test_the_step_takes_position_ids_and_tables_for_cos_and_sin(steps: tuple[Pat
 
 
 @NEEDS_GQA_QUERY_SEQLENS
+@NEEDS_HYPEREXPORT_ATTENTION
+@NEEDS_DECODING_TASKS
+@NEEDS_OPSET_18
 def test_a_left_padded_prompt_and_the_decode_after_it_compute_the_same(
     steps: tuple[Path, Path],
 ) -> None:
