@@ -139,5 +139,10 @@ def _checkpoint_with_seed(directory: Path, seed: int) -> None:
     path = directory / "model.safetensors"
     tensors = load_file(path)
     generator = torch.Generator().manual_seed(seed)
-    changed = {k: torch.randn(v.shape, generator=generator).to(v.dtype) for k, v in tensors.items()}
+    # Every tensor's bytes change; the values stay near the model's own (unit-normal weights
+    # everywhere drove torch 2.2.2's logits past the check's tolerance on one machine).
+    changed = {
+        k: (v.float() + 0.02 * torch.randn(v.shape, generator=generator)).to(v.dtype)
+        for k, v in tensors.items()
+    }
     save_file(changed, path, metadata={"format": "pt"})
