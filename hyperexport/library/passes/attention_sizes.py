@@ -29,6 +29,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from hyperexport.library.passes.fuse_layout import ATTENTION_KERNEL
 from hyperexport.library.passes.fuse_values import annotated
+from hyperexport.library.passes.graph_probe import probe_model, probe_session
 from hyperexport.library.passes.ir_build import insert_ints, insert_op, insert_tensor
 from hyperexport.library.passes.ort_kernels import GQA_INPUTS, MS_DOMAIN
 
@@ -50,6 +51,10 @@ def expected_sizes(batch: int, new: int, total: int) -> tuple[np.ndarray, ...]:
         np.array(total, np.int32),
         np.full(batch, new, np.int32),
     )
+
+
+def _is_attention(node: ir.Node) -> bool:
+    return node.domain == MS_DOMAIN and node.op_type == ATTENTION_KERNEL
 
 
 def _sizes(attention: ir.Node) -> list[ir.Value] | None:
@@ -98,25 +103,20 @@ def _agree(
 ) -> bool:
     """Whether the sizes are the kernel's contract on every probe (evaluated by ONNX Runtime
     at ``model``'s opset and IR version: the installed ONNX Runtime may read no newer one)."""
-    import onnxruntime as ort
-
     names = [v.name or "" for v in sizes]
     if not all(names) or not mask.name or mask.dtype is None or any(v.dtype is None for v in sizes):
         return False
-    proto = onnx.helper.make_model(
-        onnx.helper.make_graph(
-            [ir.serde.serialize_node(n) for n in nodes],
-            "attention_sizes_probe",
-            [onnx.helper.make_tensor_value_info(mask.name, int(mask.dtype), None)],
-            [
-                onnx.helper.make_tensor_value_info(n, int(v.dtype), None)  # type: ignore[arg-type]
-                for n, v in zip(names, sizes, strict=True)
-            ],
-        ),
-        opset_imports=[onnx.helper.make_opsetid("", model.opset_imports.get("", 18))],
-        ir_version=model.ir_version,
+    proto = probe_model(
+        model,
+        "attention_sizes_probe",
+        nodes,
+        [onnx.helper.make_tensor_value_info(mask.name, int(mask.dtype), None)],
+        [
+            onnx.helper.make_tensor_value_info(n, int(v.dtype), None)  # type: ignore[arg-type]
+            for n, v in zip(names, sizes, strict=True)
+        ],
     )
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = probe_session(proto)
     for batch, new, total in PROBES:
         feed = np.zeros((batch, 1, new, total), mask.dtype.numpy())
         got = session.run(None, {mask.name: feed})
@@ -170,6 +170,12 @@ class AttentionSizesPass(ir.passes.InPlacePass):
     """The fewest kernels for every ``GroupQueryAttention``'s sizes (module docstring)."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not any(
+            _is_attention(node) and _sizes(node) is not None
+            for function in model.functions.values()
+            for node in function
+        ):  # no attention over a cache: no shape inference either
+            return ir.passes.PassResult(model, modified=False)
         with annotated(model):  # the sizes' types, for the probe
             rebuilt = self._rebuild_all(model)
         if rebuilt:
@@ -182,7 +188,7 @@ class AttentionSizesPass(ir.passes.InPlacePass):
         rebuilt = 0
         for function in model.functions.values():
             for attention in list(function):
-                if attention.domain != MS_DOMAIN or attention.op_type != ATTENTION_KERNEL:
+                if not _is_attention(attention):
                     continue
                 sizes = _sizes(attention)
                 if sizes is not None and _rebuilt(sizes[1]):

@@ -65,12 +65,12 @@ def _rotate_projection(owner: ir.Graph | ir.Function, rotary: ir.Node) -> int:
     types: list[ir.Node] = []  # CastLike(x, result)
     for user, index in result.uses():
         merged = _merged(user)
-        gathered = _gathered_axes(user) if _is(user, "Shape") else None
+        gathered = _gathered_axes(user) if is_op(user, "Shape") else None
         if merged is not None:
             merges.append(merged)
         elif gathered is not None:
             sizes.extend(gathered)
-        elif _is(user, "CastLike") and index == 1:
+        elif is_op(user, "CastLike") and index == 1:
             types.append(user)
         else:
             return 0
@@ -126,7 +126,7 @@ def _split(heads: ir.Value | None) -> tuple[ir.Value, ir.Value] | None:
         return None
     four = transpose.inputs[0]  # type: ignore[union-attr]
     reshape = four.producer() if four is not None else None
-    if not _is(reshape, "Reshape") or four is None or len(four.uses()) != 1:
+    if not is_op(reshape, "Reshape") or four is None or len(four.uses()) != 1:
         return None
     x = reshape.inputs[0]  # type: ignore[union-attr]
     shape = shape_of(x)
@@ -171,7 +171,7 @@ def _merged(user: ir.Node, x: ir.Value | None = None) -> ir.Value | None:
     if len(uses) != 1:
         return None
     reshape = uses[0][0]
-    if not _is(reshape, "Reshape"):
+    if not is_op(reshape, "Reshape"):
         return None
     merged = reshape.outputs[0]
     if ints(reshape.inputs[1]) == [0, 0, -1]:
@@ -197,21 +197,21 @@ def _target_dims(target: ir.Value | None) -> list[object] | None:
     value's ``Shape`` at a constant axis (the TorchScript path's ``x.view(*x.shape[:2], -1)``):
     its dimensions, symbolic where the value's are; else None."""
     concat = target.producer() if target is not None else None
-    if not _is(concat, "Concat"):
+    if not is_op(concat, "Concat"):
         return None
     dims: list[object] = []
     for item in concat.inputs:  # type: ignore[union-attr]
         node = item.producer() if item is not None else None
-        if _is(node, "Unsqueeze"):
+        if is_op(node, "Unsqueeze"):
             item = node.inputs[0]  # type: ignore[union-attr]
             node = item.producer() if item is not None else None
         constant = ints(item)
         if constant is not None and len(constant) == 1:
             dims.append(constant[0])
             continue
-        shape = node.inputs[0].producer() if _is(node, "Gather") and node.inputs[0] else None  # type: ignore[union-attr]
+        shape = node.inputs[0].producer() if is_op(node, "Gather") and node.inputs[0] else None  # type: ignore[union-attr]
         axis = ints(node.inputs[1]) if shape is not None else None  # type: ignore[union-attr]
-        source = shape_of(shape.inputs[0]) if _is(shape, "Shape") else None  # type: ignore[union-attr]
+        source = shape_of(shape.inputs[0]) if is_op(shape, "Shape") else None  # type: ignore[union-attr]
         if (
             source is None
             or axis is None
@@ -230,7 +230,7 @@ def _gathered_axes(shape: ir.Node) -> list[tuple[ir.Node, int]] | None:
         return None
     found = []
     for gather, index in shape.outputs[0].uses():
-        axis = ints(gather.inputs[1]) if _is(gather, "Gather") and index == 0 else None
+        axis = ints(gather.inputs[1]) if is_op(gather, "Gather") and index == 0 else None
         if axis is None or len(axis) != 1 or axis[0] not in (0, 2):
             return None
         if gather.attributes.get_int("axis", 0) != 0:
@@ -260,14 +260,15 @@ def cancel_round_trips(model: ir.Model) -> int:
     return cancelled
 
 
-def _is(node: ir.Node | None, op_type: str) -> bool:
+def is_op(node: ir.Node | None, op_type: str) -> bool:
+    """Whether ``node`` is a default-domain ``op_type``."""
     return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
 def swaps_heads(node: ir.Node | None) -> bool:
     """Whether ``node`` is a ``Transpose`` between ``(batch, seq, heads, dim)`` and
     ``(batch, heads, seq, dim)``."""
-    return _is(node, "Transpose") and _perm(node) == _SWAP_HEADS  # type: ignore[arg-type]
+    return is_op(node, "Transpose") and _perm(node) == _SWAP_HEADS  # type: ignore[arg-type]
 
 
 def _perm(transpose: ir.Node) -> tuple[int, ...] | None:

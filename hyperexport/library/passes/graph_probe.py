@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
+from hyperexport.library.passes.fuse_layout import is_op
 from hyperexport.library.passes.share_kv_buffer import ATTENTION_MASK, INPUT_IDS, PAST_NAME
 
 #: The main graph's position input (``KVStep``), which probes feed as transformers makes it.
@@ -83,8 +85,9 @@ def _dims(value: ir.Value, names: dict[str, str]) -> tuple[int | str, ...] | Non
     return tuple(dims)
 
 
-def _ancestry(graph: ir.Graph, values: Sequence[ir.Value]) -> set[int]:
-    """The ids of the main-graph nodes ``values`` are computed from."""
+def ancestry(graph: ir.Graph, values: Sequence[ir.Value]) -> set[int]:
+    """The ids of the nodes of ``graph`` (a main graph or a function's) ``values`` are
+    computed from."""
     found: set[int] = set()
     stack = list(values)
     while stack:
@@ -94,10 +97,6 @@ def _ancestry(graph: ir.Graph, values: Sequence[ir.Value]) -> set[int]:
         found.add(id(producer))
         stack.extend(v for v in producer.inputs if v is not None)
     return found
-
-
-def _is_shape(node: ir.Node) -> bool:
-    return node.op_type == "Shape" and node.domain in ("", "ai.onnx")
 
 
 def subgraph(
@@ -122,7 +121,7 @@ def subgraph(
     """
     graph = model.graph
     names = size_names(graph)
-    everything = _ancestry(graph, outputs)
+    everything = ancestry(graph, outputs)
     nodes: list[ir.Node] = []
     seen: set[int] = set()
     inputs: dict[str, tuple[ir.Value, tuple[int | str, ...] | None]] = {}
@@ -134,7 +133,7 @@ def subgraph(
         if dims is None or read.dtype is None or read.is_initializer():
             return None
         readers = [u.node for u in read.uses() if id(u.node) in everything]
-        return dims if all(_is_shape(n) for n in readers) else None
+        return dims if all(is_op(n, "Shape") for n in readers) else None
 
     stack = list(outputs)
     while stack:
@@ -177,19 +176,16 @@ def subgraph(
         if elem_type is None and value.dtype is None:
             raise Unprobeable(f"the type of {value.name!r} is unknown")
         types.append(elem_type if elem_type is not None else int(value.dtype))  # type: ignore[arg-type]
-    proto = onnx.helper.make_model(
-        onnx.helper.make_graph(
-            [ir.serde.serialize_node(n) for n in nodes],
-            name,
-            [ir.serde.serialize_value(value) for value, _ in inputs.values()],
-            [
-                onnx.helper.make_tensor_value_info(value.name or "", kind, None)
-                for value, kind in zip(outputs, types, strict=True)
-            ],
-            [ir.serde.serialize_tensor(_loaded(v)) for v in constants.values()],
-        ),
-        opset_imports=[onnx.helper.make_opsetid("", model.opset_imports.get("", 18))],
-        ir_version=model.ir_version,
+    proto = probe_model(
+        model,
+        name,
+        nodes,
+        [ir.serde.serialize_value(value) for value, _ in inputs.values()],
+        [
+            onnx.helper.make_tensor_value_info(value.name or "", kind, None)
+            for value, kind in zip(outputs, types, strict=True)
+        ],
+        [ir.serde.serialize_tensor(_loaded(v)) for v in constants.values()],
     )
     return Subgraph(
         proto,
@@ -198,6 +194,37 @@ def subgraph(
             for read, (value, dims) in inputs.items()
         ),
     )
+
+
+def probe_model(
+    model: ir.Model,
+    name: str,
+    nodes: Sequence[ir.Node],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    initializers: Sequence[onnx.TensorProto] = (),
+) -> onnx.ModelProto:
+    """``nodes`` (default-domain, of ``model``'s main graph or a function body) as a model of
+    their own, at ``model``'s opset and IR version: the installed ONNX Runtime may read no newer
+    one than the model it runs."""
+    return onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [ir.serde.serialize_node(n) for n in nodes],
+            name,
+            list(inputs),
+            list(outputs),
+            list(initializers),
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", model.opset_imports.get("", 18))],
+        ir_version=model.ir_version,
+    )
+
+
+def probe_session(proto: onnx.ModelProto) -> Any:
+    """An ONNX Runtime CPU session of a probe model (imported here: only a probe needs it)."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 def _loaded(value: ir.Value) -> ir.TensorProtocol:

@@ -36,6 +36,7 @@ import onnx_ir as ir
 
 from hyperexport.base.contracts.names import META_MODULE_CLASS, META_MODULE_PATH
 from hyperexport.library.passes.call_sites import call_sites, drop_inputs
+from hyperexport.library.passes.ir_build import fresh_name, unique_name, value_names
 from hyperexport.library.tensor_slots import attribute_tensor
 
 log = logging.getLogger(__name__)
@@ -212,11 +213,11 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=True)
 
     def _fresh(self, name: str, graph: ir.Graph) -> str:
-        """:func:`_fresh`, with the graph's names gathered once per call of the pass."""
+        """``ir_build.fresh_name``, with the graph's names gathered once per call of the pass."""
         taken = self._taken.get(id(graph))
         if taken is None:
-            taken = self._taken[id(graph)] = _names_in(graph)
-        fresh = _unique(name, taken)
+            taken = self._taken[id(graph)] = value_names(graph)
+        fresh = unique_name(name, taken)
         taken.add(fresh)
         return fresh
 
@@ -329,26 +330,6 @@ def under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + ".")
 
 
-def _names_in(graph: ir.Graph) -> set[str]:
-    """Every value name of ``graph``: inputs, initializers, node outputs."""
-    taken = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
-    taken |= {o.name for node in graph for o in node.outputs if o.name}
-    return taken
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    """``name``, or ``name`` with a suffix when ``taken`` holds it."""
-    candidate, i = name, 1
-    while candidate in taken:
-        candidate, i = f"{name}.{i}", i + 1
-    return candidate
-
-
-def _fresh(name: str, graph: ir.Graph) -> str:
-    """``name``, or ``name`` with a suffix when the graph already has a value of that name."""
-    return _unique(name, _names_in(graph))
-
-
 def _remove_dead(
     values: list[tuple[ir.Graph, ir.Value]],
     sites: dict[ir.OperatorIdentifier, list[ir.Node]],
@@ -388,7 +369,7 @@ def _initializers(
     graph: ir.Graph,
     names: list[str],
     arrays: list[np.ndarray],
-    fresh: Callable[[str, ir.Graph], str] = _fresh,
+    fresh: Callable[[str, ir.Graph], str] = fresh_name,
 ) -> list[ir.Value]:
     """``arrays`` as new initializers of the main graph ``graph``, named after ``names``
     (made unique by ``fresh``)."""

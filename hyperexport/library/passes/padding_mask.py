@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from hyperexport.library.passes.fuse_layout import is_op
 from hyperexport.library.passes.fuse_values import annotated
 from hyperexport.library.passes.graph_probe import (
     BATCH,
@@ -47,6 +48,7 @@ from hyperexport.library.passes.graph_probe import (
     TOTAL,
     Subgraph,
     Unprobeable,
+    probe_session,
     subgraph,
 )
 from hyperexport.library.passes.ort_kernels import GQA_INPUTS, MS_DOMAIN
@@ -145,24 +147,20 @@ def _causal_only(value: ir.Value) -> bool:
     condition) whose every use is a ``GroupQueryAttention``'s ``attention_bias``, and by one
     such ``Where`` at least."""
     uses = list(value.uses())
-    if all(_is_shape(u.node) for u in uses):
+    if all(is_op(u.node, "Shape") for u in uses):
         return False
     for usage in uses:
         node = usage.node
-        if _is_shape(node):
+        if is_op(node, "Shape"):
             continue
         if node.op_type != "Where" or node.domain not in ("", "ai.onnx") or usage.idx != 0:
             return False
         readers = list(node.outputs[0].uses())
         if not any(_is_bias(u) for u in readers) or not all(
-            _is_bias(u) or _is_shape(u.node) for u in readers
+            _is_bias(u) or is_op(u.node, "Shape") for u in readers
         ):
             return False
     return True
-
-
-def _is_shape(node: ir.Node) -> bool:
-    return node.op_type == "Shape" and node.domain in ("", "ai.onnx")
 
 
 def _is_bias(usage: Any) -> bool:
@@ -191,11 +189,7 @@ def _first_difference(model: ir.Model, value: ir.Value) -> str | None:
         probe = _Probe(subgraph(model, [value], "padding_mask_probe", onnx.TensorProto.BOOL))
     except Unprobeable as e:
         return str(e)
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(
-        probe.graph.model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = probe_session(probe.graph.model)
     for new, total, pads in PROBES:
         feeds = probe.feeds(new, total, pads)
         if feeds is None:

@@ -38,6 +38,7 @@ context length (``tasks/genai_config.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,9 +51,16 @@ from hyperexport.base.contracts.records import CaptureRecord, ModuleCall, leaf_n
 from hyperexport.library.model_file import keep_in_model_file
 from hyperexport.library.passes.call_sites import call_sites, drop_inputs, insert_input
 from hyperexport.library.passes.compose_functions import CHILD_INDEX
-from hyperexport.library.passes.fuse_layout import ATTENTION_KERNEL
+from hyperexport.library.passes.fuse_layout import ATTENTION_KERNEL, is_op
 from hyperexport.library.passes.fuse_values import annotated, constant_array
-from hyperexport.library.passes.graph_probe import POSITION_IDS, Unprobeable, subgraph
+from hyperexport.library.passes.graph_probe import (
+    POSITION_IDS,
+    Unprobeable,
+    ancestry,
+    probe_session,
+    subgraph,
+)
+from hyperexport.library.passes.ir_build import fresh_name
 from hyperexport.library.passes.ort_kernels import GQA_INPUTS, MS_DOMAIN
 from hyperexport.library.passes.rotary_in_attention import reads_batch_sequence_or_type
 
@@ -119,23 +127,22 @@ class RotaryTablesPass(ir.passes.InPlacePass):
         calls = self.record.children(None)
         tables: dict[tuple[int, int], tuple[ir.Value, ir.Value] | None] = {}
         rewired = []
-        with annotated(model):
-            plans = []
-            for ident, function in model.functions.items():
-                rotation = _rotation(function)
-                if rotation is None:
-                    continue
-                nodes = sites[ident]
-                why = _refusal(graph, function, nodes, calls)
-                if why is None:
-                    pairs = {
-                        (id(n.inputs[rotation.cos]), id(n.inputs[rotation.sin])) for n in nodes
-                    }
-                    why = None if len(pairs) == 1 else "its calls pass different cos or sin"
-                if why is not None:
-                    log.info("rotary tables: %s keeps its per-token rows: %s", function.name, why)
-                    continue
-                plans.append((rotation, nodes))
+        plans = []
+        for ident, function in model.functions.items():
+            rotation = _rotation(function)
+            if rotation is None:
+                continue
+            nodes = sites[ident]
+            why = _refusal(graph, function, nodes, calls)
+            if why is None:
+                pairs = {(id(n.inputs[rotation.cos]), id(n.inputs[rotation.sin])) for n in nodes}
+                why = None if len(pairs) == 1 else "its calls pass different cos or sin"
+            if why is not None:
+                log.info("rotary tables: %s keeps its per-token rows: %s", function.name, why)
+                continue
+            plans.append((rotation, nodes))
+        # Shapes inferred only where tables are to be made (the probes read the types).
+        with annotated(model) if plans else contextlib.nullcontext():
             for rotation, nodes in plans:
                 cos, sin = nodes[0].inputs[rotation.cos], nodes[0].inputs[rotation.sin]
                 assert cos is not None and sin is not None  # read inputs are passed
@@ -175,7 +182,7 @@ class RotaryTablesPass(ir.passes.InPlacePass):
             return None
         made = []
         for role, array in zip(("cos", "sin"), arrays, strict=True):
-            name = _free_name(model.graph, f"rotary_tables.{index}.{role}_cache")
+            name = fresh_name(f"rotary_tables.{index}.{role}_cache", model.graph)
             # In the model file: the weights' data file stays the export's (model_file.py).
             tensor = keep_in_model_file(ir.tensor(array, name=name))
             value = ir.Value(
@@ -196,7 +203,7 @@ def _refusal(
         return "it is called from another function"
     if any(CHILD_INDEX not in n.meta for n in nodes):
         return "its calls are not tied to the captured module calls"
-    if _free_function_name(function, POSITION_IDS) != POSITION_IDS:
+    if fresh_name(POSITION_IDS, function.graph) != POSITION_IDS:
         return f"it names a value {POSITION_IDS!r} already"
     for node in nodes:
         call = calls[node.meta[CHILD_INDEX]]
@@ -274,36 +281,21 @@ def _row_numbers(value: ir.Value | None, chain: set[int]) -> bool:
     start, step = constant_array(numbers.inputs[0]), constant_array(numbers.inputs[2])
     if start is None or step is None or int(start) != 0 or int(step) != 1:
         return False
-    chain.update(_ancestors(reshape))
+    assert reshape.graph is not None  # a node of the function's body
+    chain.add(id(reshape))
+    chain.update(ancestry(reshape.graph, [v for v in reshape.inputs if v is not None]))
     return True
-
-
-def _ancestors(node: ir.Node) -> set[int]:
-    """The ids of ``node`` and the nodes of its graph it is computed from."""
-    found: set[int] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if id(current) in found:
-            continue
-        found.add(id(current))
-        stack.extend(p for v in current.inputs if v is not None and (p := v.producer()))
-    return found
 
 
 def _producer(node: ir.Node | None, index: int, op_type: str, wanted: str) -> ir.Node | None:
     """The producer of ``node``'s input ``index`` if ``node`` is an ``op_type`` and the
     producer a ``wanted`` (default domain both), else None."""
-    if not _is(node, op_type):
+    if not is_op(node, op_type):
         return None
     assert node is not None  # _is
     value = node.inputs[index] if index < len(node.inputs) else None
     producer = value.producer() if value is not None else None
-    return producer if _is(producer, wanted) else None
-
-
-def _is(node: ir.Node | None, op_type: str) -> bool:
-    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+    return producer if is_op(producer, wanted) else None
 
 
 def _evaluate(model: ir.Model, cos: ir.Value, sin: ir.Value, positions: int) -> list[np.ndarray]:
@@ -313,16 +305,12 @@ def _evaluate(model: ir.Model, cos: ir.Value, sin: ir.Value, positions: int) -> 
     Raises:
         Unprobeable: They read other inputs, are not per-position, or do not repeat halves.
     """
-    import onnxruntime as ort
-
     probe = subgraph(model, [cos, sin], "rotary_tables_probe", unsized=(POSITION_IDS,))
     read = [name for name, _, _ in probe.inputs]
     if read != [POSITION_IDS]:
         raise Unprobeable(f"they are computed from {read}, not from {POSITION_IDS} alone")
     kind = probe.inputs[0][1]
-    session = ort.InferenceSession(
-        probe.model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = probe_session(probe.model)
     full = session.run(None, {POSITION_IDS: np.arange(positions, dtype=kind)[None, :]})
     for table in full:
         if table.ndim != 3 or table.shape[:2] != (1, positions) or table.shape[2] % 2:
@@ -357,7 +345,7 @@ def _read_by_position(
     positions = ir.Value(name=POSITION_IDS, type=position_ids.type, shape=position_ids.shape)
     cos_table, sin_table = (
         ir.Value(
-            name=_free_function_name(function, f"rotary_{role}_cache"),
+            name=fresh_name(f"rotary_{role}_cache", function.graph),
             type=table.type,
             shape=table.shape,
         )
@@ -409,19 +397,3 @@ def _first_weight(inputs: Sequence[ir.Value], nodes: Sequence[ir.Node]) -> int:
     while at > 0 and all((v := n.inputs[at - 1]) is not None and v.is_initializer() for n in nodes):
         at -= 1
     return at
-
-
-def _free_name(graph: ir.Graph, name: str) -> str:
-    taken = set(graph.initializers) | {v.name for v in graph.inputs}
-    stem, k = name, 1
-    while name in taken:
-        name, k = f"{stem}_{k}", k + 1
-    return name
-
-
-def _free_function_name(function: ir.Function, name: str) -> str:
-    taken = {v.name for v in function.inputs} | {v.name for node in function for v in node.outputs}
-    stem, k = name, 1
-    while name in taken:
-        name, k = f"{stem}_{k}", k + 1
-    return name

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from hyperexport.library.passes.fuse_layout import read_axis, shape_of
+from hyperexport.library.passes.fuse_layout import is_op, read_axis, shape_of
 from hyperexport.library.passes.fuse_values import annotated, dtype, ints
 
 
@@ -37,16 +37,16 @@ def read_shared(model: ir.Model) -> int:
         for key, function in model.functions.items():
             sources = [v for v in shared.get(key, ()) if v.shape is not None]
             for node in list(function):
-                if _is(node, "Shape") and node.inputs[0] not in sources:
+                if is_op(node, "Shape") and node.inputs[0] not in sources:
                     moved += _read_size(function, node, sources)
-                elif _is(node, "CastLike") and node.inputs[1] not in sources:
+                elif is_op(node, "CastLike") and node.inputs[1] not in sources:
                     moved += _type_from(node, sources)
     # Shapes inferred again: a piece's length is known once it is read off a shared input.
     with annotated(model):
         for key, function in model.functions.items():
             if shared.get(key):
                 for node in list(function):
-                    if _is(node, "Gather"):
+                    if is_op(node, "Gather"):
                         moved += _gather_from_piece(function, node)
     return moved
 
@@ -58,7 +58,7 @@ def _gather_from_piece(owner: ir.Function, gather: ir.Node) -> int:
     data, index = gather.inputs[0], gather.inputs[1]
     concat = data.producer() if data is not None else None
     at = ints(index)
-    if concat is None or not _is(concat, "Concat") or at is None or len(at) != 1 or at[0] < 0:
+    if concat is None or not is_op(concat, "Concat") or at is None or len(at) != 1 or at[0] < 0:
         return 0
     if gather.attributes.get_int("axis", 0) != 0 or concat.attributes.get_int("axis", 0) != 0:
         return 0
@@ -138,7 +138,7 @@ def _read_size(owner: ir.Function, shape: ir.Node, sources: Sequence[ir.Value]) 
         return 0
     moved = 0
     for gather, index in list(shape.outputs[0].uses()):
-        gathered = ints(gather.inputs[1]) if _is(gather, "Gather") and index == 0 else None
+        gathered = ints(gather.inputs[1]) if is_op(gather, "Gather") and index == 0 else None
         if gathered is None or len(gathered) != 1 or gather.attributes.get_int("axis", 0) != 0:
             continue
         found = _source_of(dims[gathered[0]], sources)
@@ -182,10 +182,6 @@ def _type_from(node: ir.Node, sources: Sequence[ir.Value]) -> int:
             node.replace_input_with(1, source)
             return 1
     return 0
-
-
-def _is(node: ir.Node, op_type: str) -> bool:
-    return node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
 class ReadSharedSizesPass(ir.passes.InPlacePass):
