@@ -14,7 +14,7 @@ from typing import Any
 import onnx
 import pytest
 
-from hyperexport.base.contracts.names import op_id
+from hyperexport.base.contracts.names import is_invariant_input, op_id
 from hyperexport.base.versions import attention_interface_reached
 from hyperexport.library.passes.ort_kernels import gqa_takes_query_seqlens
 from hyperexport.product.config import compose_recipe, validate_recipe
@@ -61,8 +61,11 @@ def _function_ops(model: onnx.ModelProto) -> dict[str, Counter[str]]:
 
 LLAMA_KERNELS = {
     "standard": {"Attention": 1, "RMSNormalization": 2, "RotaryEmbedding": 2},
+    # the layer's first norm as SimplifiedLayerNormalization, its MLP's SiLU as QuickGelu
     "onnxruntime": {
+        "SimplifiedLayerNormalization": 1,
         "com.microsoft::GroupQueryAttention": 1,
+        "com.microsoft::QuickGelu": 1,
         "com.microsoft::RotaryEmbedding": 2,
         "com.microsoft::SkipSimplifiedLayerNormalization": 1,
     },
@@ -84,8 +87,8 @@ def test_a_llama_fuses_inside_its_one_per_type_function(
             f"dynamo={str(dynamo).lower()}",
             f"rewrite.fuse={fusion}",
         ],
-        # standard also fuses the model's final RMSNorm, in the main graph.
-        _executed(kernels, layers, {"RMSNormalization": 1}),
+        # both also fuse the model's final RMSNorm, in the main graph.
+        _executed(kernels, layers, {"RMSNormalization": 1, "SimplifiedLayerNormalization": 1}),
     )
     manifest, model = _built(recipe, tmp_path)
     assert manifest["fusion"] == fusion
@@ -162,7 +165,9 @@ GENERATION_KERNELS = {
     "standard": {"Attention": 1, "RMSNormalization": 2, "RotaryEmbedding": 2},
     # the rotations inside GroupQueryAttention (passes/rotary_in_attention.py)
     "onnxruntime": {
+        "SimplifiedLayerNormalization": 1,
         "com.microsoft::GroupQueryAttention": 1,
+        "com.microsoft::QuickGelu": 1,
         "com.microsoft::SkipSimplifiedLayerNormalization": 1,
     },
 }
@@ -223,7 +228,10 @@ def test_the_generation_step_fuses_and_decodes_in_onnxruntime_genai(
         assert inputs[:5] == [
             "hidden_states", "attention_mask", "past_key", "past_value", "position_ids"
         ]  # fmt: skip
-        assert inputs[-2:] == ["rotary_cos_cache", "rotary_sin_cache"]
+        # the tables last among the weights; what the main graph computes for every layer
+        # alike comes in after them (passes/hoist_invariants.py)
+        weights = [name for name in inputs if not is_invariant_input(name)]
+        assert weights[-2:] == ["rotary_cos_cache", "rotary_sin_cache"]
         tables = [i for i in model.graph.initializer if i.name.startswith("rotary_tables.")]
         assert [list(t.dims) for t in tables] == [[128, 8], [128, 8]]  # context, half a head
         assert not {"Cos", "Sin"} & {n.op_type for n in model.graph.node}

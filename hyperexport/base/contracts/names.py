@@ -153,6 +153,7 @@ QUANTIZED_OP_TYPES = ("MatMulNBits", "DynamicQuantizeMatMul")
 FUSED_OPS = {
     "standard": ("Attention", "RMSNormalization", "RotaryEmbedding"),
     "onnxruntime": (
+        "SimplifiedLayerNormalization",
         "com.microsoft::GroupQueryAttention",
         "com.microsoft::MultiHeadAttention",
         "com.microsoft::RotaryEmbedding",
@@ -168,6 +169,19 @@ FUSED_OPS = {
 def op_id(domain: str, op_type: str) -> str:
     """``domain::op``, or ``op`` for the default domain (as :data:`FUSED_OPS` names ops)."""
     return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
+
+
+#: The name prefix of a function input that the function no longer computes itself: a value
+#: every call site fed alike (the mask's arithmetic of a layer, say) is computed once in the
+#: main graph and passed in (``passes/hoist_invariants.py``). The manifest lists such an input
+#: as neither data nor weight; the check computes it again from the call's own inputs
+#: (``check/invariant_inputs.py``).
+INVARIANT_INPUT_PREFIX = "invariant."
+
+
+def is_invariant_input(name: str | None) -> bool:
+    """Whether a function input of this name is one the main graph computes for every call."""
+    return bool(name) and str(name).startswith(INVARIANT_INPUT_PREFIX)
 
 
 # -- opsets -------------------------------------------------------------------------------------

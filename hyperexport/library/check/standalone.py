@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from hyperexport.base.contracts.manifest import CallSite
 from hyperexport.base.errors import CheckError
+from hyperexport.library.check.invariant_inputs import derive_invariants, invariant_positions
 
 FunctionId = tuple[str, str, str]
 
@@ -74,7 +75,8 @@ def build_standalone(
 
     Graph inputs are ``input_<i>`` (one per data input, dtype and rank from ``signature``, every
     dimension symbolic), then ``weight_<j>`` (one per weight input of the call, with the dtype
-    and shape of ``site``'s weight); outputs are ``output_<i>``, one per function output. Any
+    and shape of ``site``'s weight); invariant inputs are computed from those by copies of the
+    main graph's nodes (``check/invariant_inputs.py``); outputs are ``output_<i>``, one per function output. Any
     call of the same function with the same signatures runs on it.
 
     Args:
@@ -89,7 +91,8 @@ def build_standalone(
     if ident not in model.functions:
         raise CheckError(f"function {site.domain}::{site.name} is not in the model")
     function = model.functions[ident]
-    n_inputs = len(site.data_inputs) + len(site.weight_inputs)
+    invariant = invariant_positions(function)
+    n_inputs = len(site.data_inputs) + len(site.weight_inputs) + len(invariant)
     if n_inputs != len(function.inputs) or len(site.outputs) != len(function.outputs):
         raise CheckError(
             f"call {site.call_id} passes {n_inputs} inputs and expects {len(site.outputs)} "
@@ -112,8 +115,20 @@ def build_standalone(
         )
         for j, tensor in enumerate(weight_tensors(model, site))
     ]
+    # Data inputs come first; weights fill the other positions in order, but for the invariant
+    # inputs, which the main graph's nodes compute from the others (check/invariant_inputs.py).
+    arguments: dict[int, ir.Value] = dict(enumerate(inputs))
+    remaining = iter(weights)
+    for position in range(len(inputs), len(function.inputs)):
+        if position not in invariant:
+            arguments[position] = next(remaining)
+    derivation, derived = derive_invariants(model, function, arguments)
+    arguments.update(derived)
     node = ir.Node(
-        site.domain, site.name, inputs=[*inputs, *weights], num_outputs=len(function.outputs)
+        site.domain,
+        site.name,
+        inputs=[arguments[i] for i in range(len(function.inputs))],
+        num_outputs=len(function.outputs),
     )
     for i, output in enumerate(node.outputs):
         output.name = f"output_{i}"
@@ -122,7 +137,7 @@ def build_standalone(
     graph = ir.Graph(
         [*inputs, *weights],
         node.outputs,
-        nodes=[node],
+        nodes=[*derivation, node],
         opset_imports=opsets,
         name=f"check_{site.name}",
     )

@@ -16,7 +16,8 @@ from hyperexport.base.contracts.manifest import (
     PLACEHOLDER_DOMAIN,
     ExportManifest,
 )
-from hyperexport.base.contracts.names import op_id
+from hyperexport.base.contracts.names import NO_FUSION, op_id
+from hyperexport.library.check.onnxruntime_schemas import known_to_checker
 from hyperexport.library.check.results import StructuralResult
 from hyperexport.library.check.settings import CheckSettings
 
@@ -40,10 +41,13 @@ def _result(name: str, problems: list[str], ok_detail: str) -> StructuralResult:
     return StructuralResult(name, True, ok_detail)
 
 
-def check_onnx_checker(model_path: Path) -> StructuralResult:
-    """``onnx.checker.check_model(path, full_check=True)``; a path, so external data works."""
+def check_onnx_checker(model_path: Path, fusion: str = NO_FUSION) -> StructuralResult:
+    """``onnx.checker.check_model(path, full_check=True)``; a path, so external data works.
+    After the ``onnxruntime`` fusion, the checker knows ONNX Runtime's default-domain ops
+    (``onnxruntime_schemas.py``)."""
     try:
-        onnx.checker.check_model(str(model_path), full_check=True)
+        with known_to_checker(fusion):
+            onnx.checker.check_model(str(model_path), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         return StructuralResult("checker", False, f"onnx.checker: {e}".strip())
     return StructuralResult("checker", True, "onnx.checker.check_model(full_check=True) passed")
@@ -196,7 +200,7 @@ def check_structure(
         One result per check, in a fixed order.
     """
     results: tuple[StructuralResult, ...] = (
-        check_onnx_checker(model_path),
+        check_onnx_checker(model_path, manifest.fusion),
         check_functions(model, manifest, settings),
         check_domains(model),
         check_opsets(model, settings),

@@ -19,7 +19,7 @@ from hyperexport.base.contracts.manifest import (
     ExportManifest,
     FunctionEntry,
 )
-from hyperexport.base.contracts.names import FUSED_OPS, op_id, probe_key
+from hyperexport.base.contracts.names import FUSED_OPS, is_invariant_input, op_id, probe_key
 from hyperexport.base.contracts.records import (
     CaptureRecord,
     ModuleCall,
@@ -57,6 +57,8 @@ def _call_sites(
         data: list[str] = []
         weights: list[str] = []
         for formal in function.graph.inputs:
+            if is_invariant_input(formal.name):  # computed by the main graph for every call
+                continue
             if formal.name in in_keys and not weights:
                 data.append(in_keys[formal.name])
                 continue

@@ -322,8 +322,9 @@ def _bias(op, plan: AttentionPlan, q, mask):  # type: ignore[no-untyped-def]
     """The mask as ``attention_bias``: a boolean one as 0 / the lowest finite value."""
     if mask is None or plan.lowest is None:
         return mask
-    zero = op.CastLike(op.Constant(value_float=0.0), q)
-    lowest = op.CastLike(op.Constant(value_float=plan.lowest), q)
+    zero, lowest = op.Constant(value_float=0.0), op.Constant(value_float=plan.lowest)
+    if q.dtype != ir.DataType.FLOAT:  # float32 needs no cast (ONNX Runtime would drop it at load)
+        zero, lowest = op.CastLike(zero, q), op.CastLike(lowest, q)
     return op.Where(mask, zero, lowest)
 
 

@@ -3,7 +3,8 @@
 * ``FastGelu``: the tanh approximation ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``
   (GPT-2's ``gelu_new``), or ONNX ``Gelu`` with ``approximate="tanh"``;
 * ``Gelu``: the exact ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (BERT's ``gelu``), or ONNX ``Gelu``;
-* ``QuickGelu``: ``x * sigmoid(alpha * x)`` (CLIP's ``quick_gelu``, alpha 1.702).
+* ``QuickGelu``: ``x * sigmoid(alpha * x)`` (CLIP's ``quick_gelu``, alpha 1.702); and SiLU
+  ``x * sigmoid(x)`` as alpha 1, last (``load_time_fusions.py``).
 
 The exporters associate the products differently (``(0.5 * x) * t``, ``x * (0.5 * t)``,
 ``(x * t) * 0.5``): each association is a rule, in both orders of its product of two computed
@@ -139,6 +140,27 @@ class QuickGeluRule(pattern.RewriteRuleClassBase):
         return op.QuickGelu(x, alpha=self._alpha, _domain=MS_DOMAIN)
 
 
+class SiluRule(pattern.RewriteRuleClassBase):
+    """``x * sigmoid(x)`` (SiLU, Llama's MLP gate) -> ``QuickGelu`` with alpha 1, as the builder
+    writes it; float only (ONNX Runtime's CPU kernel)."""
+
+    def __init__(self, swap: bool) -> None:
+        super().__init__(f"Silu_{int(swap)}")
+        self._swap = swap
+
+    def pattern(self, op, x):  # type: ignore[no-untyped-def]
+        gate = op.Sigmoid(x)
+        return op.Mul(gate, x) if self._swap else op.Mul(x, gate)
+
+    def check(self, op, x, **_):  # type: ignore[no-untyped-def]
+        if x.dtype != ir.DataType.FLOAT:
+            return pattern.MatchResult().fail(f"ONNX Runtime's CPU QuickGelu takes no {x.dtype}", x)
+        return pattern.MatchResult()
+
+    def rewrite(self, op, x, **_):  # type: ignore[no-untyped-def]
+        return op.QuickGelu(x, alpha=1.0, _domain=MS_DOMAIN)
+
+
 _ASSOCIATIONS = ("half_x", "half_inner", "inner_half")
 _BOTH = (False, True)
 
@@ -151,3 +173,8 @@ def rules() -> list[pattern.RewriteRule]:
         OnnxGeluRule.rule(),
         *(QuickGeluRule.rule(s) for s in _BOTH),
     ]
+
+
+def silu_rules() -> list[pattern.RewriteRule]:
+    """SiLU as ``QuickGelu`` (``load_time_fusions.py``)."""
+    return [SiluRule.rule(s) for s in _BOTH]

@@ -7,10 +7,12 @@ export paths write it: ``Pow``, ``ReduceMean`` (axes as input or attribute), ``A
 and ``Reciprocal`` (dynamo) or ``Div(1, .)`` (TorchScript), then the two ``Mul``; a ``Cast`` to
 the compute type may stand before and after the normalisation (half-precision models).
 
-A standalone RMSNorm is left alone by the ``onnxruntime`` fusion: ONNX Runtime's
-``SimplifiedLayerNormalization`` lives in the default domain, where onnx's checker (the check
-stage runs it) knows no such op, and ONNX Runtime fuses the subgraph itself when it loads the
-model. Only the skip form, in ``com.microsoft``, is written.
+A standalone RMSNorm becomes ONNX Runtime's ``SimplifiedLayerNormalization``, as the builder
+writes it, last (``load_time_fusions.py``): ONNX Runtime would fuse the subgraph itself when it
+loads the model, but a session that fused anything at load runs the same final graph slower
+than one that found nothing left to do (``bench/README.md``). The op lives in the default
+domain, where onnx's checker knows no such op: the check stage's checker is told its schema for
+a model the ``onnxruntime`` fusion made (``check/onnxruntime_schemas.py``).
 """
 
 from __future__ import annotations
@@ -120,6 +122,35 @@ class RmsNormalizationRule(pattern.RewriteRuleClassBase):
         return op.RMSNormalization(x, scale, axis=-1, epsilon=self._epsilon, stash_type=self._stash)
 
 
+#: The input types ONNX Runtime's CPU ``SimplifiedLayerNormalization`` kernel takes.
+_SIMPLIFIED_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16})
+
+
+class SimplifiedRmsNormalizationRule(pattern.RewriteRuleClassBase):
+    """RMSNorm -> ONNX Runtime's ``SimplifiedLayerNormalization`` (default domain)."""
+
+    def __init__(self, form: RmsForm) -> None:
+        super().__init__(f"SimplifiedLayerNormalization{form.name}")
+        self._form = form
+
+    def pattern(self, op, x, scale, exponent, epsilon, one):  # type: ignore[no-untyped-def]
+        return _rms_pattern(op, x, scale, exponent, epsilon, one, self._form)
+
+    def check(self, op, x, scale, mean, exponent, epsilon, one=None, to_compute=None, **_):  # type: ignore[no-untyped-def]
+        result, self._epsilon, self._stash = rms_check(x, mean, exponent, epsilon, one, to_compute)
+        if not result:
+            return result
+        for value in (x, scale):
+            if value.dtype not in _SIMPLIFIED_TYPES:
+                return result.fail(f"ONNX Runtime's CPU kernel takes no {value.dtype}", value)
+        return result
+
+    def rewrite(self, op, x, scale, **_):  # type: ignore[no-untyped-def]
+        return op.SimplifiedLayerNormalization(
+            x, scale, axis=-1, epsilon=self._epsilon, stash_type=self._stash
+        )
+
+
 class SkipRmsNormalizationRule(pattern.RewriteRuleClassBase):
     """``s = a + b`` then RMSNorm of ``s`` -> ``SkipSimplifiedLayerNormalization(a, b, scale)``,
     whose fourth output is ``s`` (the residual the layer goes on with)."""
@@ -211,3 +242,10 @@ def onnxruntime_rules() -> list[pattern.RewriteRule]:
         *(SkipRmsNormalizationRule.rule(form) for form in RMS_FORMS),
         *(SkipLayerNormalizationRule.rule(bias) for bias in (True, False)),
     ]
+
+
+def simplified_rules() -> list[pattern.RewriteRule]:
+    """A standalone RMSNorm as ``SimplifiedLayerNormalization`` (``load_time_fusions.py``, after
+    every other pass: onnx's shape inference knows no such op, and the passes before read shapes
+    through the norms, Qwen3's per-head ones before its attention fuses)."""
+    return [SimplifiedRmsNormalizationRule.rule(form) for form in RMS_FORMS]

@@ -54,13 +54,19 @@ log = logging.getLogger(__name__)
 Step = Callable[[ir.Model], int]
 
 
+def apply_rules(model: ir.Model, rules: list[pattern.RewriteRule]) -> int:
+    """Apply one rule set to the main graph and every function, with inferred shapes on the
+    values while it runs; the number of rewrites."""
+    rule_set = pattern.RewriteRuleSet(rules)
+    with annotated(model):
+        return rule_set.apply_to_model(model)
+
+
 def _rules(make: Callable[[], list[pattern.RewriteRule]]) -> Step:
     """A step applying one rule set (each rule lists the operand orders it matches)."""
 
     def apply(model: ir.Model) -> int:
-        rule_set = pattern.RewriteRuleSet(make())
-        with annotated(model):
-            return rule_set.apply_to_model(model)
+        return apply_rules(model, make())
 
     return apply
 

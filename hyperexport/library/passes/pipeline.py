@@ -137,6 +137,19 @@ def _rotary_tables(inputs: PassInputs) -> ir.passes.PassBase:
     return RotaryTablesPass(inputs.options.context_length, inputs.record)
 
 
+def _load_time_fusions(inputs: PassInputs) -> ir.passes.PassBase:
+    del inputs
+    from hyperexport.library.passes.load_time_fusions import LoadTimeFusionsPass
+
+    return LoadTimeFusionsPass()
+
+
+def _hoist_invariants(inputs: PassInputs) -> ir.passes.PassBase:
+    from hyperexport.library.passes.hoist_invariants import HoistInvariantsPass
+
+    return HoistInvariantsPass(constants=not inputs.options.rewrite.fuse_constants)
+
+
 def _attention_sizes(inputs: PassInputs) -> ir.passes.PassBase:
     # The attention's sizes in the fewest kernels, once they are read off the mask.
     from hyperexport.library.passes.attention_sizes import AttentionSizesPass
@@ -210,6 +223,16 @@ PASSES: tuple[PassEntry, ...] = (
         "padding_mask",
         lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
         _padding_mask,
+    ),
+    PassEntry(
+        "load_time_fusions",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _load_time_fusions,
+    ),
+    PassEntry(
+        "hoist_invariants",
+        lambda i: i.options.rewrite.fuse == ONNXRUNTIME_FUSION,
+        _hoist_invariants,
     ),
     PassEntry("remove_unused_nodes", _always, lambda i: RemoveUnusedNodesPass()),
     PassEntry("remove_unused_functions", _always, lambda i: RemoveUnusedFunctionsPass()),

@@ -14,6 +14,7 @@ import dataclasses
 import onnx_ir as ir
 
 from hyperexport.base.contracts.manifest import CallSite, ExportManifest
+from hyperexport.base.contracts.names import is_invariant_input
 from hyperexport.base.errors import RewriteError
 
 
@@ -26,13 +27,20 @@ def _global_name(local: str, old: dict[str, str]) -> str | None:
     return None
 
 
+def _weights(names: list[str]) -> list[str]:
+    """The weight inputs among a function's inputs after its data inputs."""
+    return [name for name in names if not is_invariant_input(name)]
+
+
 def _site(site: CallSite, before: list[str], after: ir.Function, model: ir.Model) -> CallSite:
     if not site.weight_inputs:
         return site
     data = len(site.data_inputs)
-    old = dict(zip(before[data:], site.weight_inputs, strict=True))
+    old = dict(zip(_weights(before[data:]), site.weight_inputs, strict=True))
     weights = []
     for value in after.inputs[data:]:
+        if is_invariant_input(value.name):
+            continue
         name = _global_name(value.name or "", old)
         if name is None or name not in model.graph.initializers:
             raise RewriteError(

@@ -117,14 +117,12 @@ def test_standard_makes_rms_normalization_in_functions_and_main_graph() -> None:
     assert model.opset_imports[""] == 24 and norm.opset_imports[""] == 24
 
 
-def test_onnxruntime_leaves_a_standalone_rms_norm_to_onnx_runtime() -> None:
-    # Its SimplifiedLayerNormalization lives in the default domain, unknown to onnx's checker.
-    feeds = {"x": _rand(2, 5, 16), "w": _rand(16, seed=1)}
+def test_onnxruntime_leaves_a_standalone_rms_norm_to_the_last_pass() -> None:
+    # load_time_fusions.py writes it, after every pass that reads shapes through the norms
     model = parse(RMS)
     FuseOpsPass("onnxruntime")(model)
     [norm] = model.functions.values()
     assert "ReduceMean" in _ops(norm) and not any("Normalization" in op for op in _ops(norm))
-    np.testing.assert_allclose(run_checked(model, feeds)[0], run_checked(parse(RMS), feeds)[0])
 
 
 def test_standard_refuses_an_opset_whose_reduce_mean_takes_axes_as_attribute() -> None:

@@ -79,11 +79,11 @@ def test_every_option_adds_its_pass_in_the_declared_place(bundle: Bundle) -> Non
     _, inputs = _inputs(bundle, EVERYTHING)
     names = [name for name, _ in selected_passes(inputs)]
     # pack_matmuls, share_kv_buffer, rotary_in_attention, rotary_tables, shared_sizes,
-    # attention_sizes and padding_mask follow fuse only with fuse=onnxruntime (EVERYTHING fuses
-    # standard), and rotary_tables only with a context length.
+    # attention_sizes, padding_mask, load_time_fusions and hoist_invariants follow fuse only with fuse=onnxruntime
+    # (EVERYTHING fuses standard), and rotary_tables only with a context length.
     skipped = {
         "pack_matmuls", "share_kv_buffer", "shared_sizes", "padding_mask", "rotary_in_attention",
-        "rotary_tables", "attention_sizes",
+        "rotary_tables", "attention_sizes", "load_time_fusions", "hoist_invariants",
     }  # fmt: skip
     if bundle[1].function_mode != "per_instance":
         skipped.add("specialize_instances")
@@ -100,6 +100,10 @@ def test_every_option_adds_its_pass_in_the_declared_place(bundle: Bundle) -> Non
     # the attention's sizes are rebuilt once shared_sizes read them off the mask
     assert names.index("attention_sizes") == names.index("shared_sizes") + 1
     assert names.index("padding_mask") == names.index("attention_sizes") + 1
+    # what ONNX Runtime fuses at load, then what every layer computes alike moves out: last,
+    # once nothing else reads shapes through the bodies or rewrites them
+    assert names.index("load_time_fusions") == names.index("padding_mask") + 1
+    assert names.index("hoist_invariants") == names.index("load_time_fusions") + 1
     assert "rotary_tables" not in names  # no context length: the rows stay per-token
     known = dataclasses.replace(EVERYTHING, rewrite=rewrite, context_length=64)
     _, inputs = _inputs(bundle, known)
