@@ -73,7 +73,7 @@ def derive_invariants(
             producer.domain,
             producer.op_type,
             inputs,
-            attributes=list(producer.attributes.values()),
+            attributes=[ir.Attr(a.name, a.type, a.value) for a in producer.attributes.values()],
             num_outputs=len(producer.outputs),
             version=producer.version,
         )

@@ -151,7 +151,11 @@ def _hoist(
         for i, argument in enumerate(arguments):
             call.replace_input_with(i, argument)
     function.graph.remove(hoisted, safe=True)
-    unread = [n for n in function if _is_constant(n) and not n.outputs[0].uses()]
+    unread = [
+        n
+        for n in function
+        if _is_constant(n) and not n.outputs[0].uses() and not n.outputs[0].is_graph_output()
+    ]
     function.graph.remove(unread, safe=True)  # the moved nodes' constants
     return len(hoisted)
 
@@ -169,7 +173,7 @@ def _copy(
         node.domain,
         node.op_type,
         inputs,
-        attributes=list(node.attributes.values()),
+        attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
         num_outputs=len(node.outputs),
         version=node.version,
         name=unique_name(f"{INVARIANT_INPUT_PREFIX}{owner}/{node.name or node.op_type}", taken),
