@@ -2,9 +2,10 @@
 them in another order: ratios to the first folder, median and range over the processes.
 
 Where in one process a model is loaded moves its speed: the same folders decoded in one process
-give ratios 2% apart from one load order to the next (``bench/README.md``), more than the
-changes measured here. So every process loads the folders in its own shuffled order (seeded),
-decodes every folder once per round for ``--repeat`` rounds (a ``--prompt``-token prompt, then
+give ratios 2% apart from one load order to the next at 8 layers, and the first-loaded 1B model
+decodes up to 10% slower (``bench/README.md``), more than the changes measured here. So every
+process loads the folders in its own order (seeded shuffles, rotated so that each folder loads
+first equally often: use a multiple of the folders' count), decodes every folder once per round for ``--repeat`` rounds (a ``--prompt``-token prompt, then
 ``--tokens`` new tokens, greedy, one thread, each model loaded once), and reports each folder's
 median tokens per CPU second over the first folder's; the figure is the median of those ratios
 over ``--processes`` processes, with their least and greatest.
@@ -53,12 +54,15 @@ def summary(per_process: list[dict[str, float]]) -> dict[str, tuple[float, float
 
 
 def orders(labels: list[str], processes: int) -> list[list[str]]:
-    """The load order of each process: seeded shuffles, so reruns load alike."""
+    """The load order of each process: every ``len(labels)`` processes a new seeded shuffle,
+    rotated so that each folder loads first once in them (the first-loaded model is the one a
+    process's placement moves most); seeded, so reruns load alike."""
     out = []
     for k in range(processes):
-        order = list(labels)
-        random.Random(k).shuffle(order)
-        out.append(order)
+        cycle, turn = divmod(k, len(labels))
+        base = list(labels)
+        random.Random(cycle).shuffle(base)
+        out.append(base[turn:] + base[:turn])
     return out
 
 

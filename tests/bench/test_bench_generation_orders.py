@@ -14,7 +14,8 @@ def test_the_processes_load_the_folders_in_several_orders() -> None:
     orders = bench.orders(labels, 6)
     assert all(sorted(order) == sorted(labels) for order in orders)
     assert len({tuple(order) for order in orders}) >= 3  # not one order six times
-    assert {order[0] for order in orders} == set(labels)  # each folder loads first somewhere
+    # each folder loads first in two of the six (the first-loaded one is the one moved most)
+    assert sorted(order[0] for order in orders) == sorted(labels * 2)
     assert bench.orders(labels, 6) == orders  # seeded: a rerun loads alike
 
 
