@@ -37,3 +37,44 @@ def apply_preserving(
         np.testing.assert_array_equal(a, b)
     assert not make_pass()(model).modified
     return model, modified
+
+
+# A model with a per-type function and a main-graph RMSNorm: the fusion tests' shared case.
+HEADER = '<ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>'
+
+# TorchScript's form (a no-op Cast, Div(1, .), the weight first), in a per-type function
+# called twice; the model's final norm, in the main graph, is dynamo's (Reciprocal).
+RMS = (
+    HEADER
+    + """
+agraph (float[2,5,16] x, float[16] w) => (float[2,5,16] y) {
+    h = hyperexport.fn.Norm (x, w)
+    g = hyperexport.fn.Norm (h, w)
+    two = Constant <value = float {2.0}> ()
+    axes = Constant <value = int64[1] {-1}> ()
+    sq = Pow (g, two)
+    mean = ReduceMean <keepdims: int = 1> (sq, axes)
+    eps = Constant <value = float {1e-5}> ()
+    var = Add (mean, eps)
+    rms = Sqrt (var)
+    inv = Reciprocal (rms)
+    normed = Mul (g, inv)
+    y = Mul (normed, w)
+}
+<domain: "hyperexport.fn", opset_import: ["" : 18]>
+Norm (x, w) => (out) {
+    xc = Cast <to: int = 1> (x)
+    two = Constant <value = float {2.0}> ()
+    sq = Pow (xc, two)
+    axes = Constant <value = int64[1] {-1}> ()
+    mean = ReduceMean <keepdims: int = 1> (sq, axes)
+    eps = Constant <value = float {1e-6}> ()
+    var = Add (eps, mean)
+    rms = Sqrt (var)
+    one = Constant <value = float {1.0}> ()
+    inv = Div (one, rms)
+    normed = Mul (xc, inv)
+    out = Mul (w, normed)
+}
+"""
+)

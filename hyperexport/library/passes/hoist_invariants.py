@@ -36,7 +36,7 @@ import onnx_ir as ir
 from hyperexport.base.contracts.names import INVARIANT_INPUT_PREFIX
 from hyperexport.library.passes.call_sites import call_sites
 from hyperexport.library.passes.fuse_layout import is_op
-from hyperexport.library.passes.ir_build import unique_name, value_names
+from hyperexport.library.passes.ir_build import copy_node, unique_name, value_names
 
 log = logging.getLogger(__name__)
 
@@ -169,15 +169,8 @@ def _copy(
 ) -> list[ir.Value]:
     """A copy of ``node`` for the main graph, reading ``inputs``; its outputs named after the
     function's."""
-    copied = ir.Node(
-        node.domain,
-        node.op_type,
-        inputs,
-        attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
-        num_outputs=len(node.outputs),
-        version=node.version,
-        name=unique_name(f"{INVARIANT_INPUT_PREFIX}{owner}/{node.name or node.op_type}", taken),
-    )
+    name = unique_name(f"{INVARIANT_INPUT_PREFIX}{owner}/{node.name or node.op_type}", taken)
+    copied = copy_node(node, inputs, name)
     taken.add(copied.name or "")
     for original, output in zip(node.outputs, copied.outputs, strict=True):
         output.name = unique_name(f"{INVARIANT_INPUT_PREFIX}{owner}.{original.name}", taken)

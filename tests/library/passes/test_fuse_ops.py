@@ -18,7 +18,7 @@ from hyperexport.library.options import FUSIONS
 from hyperexport.library.passes.fuse_ops import STEPS, FuseOpsPass
 from hyperexport.library.passes.ort_kernels import gqa_takes_query_seqlens
 from hyperexport.library.transformers.attention_op import attention_reference
-from tests.helpers.passes import parse, run_checked
+from tests.helpers.passes import HEADER, RMS, parse, run_checked
 
 FN = "hyperexport.fn"
 
@@ -64,44 +64,6 @@ def test_every_fusion_but_none_is_declared_and_names_its_ops() -> None:
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------
-HEADER = '<ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>'
-
-# TorchScript's form (a no-op Cast, Div(1, .), the weight first), in a per-type function
-# called twice; the model's final norm, in the main graph, is dynamo's (Reciprocal).
-RMS = (
-    HEADER
-    + """
-agraph (float[2,5,16] x, float[16] w) => (float[2,5,16] y) {
-    h = hyperexport.fn.Norm (x, w)
-    g = hyperexport.fn.Norm (h, w)
-    two = Constant <value = float {2.0}> ()
-    axes = Constant <value = int64[1] {-1}> ()
-    sq = Pow (g, two)
-    mean = ReduceMean <keepdims: int = 1> (sq, axes)
-    eps = Constant <value = float {1e-5}> ()
-    var = Add (mean, eps)
-    rms = Sqrt (var)
-    inv = Reciprocal (rms)
-    normed = Mul (g, inv)
-    y = Mul (normed, w)
-}
-<domain: "hyperexport.fn", opset_import: ["" : 18]>
-Norm (x, w) => (out) {
-    xc = Cast <to: int = 1> (x)
-    two = Constant <value = float {2.0}> ()
-    sq = Pow (xc, two)
-    axes = Constant <value = int64[1] {-1}> ()
-    mean = ReduceMean <keepdims: int = 1> (sq, axes)
-    eps = Constant <value = float {1e-6}> ()
-    var = Add (eps, mean)
-    rms = Sqrt (var)
-    one = Constant <value = float {1.0}> ()
-    inv = Div (one, rms)
-    normed = Mul (xc, inv)
-    out = Mul (w, normed)
-}
-"""
-)
 
 
 def test_standard_makes_rms_normalization_in_functions_and_main_graph() -> None:

@@ -14,46 +14,9 @@ import pytest
 
 from hyperexport.base.contracts.names import op_id
 from hyperexport.library.check.onnxruntime_schemas import known_to_checker
+from hyperexport.library.passes.fuse_ops import FuseOpsPass
 from hyperexport.library.passes.load_time_fusions import LoadTimeFusionsPass
-from tests.helpers.passes import parse, run_checked
-
-HEADER = '<ir_version: 10, opset_import: ["" : 18, "hyperexport.fn" : 1]>'
-
-# TorchScript's RMSNorm (Div(1, .), the weight first) in a function called twice; dynamo's
-# (Reciprocal) in the main graph.
-RMS = (
-    HEADER
-    + """
-main (float[2, 5, 16] x, float[16] w) => (float[2, 5, 16] y) {
-    h = hyperexport.fn.Norm (x, w)
-    g = hyperexport.fn.Norm (h, w)
-    two = Constant <value_float = 2.0> ()
-    sq = Pow (g, two)
-    axes = Constant <value_ints = [-1]> ()
-    mean = ReduceMean <keepdims = 1> (sq, axes)
-    eps = Constant <value_float = 1e-6> ()
-    var = Add (mean, eps)
-    root = Sqrt (var)
-    inv = Reciprocal (root)
-    normed = Mul (g, inv)
-    y = Mul (normed, w)
-}
-<domain: "hyperexport.fn", opset_import: ["" : 18]>
-Norm (x, w) => (out) {
-    two = Constant <value_float = 2.0> ()
-    sq = Pow (x, two)
-    axes = Constant <value_ints = [-1]> ()
-    mean = ReduceMean <keepdims = 1> (sq, axes)
-    eps = Constant <value_float = 1e-6> ()
-    var = Add (mean, eps)
-    root = Sqrt (var)
-    one = Constant <value_float = 1.0> ()
-    inv = Div (one, root)
-    normed = Mul (x, inv)
-    out = Mul (w, normed)
-}
-"""
-)
+from tests.helpers.passes import HEADER, RMS, parse, run_checked
 
 SILU = (
     HEADER
@@ -82,6 +45,7 @@ def _rand(*shape: int, seed: int = 0) -> np.ndarray:
 def test_a_standalone_rms_norm_becomes_simplified_layer_normalization() -> None:
     feeds = {"x": _rand(2, 5, 16), "w": _rand(16, seed=1)}
     model = parse(RMS)
+    FuseOpsPass("onnxruntime")(model)  # what runs before it: no-op casts gone, constants second
     assert LoadTimeFusionsPass()(model).modified
     [norm] = model.functions.values()
     assert _ops(norm) == {"SimplifiedLayerNormalization": 1}
