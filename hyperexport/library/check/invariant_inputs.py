@@ -15,7 +15,6 @@ import onnx_ir as ir
 
 from hyperexport.base.contracts.names import is_invariant_input
 from hyperexport.base.errors import CheckError
-from hyperexport.library.passes.ir_build import copy_node
 
 
 def invariant_positions(function: ir.Function) -> list[int]:
@@ -70,7 +69,14 @@ def derive_invariants(
             known[id(value)] = producer.outputs[0]
             return producer.outputs[0]
         inputs = [value_for(v) if v is not None else None for v in producer.inputs]
-        copied = copy_node(producer, inputs)
+        copied = ir.Node(  # as passes/ir_build.copy_node: the check imports no pass (its key)
+            producer.domain,
+            producer.op_type,
+            inputs,
+            attributes=[ir.Attr(a.name, a.type, a.value) for a in producer.attributes.values()],
+            num_outputs=len(producer.outputs),
+            version=producer.version,
+        )
         for original, output in zip(producer.outputs, copied.outputs, strict=True):
             output.name = f"derived_{original.name}"
             known[id(original)] = output
