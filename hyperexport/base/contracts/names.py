@@ -181,7 +181,7 @@ INVARIANT_INPUT_PREFIX = "invariant."
 
 def is_invariant_input(name: str | None) -> bool:
     """Whether a function input of this name is one the main graph computes for every call."""
-    return bool(name) and str(name).startswith(INVARIANT_INPUT_PREFIX)
+    return name is not None and name.startswith(INVARIANT_INPUT_PREFIX)
 
 
 # -- opsets -------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from hyperexport.base.contracts.names import is_invariant_input
 from hyperexport.base.errors import CheckError
+from hyperexport.library.ir_nodes import copy_node
 
 
 def invariant_positions(function: ir.Function) -> list[int]:
@@ -49,7 +50,9 @@ def derive_invariants(
             f"{function.name}: invariant inputs, but no main-graph call of it to compute them"
         )
     known: dict[int, ir.Value] = {
-        id(call.inputs[i]): v for i, v in arguments.items() if call.inputs[i] is not None
+        id(call.inputs[i]): v
+        for i, v in arguments.items()
+        if i < len(call.inputs) and call.inputs[i] is not None
     }
     nodes: list[ir.Node] = []
 
@@ -68,14 +71,8 @@ def derive_invariants(
             nodes.append(producer)
             known[id(value)] = producer.outputs[0]
             return producer.outputs[0]
-        inputs = [value_for(v) if v is not None else None for v in producer.inputs]
-        copied = ir.Node(  # as passes/ir_build.copy_node: the check imports no pass (its key)
-            producer.domain,
-            producer.op_type,
-            inputs,
-            attributes=[ir.Attr(a.name, a.type, a.value) for a in producer.attributes.values()],
-            num_outputs=len(producer.outputs),
-            version=producer.version,
+        copied = copy_node(
+            producer, [value_for(v) if v is not None else None for v in producer.inputs]
         )
         for original, output in zip(producer.outputs, copied.outputs, strict=True):
             output.name = f"derived_{original.name}"

@@ -1,7 +1,8 @@
 """ONNX Runtime's default-domain contrib ops, as onnx's checker must know them.
 
-The ``onnxruntime`` fusion writes ``SimplifiedLayerNormalization`` (``passes/fuse_norms.py``),
-which ONNX Runtime registers in the default domain and onnx does not. For such a model the
+The ``onnxruntime`` fusion writes ``SimplifiedLayerNormalization``
+(``passes/load_time_fusions.py``), which ONNX Runtime registers in the default domain and onnx
+does not. For such a model the
 checker is told the op's schema (ONNX Runtime's: its inputs, outputs, type constraints and
 attributes) for the length of one check, and forgets it after: a ``standard`` (portable) model
 is checked against onnx alone.

@@ -76,7 +76,8 @@ def build_standalone(
     Graph inputs are ``input_<i>`` (one per data input, dtype and rank from ``signature``, every
     dimension symbolic), then ``weight_<j>`` (one per weight input of the call, with the dtype
     and shape of ``site``'s weight); invariant inputs are computed from those by copies of the
-    main graph's nodes (``check/invariant_inputs.py``); outputs are ``output_<i>``, one per function output. Any
+    main graph's nodes (``check/invariant_inputs.py``); outputs are ``output_<i>``, one per
+    function output. Any
     call of the same function with the same signatures runs on it.
 
     Args:

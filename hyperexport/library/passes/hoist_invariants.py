@@ -34,9 +34,10 @@ import logging
 import onnx_ir as ir
 
 from hyperexport.base.contracts.names import INVARIANT_INPUT_PREFIX
+from hyperexport.library.ir_nodes import copy_node
 from hyperexport.library.passes.call_sites import call_sites
 from hyperexport.library.passes.fuse_layout import is_op
-from hyperexport.library.passes.ir_build import copy_node, unique_name, value_names
+from hyperexport.library.passes.ir_build import unique_name, value_names
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,9 @@ def _hoistable(
     function: ir.Function, model: ir.Model, invariant: dict[int, ir.Value], constants: bool
 ) -> list[ir.Node]:
     """The body's nodes, in order, that read only invariant inputs, ``Constant`` nodes' values
-    and each other's values, at least one of them not a constant (with ``constants``, the
-    ``Constant`` nodes too); never a function output's producer."""
+    and each other's values; without ``constants``, never a ``Constant`` node nor a node that
+    reads constants only (the ``Constant`` nodes stay in the body); never a function output's
+    producer."""
     derived = set(invariant)
     outputs = {id(v) for v in function.outputs}
     hoisted = []

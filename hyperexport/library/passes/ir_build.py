@@ -40,19 +40,6 @@ def insert_tensor(
     return node.outputs[0]
 
 
-def copy_node(node: ir.Node, inputs: list[ir.Value | None], name: str | None = None) -> ir.Node:
-    """A copy of ``node`` (op, version, attributes of its own) reading ``inputs``, in no graph."""
-    return ir.Node(
-        node.domain,
-        node.op_type,
-        inputs,
-        attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
-        num_outputs=len(node.outputs),
-        version=node.version,
-        name=name,
-    )
-
-
 def value_names(graph: ir.Graph) -> set[str]:
     """Every value name of ``graph``: inputs, initializers, node outputs."""
     taken = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
