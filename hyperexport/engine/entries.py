@@ -6,11 +6,12 @@ depend on it rather than on each other.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .hashing import SHA256_HEX
 
 #: 3: the entry names the build that computed it as ``build`` (2 said it in another word; 1
 #: recorded its own list of declared outputs, which ``verify`` trusted). An entry of another
@@ -73,7 +74,7 @@ class ActionEntry:
             raise ValueError(f"entry format {found!r}, not {ENTRY_FORMAT}")
         outputs = tuple(OutputFile(str(p), str(d), int(s)) for p, d, s in data["outputs"])
         for f in outputs:
-            if not re.fullmatch(r"[0-9a-f]{64}", f.digest) or _unsafe_relpath(f.path):
+            if not SHA256_HEX.fullmatch(f.digest) or _unsafe_relpath(f.path):
                 raise ValueError(f"bad output record {f}")
         build = data.get("build")
         params = data["params"]

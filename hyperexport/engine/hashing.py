@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from .files import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
+#: A sha256 digest as this package writes it: 64 lowercase hex digits.
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def canonical_json(value: Any) -> str:

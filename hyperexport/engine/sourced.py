@@ -35,9 +35,11 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from .hashing import SHA256_HEX
 
 #: The record's format; another is unreadable (the blob misses).
 SOURCES_FORMAT = 1
@@ -109,12 +111,21 @@ class Piece:
 
 @dataclass(frozen=True)
 class FileSources:
-    """Where a file's bytes are: ``pieces`` (sorted, disjoint, inside ``size``); zeros elsewhere."""
+    """Where a file's bytes are: ``pieces`` (sorted, disjoint, inside ``size``); zeros elsewhere.
+
+    ``digest``, in a stage's declaration only (never in a record): the file's sha256, from a
+    writer that hashed every byte it wrote and compared every range with its source as it
+    copied it (``library/export/hashed_writer.py``). The commit then takes the file as
+    described without reading it again.
+    """
 
     size: int
     pieces: tuple[Piece, ...]
+    digest: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if self.digest is not None and not SHA256_HEX.fullmatch(self.digest):
+            raise SourcesError(f"digest {self.digest!r} is not a sha256 in hex")
         end = 0
         for p in self.pieces:
             if p.offset < end:

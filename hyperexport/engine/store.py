@@ -50,7 +50,7 @@ from . import process_locks
 from .entries import ActionEntry, OutputFile
 from .errors import CacheUnavailableError
 from .files import clone_or_copy, clone_or_copy_hashed
-from .hashing import FileDigestIndex, atomic_write_json, sha256_file
+from .hashing import SHA256_HEX, FileDigestIndex, atomic_write_json, sha256_file
 from .sourced import (
     REF_SUFFIX,
     FileSources,
@@ -95,9 +95,6 @@ class Lookup:
     status: Literal["hit", "missing", "corrupt"]
     entry: ActionEntry | None = None
     detail: str = ""
-
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class Keeper(Protocol):
@@ -329,7 +326,9 @@ class CacheStore:
         A file ``keep`` wants that ``sources`` (``{relative path: where its bytes are}``)
         describes is compared with those ranges, hashed on the way; when it matches, the blob is
         recorded by reference (``sourced.py``) and nothing is copied. When it does not, a WARNING
-        says so and the file is copied in as any other.
+        says so and the file is copied in as any other. A declaration that carries the file's
+        digest (its writer compared and hashed as it wrote, ``FileSources.digest``) is taken
+        with its size checked, without reading the file.
 
         A range of a declared source that is an input of this build is resolved through
         ``inputs`` (else ``known``): the input's digest, also for an input the stage took over
@@ -406,7 +405,11 @@ class CacheStore:
         why = ""
         try:
             sources = self._resolved(declared, known)
-            digest = matching_digest(path, sources, self.resolve_source)
+            digest = (
+                declared.digest
+                if declared.digest is not None and path.stat().st_size == declared.size
+                else matching_digest(path, sources, self.resolve_source)
+            )
         except (OSError, SourcesError) as e:
             digest, why = None, f"{type(e).__name__}: {e}"
         if digest is None:
@@ -722,20 +725,20 @@ class CacheStore:
         """``(key, path)`` of every action entry file (by name; contents not read)."""
         for path in sorted((self.root / "actions").glob("??/*.json")):
             key = path.name.removesuffix(".json")
-            if _DIGEST.fullmatch(key) and path.parent.name == key[:2]:
+            if SHA256_HEX.fullmatch(key) and path.parent.name == key[:2]:
                 yield key, path
 
     def blob_paths(self) -> Iterator[tuple[str, Path]]:
         """``(digest, path)`` of every blob (temporary files of running writes excluded)."""
         for path in sorted((self.root / "blobs").glob("??/*")):
-            if _DIGEST.fullmatch(path.name) and path.parent.name == path.name[:2]:
+            if SHA256_HEX.fullmatch(path.name) and path.parent.name == path.name[:2]:
                 yield path.name, path
 
     def ref_paths(self) -> Iterator[tuple[str, Path]]:
         """``(digest, path)`` of every record of a blob by reference (``sourced.py``)."""
         for path in sorted((self.root / "blobs").glob(f"??/*{REF_SUFFIX}")):
             digest = path.name.removesuffix(REF_SUFFIX)
-            if _DIGEST.fullmatch(digest) and path.parent.name == digest[:2]:
+            if SHA256_HEX.fullmatch(digest) and path.parent.name == digest[:2]:
                 yield digest, path
 
     def read_entry(self, key: str) -> ActionEntry:

@@ -218,6 +218,40 @@ def test_a_declaration_that_does_not_hold_is_a_warning_and_a_copy(
     assert "stage export declared where the bytes of units/weights.data are" in caplog.text
 
 
+def test_a_declaration_carrying_its_writers_digest_is_taken_without_reading_the_file(
+    store: CacheStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer that hashed and compared as it wrote (``hashed_writer.py``) declares the file's
+    digest: the commit checks the size and records the file under that digest, trusting the
+    bytes (here, deliberately, bytes that are not the sources': the store does not read them).
+    A declared digest whose file has another size is checked byte for byte, as any other."""
+    source = _source(tmp_path)
+    out, data, sources = _out(tmp_path, source)
+    wrong = bytes(b ^ 1 for b in data[:16]) + data[16:]
+    (out / "units" / "weights.data").write_bytes(wrong)
+    vouched = FileSources(sources.size, sources.pieces, hashlib.sha256(data).hexdigest())
+    with Workspace(store) as ws:
+        entry = store.commit(KEY_A, "export", out, keep=ws, sources={"units/weights.data": vouched})
+    (f,) = [f for f in entry.outputs if f.path == "units/weights.data"]
+    assert f.digest == vouched.digest and store.sources_of(f.digest) == sources
+
+    out_b, _, _ = _out(tmp_path, source, "out-b")
+    with (out_b / "units" / "weights.data").open("ab") as fh:
+        fh.write(b"x")  # another size: read, found not to hold, copied
+    with Workspace(store) as ws, caplog.at_level(logging.WARNING):
+        entry = store.commit(
+            KEY_B, "export", out_b, keep=ws, sources={"units/weights.data": vouched}
+        )
+    (f,) = [f for f in entry.outputs if f.path == "units/weights.data"]
+    assert f.digest == hashlib.sha256(data + b"x").hexdigest()
+    assert "stage export declared where the bytes of units/weights.data are" in caplog.text
+
+
+def test_a_declared_digest_must_be_a_sha256() -> None:
+    with pytest.raises(SourcesError, match="not a sha256"):
+        FileSources(4, (), "abc")
+
+
 def _recorded(store: CacheStore, tmp_path: Path) -> tuple[Path, Any]:
     source = _source(tmp_path)
     out, _, sources = _out(tmp_path, source)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import onnx_ir as ir
@@ -36,6 +36,7 @@ from onnx_ir.tensor_adapters import TorchTensor
 from hyperexport.base.contracts.names import WEIGHTS_FILE as WEIGHTS_FILE
 from hyperexport.base.versions import torch_lacks_wide_unsigned_dtypes
 from hyperexport.library.capture.torch_hooks import torch_dtype_name
+from hyperexport.library.export.hashed_writer import CopyOutcome, HashedWriter, byte_view
 
 log = logging.getLogger(__name__)
 
@@ -75,19 +76,19 @@ class WeightSources:
         copies: ``(offset in the file, stored bytes)`` of each tensor placed, in file order.
         unplaced: ``(offset, length)`` of each tensor whose bytes are in no file on disk (a
             buffer the model computed, a constant the exporter made): only this file has them.
+        digest: The file's sha256, when every copy was the kernel's and was compared with the
+            tensor as written (``hashed_writer.py``): the file is then known to be what this
+            describes. None when it is yet to be checked.
     """
 
     size: int
     copies: tuple[tuple[int, StoredBytes], ...]
     unplaced: tuple[tuple[int, int], ...] = ()
+    digest: str | None = None
 
     @property
     def unplaced_bytes(self) -> int:
         return sum(length for _, length in self.unplaced)
-
-
-def _buffer(array: np.ndarray) -> memoryview:
-    return memoryview(array)  # type: ignore[arg-type]
 
 
 def storage_key(tensor: torch.Tensor) -> TensorKey:
@@ -106,7 +107,7 @@ def _bytes_view(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    return _buffer(flat.view(torch.uint8).numpy())
+    return byte_view(flat.view(torch.uint8))
 
 
 class WeightFile:
@@ -123,10 +124,12 @@ class WeightFile:
     def __init__(self, path: Path, locate: Locator | None = None) -> None:
         self.path = Path(path)
         self._locate = locate
-        self._file: BinaryIO | None = None
+        self._file: HashedWriter | None = None
+        self._size = 0  # of the closed file
+        self._digest: str | None = None  # of the closed file
+        self._vouched = True  # every copy so far was the kernel's, and compared
         # Where each tensor went, by storage identity (storage_key) or by the caller's key.
         self._written: dict[Hashable, tuple[int, int]] = {}
-        self._offset = 0
         self._copies: list[tuple[int, StoredBytes]] = []
         self._unplaced: list[tuple[int, int]] = []
         #: Names of the tensors written whose bytes were placed in no file on disk.
@@ -134,7 +137,7 @@ class WeightFile:
         self.tensors_written = 0
 
     def __enter__(self) -> WeightFile:
-        self._file = open(self.path, "wb")  # closed in __exit__
+        self._file = HashedWriter(self.path).__enter__()  # closed in __exit__
         return self
 
     def __exit__(
@@ -144,12 +147,13 @@ class WeightFile:
         tb: TracebackType | None,
     ) -> None:
         assert self._file is not None
-        self._file.close()
-        self._file = None
+        writer, self._file = self._file, None
+        writer.__exit__(exc_type, exc, tb)
+        self._size, self._digest = writer.size, (writer.digest if exc_type is None else None)
         log.debug(
             "wrote %d weight tensors, %d bytes (%d of them copies of files on disk), to %s",
             self.tensors_written,
-            self._offset,
+            self._size,
             sum(stored.nbytes for _, stored in self._copies),
             self.path.name,
         )
@@ -166,37 +170,74 @@ class WeightFile:
             raise RuntimeError(f"{self.path.name}: sources() before the file is closed")
         if not self._copies:
             return None
-        return WeightSources(self._offset, tuple(self._copies), tuple(self._unplaced))
+        return WeightSources(
+            self._size,
+            tuple(self._copies),
+            tuple(self._unplaced),
+            self._digest if self._vouched else None,
+        )
 
     @property
     def nbytes(self) -> int:
         """Bytes written so far (with alignment padding)."""
-        return self._offset
+        return self._size if self._file is None else self._file.size
 
-    def _append(self, data: memoryview) -> tuple[int, int]:
+    def _pad_for(self, nbytes: int) -> int:
+        """Write the padding that aligns a tensor of ``nbytes``; the offset it goes to."""
         assert self._file is not None, "WeightFile used outside its context"
-        align = ALIGNMENT if data.nbytes > _ALIGN_ABOVE else 64
-        pad = -self._offset % align
+        align = ALIGNMENT if nbytes > _ALIGN_ABOVE else 64
+        pad = -self._file.size % align
         if pad:
             self._file.write(b"\0" * pad)
-        offset = self._offset + pad
-        self._file.write(data)
-        self._offset = offset + data.nbytes
-        self.tensors_written += 1
-        return offset, data.nbytes
+        return self._file.size
 
-    def _place(
-        self, where: tuple[int, int], tensor: torch.Tensor, stored: StoredBytes | None, name: str
-    ) -> None:
-        """Record that the bytes at ``where``, written from ``tensor``, are ``stored``'s: only
-        when ``tensor`` was written as it is in memory (contiguous) and is as long; otherwise
-        ``name`` is :attr:`unplaced`."""
-        offset, length = where
-        if stored is not None and tensor.is_contiguous() and length == stored.nbytes:
-            self._copies.append((offset, stored))
-        else:
+    def _write_bytes(self, data: memoryview, name: str) -> tuple[int, int]:
+        """Append bytes in no file on disk (:attr:`unplaced`); their ``(offset, length)``."""
+        assert self._file is not None, "WeightFile used outside its context"
+        where = (self._pad_for(data.nbytes), data.nbytes)
+        self._file.write(data)
+        self._unplaced.append(where)
+        self.unplaced.append(name)
+        self.tensors_written += 1
+        return where
+
+    def _write_tensor(
+        self, tensor: torch.Tensor, stored: StoredBytes | None, name: str
+    ) -> tuple[int, int]:
+        """Append ``tensor``'s bytes; their ``(offset, length)``.
+
+        When ``stored`` says where they are on disk (and ``tensor`` is contiguous, on the CPU,
+        and as long), they are copied from there by the kernel and compared with ``tensor``
+        (``hashed_writer.py``), and the copy is recorded for :meth:`sources`. A tensor whose
+        bytes differ from the stored ones (changed after loading) is written from memory and
+        recorded as :attr:`unplaced`, as is one with nowhere to copy from.
+        """
+        assert self._file is not None, "WeightFile used outside its context"
+        length = tensor.numel() * tensor.element_size()
+        if (
+            stored is None
+            or length != stored.nbytes
+            or tensor.device.type != "cpu"
+            or not tensor.is_contiguous()
+        ):
+            return self._write_bytes(_bytes_view(tensor), name)
+        where = (self._pad_for(length), length)
+        outcome = self._file.copy(stored.source, stored.offset, tensor)
+        self.tensors_written += 1
+        if outcome is CopyOutcome.DIFFERS:
+            log.info(
+                "%s: %s differs from its stored bytes in %s (changed after loading); "
+                "written from memory",
+                self.path.name,
+                name,
+                Path(stored.source).name,
+            )
             self._unplaced.append(where)
             self.unplaced.append(name)
+        else:
+            self._vouched = self._vouched and outcome is CopyOutcome.COPIED
+            self._copies.append((where[0], stored))
+        return where
 
     def reference(self, tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
         """A reference into the file holding ``tensor``'s bytes, written now unless already.
@@ -212,13 +253,10 @@ class WeightFile:
             key = storage_key(raw)
             where = self._written.get(key)
             if where is None:
-                where = self._written[key] = self._append(_bytes_view(raw))
                 stored = self._locate(raw) if self._locate is not None else None
-                self._place(where, raw, stored, name)
+                where = self._written[key] = self._write_tensor(raw, stored, name)
         else:
-            where = self._append(memoryview(tensor.tobytes()))
-            self._unplaced.append(where)
-            self.unplaced.append(name)
+            where = self._write_bytes(memoryview(tensor.tobytes()), name)
         return self._external(where, tensor, name)
 
     def _external(
@@ -263,9 +301,7 @@ class WeightFile:
             return torch_tensor(load(), name)
         where = self._written.get(key)
         if where is None:
-            tensor = load()
-            where = self._written[key] = self._append(_bytes_view(tensor))
-            self._place(where, tensor, stored, name)
+            where = self._written[key] = self._write_tensor(load(), stored, name)
         return self._external(where, like, name)
 
     def externalize(self, graph: ir.Graph) -> None:

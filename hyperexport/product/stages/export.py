@@ -213,4 +213,4 @@ def file_sources(sources: WeightSources, path: Path) -> FileSources | None:
         for offset, length in sources.unplaced:
             fh.seek(offset)
             pieces.append(Piece.literal(offset, fh.read(length)))
-    return FileSources(sources.size, merged(pieces))
+    return FileSources(sources.size, merged(pieces), sources.digest)

@@ -1,7 +1,8 @@
 """``WeightFile`` with a locator: the tensors it writes from a file on disk are recorded, and
 their assembly (the stage's ``file_sources``) is the written file, byte for byte, padding
 included; a tensor it cannot place is named, and its bytes are held by the record (up to the
-record's limit)."""
+record's limit). The file's digest comes with the sources when every copy was compared as it was
+written; a tensor changed after loading is written from memory and named, not placed."""
 
 from __future__ import annotations
 
@@ -72,6 +73,29 @@ def test_the_recorded_pieces_assemble_the_written_file(tmp_path: Path) -> None:
     assert (
         matching_digest(tmp_path / "weights.data", sources) == hashlib.sha256(written).hexdigest()
     )
+    assert found.digest == sources.digest == hashlib.sha256(written).hexdigest()
+
+
+def test_a_tensor_changed_after_loading_is_written_from_memory_and_not_placed(
+    tmp_path: Path,
+) -> None:
+    tensors = _tensors()
+    stored = _stored(tmp_path, tensors)
+    tensors["half"][3, 5] += 1  # the model's copy no longer is the stored one
+    data_file = _write(tmp_path / "weights.data", tensors, stored)
+    assert data_file.unplaced == ["half"]
+    found = data_file.sources()
+    assert found is not None and [s.nbytes for _, s in found.copies] == [
+        tensors["big"].nbytes,
+        tensors["small"].nbytes,
+    ]
+    written = (tmp_path / "weights.data").read_bytes()
+    assert found.digest == hashlib.sha256(written).hexdigest()
+    (offset, length), *_ = found.unplaced
+    assert written[offset : offset + length] == tensors["half"].view(torch.uint8).numpy().tobytes()
+    sources = file_sources(found, tmp_path / "weights.data")
+    assert sources is not None
+    assert matching_digest(tmp_path / "weights.data", sources) == found.digest
 
 
 def test_adjacent_copies_are_merged(tmp_path: Path) -> None:
