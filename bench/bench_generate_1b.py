@@ -5,6 +5,7 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
 
     python bench/bench_generate_1b.py OUT [--dynamo] [--tokens 8] [--min-free-gib 12]
     python bench/bench_generate_1b.py OUT --fuse onnxruntime --quantize int4_block --builder
+    python bench/bench_generate_1b.py OUT ... --builder --rounds 3 --drop-caches
 
 1. A seeded random ``LlamaForCausalLM`` of Llama-3.2-1B's shape (hidden 2048, 16 layers, 32
    heads, 8 kv heads, intermediate 8192, vocab 128256, tied embeddings, rope_theta 500000) is
@@ -41,8 +42,12 @@ Optionally fused and int4, and against onnxruntime-genai's model builder on the 
    then ``-p fp32 -e cpu``, each into an emptied folder, and a table: wall, CPU and peaks of each, and the ratio of our start-up-to-quantized wall to the
    builder's int4 wall (and to its fp32 wall when not quantizing). The builder verifies nothing.
 
-All runs are one after the other in one invocation, ours first. The last line printed is one
-JSON object with every figure (for ``bench/README.md``).
+All runs are one after the other in one invocation, ours first. ``--rounds N`` repeats the
+three, alternating, and adds each ratio's median and range over the rounds. ``--drop-caches``
+(root only) empties the page cache before each run and reads the checkpoint back in, so that
+no run pays for reclaiming what an earlier one left cached (``settle``). The last line printed
+is one JSON object with every figure (for ``bench/README.md``); its top-level ``ours``,
+``builder`` and ``ratios`` are the first round's.
 
 The build must pass the generation check: onnxruntime-genai's greedy decode of the float model
 equals transformers' ``generate`` token for token (``generation_check.json``, asserted here).
@@ -56,6 +61,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -256,7 +262,28 @@ def check_generation(folder: Path) -> None:
     print(f"  genai_config: type {genai['type']}, layers {genai['decoder']['num_hidden_layers']}")
 
 
-def build_ours(out: Path, recipe: Path, tag: str) -> dict[str, Any]:
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def settle(checkpoint: Path, drop_caches: bool) -> None:
+    """Before each run: let the disk's writeback finish (``os.sync``); with ``drop_caches``,
+    also empty the page cache and read the checkpoint back in, so that every run starts from
+    the same memory: the checkpoint cached, nothing else. (A page cache full of an earlier
+    run's files makes this machine reclaim as it writes: the kernel copy of 4.9 GB took 2.1 to
+    2.8 s with the cache emptied, 10.5 s with it full; see ``bench/README.md``.)"""
+    os.sync()
+    if not drop_caches:
+        return
+    DROP_CACHES.write_text("1\n")
+    for f in sorted(checkpoint.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            while fh.read(64 << 20):
+                pass
+
+
+def build_ours(
+    out: Path, recipe: Path, tag: str, checkpoint: Path, drop_caches: bool
+) -> dict[str, Any]:
     """``python -m hyperexport`` on ``recipe`` under memwatch, from an emptied cache: the
     figures, the stages' seconds and start-up to the model; asserts the build passed."""
     cache = out / f"cache_{tag}"
@@ -275,7 +302,7 @@ def build_ours(out: Path, recipe: Path, tag: str) -> dict[str, Any]:
     for folder in (cache, out / "out" / recipe.stem):
         if folder.exists():
             shutil.rmtree(folder)
-    os.sync()
+    settle(checkpoint, drop_caches)
     figures = watch(command)
     published = (
         out / "out" / recipe.stem / ("default" if figures["exit"] == 0 else "default.failed")
@@ -322,13 +349,13 @@ def builder_command(
 
 
 def run_builder(
-    checkpoint: Path, out: Path, precision: str, options: RecipeOptions
+    checkpoint: Path, out: Path, precision: str, options: RecipeOptions, drop_caches: bool
 ) -> dict[str, Any]:
     """The builder at ``precision`` under memwatch, into emptied folders; asserts it exits 0."""
     for folder in (out / f"builder_{precision}", out / f"builder_cache_{precision}"):
         if folder.exists():
             shutil.rmtree(folder)
-    os.sync()
+    settle(checkpoint, drop_caches)
     command = builder_command(checkpoint, out, precision, options)
     print(f"load {_load()}: {' '.join(command)}", flush=True)
     figures = watch(command)
@@ -394,7 +421,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--builder", action="store_true", help="then onnxruntime-genai's builder, int4 and fp32"
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat ours and the builder's runs, alternating; the ratios' median and range",
+    )
+    parser.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help=f"before each run, empty the page cache ({DROP_CACHES}, root only) and read the "
+        "checkpoint back in",
+    )
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
+    if args.drop_caches and not os.access(DROP_CACHES, os.W_OK):
+        parser.error(f"--drop-caches: {DROP_CACHES} is not writable here (it needs root)")
+    return args
 
 
 def recipe_options(args: argparse.Namespace) -> RecipeOptions:
@@ -445,11 +489,56 @@ def main(argv: Sequence[str] | None = None) -> None:
     recipe = out / f"bench_1b_generate_{options.tag}.yaml"
     write_recipe(recipe, checkpoint, options)
     weights_gb = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / 1e9
-    free = wait_for_memory(args.min_free_gib)
     load_before = _load()
     code = built_code()
+    rounds = [
+        one_round(args, options, out, recipe, checkpoint, weights_gb, code)
+        for _ in range(args.rounds)
+    ]
+    summary = {
+        "options": asdict(options),
+        "recipe": str(recipe),
+        "code": code,
+        "weights_gb": round(weights_gb, 3),
+        "drop_caches": args.drop_caches,
+        "load_before": load_before,
+        "load_after": _load(),
+        **rounds[0],
+        "rounds": rounds,
+        "ratio_medians": {
+            name: {
+                "median": statistics.median(r["ratios"][name] for r in rounds),
+                "range": [
+                    min(r["ratios"][name] for r in rounds),
+                    max(r["ratios"][name] for r in rounds),
+                ],
+            }
+            for name in rounds[0]["ratios"]
+        },
+    }
+    if args.rounds > 1:
+        for name, m in summary["ratio_medians"].items():
+            print(
+                f"{name}: median {m['median']:.2f}x over {args.rounds} rounds, range {m['range'][0]:.2f} to {m['range'][1]:.2f}"
+            )
+    print(json.dumps(summary), flush=True)
+
+
+def one_round(
+    args: argparse.Namespace,
+    options: RecipeOptions,
+    out: Path,
+    recipe: Path,
+    checkpoint: Path,
+    weights_gb: float,
+    code: str,
+) -> dict[str, Any]:
+    """Our build, then (with ``--builder``) the builder's int4 and fp32 runs: their figures
+    and ratios, printed as they come."""
+    free = wait_for_memory(args.min_free_gib)
+    load_before = _load()
     print(f"{free:.1f} GiB available, load {load_before}; building with {code}", flush=True)
-    ours = build_ours(out, recipe, options.tag)
+    ours = build_ours(out, recipe, options.tag, checkpoint, args.drop_caches)
     print(
         f"{options.tag}: wall {ours['wall_s']:.0f} s, CPU {ours['cpu_s']:.0f} s, "
         f"peak anonymous {ours['peak_anon_gb']:.2f} GB, peak RSS {ours['peak_rss_gb']:.2f} GB "
@@ -461,23 +550,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.builder:
         for precision in ("int4", "fp32"):
             wait_for_memory(args.min_free_gib)
-            builders[precision] = run_builder(checkpoint, out, precision, options)
+            builders[precision] = run_builder(checkpoint, out, precision, options, args.drop_caches)
         print_table(ours, builders, weights_gb)
-    quantized = options.quantize != "none"
-    summary = {
-        "options": asdict(options),
-        "recipe": str(recipe),
-        "code": code,
-        "weights_gb": round(weights_gb, 3),
-        "load_before": load_before,
-        "load_after": _load(),
-        "ours": ours,
-        "builder": builders,
-        "ratios": ratios(ours, builders, quantized),
-    }
-    for name, ratio in summary["ratios"].items():
+    found = ratios(ours, builders, options.quantize != "none")
+    for name, ratio in found.items():
         print(f"{name}: {ratio:.2f}x")
-    print(json.dumps(summary), flush=True)
+    return {"ours": ours, "builder": builders, "ratios": found}
 
 
 if __name__ == "__main__":

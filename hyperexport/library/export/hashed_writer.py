@@ -71,6 +71,7 @@ class HashedWriter:
         self._pending: deque[tuple[Future[None], int]] = deque()
         self._pending_bytes = 0
         self._digest: str | None = None
+        self._buffer = torch.empty(0, dtype=torch.uint8)
 
     def __enter__(self) -> HashedWriter:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -89,6 +90,7 @@ class HashedWriter:
         finally:
             self._hasher.shutdown(wait=True)
             self._hasher = None
+            self._buffer = torch.empty(0, dtype=torch.uint8)
             os.close(self._fd)
             self._fd = -1
         if exc_type is None:
@@ -124,7 +126,7 @@ class HashedWriter:
         done = 0
         outcome = CopyOutcome.COPIED
         with open(source, "rb", buffering=0) as src:
-            buffer = torch.empty(min(COPY_CHUNK, max(total, 1)), dtype=torch.uint8)
+            buffer = self._read_back_buffer(min(COPY_CHUNK, total))
             while done < total:
                 n = min(COPY_CHUNK, total - done)
                 outcome = self._kernel_copy(src.fileno(), offset + done, at + done, n)
@@ -140,6 +142,13 @@ class HashedWriter:
         if done < total:
             self.write(byte_view(flat[done:]))
         return outcome
+
+    def _read_back_buffer(self, nbytes: int) -> torch.Tensor:
+        """A buffer of at least ``nbytes`` to read copied chunks back into, reused across
+        copies (a new one per tensor costs a page fault per page, every time)."""
+        if self._buffer.numel() < nbytes:
+            self._buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+        return self._buffer
 
     def _kernel_copy(self, src: int, src_offset: int, dst_offset: int, n: int) -> CopyOutcome:
         """Copy ``n`` bytes by ``copy_file_range``: COPIED; WRITTEN where the kernel will not
