@@ -136,3 +136,43 @@ def test_a_checkpoint_is_kept_only_when_every_file_it_names_is_there(tmp_path: P
     assert not bench.checkpoint_complete(tmp_path)  # sharded, one shard missing
     (tmp_path / shards["b"]).write_bytes(b"")
     assert bench.checkpoint_complete(tmp_path)
+
+
+def test_rounds_and_dropping_the_page_cache_are_refused_where_they_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _load()
+    with pytest.raises(SystemExit):
+        bench.parse_args(["out", "--rounds", "0"])
+    assert "--rounds: at least 1" in capsys.readouterr().err
+    monkeypatch.setattr(bench, "DROP_CACHES", tmp_path / "absent" / "drop_caches")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["out", "--drop-caches"])
+    assert "--drop-caches:" in capsys.readouterr().err
+    assert bench.parse_args(["out", "--rounds", "3"]).rounds == 3
+
+
+def test_settling_with_the_page_cache_dropped_reads_the_checkpoint_back_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``settle`` writes 1 to the drop_caches file (here a stand-in) and reads every
+    safetensors file of the checkpoint to its end."""
+    bench = _load()
+    drop = tmp_path / "drop_caches"
+    monkeypatch.setattr(bench, "DROP_CACHES", drop)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"x" * 100)
+    read: list[str] = []
+    real_open = open
+
+    def spy(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith(".safetensors"):
+            read.append(Path(path).name)
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", spy)
+    bench.settle(ckpt, drop_caches=False)
+    assert not drop.exists() and read == []
+    bench.settle(ckpt, drop_caches=True)
+    assert drop.read_text() == "1\n" and read == ["model.safetensors"]
