@@ -17,7 +17,8 @@ through. Two things make a large weight file cheap to write and to cache:
   held for long.
 
 Where ``copy_file_range`` is missing (not Linux) or refused (another filesystem), the bytes are
-written from memory; the first such fallback in a process is logged at INFO with its cause.
+written from memory, and the copies are not vouched for (the cache then reads the file again to
+check it); the first such fallback in a process is a WARNING with its cause.
 """
 
 from __future__ import annotations
@@ -171,7 +172,12 @@ class HashedWriter:
             if e.errno not in _NO_KERNEL_COPY:
                 raise
             if not _kernel_copy_refused_once:
-                log.info("no kernel copy into %s (%s); writing from memory", self.path.name, e)
+                log.warning(
+                    "%s: no kernel copy from the checkpoint (%s); writing the weights from "
+                    "memory, and the cache will read the file again to check it",
+                    self.path.name,
+                    e,
+                )
                 _kernel_copy_refused_once = True
             return CopyOutcome.WRITTEN
 

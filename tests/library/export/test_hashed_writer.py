@@ -6,6 +6,7 @@ bytes and says so; a copy the kernel refuses (across filesystems) is written fro
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,9 @@ def test_a_source_shorter_than_the_range_differs(tmp_path: Path) -> None:
     assert w.digest == _sha(out)
 
 
-def test_a_copy_across_filesystems_the_kernel_refuses_is_written(tmp_path: Path) -> None:
+def test_a_copy_across_filesystems_the_kernel_refuses_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     shm = Path("/dev/shm")
     if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
         pytest.skip("needs /dev/shm on a filesystem other than the test's temporary folder")
@@ -81,11 +84,13 @@ def test_a_copy_across_filesystems_the_kernel_refuses_is_written(tmp_path: Path)
     try:
         source, at = _source(folder, tensor)
         out = tmp_path / "weights.data"
-        with HashedWriter(out) as w:
+        monkeypatch.setattr(hashed_writer, "_kernel_copy_refused_once", False)
+        with HashedWriter(out) as w, caplog.at_level(logging.WARNING):
             outcome = w.copy(str(source), at, tensor)
         if outcome is CopyOutcome.COPIED:
             pytest.skip("this kernel copies between tmpfs and the test's filesystem")
         assert outcome is CopyOutcome.WRITTEN
+        assert "weights.data: no kernel copy from the checkpoint" in caplog.text
         assert out.read_bytes() == tensor.numpy().tobytes()
         assert w.digest == _sha(out)
     finally:
