@@ -13,6 +13,12 @@ over ``--processes`` processes, with their least and greatest.
     python bench/bench_generation_orders.py builder=OUT/builder_int4 ours=OUT/fused_int4 \
         --processes 6 --repeat 15
 
+With ``--alone`` each process loads one folder only, the folders taking turns (process k the
+k-th folder, cyclically): no model shares a process, so no load order moves one; a round is one
+process per folder, one after the other, and its ratios are each folder's rate over the base's
+in that round (the figure is their median over the rounds, with their range). At the 1B shape,
+two models in one process moved by about 8% with their order; ``bench/README.md``.
+
 With ``--make OUT`` the folders of ``bench_generation.py --fuse --builder fp32 int4`` (8 layers,
 hidden 256: ours fused fp32, int4 and int4 symmetric; the builder's fp32 and int4) are built into
 ``OUT`` first, and named on the command line as ``label=OUT/<folder>``.
@@ -85,6 +91,14 @@ def child(order: list[tuple[str, Path]], prompt_length: int, tokens: int, repeat
     print(json.dumps({label: statistics.median(v) for label, v in rates.items()}))
 
 
+def alone_rounds(labels: list[str], processes: int) -> list[list[str]]:
+    """``--alone``: the folder of each process, grouped by round (one process per folder, in
+    the order given); ``processes`` must be a multiple of the folders' count."""
+    if processes % len(labels):
+        raise ValueError(f"--alone: --processes {processes} is not a multiple of {len(labels)}")
+    return [list(labels) for _ in range(processes // len(labels))]
+
+
 def make(out: Path) -> None:
     """The 8-layer folders of ``bench_generation.py --fuse --builder fp32 int4``, kept."""
     import bench_generation as bg
@@ -113,8 +127,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--make", type=Path, help="build the 8-layer folders here first")
+    parser.add_argument(
+        "--alone", action="store_true", help="one folder per process, the folders taking turns"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.alone and args.folders and args.processes % len(args.folders):
+        parser.error(f"--alone: --processes must be a multiple of the {len(args.folders)} folders")
     named = [(label, Path(path)) for label, _, path in (f.partition("=") for f in args.folders)]
     if args.child:
         child(named, args.prompt, args.tokens, args.repeat)
@@ -134,10 +153,10 @@ def main() -> None:
             label: bg._one_thread_copy(folder, Path(tmp) / f"{i}") for i, (label, folder) in
             enumerate(named)
         }  # fmt: skip
-        per_process = _measure(paths, base, args)
+        per_process = (_measure_alone if args.alone else _measure)(paths, base, args)
     end = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"{args.processes} processes x {args.repeat} rounds, prompt {args.prompt}, {args.tokens} "
+        f"{args.processes} processes{' (one folder each)' if args.alone else ''} x {args.repeat} rounds, prompt {args.prompt}, {args.tokens} "
         f"tokens, 1 thread, tokens per CPU second over {base}; load average {start} at start, "
         f"{end} at the end ({time.perf_counter() - began:.0f} s):"
     )
@@ -149,16 +168,36 @@ def _measure(paths: dict[str, Path], base: str, args: argparse.Namespace) -> lis
     """Each process's ratios to ``base``, the processes one after the other."""
     per_process = []
     for k, labels in enumerate(orders(list(paths), args.processes)):
-        order = [(label, paths[label]) for label in labels]
-        command = [sys.executable, __file__, "--child", *(f"{label}={p}" for label, p in order)]
-        command += ["--repeat", str(args.repeat), "--tokens", str(args.tokens)]
-        command += ["--prompt", str(args.prompt)]
-        result = subprocess.run(command, capture_output=True, text=True, check=True)
-        rates = json.loads(result.stdout.strip().splitlines()[-1])
+        rates = _rates([(label, paths[label]) for label in labels], args)
         per_process.append(ratios(rates, base))
         print(f"  process {k + 1} (order {', '.join(labels)}): "
               + ", ".join(f"{label} {r:.3f}" for label, r in per_process[-1].items()), flush=True)  # fmt: skip
     return per_process
+
+
+def _rates(order: list[tuple[str, Path]], args: argparse.Namespace) -> dict[str, float]:
+    """A child process's median tokens per CPU second of each folder in ``order``."""
+    command = [sys.executable, __file__, "--child", *(f"{label}={p}" for label, p in order)]
+    command += ["--repeat", str(args.repeat), "--tokens", str(args.tokens)]
+    command += ["--prompt", str(args.prompt)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    rates: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return rates
+
+
+def _measure_alone(
+    paths: dict[str, Path], base: str, args: argparse.Namespace
+) -> list[dict[str, float]]:
+    """``--alone``: each round's ratios to ``base``, one process per folder."""
+    per_round = []
+    for k, labels in enumerate(alone_rounds(list(paths), args.processes)):
+        rates: dict[str, float] = {}
+        for label in labels:
+            rates.update(_rates([(label, paths[label])], args))
+        per_round.append(ratios(rates, base))
+        print(f"  round {k + 1} (one process each: {', '.join(labels)}): "
+              + ", ".join(f"{label} {r:.3f}" for label, r in per_round[-1].items()), flush=True)  # fmt: skip
+    return per_round
 
 
 if __name__ == "__main__":

@@ -29,3 +29,10 @@ def test_each_figure_is_the_median_of_the_per_process_ratios() -> None:
     assert per_process[0] == {"ours": pytest.approx(0.98)}
     median, low, high = bench.summary(per_process)["ours"]
     assert (median, low, high) == pytest.approx((0.98, 0.9, 1.02))
+
+
+def test_alone_every_round_runs_each_folder_in_a_process_of_its_own() -> None:
+    bench = load_script("bench/bench_generation_orders.py")
+    assert bench.alone_rounds(["builder", "ours"], 6) == [["builder", "ours"]] * 3
+    with pytest.raises(ValueError, match="not a multiple of 2"):
+        bench.alone_rounds(["builder", "ours"], 5)
