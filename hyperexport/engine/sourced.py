@@ -15,8 +15,10 @@ record, so records never chain.
 The record is data. A checkout assembles the file from the sources and hashes it as it writes,
 so a source that changed, moved or vanished is a digest mismatch: the record is removed and the
 entry misses, as a corrupt blob would. A commit checks the declaration against the file the
-stage wrote, byte for byte, before it records anything; a declaration that does not hold is a
-WARNING and the file is copied in as usual. What a record saves is the write of the copy: the
+stage wrote, byte for byte, before it records anything, unless the declaration carries the
+file's digest from a writer that compared every range as it copied it (``FileSources.digest``:
+then the size is checked and nothing read); a declaration that does not hold is a WARNING and
+the file is copied in as usual. What a record saves is the write of the copy: the
 build keeps the stage's own file for its later stages (``workspace.py``), so the bytes are on
 disk once beside their source instead of twice.
 
