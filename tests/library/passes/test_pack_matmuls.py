@@ -166,3 +166,55 @@ def test_an_activation_that_is_not_a_weight_is_left_alone(x: np.ndarray) -> None
 )
 def test_the_packed_weight_is_named_after_its_members(names: list[str], packed: str) -> None:
     assert packed_name(names) == packed
+
+
+ATTENTION_AND_MLP = """
+<ir_version: 10, opset_import: ["" : 18, "com.microsoft" : 1, "hyperexport.fn" : 1]>
+main (float[1, 2, 8] x) => (float[1, 2, 4] y) {
+    y = hyperexport.fn.Layer (x, wq, wk, wv, wg, wu)
+}
+<domain: "hyperexport.fn", opset_import: ["" : 18, "com.microsoft" : 1]>
+Layer (x, wq, wk, wv, wg, wu) => (y) {
+    q = MatMul (x, wq)
+    k = MatMul (x, wk)
+    v = MatMul (x, wv)
+    q_heads = Reshape (q, q_shape)
+    a, present_k, present_v = com.microsoft.GroupQueryAttention <num_heads = 2, kv_num_heads = 1> (q_heads, k, v)
+    g = MatMul (a, wg)
+    u = MatMul (a, wu)
+    s = Sigmoid (g)
+    y = Mul (s, u)
+}
+"""
+
+
+def _attention_and_mlp() -> ir.Model:
+    proto = onnx.parser.parse_model(ATTENTION_AND_MLP)
+    rng = np.random.default_rng(0)
+    shapes = {"wq": (8, 4), "wk": (8, 2), "wv": (8, 2), "wg": (4, 4), "wu": (4, 4)}
+    for name, shape in shapes.items():
+        proto.graph.initializer.append(
+            numpy_helper.from_array(rng.standard_normal(shape, dtype=np.float32), name)
+        )
+    proto.graph.initializer.append(
+        numpy_helper.from_array(np.array([1, 2, 4], np.int64), "q_shape")
+    )
+    return ir.serde.deserialize_model(proto)
+
+
+@pytest.mark.parametrize("attention_only", [True, False])
+def test_attention_only_packs_what_one_attention_kernel_reads(attention_only: bool) -> None:
+    """The rewrite packs query, key and value (one GroupQueryAttention reads all three, one
+    through a Reshape); the gate and up projections, joined by a product, stay apart unless
+    every group is asked for (the quantize stage)."""
+    model = _attention_and_mlp()
+    pack = PackMatMulsPass(attention_only=attention_only)
+    assert pack(model).modified
+    [function] = model.functions.values()
+    assert _ops(function.graph).count("MatMul") == (3 if attention_only else 2)
+    assert _ops(function.graph).count("Split") == (1 if attention_only else 2)
+    made = {(w.function, w.members): w.name for w in pack.packed}
+    assert made[("Layer", ("wq", "wk", "wv"))] == "wq+wk+wv"  # the function's new input ...
+    assert made[("", ("wq", "wk", "wv"))] == "wq+wk+wv"  # ... fed by the main graph's packed one
+    assert (("Layer", ("wg", "wu")) in made) is not attention_only
+    assert [v.name for v in function.inputs][-1] == ("wq+wk+wv" if attention_only else "wg+wu")
