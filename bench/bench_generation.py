@@ -165,14 +165,11 @@ def quantize_fused(fused: Path, target: Path, genai: dict[str, Any], symmetric: 
     """The fused model quantized as ``quantize.method=int4_block`` does (blocks of 32, the
     builder's CPU ``accuracy_level`` 4; ``symmetric``: ``quantize.symmetric``, the builder's
     layout), into ``target`` with the same genai config."""
-    from hyperexport.base.contracts.names import ONNXRUNTIME_FUSION
     from hyperexport.library.model_file import load_model, save_model
     from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass
-    from hyperexport.library.passes.quantize_model import quantize_model
 
     model = load_model(fused / "model.onnx")
-    quantize = QuantizeMatMulsPass("int4_block", 32, (), 4, symmetric)
-    quantize_model(model, quantize, ONNXRUNTIME_FUSION)  # as the stage does after the fusion
+    QuantizeMatMulsPass("int4_block", 32, (), 4, symmetric)(model)
     target.mkdir(parents=True)
     save_model(model, target / "model.onnx", external_data=True)
     (target / "genai_config.json").write_text(json.dumps(genai))

@@ -111,10 +111,9 @@ def test_a_llama_fuses_inside_its_one_per_type_function(
             n.name for n in body.node if n.op_type == "Transpose" and n.input[0] not in weights
         ]
         assert moved == []
-        # query, key and value, which the attention kernel reads, are one MatMul taken apart by
-        # a Split; gate and up stay two in the float model (pack_matmuls.py): five with the
-        # output and down projections.
-        assert (layer["MatMul"], layer["Split"]) == (5, 1)
+        # query, key and value are one MatMul, and gate and up another (pack_matmuls.py): four
+        # with the output and down projections, each output taken apart by a Split.
+        assert (layer["MatMul"], layer["Split"]) == (4, 2)
 
 
 @pytest.mark.parametrize("dynamo", PATHS, ids=PATH_IDS)

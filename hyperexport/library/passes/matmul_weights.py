@@ -44,10 +44,6 @@ log = logging.getLogger(__name__)
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
-#: The op whose constant weights these passes rewrite.
-MATMUL = "MatMul"
-
-
 @dataclass(frozen=True)
 class _Leaf:
     """One constant a weight value can be at run time: its dotted module name and tensor."""
@@ -151,7 +147,7 @@ class MatMulWeightsPass(ir.passes.InPlacePass):
             if function is not None and self._excluded_function(function):
                 continue
             for node in graph:
-                if node.op_type != MATMUL or node.domain != "" or len(node.inputs) != 2:
+                if node.op_type != "MatMul" or node.domain != "" or len(node.inputs) != 2:
                     continue
                 b = node.inputs[1]
                 if b is None or node.inputs[0] is None:

@@ -18,14 +18,6 @@ packed weight is a new initializer (or ``Constant``) per call chain; through a f
 one new function input in place of the members' inputs, so a function shared by 16 layers stays
 one function with 16 calls. The old weights go once nothing reads them.
 
-Which groups pack where: the rewrite (``rewrite.fuse: onnxruntime``) packs only the
-projections one attention kernel reads (``attention_only``): ``GroupQueryAttention`` takes the
-packed query, key and value as one input, so no ``Split`` is left. Other groups (the MLP's gate
-and up, which an elementwise product joins) stay apart in the float model: there two float
-MatMuls cost less than one and its ``Split`` (the 8-layer fp32 decode step, bench/README.md).
-The quantize stage packs them before quantizing, where one ``MatMulNBits`` costs less than two.
-:attr:`PackMatMulsPass.packed` says what each packed value holds, for the quantized manifest.
-
 Numbers: each output column is the same dot product over the same ``K`` values as before, so
 the result differs from the unpacked model only by the kernel's blocking (float rounding); the
 check compares every call site with torch.
@@ -34,16 +26,12 @@ check compares every call site with torch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
-from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
 from hyperexport.library.passes.call_sites import call_sites
-from hyperexport.library.passes.fuse_layout import ATTENTION_KERNEL, MS_DOMAIN
 from hyperexport.library.passes.matmul_weights import (
-    MATMUL,
     Candidate,
     MatMulWeightsPass,
     _remove_dead,
@@ -73,47 +61,21 @@ def packed_name(names: list[str]) -> str:
     return ".".join([*head, middle, *tail])
 
 
-@dataclass(frozen=True)
-class PackedWeight:
-    """A value the pass made: ``members``' weights side by side.
-
-    Attributes:
-        function: The function whose input it is; ``""``: a value of the main graph.
-        name: The packed value's name.
-        members: The names of the values it replaces, in packing order (of the same graph).
-    """
-
-    function: str
-    name: str
-    members: tuple[str, ...]
-
-
 class PackMatMulsPass(MatMulWeightsPass):
     """Pack the MatMuls of a graph that read the same activation into one MatMul and a Split.
 
     Args:
         exclude: Module paths or function names whose MatMuls stay as they are.
-        attention_only: Pack only groups whose outputs all reach one ``GroupQueryAttention``
-            (:func:`reaches_one_attention`); the others stay apart.
-
-    Attributes:
-        packed: After a call, every value the pass made (main graph and function inputs).
     """
 
     label = "pack"
     weight_dtypes = None  # packing moves bytes: any dtype
-
-    def __init__(self, exclude: Collection[str] = (), attention_only: bool = False) -> None:
-        super().__init__(exclude)
-        self.attention_only = attention_only
-        self.packed: list[PackedWeight] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         sites = call_sites(model)
         functions = function_of(model)
         self._taken = {}
         self._made: dict[tuple[int, ...], ir.Value] = {}
-        self.packed = []
         groups: dict[tuple[object, ...], list[Candidate]] = {}
         for candidate in self._candidates(model, sites, functions):
             tensor = candidate.leaves[0].tensor
@@ -127,8 +89,6 @@ class PackMatMulsPass(MatMulWeightsPass):
         for group in groups.values():
             sources = [c.source for c in group]
             if len(group) < 2 or len({id(s) for s in sources}) < len(sources):
-                continue
-            if self.attention_only and not reaches_one_attention([c.node for c in group]):
                 continue
             weight = self._packed(group[0].graph, sources, group[0].transposed, sites, functions)
             old_weights.extend((c.graph, c.node.inputs[1]) for c in group)  # type: ignore[misc]
@@ -175,14 +135,6 @@ class PackMatMulsPass(MatMulWeightsPass):
                 call.replace_input_with(count, argument)
                 made.type, made.shape = argument.type, argument.shape
         self._made[key] = made
-        owner = functions.get(id(graph))
-        self.packed.append(
-            PackedWeight(
-                owner.name if owner else "",
-                made.name or "",
-                tuple(v.name or "" for v in values),
-            )
-        )
         return made
 
     def _replace_group(self, model: ir.Model, group: list[Candidate], weight: ir.Value) -> None:
@@ -297,34 +249,3 @@ def _kind(
             for call in sites[function.identifier()]
         ),
     )
-
-
-#: How many nodes deep a projection's output is followed to its attention kernel (reshapes, a
-#: per-head norm, a rotation on the way).
-_ATTENTION_REACH = 8
-#: Nodes not followed: another projection in between means another layer's attention.
-_PROJECTIONS = frozenset({MATMUL, "Gemm"})
-
-
-def reaches_one_attention(matmuls: list[ir.Node]) -> bool:
-    """Whether one ``GroupQueryAttention`` reads every MatMul's output, directly or through at
-    most :data:`_ATTENTION_REACH` nodes, none of them a projection (a ``Shape`` reads no data
-    and is not followed)."""
-    common: set[int] | None = None
-    for matmul in matmuls:
-        reached: set[int] = set()
-        frontier = [matmul.outputs[0]]
-        for _ in range(_ATTENTION_REACH):
-            users = [u.node for v in frontier for u in v.uses() if u.node.op_type != "Shape"]
-            attention = [
-                n for n in users if n.op_type == ATTENTION_KERNEL and n.domain == MS_DOMAIN
-            ]
-            reached.update(map(id, attention))
-            frontier = [
-                o
-                for n in users
-                if n.op_type not in _PROJECTIONS and n not in attention
-                for o in n.outputs
-            ]
-        common = reached if common is None else common & reached
-    return bool(common)

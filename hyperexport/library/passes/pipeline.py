@@ -103,11 +103,10 @@ def _share_kv_buffer(inputs: PassInputs) -> ir.passes.PassBase:
 
 
 def _pack_matmuls(inputs: PassInputs) -> ir.passes.PassBase:
-    # Query, key and value as one MatMul, as the attention kernel reads them; the MLP's gate
-    # and up stay apart in the float model (the quantize stage packs them).
+    # MatMuls on one activation (query/key/value, gate/up) as one, as the builder packs them.
     from hyperexport.library.passes.pack_matmuls import PackMatMulsPass
 
-    return PackMatMulsPass(attention_only=True)
+    return PackMatMulsPass()
 
 
 def _shared_sizes(inputs: PassInputs) -> ir.passes.PassBase:

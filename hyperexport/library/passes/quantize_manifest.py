@@ -4,22 +4,18 @@
 ``w.q4`` / ``w.q4_scales`` / ``w.q4_zero_points`` (``q8`` for int8), fed from main-graph
 initializers named after the call site's float weight the same way. A call site's
 ``weight_inputs`` (main-graph initializer names, in the function's input order after the data
-inputs) are rewritten to match; per_instance call sites have none and stay as they are. A weight
-the stage packed before quantizing (``PackMatMulsPass.packed``) is named by the packed
-main-graph value made from the same call's members.
+inputs) are rewritten to match; per_instance call sites have none and stay as they are.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import onnx_ir as ir
 
 from hyperexport.base.contracts.manifest import CallSite, ExportManifest
 from hyperexport.base.contracts.names import is_invariant_input
 from hyperexport.base.errors import RewriteError
-from hyperexport.library.passes.pack_matmuls import PackedWeight
 
 
 def _global_name(local: str, old: dict[str, str]) -> str | None:
@@ -36,25 +32,11 @@ def _weights(names: list[str]) -> list[str]:
     return [name for name in names if not is_invariant_input(name)]
 
 
-def _site(
-    site: CallSite,
-    before: list[str],
-    after: ir.Function,
-    model: ir.Model,
-    packed: Sequence[PackedWeight],
-) -> CallSite:
+def _site(site: CallSite, before: list[str], after: ir.Function, model: ir.Model) -> CallSite:
     if not site.weight_inputs:
         return site
     data = len(site.data_inputs)
     old = dict(zip(_weights(before[data:]), site.weight_inputs, strict=True))
-    # A packed input of the function is fed the main-graph value packed from the same
-    # members' weights of this call (pack_matmuls.PackedWeight).
-    main = {w.members: w.name for w in packed if not w.function}
-    for weight in packed:
-        if weight.function == after.name and all(m in old for m in weight.members):
-            members = tuple(old[m] for m in weight.members)
-            if members in main:
-                old[weight.name] = main[members]
     weights = []
     for value in after.inputs[data:]:
         if is_invariant_input(value.name):
@@ -75,10 +57,7 @@ def function_inputs(model: ir.Model) -> dict[ir.OperatorIdentifier, list[str]]:
 
 
 def quantized_manifest(
-    manifest: ExportManifest,
-    before: dict[ir.OperatorIdentifier, list[str]],
-    model: ir.Model,
-    packed: Sequence[PackedWeight] = (),
+    manifest: ExportManifest, before: dict[ir.OperatorIdentifier, list[str]], model: ir.Model
 ) -> ExportManifest:
     """``manifest`` with the weight inputs of ``model``, the quantized model.
 
@@ -86,7 +65,6 @@ def quantized_manifest(
         manifest: The float model's manifest.
         before: :func:`function_inputs` of the float model.
         model: The quantized model.
-        packed: What the stage's packing made before quantizing (``PackMatMulsPass.packed``).
 
     Raises:
         RewriteError: When a quantized function input has no main-graph initializer to feed it.
@@ -94,5 +72,5 @@ def quantized_manifest(
     calls = []
     for site in manifest.calls:
         ident = (site.domain, site.name, "")
-        calls.append(_site(site, before[ident], model.functions[ident], model, packed))
+        calls.append(_site(site, before[ident], model.functions[ident], model))
     return dataclasses.replace(manifest, calls=tuple(calls))

@@ -1,9 +1,5 @@
 """Stage ``quantize``: the final model's MatMul weights in int4 or int8, inside the functions.
 
-After ``rewrite.fuse: onnxruntime`` it first packs the MatMuls that read one activation and that
-the rewrite left apart (``passes/quantize_model.py``: an MLP's gate and up), so each such group is
-one quantized kernel and a ``Split``.
-
 With ``quantize.method: none`` (the default) it does nothing and writes nothing: the build's
 model is the rewrite's, byte for byte. Otherwise it writes the quantized model beside the float
 one (``model.quantized.onnx``, its manifest), and for ``task: text-generation`` the
@@ -39,13 +35,12 @@ log = logging.getLogger(__name__)
 
 
 class QuantizeStage(RecipeStage):
-    """``quantize_model`` on the rewrite's model (compared with it by ``evaluate``)."""
+    """``QuantizeMatMulsPass`` on the rewrite's model (compared with it by ``evaluate``)."""
 
     name: str = "quantize"
     # 3: accuracy_level; genai_config.json of text-generation; 4: written by
-    # model_file.save_compact, at the lowest IR version carrying its opsets; 5: after
-    # rewrite.fuse: onnxruntime, packs the MatMuls the rewrite left apart
-    version: int = 5
+    # model_file.save_compact, at the lowest IR version carrying its opsets
+    version: int = 4
     #: ``trace``: the model config the quantized ``genai_config.json`` is built from.
     upstream: tuple[str, ...] = ("rewrite", "trace")
     #: Derived from the schema: the recipe fields that declare "quantize" among their readers.
@@ -79,7 +74,6 @@ class QuantizeStage(RecipeStage):
         from hyperexport.library.model_file import load_model, save_compact
         from hyperexport.library.passes.quantize_manifest import function_inputs, quantized_manifest
         from hyperexport.library.passes.quantize_matmul import QuantizeMatMulsPass, names_a_module
-        from hyperexport.library.passes.quantize_model import quantize_model
 
         recipe = inputs.source
         rewrite_dir = inputs.dir("rewrite")
@@ -95,8 +89,7 @@ class QuantizeStage(RecipeStage):
         quantize = QuantizeMatMulsPass(
             q.method, q.block_size, exclude, q.accuracy_level, q.symmetric, q.shared_embedding
         )
-        outcome = quantize_model(model, quantize, manifest.fusion)
-        if not outcome.modified:
+        if not quantize(model).modified:
             raise RecipeError(
                 recipe,
                 "quantize.method",
@@ -104,7 +97,7 @@ class QuantizeStage(RecipeStage):
                 "(outside quantize.exclude)",
             )
         _refuse_unsupported(model, q.method, q.accuracy_level, recipe)
-        quantized = quantized_manifest(manifest, before, model, outcome.packed)
+        quantized = quantized_manifest(manifest, before, model)
         save_compact(
             model,
             out_dir / QUANTIZED_MODEL_FILE,
