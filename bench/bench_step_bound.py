@@ -11,8 +11,8 @@ functions inlined, so each edit is one pass over a flat graph):
 * ``boundary``: each layer's residual ``Add`` and the next layer's norm as one
   ``SkipSimplifiedLayerNormalization``, across the boundary between two layers' functions;
 * ``both``: ``no_bias`` and ``boundary``;
-* ``builder_layout``: ``both`` with each packed gate-and-up projection taken apart again: the
-  builder's own kernel list.
+* ``builder_layout``: ``both`` with each projection a ``Split`` takes apart (gate and up) as
+  separate MatMuls again: the builder's own kernel list.
 
 Each process loads the builder's folder, ours and the variants in a shuffled order (reversed
 every other process) and runs ``bench_decode_step.py`` on them; reported per folder: the median
@@ -118,7 +118,9 @@ def across_boundaries(graph: onnx.GraphProto) -> None:
 
 
 def unpacked(graph: onnx.GraphProto) -> None:
-    """Each ``MatMul``/``MatMulNBits`` whose output a ``Split`` takes apart, one per part."""
+    """Each ``MatMul``/``MatMulNBits`` whose output a ``Split`` takes apart, one per part (in a
+    generation step, whose query, key and value go to the attention packed: gate and up). The
+    weights are initializers, as in ONNX Runtime's copy: a float one ``[K, N]``, pre-transposed."""
     initializers = {i.name: i for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
     nodes = list(graph.node)
@@ -131,7 +133,8 @@ def unpacked(graph: onnx.GraphProto) -> None:
         parts, start = [], 0
         for k, (size, output) in enumerate(zip(sizes, split.output, strict=True)):
             rows = slice(start, start + int(size))
-            names = [f"{name}.part{k}" for name in matmul.input[1:] if name]
+            weights = [name for name in matmul.input[1:] if name]
+            names = [f"{name}.part{k}" for name in weights]
             if matmul.op_type == "MatMul":  # [K, N]: columns
                 weight = numpy_helper.to_array(initializers[matmul.input[1]])
                 arrays = [weight[:, rows]]
@@ -139,7 +142,7 @@ def unpacked(graph: onnx.GraphProto) -> None:
             else:  # weights [N, blocks, bytes], scales and zero points: N rows each
                 n = attributes["N"]
                 arrays = []
-                for name in matmul.input[1:]:
+                for name in weights:
                     array = numpy_helper.to_array(initializers[name])
                     part = array.reshape(n, -1)[rows]
                     arrays.append(
@@ -148,12 +151,12 @@ def unpacked(graph: onnx.GraphProto) -> None:
                 extra = {**attributes, "N": int(size)}
             graph.initializer.extend(
                 numpy_helper.from_array(np.ascontiguousarray(a), n)
-                for a, n in zip(arrays, names, strict=False)
+                for a, n in zip(arrays, names, strict=True)
             )
             parts.append(
                 helper.make_node(
                     matmul.op_type,
-                    [matmul.input[0], *names[: len(arrays)]],
+                    [matmul.input[0], *names],
                     [output],
                     domain=matmul.domain,
                     **extra,
