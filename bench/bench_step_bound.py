@@ -14,9 +14,10 @@ functions inlined, so each edit is one pass over a flat graph):
 * ``builder_layout``: ``both`` with each projection a ``Split`` takes apart (gate and up) as
   separate MatMuls again: the builder's own kernel list.
 
-Each process loads the builder's folder, ours and the variants in a shuffled order (reversed
-every other process) and runs ``bench_decode_step.py`` on them; reported per folder: the median
-[range] over the processes of its step CPU time over the builder's.
+Each process loads the builder's folder, ours and the variants in a seeded shuffled order, each
+folder first in turn (``bench_generation_orders.orders``), and runs ``bench_decode_step.py`` on
+them; reported per folder: the median [range] over the processes of its step CPU time over the
+builder's.
 
     python bench/bench_step_bound.py BUILDER_FOLDER OURS_FOLDER OUT --processes 30
 """
@@ -24,10 +25,8 @@ every other process) and runs ``bench_decode_step.py`` on them; reported per fol
 from __future__ import annotations
 
 import argparse
-import random
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -36,6 +35,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_generation_orders import orders, ratios, summary  # noqa: E402
 
 MODEL = "model.onnx"
 DATA = "model.onnx.data"
@@ -210,30 +214,22 @@ def variants(ours: Path, out: Path) -> dict[str, Path]:
     return made
 
 
-def measure(folders: dict[str, Path], processes: int, seed: int = 7) -> dict[str, list[float]]:
-    """Per label, each process's step CPU time over the first label's (bench_decode_step.py)."""
-    step = Path(__file__).with_name("bench_decode_step.py")
+def measure(folders: dict[str, Path], processes: int) -> list[dict[str, float]]:
+    """Each process's step CPU times over the first label's (``bench_decode_step.py``), the
+    processes loading the folders in ``bench_generation_orders.orders``' seeded orders."""
+    step = HERE / "bench_decode_step.py"
     base = next(iter(folders))
-    ratios: dict[str, list[float]] = {label: [] for label in folders}
-    rng = random.Random(seed)
-    for k in range(processes):
-        order = list(folders)
-        if k % 2:
-            order.reverse()
-        else:
-            rng.shuffle(order)
+    per_process = []
+    for k, order in enumerate(orders(list(folders), processes)):
         command = [sys.executable, str(step), *(str(folders[label]) for label in order)]
         command += ["--past", "40", "--max-length", "80", "--rounds", "60", "--calls", "20"]
         text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         times = dict(re.findall(r"^\s+(\S+)\s+([\d.]+) us \(CPU\)", text, re.MULTILINE))
-        step_us = {label: float(times[str(folders[label])]) for label in folders}
-        for label in folders:
-            ratios[label].append(step_us[label] / step_us[base])
-        print(
-            f"process {k}: " + ", ".join(f"{name} {ratios[name][-1]:.3f}" for name in folders),
-            flush=True,
-        )
-    return ratios
+        step_us = {label: float(times[str(folder)]) for label, folder in folders.items()}
+        per_process.append(ratios(step_us, base))  # each step time over the base's
+        print(f"process {k + 1} (order {', '.join(order)}): "
+              + ", ".join(f"{label} {r:.3f}" for label, r in per_process[-1].items()), flush=True)  # fmt: skip
+    return per_process
 
 
 def main() -> None:
@@ -248,12 +244,10 @@ def main() -> None:
     if args.out.exists():
         parser.error(f"{args.out} exists: give a new folder for the variants")
     folders = {"builder": args.builder, "ours": args.ours, **variants(args.ours, args.out)}
-    ratios = measure(folders, args.processes)
+    per_process = measure(folders, args.processes)
     print(f"{args.processes} processes, step CPU time over the builder's, median [range]:")
-    for label, values in ratios.items():
-        print(
-            f"  {label:15s} {statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
-        )
+    for label, (median, low, high) in summary(per_process).items():
+        print(f"  {label:15s} {median:.3f} [{low:.3f}, {high:.3f}]")
 
 
 if __name__ == "__main__":
